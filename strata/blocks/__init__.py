@@ -1,0 +1,1 @@
+"""Shared building blocks (norms, RoPE, attention, MoE dispatch) that architecture files compose."""

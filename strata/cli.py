@@ -1,0 +1,74 @@
+"""Command line: `python -m strata generate|info`. Errors are one line on stderr and exit 1."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from strata.errors import StrataError
+
+EXIT_ERROR = 1
+
+
+def _add_generate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    g = sub.add_parser("generate", help="generate text from a prompt")
+    g.add_argument("--model", "-m", required=True, help="path to a GGUF file")
+    g.add_argument("--prompt", "-p", required=True, help="prompt text (a user message with --chat)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--system", default=None, help="system message for --chat")
+    g.add_argument("--max-tokens", "-n", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=40)
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--min-p", type=float, default=0.05)
+    g.add_argument("--repeat-penalty", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--ctx-size", type=int, default=0, help="context size (0 = the model's)")
+    g.add_argument("--no-think", action="store_true", help="ask thinking templates not to think")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+
+
+def _add_info(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    i = sub.add_parser("info", help="describe a GGUF file")
+    i.add_argument("path")
+    i.add_argument("--verify", nargs="?", const="", default=None, metavar="SHA256",
+                   help="hash the file; compare to SHA256, a .sha256 sidecar, or the known digest")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="strata", description="Strata: tiered MoE inference for GGUF models")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    _add_generate(sub)
+    _add_info(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            from strata.cli_generate import run_generate
+
+            return run_generate(args)
+        if args.command == "info":
+            from strata.cli_info import run_info
+
+            return run_info(args)
+        build_parser().print_help()
+        return 0
+    except StrataError as e:
+        print(f"strata: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("strata: interrupted", file=sys.stderr)
+        return 130
+    except (OSError, MemoryError) as e:
+        print(f"strata: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def dump_json(obj: object) -> None:
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")

@@ -1,0 +1,54 @@
+"""`strata generate`: stream a completion, or print one JSON object with --json."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from strata.cli import dump_json
+from strata.engine import Engine
+from strata.errors import ConfigError
+from strata.sampling import SamplingError, SamplingParams
+
+
+def _params(args: argparse.Namespace) -> SamplingParams:
+    p = SamplingParams(
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty, seed=args.seed,
+    )
+    try:
+        p.validate()
+    except SamplingError as e:
+        flag, _, rest = str(e).partition("=")
+        raise ConfigError("--" + flag.replace("_", "-"), getattr(args, flag, None), rest.split(" ", 1)[-1]) from None
+    if args.max_tokens < 0:
+        raise ConfigError("--max-tokens", args.max_tokens, "must be >= 0")
+    return p
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    params = _params(args)
+    engine = Engine.load(args.model, n_ctx=args.ctx_size)
+    if args.chat:
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        messages.append({"role": "user", "content": args.prompt})
+        kw = {"enable_thinking": False} if args.no_think else {}
+        gen = engine.generate(messages=messages, max_tokens=args.max_tokens, params=params,
+                              stop=args.stop, template_kw=kw)
+    else:
+        gen = engine.generate(args.prompt, max_tokens=args.max_tokens, params=params, stop=args.stop)
+    if args.json:
+        r = gen.run()
+        dump_json({
+            "prompt_ids": r.prompt_ids, "tokens": r.tokens, "text": r.text,
+            "finish_reason": r.finish_reason, "timings": r.timings.to_dict(),
+        })
+        return 0
+    for chunk in gen:
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    t = gen.result.timings.to_dict()
+    print(f"[prompt {t['prompt_n']} tok, {t['prompt_per_second']} tok/s | "
+          f"generated {t['predicted_n']} tok, {t['predicted_per_second']} tok/s]", file=sys.stderr)
+    return 0

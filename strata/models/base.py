@@ -1,0 +1,136 @@
+"""What every architecture shares: the hyperparameters read from GGUF and the decoder loop.
+
+A decoder layer is x += attn(norm(x)); x += ffn(norm(x)). Architectures subclass DecoderLM and
+supply what differs (the FFN, q/k norms, RoPE layout); see llama.py and qwen3moe.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from strata.blocks.norms import rms_norm
+from strata.blocks.rope import Rope, RopeStyle
+from strata.blocks.self_attn import AttnParams, self_attention
+from strata.errors import GGUFError
+from strata.gguf import GGUFFile
+from strata.gguf.names import Keys, T, tensor
+from strata.kvcache import KVCache
+from strata.state import SequenceState
+from strata.weights import WeightStore
+
+_REGISTRY: dict[str, type[Model]] = {}
+
+
+def register(arch: str):  # type: ignore[no-untyped-def]
+    def deco(cls: type[Model]) -> type[Model]:
+        cls.arch = arch
+        _REGISTRY[arch] = cls
+        return cls
+
+    return deco
+
+
+def registry() -> dict[str, type[Model]]:
+    return dict(_REGISTRY)
+
+
+def require(g: GGUFFile, suffix: str) -> object:
+    v = g.arch_get(suffix)
+    if v is None:
+        raise GGUFError(g.path, f"missing metadata key {g.architecture}.{suffix}")
+    return v
+
+
+@dataclass(frozen=True, slots=True)
+class DecoderParams:
+    n_layer: int
+    d_model: int
+    vocab: int
+    n_ctx_train: int
+    eps: float
+    attn: AttnParams
+    rope: Rope
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile, rope_style: RopeStyle, qk_norm: bool) -> DecoderParams:
+        n_head = int(require(g, Keys.HEAD_COUNT))  # type: ignore[arg-type]
+        d_model = int(require(g, Keys.EMBEDDING_LENGTH))  # type: ignore[arg-type]
+        head_dim = int(g.arch_get(Keys.KEY_LENGTH, d_model // n_head))
+        eps = float(require(g, Keys.RMS_EPS))  # type: ignore[arg-type]
+        scale = 1.0
+        if g.arch_get(Keys.ROPE_SCALING_TYPE) == "linear":
+            scale = float(g.arch_get(Keys.ROPE_SCALING_FACTOR, 1.0))
+        return cls(
+            n_layer=int(require(g, Keys.BLOCK_COUNT)),  # type: ignore[arg-type]
+            d_model=d_model,
+            vocab=g.tensors[tensor(T.TOKEN_EMBD)].shape[0],
+            n_ctx_train=int(g.arch_get(Keys.CONTEXT_LENGTH, 4096)),
+            eps=eps,
+            attn=AttnParams(n_head, int(g.arch_get(Keys.HEAD_COUNT_KV, n_head)), head_dim, eps, qk_norm),
+            rope=Rope(
+                n_rot=int(g.arch_get(Keys.ROPE_DIMENSION_COUNT, head_dim)),
+                base=float(g.arch_get(Keys.ROPE_FREQ_BASE, 10000.0)),
+                style=rope_style,
+                scale=scale,
+            ),
+        )
+
+
+class Model:
+    """Interface the engine drives: fresh per-sequence state and a forward over new tokens."""
+
+    arch: ClassVar[str]
+    params: DecoderParams
+
+    def new_state(self) -> SequenceState:
+        raise NotImplementedError
+
+    def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
+        """Consume `tokens` [T] after `state`; return logits [T, vocab] (or [1, vocab] for the last)."""
+        raise NotImplementedError
+
+
+class DecoderLM(Model):
+    """Pre-norm decoder with self-attention in every layer; subclasses define `ffn`."""
+
+    rope_style: ClassVar[RopeStyle]
+    qk_norm: ClassVar[bool]
+
+    def __init__(self, gguf: GGUFFile, weights: WeightStore) -> None:
+        self.gguf = gguf
+        self.w = weights
+        self.params = DecoderParams.from_gguf(gguf, self.rope_style, self.qk_norm)
+        out = tensor(T.OUTPUT)
+        self.head = out if weights.has(out) else tensor(T.TOKEN_EMBD)  # tied embeddings
+
+    def new_state(self) -> SequenceState:
+        p = self.params
+        return SequenceState(KVCache(list(range(p.n_layer)), p.attn.n_kv, p.attn.head_dim))
+
+    def ffn(self, layer: int, h: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
+        p, w = self.params, self.w
+        tokens = np.asarray(tokens, dtype=np.int64)
+        x = w.rows(tensor(T.TOKEN_EMBD), tokens)  # [T, D]
+        x = self.embed_scale(x)
+        positions = np.arange(state.n_past, state.n_past + len(tokens))
+        cos_sin = p.rope.tables(positions)
+        for i in range(p.n_layer):
+            h = rms_norm(x, w.vector(tensor(T.ATTN_NORM, i)), p.eps)
+            x = x + self_attention(h, w, i, p.attn, p.rope, cos_sin, state.kv)
+            h = rms_norm(x, w.vector(tensor(T.FFN_NORM, i)), p.eps)
+            x = x + self.ffn(i, h)
+        state.n_past += len(tokens)
+        state.tokens.extend(int(t) for t in tokens)
+        if not all_logits:
+            x = x[-1:]
+        x = rms_norm(x, w.vector(tensor(T.OUTPUT_NORM)), p.eps)
+        return w.matmul(x, self.head)
+
+    def embed_scale(self, x: np.ndarray) -> np.ndarray:
+        return x

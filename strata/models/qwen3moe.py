@@ -1,0 +1,44 @@
+"""Qwen3-MoE (Qwen3-30B-A3B): Qwen3 attention (per-head q/k RMSNorm, NEOX RoPE) and a
+softmax top-k MoE FFN in every layer.
+
+Experts live in 3-D GGUF tensors [E, out, in]; tokens are grouped by expert so each expert's
+slice is dequantized and multiplied once per forward call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.blocks.moe import dispatch, route_softmax_topk
+from strata.blocks.norms import silu
+from strata.blocks.rope import RopeStyle
+from strata.gguf import GGUFFile
+from strata.gguf.names import Keys, T, tensor
+from strata.models.base import DecoderLM, register, require
+from strata.weights import WeightStore
+
+
+@register("qwen3moe")
+class Qwen3Moe(DecoderLM):
+    rope_style = RopeStyle.NEOX
+    qk_norm = True
+
+    def __init__(self, gguf: GGUFFile, weights: WeightStore) -> None:
+        super().__init__(gguf, weights)
+        self.n_expert = int(require(gguf, Keys.EXPERT_COUNT))  # type: ignore[arg-type]
+        self.top_k = int(require(gguf, Keys.EXPERT_USED_COUNT))  # type: ignore[arg-type]
+        # The converter does not write norm_topk_prob for qwen3moe and llama.cpp always
+        # renormalises; Qwen3 configs ship True. A file may still say otherwise explicitly.
+        self.norm_topk = bool(gguf.arch_get(Keys.EXPERT_WEIGHTS_NORM, True))
+
+    def ffn(self, layer: int, h: np.ndarray) -> np.ndarray:
+        w = self.w
+        router = w.matmul(h, tensor(T.FFN_GATE_INP, layer))  # [T, E]
+        ids, weights = route_softmax_topk(router, self.top_k, self.norm_topk)  # [T, A] x2
+        gate_n, up_n, down_n = (tensor(k, layer) for k in (T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP))
+
+        def expert(e: int, xs: np.ndarray) -> np.ndarray:  # xs [n, D] -> [n, D]
+            act = silu(w.matmul(xs, gate_n, e)) * w.matmul(xs, up_n, e)  # [n, F]
+            return w.matmul(act, down_n, e)
+
+        return dispatch(h, ids, weights, expert)

@@ -1,0 +1,109 @@
+"""Token sampling: small pure functions chained in a fixed order.
+
+Order: penalties -> temperature -> top_k -> top_p -> min_p -> draw (temperature first, as HF,
+vLLM and the OpenAI API define top_p over the tempered distribution). Temperature 0 is greedy.
+
+Randomness is counter-based: the draw at sequence position p under seed s comes from Philox
+keyed by s with counter p, so the same (seed, position) always gives the same draw regardless
+of batching, retries or what other requests are doing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from strata.errors import StrataError
+
+
+class SamplingError(StrataError):
+    """A sampling parameter is out of range; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: float = 0.8
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0  # llama.cpp-style: divide positive logits, multiply negative ones
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+
+    def validate(self) -> None:
+        checks = [
+            ("temperature", self.temperature, 0.0 <= self.temperature <= 100.0),
+            ("top_k", self.top_k, self.top_k >= 0),
+            ("top_p", self.top_p, 0.0 < self.top_p <= 1.0),
+            ("min_p", self.min_p, 0.0 <= self.min_p <= 1.0),
+            ("repeat_penalty", self.repeat_penalty, self.repeat_penalty > 0.0),
+            ("presence_penalty", self.presence_penalty, -2.0 <= self.presence_penalty <= 2.0),
+            ("frequency_penalty", self.frequency_penalty, -2.0 <= self.frequency_penalty <= 2.0),
+            ("seed", self.seed, self.seed is None or 0 <= self.seed < 2**64),
+        ]
+        for name, value, ok in checks:
+            if not ok:
+                raise SamplingError(f"{name}={value!r} is out of range")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParams) -> np.ndarray:
+    """Repetition penalty over the last `repeat_last_n` tokens, then OpenAI presence/frequency."""
+    if not history or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0):
+        return logits
+    window = history[-p.repeat_last_n :] if p.repeat_last_n > 0 else history
+    counts = Counter(window)
+    ids = np.fromiter(counts, dtype=np.int64)
+    n = np.fromiter(counts.values(), dtype=np.float32)
+    out = logits.copy()
+    sel = out[ids]
+    if p.repeat_penalty != 1.0:
+        sel = np.where(sel > 0, sel / p.repeat_penalty, sel * p.repeat_penalty)
+    sel = sel - n * p.frequency_penalty - p.presence_penalty
+    out[ids] = sel
+    return out
+
+
+def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids and normalised probabilities that survive top_k, top_p and min_p, most likely first."""
+    z = logits.astype(np.float64) / p.temperature
+    if 0 < p.top_k < z.size:
+        ids = np.argpartition(-z, p.top_k - 1)[: p.top_k]
+    else:
+        ids = np.arange(z.size)
+    ids = ids[np.argsort(-z[ids], kind="stable")]
+    probs = np.exp(z[ids] - z[ids[0]])
+    probs /= probs.sum()
+    if p.top_p < 1.0:
+        # keep the smallest prefix whose mass reaches top_p (always at least one token)
+        keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
+        ids, probs = ids[:keep], probs[:keep]
+    if p.min_p > 0.0:
+        keep = probs >= p.min_p * probs[0]
+        ids, probs = ids[keep], probs[keep]
+    return ids, probs / probs.sum()
+
+
+def uniform(seed: int, position: int) -> float:
+    """The counter-based draw in [0, 1) for (seed, position)."""
+    bitgen = np.random.Philox(key=[seed & (2**64 - 1), 0], counter=[position, 0, 0, 0])
+    return float(np.random.Generator(bitgen).random())
+
+
+def sample(logits: np.ndarray, history: Sequence[int], p: SamplingParams, seed: int, position: int) -> int:
+    """Pick the next token from logits [vocab] for a sequence at `position`."""
+    logits = apply_penalties(logits, history, p)
+    if p.greedy:
+        return int(np.argmax(logits))
+    ids, probs = candidates(logits, p)
+    cdf = np.cumsum(probs)
+    i = int(np.searchsorted(cdf, uniform(seed, position) * cdf[-1], side="right"))
+    return int(ids[min(i, len(ids) - 1)])
