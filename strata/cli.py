@@ -38,17 +38,39 @@ def _add_info(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
                    help="hash the file; compare to SHA256, a .sha256 sidecar, or the known digest")
 
 
+def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from strata.conf.server import add_server_flags
+
+    add_server_flags(sub.add_parser("serve", help="OpenAI/Anthropic-compatible HTTP server (the default)"))
+    sub.add_parser("pull", help="download and verify the default model ahead of the first run")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="strata", description="Strata: tiered MoE inference for GGUF models")
+    p = argparse.ArgumentParser(prog="strata", description="Strata: tiered MoE inference for GGUF models. "
+                                "With no command, serves the default model on 127.0.0.1:8080.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    _add_serve(sub)
     _add_generate(sub)
     _add_info(sub)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv.insert(0, "serve")  # `python -m strata [--port N ...]` means serve
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "serve":
+            from strata.api.server import serve
+            from strata.conf.server import server_config
+
+            return serve(server_config(args))
+        if args.command == "pull":
+            from strata import hub
+
+            print(hub.pull())
+            return 0
         if args.command == "generate":
             from strata.cli_generate import run_generate
 

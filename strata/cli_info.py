@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from strata.gguf import GGUFFile
-from strata.gguf.names import Keys
+from strata.gguf.names import Keys, T, tensor
 from strata.models import registry
 from strata.verify import expected_sha256, verify_file
 
@@ -31,11 +31,32 @@ def run_info(args: argparse.Namespace) -> int:
     print(f"tensors:       {len(g.tensors)}")
     for qname, (count, nbytes) in sorted(g.bytes_by_type().items(), key=lambda kv: -kv[1][1]):
         print(f"  {qname:<8} {count:5d} tensors {nbytes / 2**20:12,.1f} MiB")
+    for line in _ple_lines(g):
+        print(line)
     if args.verify is not None:
         expected = args.verify or expected_sha256(g.path)
         digest = verify_file(g, expected)
         print(f"sha256:        {digest} ({'verified' if expected else 'no reference digest to compare'})")
     return 0
+
+
+def _ple_lines(g: GGUFFile) -> list[str]:
+    """qwen4exp's PLE n-gram table: its size, where it lives, and what one token reads from it."""
+    layers = g.arch_get(Keys.PLE_LAYERS)
+    name = tensor(T.PER_LAYER_TOKEN_EMBD)
+    if layers is None or name not in g.tensors:
+        return []
+    t = g.tensors[name]
+    heads = int(g.arch_get(Keys.PLE_HEADS_PER_NGRAM, 0)) * (int(g.arch_get(Keys.PLE_NGRAM_SIZE, 1)) - 1)
+    per_token = heads * len(layers)
+    size = f"{t.shape[0]:,} rows x {t.shape[-1]} {t.qtype.name} = {t.nbytes / 2**20:,.1f} MiB"
+    where = f"{g.path} at byte offset {t.offset:,}; memory-mapped, never loaded whole"
+    return [
+        f"PLE table:     {name} {size} ({t.nbytes / g.file_size:.1%} of the file)",
+        f"  lives in:    {where}: rows are read on demand through the OS page cache",
+        (f"  per token:   {per_token} rows = {per_token * t.row_bytes:,} bytes gathered "
+         f"(layers {[int(i) for i in layers]}, {heads} hashed n-gram heads)"),
+    ]
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -14,6 +14,7 @@ import numpy as np
 
 from strata.chat_template import ChatTemplate
 from strata.conf import EngineOptions
+from strata.constrain import JsonConstraint
 from strata.detok import StreamDecoder
 from strata.errors import ContextOverflowError
 from strata.gguf import GGUFFile
@@ -61,6 +62,7 @@ class GenerationResult:
     tokens: list[int] = field(default_factory=list)
     text: str = ""
     finish_reason: str = "length"  # "stop" (EOS or stop string) or "length"
+    stop_string: str | None = None  # which stop string ended it, when one did
     timings: Timings = field(default_factory=Timings)
 
 
@@ -141,6 +143,7 @@ class Engine:
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
         template_kw: dict[str, Any] | None = None,
+        constraint: JsonConstraint | None = None,
     ) -> Generation:
         """Stream tokens for a text prompt, token ids, or chat messages."""
         params = params or SamplingParams()
@@ -158,7 +161,7 @@ class Engine:
         max_tokens = min(max_tokens, self.n_ctx - len(ids))
         result = GenerationResult(prompt_ids=list(ids))
         seed = params.seed if params.seed is not None else secrets.randbits(63)
-        steps = self._steps(ids, max_tokens, params, seed, stop, ignore_eos, result)
+        steps = self._steps(ids, max_tokens, params, seed, stop, ignore_eos, result, constraint)
         return Generation(steps, result)
 
     def _steps(
@@ -170,6 +173,7 @@ class Engine:
         stop: Sequence[str],
         ignore_eos: bool,
         result: GenerationResult,
+        constraint: JsonConstraint | None,
     ) -> Iterator[Chunk]:
         state, tm = self.new_state(), result.timings
         t0 = time.perf_counter()
@@ -179,19 +183,26 @@ class Engine:
         eot = set() if ignore_eos else self.tokenizer.eot_ids
         t1 = time.perf_counter()
         for _ in range(max_tokens):
+            if constraint is not None:
+                logits = constraint.mask(logits)
             tok = sample(logits, state.tokens, params, seed, state.n_past)
             if tok in eot:
                 result.finish_reason = "stop"
                 break
             result.tokens.append(tok)
+            if constraint is not None:
+                constraint.advance(tok)
             text, hit = stops.push(detok.push(tok))
             result.text += text
             tm.predicted_n = len(result.tokens)
             tm.predicted_ms = (time.perf_counter() - t1) * 1000
             yield Chunk(tok, text)
             if hit:
-                result.finish_reason = "stop"
+                result.finish_reason, result.stop_string = "stop", stops.matched
                 return
+            if constraint is not None and constraint.done:  # the JSON object just closed
+                result.finish_reason = "stop"
+                break
             if len(result.tokens) < max_tokens:
                 logits = self.model.forward(np.asarray([tok]), state, all_logits=False)[-1]
         tail, _ = stops.push(detok.flush())

@@ -2,13 +2,24 @@
 
 The scheduler moves sequences between solo and batch slots and restores cached prefixes, so the
 state is an explicit object with checkpoint/restore rather than hidden inside the model.
+
+Attention layers keep their keys and values in `kv`. Hybrid architectures (Gated DeltaNet, n-gram
+embeddings, QSA indexers) also keep fixed-size per-layer state that cannot be truncated like a KV
+cache; it lives in `layers`, keyed by (kind, layer), and is copied by checkpoint().
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from strata.kvcache import KVCache
+
+
+class LayerState(Protocol):
+    """Per-layer recurrent state: anything that can make an independent copy of itself."""
+
+    def copy(self) -> LayerState: ...
 
 
 @dataclass(slots=True)
@@ -16,12 +27,18 @@ class SequenceState:
     kv: KVCache
     n_past: int = 0  # tokens already folded into the state
     tokens: list[int] = field(default_factory=list)  # every token consumed, for penalties and prefix reuse
+    layers: dict[tuple[str, int], LayerState] = field(default_factory=dict)  # e.g. ("deltanet", 0)
 
     def checkpoint(self) -> SequenceState:
         """An independent copy; the original keeps evolving."""
-        return SequenceState(self.kv.copy(), self.n_past, list(self.tokens))
+        layers = {key: st.copy() for key, st in self.layers.items()}
+        return SequenceState(self.kv.copy(), self.n_past, list(self.tokens), layers)
 
     def restore(self, snap: SequenceState) -> None:
         """Become an independent copy of `snap` (snap stays usable for further restores)."""
         copy = snap.checkpoint()
-        self.kv, self.n_past, self.tokens = copy.kv, copy.n_past, copy.tokens
+        self.kv, self.n_past, self.tokens, self.layers = copy.kv, copy.n_past, copy.tokens, copy.layers
+
+    def nbytes(self) -> int:
+        """Bytes held: attention KV plus every per-layer state that reports its size."""
+        return self.kv.nbytes() + sum(getattr(st, "nbytes", lambda: 0)() for st in self.layers.values())

@@ -9,6 +9,7 @@ class StopMatcher:
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
         self._held = ""
+        self.matched: str | None = None  # the stop string that ended the stream, if any
 
     def push(self, text: str) -> tuple[str, bool]:
         """Feed new text. Returns (text safe to emit, whether a stop string was hit).
@@ -18,8 +19,9 @@ class StopMatcher:
         buf = self._held + text
         hits = [(buf.find(s), s) for s in self.stops if s in buf]
         if hits:
+            at, self.matched = min(hits)
             self._held = ""
-            return buf[: min(i for i, _ in hits)], True
+            return buf[:at], True
         hold = 0
         for s in self.stops:  # longest tail of buf that is a proper prefix of some stop string
             for n in range(min(len(s) - 1, len(buf)), hold, -1):

@@ -9,6 +9,8 @@ from strata.models.base import Model, register, registry
 # Importing the architecture modules registers them.
 from strata.models import llama as _llama  # noqa: F401  (registration side effect)
 from strata.models import qwen3moe as _qwen3moe  # noqa: F401
+from strata.models import qwen3next as _qwen3next  # noqa: F401
+from strata.models import qwen4exp as _qwen4exp  # noqa: F401
 
 
 def model_class(gguf: GGUFFile) -> type[Model]:

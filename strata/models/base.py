@@ -6,6 +6,7 @@ supply what differs (the FFN, q/k norms, RoPE layout); see llama.py and qwen3moe
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -79,18 +80,19 @@ class DecoderParams:
         )
 
 
-class Model:
+class Model(ABC):
     """Interface the engine drives: fresh per-sequence state and a forward over new tokens."""
 
     arch: ClassVar[str]
     params: DecoderParams
 
+    @abstractmethod
     def new_state(self) -> SequenceState:
-        raise NotImplementedError
+        """Empty state for a new sequence."""
 
+    @abstractmethod
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
         """Consume `tokens` [T] after `state`; return logits [T, vocab] (or [1, vocab] for the last)."""
-        raise NotImplementedError
 
 
 class DecoderLM(Model):
@@ -110,8 +112,9 @@ class DecoderLM(Model):
         p = self.params
         return SequenceState(KVCache(list(range(p.n_layer)), p.attn.n_kv, p.attn.head_dim))
 
+    @abstractmethod
     def ffn(self, layer: int, h: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """The feed-forward sublayer of `layer` on normed h [T, D]."""
 
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
         p, w = self.params, self.w

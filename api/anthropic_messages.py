@@ -1,0 +1,212 @@
+"""POST /v1/messages and /v1/messages/count_tokens (Anthropic), streaming and not.
+
+The stream emits exactly the events the anthropic SDK expects: message_start, ping,
+content_block_start / _delta / _stop (text_delta, thinking_delta + signature_delta,
+input_json_delta), message_delta and message_stop.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from strata.api.errors import APIError, bad_request
+from strata.api.generation import Delta, Finished, collect, deltas, submit
+from strata.api.output_parser import ContentDelta, ReasoningDelta, ToolCallDelta
+from strata.api.prompt import Chat, ToolMode, build_prompt, reject_images
+from strata.api.sampling_args import anthropic_params
+from strata.api.schemas import AnthropicMessage, CountTokensRequest, MessagesRequest, parse
+from strata.api.state import AppState
+from strata.sched.request import ANTHROPIC_STOP, FinishReason
+
+# Thinking blocks carry a signature in Anthropic's API; ours is a fixed marker, since we do not
+# sign, so clients that echo thinking blocks back round-trip without error.
+SIGNATURE = "strata"
+
+
+def _system_text(system: str | list[dict[str, Any]] | None) -> str | None:
+    if system is None or isinstance(system, str):
+        return system
+    return "\n".join(b.get("text", "") for b in system if b.get("type") == "text")
+
+
+def _blocks(m: AnthropicMessage, i: int) -> list[dict[str, Any]]:
+    if isinstance(m.content, str):
+        return [{"type": "text", "text": m.content}]
+    reject_images(m.content, f"messages.{i}.content")
+    return m.content
+
+
+def _tool_result_text(block: dict[str, Any]) -> str:
+    c = block.get("content")
+    if isinstance(c, list):
+        return "".join(p.get("text", "") for p in c if p.get("type") == "text")
+    return "" if c is None else str(c)
+
+
+def to_chat(body: MessagesRequest | CountTokensRequest) -> Chat:
+    messages: list[dict[str, Any]] = []
+    if (sys_text := _system_text(body.system)) is not None:
+        messages.append({"role": "system", "content": sys_text})
+    for i, m in enumerate(body.messages):
+        text, thinking, calls = [], [], []
+        for b in _blocks(m, i):
+            kind = b.get("type")
+            if kind == "text":
+                text.append(b.get("text", ""))
+            elif kind == "thinking":
+                thinking.append(b.get("thinking", ""))
+            elif kind == "tool_use":
+                calls.append({"id": b.get("id"), "type": "function",
+                              "function": {"name": b.get("name"), "arguments": b.get("input") or {}}})
+            elif kind == "tool_result":
+                messages.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
+                                 "content": _tool_result_text(b)})
+            elif kind not in ("redacted_thinking",):
+                raise bad_request(f"unsupported content block type {kind!r}", param=f"messages.{i}.content")
+        if text or calls or thinking or m.role == "assistant":
+            msg: dict[str, Any] = {"role": m.role, "content": "".join(text)}
+            if calls:
+                msg["tool_calls"] = calls
+            if thinking:
+                msg["reasoning_content"] = "".join(thinking)
+            messages.append(msg)
+    tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
+                                                "parameters": t.input_schema}} for t in body.tools or []]
+    choice = getattr(body, "tool_choice", None) or {"type": "auto"}
+    mode, forced = _tool_choice(choice, tools)
+    thinking_on = body.thinking is not None and body.thinking.type != "disabled"
+    return Chat(messages, tools, mode, forced, thinking_on)
+
+
+def _tool_choice(choice: dict[str, Any], tools: list[dict[str, Any]]) -> tuple[ToolMode, str | None]:
+    kind = choice.get("type")
+    if not tools or kind == "none":
+        return ToolMode.NONE, None
+    if kind == "auto":
+        return ToolMode.AUTO, None
+    if kind == "any":
+        return ToolMode.REQUIRED, None
+    if kind == "tool":
+        name = choice.get("name")
+        if name not in {t["function"]["name"] for t in tools}:
+            raise bad_request(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
+        return ToolMode.NAMED, name
+    raise bad_request(f"unsupported tool_choice type {kind!r}", param="tool_choice")
+
+
+def _usage(f: Finished) -> dict[str, int]:
+    return {"input_tokens": f.prompt_tokens - f.cached_tokens, "output_tokens": f.completion_tokens,
+            "cache_read_input_tokens": f.cached_tokens, "cache_creation_input_tokens": 0}
+
+
+def _tool_block(d: ToolCallDelta) -> dict[str, Any]:
+    return {"type": "tool_use", "id": d.id.replace("call_", "toolu_", 1), "name": d.name,
+            "input": json.loads(d.arguments_json)}
+
+
+def _content(parts: list[Delta]) -> list[dict[str, Any]]:
+    """Merge consecutive deltas of a kind into Anthropic content blocks, in order."""
+    blocks: list[dict[str, Any]] = []
+    for d in parts:
+        if isinstance(d, ToolCallDelta):
+            blocks.append(_tool_block(d))
+        elif isinstance(d, ReasoningDelta):
+            if blocks and blocks[-1]["type"] == "thinking":
+                blocks[-1]["thinking"] += d.text
+            else:
+                blocks.append({"type": "thinking", "thinking": d.text, "signature": SIGNATURE})
+        elif blocks and blocks[-1]["type"] == "text":
+            blocks[-1]["text"] += d.text
+        else:
+            blocks.append({"type": "text", "text": d.text})
+    return blocks
+
+
+async def messages(request: Request) -> Response:
+    state: AppState = request.app.state.strata
+    body = parse(MessagesRequest, await request.body())
+    name = state.model_name(body.model)
+    chat = to_chat(body)
+    prompt = build_prompt(state.engine, chat)
+    req = submit(state, prompt, anthropic_params(body), body.max_tokens, tuple(body.stop_sequences or ()))
+    mid = f"msg_{secrets.token_hex(12)}"
+    reasoning = bool(chat.thinking)
+    if body.stream:
+        return EventSourceResponse(_stream(req, prompt, reasoning, mid, name), ping=10)
+    parts, fin = await collect(request, req, prompt, reasoning)
+    return JSONResponse({
+        "id": mid, "type": "message", "role": "assistant", "model": name, "content": _content(parts),
+        "stop_reason": ANTHROPIC_STOP[fin.reason],
+        "stop_sequence": fin.stop_string if fin.reason is FinishReason.STOP_STRING else None,
+        "usage": _usage(fin),
+    })
+
+
+def _event(kind: str, **data: Any) -> dict[str, str]:
+    return {"event": kind, "data": json.dumps({"type": kind, **data}, ensure_ascii=False)}
+
+
+async def _stream(req: Any, prompt: Any, reasoning: bool, mid: str, name: str) -> AsyncIterator[dict[str, str]]:
+    yield _event("message_start", message={
+        "id": mid, "type": "message", "role": "assistant", "model": name, "content": [],
+        "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": len(req.prompt_ids), "output_tokens": 0}})
+    yield _event("ping")
+    index, open_kind = -1, None
+
+    def close() -> list[dict[str, str]]:
+        out = []
+        if open_kind == "thinking":
+            out.append(_event("content_block_delta", index=index,
+                              delta={"type": "signature_delta", "signature": SIGNATURE}))
+        if open_kind is not None:
+            out.append(_event("content_block_stop", index=index))
+        return out
+
+    try:
+        async for d in deltas(req, prompt, reasoning):
+            if isinstance(d, Finished):
+                for ev in close():
+                    yield ev
+                open_kind = None
+                yield _event("message_delta", delta={
+                    "stop_reason": ANTHROPIC_STOP[d.reason],
+                    "stop_sequence": d.stop_string if d.reason is FinishReason.STOP_STRING else None},
+                    usage=_usage(d))
+                yield _event("message_stop")
+                return
+            kind = "tool_use" if isinstance(d, ToolCallDelta) else (
+                "thinking" if isinstance(d, ReasoningDelta) else "text")
+            if kind != open_kind or kind == "tool_use":
+                for ev in close():
+                    yield ev
+                index, open_kind = index + 1, kind
+                if kind == "tool_use":
+                    block = _tool_block(d)  # type: ignore[arg-type]
+                    yield _event("content_block_start", index=index, content_block={**block, "input": {}})
+                    yield _event("content_block_delta", index=index,
+                                 delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"])})
+                    continue
+                start = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {
+                    "type": "text", "text": ""}
+                yield _event("content_block_start", index=index, content_block=start)
+            if isinstance(d, ReasoningDelta):
+                yield _event("content_block_delta", index=index, delta={"type": "thinking_delta", "thinking": d.text})
+            elif isinstance(d, ContentDelta):
+                yield _event("content_block_delta", index=index, delta={"type": "text_delta", "text": d.text})
+    except APIError as e:
+        yield _event("error", error={"type": "api_error", "message": e.message})
+
+
+async def count_tokens(request: Request) -> Response:
+    state: AppState = request.app.state.strata
+    body = parse(CountTokensRequest, await request.body())
+    prompt = build_prompt(state.engine, to_chat(body))
+    return JSONResponse({"input_tokens": len(prompt.ids)})

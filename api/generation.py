@@ -1,0 +1,127 @@
+"""The bridge between an HTTP handler and the scheduler: submit, then read parsed deltas.
+
+Both protocols consume the same stream of ContentDelta / ReasoningDelta / ToolCallDelta and a
+final Finished. Leaving the iterator early (a client disconnect cancels the handler's task)
+cancels the request, which frees its slot at the next token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from starlette.requests import Request as HTTPRequest
+
+from strata.api.errors import APIError
+from strata.api.output_parser import ContentDelta, OutputParser, ReasoningDelta, ToolCallDelta, new_call_id
+from strata.api.prompt import Prompt
+from strata.api.state import AppState
+from strata.json_guard import JsonPrefix, closing_suffix
+from strata.sampling import SamplingParams
+from strata.sched.request import DoneEvent, ErrorEvent, FinishReason, Request, TokenEvent
+from strata.sched.scheduler import QueueFullError
+
+Delta = ContentDelta | ReasoningDelta | ToolCallDelta
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    reason: FinishReason
+    stop_string: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    timings: dict[str, float]
+
+
+class EngineFailure(APIError):
+    """The window running this request failed; the request gets a 503 with the reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(503, f"generation failed: {reason}", code="engine_error")
+
+
+def submit(state: AppState, prompt: Prompt, params: SamplingParams, max_tokens: int,
+           stop: tuple[str, ...], json_mode: bool = False, ignore_eos: bool = False) -> Request:
+    seed = params.seed if params.seed is not None else secrets.randbits(63)
+    max_tokens = min(max_tokens, state.engine.n_ctx - len(prompt.ids))
+    forced = prompt.json_seed is not None
+    req = Request(prompt.ids, params, max_tokens, seed, stop=stop, ignore_eos=ignore_eos,
+                  json_mode=json_mode or forced, json_seed=prompt.json_seed or "")
+    try:
+        state.scheduler.submit(req)
+    except QueueFullError as e:
+        raise APIError(429, str(e), code="queue_full", headers={"Retry-After": str(e.retry_after)}) from None
+    return req
+
+
+async def deltas(req: Request, prompt: Prompt, reasoning: bool, raw: bool = False) -> AsyncIterator[Delta | Finished]:
+    """Parsed output of a submitted request, ending with Finished (or raising EngineFailure).
+
+    raw=True (text completions) passes text through untouched: no reasoning or tool parsing.
+    """
+    parser = OutputParser(reasoning=reasoning, start_in_reasoning=prompt.in_reasoning, prefix=prompt.prefix)
+    forced, forced_text = prompt.json_seed is not None, []
+    try:
+        while True:
+            ev = await req.events.get()
+            if isinstance(ev, TokenEvent) and forced:
+                forced_text.append(ev.text)
+            elif isinstance(ev, TokenEvent) and raw:
+                if ev.text:
+                    yield ContentDelta(ev.text)
+            elif isinstance(ev, TokenEvent):
+                for d in parser.push(ev.text):
+                    yield d
+            elif isinstance(ev, ErrorEvent):
+                raise EngineFailure(ev.reason)
+            elif isinstance(ev, DoneEvent):
+                if forced:
+                    yield forced_call((prompt.json_seed or "") + "".join(forced_text))
+                for d in [] if (raw or forced) else parser.finish():
+                    yield d
+                reason = ev.reason
+                if (forced or parser.tool_calls) and reason in (FinishReason.EOS, FinishReason.STOP_STRING):
+                    reason = FinishReason.TOOL_CALLS
+                yield Finished(reason, ev.stop_string, ev.prompt_tokens, ev.cached_tokens,
+                               ev.completion_tokens, ev.timings)
+                return
+    finally:
+        req.cancel()  # no-op once finished; otherwise the client left and the slot is freed
+
+
+def forced_call(text: str) -> ToolCallDelta:
+    """The tool call a JSON-constrained forced turn wrote; a call cut short by max_tokens is closed."""
+    state = JsonPrefix()
+    state.feed(text)
+    obj = json.loads(text if state.complete else text + closing_suffix(state))
+    args = obj.get("arguments")
+    return ToolCallDelta(0, new_call_id(), str(obj.get("name", "")),
+                         json.dumps(args if isinstance(args, dict) else {}, ensure_ascii=False))
+
+
+async def collect(http: HTTPRequest, req: Request, prompt: Prompt, reasoning: bool,
+                  raw: bool = False) -> tuple[list[Delta], Finished]:
+    """Non-streaming: gather every delta, cancelling the request if the client disconnects."""
+    out: list[Delta] = []
+    stream = deltas(req, prompt, reasoning, raw)
+    watcher = asyncio.ensure_future(_wait_disconnect(http))
+    try:
+        async for d in stream:
+            if watcher.done():
+                raise asyncio.CancelledError
+            if isinstance(d, Finished):
+                return out, d
+            out.append(d)
+    finally:
+        watcher.cancel()
+        await stream.aclose()
+    raise EngineFailure("the request ended without a result")
+
+
+async def _wait_disconnect(http: HTTPRequest) -> None:
+    while not await http.is_disconnected():
+        await asyncio.sleep(0.25)

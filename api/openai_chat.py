@@ -1,0 +1,154 @@
+"""POST /v1/chat/completions (OpenAI), streaming and not, with tools and reasoning."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from strata.api.errors import APIError, bad_request
+from strata.api.generation import Finished, collect, deltas, submit
+from strata.api.output_parser import ContentDelta, ReasoningDelta, ToolCallDelta
+from strata.api.prompt import Chat, ToolMode, build_prompt, reject_images
+from strata.api.sampling_args import openai_params
+from strata.api.schemas import ChatCompletionRequest, ChatMessage, parse
+from strata.api.state import VERSION, AppState
+from strata.sched.request import OPENAI_FINISH
+
+
+def _text(m: ChatMessage, i: int) -> str:
+    if m.content is None or isinstance(m.content, str):
+        return m.content or ""
+    reject_images(m.content, f"messages.{i}.content")
+    return "".join(p.get("text", "") for p in m.content if p.get("type") in ("text", "input_text"))
+
+
+def _tool_calls(m: ChatMessage) -> list[dict[str, Any]] | None:
+    if not m.tool_calls:
+        return None
+    out = []
+    for c in m.tool_calls:
+        fn = dict(c.get("function") or {})
+        if isinstance(fn.get("arguments"), str):
+            try:
+                fn["arguments"] = json.loads(fn["arguments"] or "{}")
+            except json.JSONDecodeError:
+                pass  # keep the client's text; the template shows it as given
+        out.append({"id": c.get("id"), "type": "function", "function": fn})
+    return out
+
+
+def to_chat(body: ChatCompletionRequest) -> Chat:
+    messages = []
+    for i, m in enumerate(body.messages):
+        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": _text(m, i)}
+        if calls := _tool_calls(m):
+            msg["tool_calls"] = calls
+        if m.tool_call_id:
+            msg["tool_call_id"] = m.tool_call_id
+        if m.name:
+            msg["name"] = m.name
+        if m.reasoning_content:
+            msg["reasoning_content"] = m.reasoning_content
+        messages.append(msg)
+    tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
+    mode, forced = _tool_choice(body.tool_choice, tools)
+    thinking = None if body.reasoning_effort is None else body.reasoning_effort not in ("none", "minimal")
+    return Chat(messages, tools, mode, forced, thinking)
+
+
+def _tool_choice(choice: str | dict[str, Any] | None, tools: list[dict[str, Any]]) -> tuple[ToolMode, str | None]:
+    if choice is None or choice == "auto":
+        return (ToolMode.AUTO if tools else ToolMode.NONE), None
+    if choice == "none":
+        return ToolMode.NONE, None
+    if choice == "required":
+        if not tools:
+            raise bad_request("tool_choice 'required' needs tools", param="tool_choice")
+        return ToolMode.REQUIRED, None
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        name = (choice.get("function") or {}).get("name")
+        if name not in {t["function"]["name"] for t in tools}:
+            raise bad_request(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
+        return ToolMode.NAMED, name
+    raise bad_request(f"unsupported tool_choice {choice!r}", param="tool_choice")
+
+
+def _usage(f: Finished) -> dict[str, Any]:
+    return {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
+            "total_tokens": f.prompt_tokens + f.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": f.cached_tokens}}
+
+
+def _call_json(d: ToolCallDelta) -> dict[str, Any]:
+    return {"id": d.id, "type": "function", "function": {"name": d.name, "arguments": d.arguments_json}}
+
+
+async def chat_completions(request: Request) -> Response:
+    state: AppState = request.app.state.strata
+    body = parse(ChatCompletionRequest, await request.body())
+    if body.n != 1:
+        raise bad_request("only n=1 is supported", param="n")
+    name = state.model_name(body.model)
+    chat = to_chat(body)
+    prompt = build_prompt(state.engine, chat)
+    params = openai_params(body)
+    max_tokens = body.max_completion_tokens or body.max_tokens or state.engine.n_ctx
+    stops = tuple([body.stop] if isinstance(body.stop, str) else (body.stop or []))
+    reasoning = chat.thinking is not False
+    json_mode = body.response_format is not None and body.response_format.type != "text"
+    req = submit(state, prompt, params, max_tokens, stops, json_mode=json_mode, ignore_eos=body.ignore_eos)
+    cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return EventSourceResponse(_stream(req, prompt, reasoning, cid, created, name, include_usage),
+                                   ping=15)
+    parts, fin = await collect(request, req, prompt, reasoning)
+    content = "".join(d.text for d in parts if isinstance(d, ContentDelta))
+    reasoning_text = "".join(d.text for d in parts if isinstance(d, ReasoningDelta))
+    calls = [_call_json(d) for d in parts if isinstance(d, ToolCallDelta)]
+    message: dict[str, Any] = {"role": "assistant", "content": content if (content or not calls) else None}
+    if reasoning_text:
+        message["reasoning_content"] = reasoning_text
+    if calls:
+        message["tool_calls"] = calls
+    return JSONResponse({
+        "id": cid, "object": "chat.completion", "created": created, "model": name,
+        "system_fingerprint": f"strata-{VERSION}",
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": OPENAI_FINISH[fin.reason]}],
+        "usage": _usage(fin), "timings": fin.timings,
+    })
+
+
+async def _stream(req: Any, prompt: Any, reasoning: bool, cid: str, created: int, name: str,
+                  include_usage: bool) -> AsyncIterator[dict[str, str]]:
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, str]:
+        obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
+               "system_fingerprint": f"strata-{VERSION}",
+               "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra}
+        return {"data": json.dumps(obj, ensure_ascii=False)}
+
+    yield chunk({"role": "assistant", "content": ""})
+    try:
+        async for d in deltas(req, prompt, reasoning):
+            if isinstance(d, ContentDelta):
+                yield chunk({"content": d.text})
+            elif isinstance(d, ReasoningDelta):
+                yield chunk({"reasoning_content": d.text})
+            elif isinstance(d, ToolCallDelta):
+                yield chunk({"tool_calls": [{"index": d.index, **_call_json(d)}]})
+            else:
+                yield chunk({}, OPENAI_FINISH[d.reason], timings=d.timings)
+                if include_usage:
+                    usage = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
+                             "choices": [], "usage": _usage(d)}
+                    yield {"data": json.dumps(usage)}
+    except APIError as e:
+        yield {"data": json.dumps({"error": {"message": e.message, "type": "server_error", "code": e.code}})}
+    yield {"data": "[DONE]"}

@@ -1,0 +1,87 @@
+"""Operations endpoints: /health, /v1/models, /v1/status, /props, /metrics, /tokenize, /detokenize."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from strata.api.errors import bad_request
+from strata.api.schemas import DetokenizeRequest, TokenizeRequest, parse
+from strata.api.state import VERSION, AppState
+
+
+def _state(request: Request) -> AppState:
+    return request.app.state.strata
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok", "loaded": True})
+
+
+async def models(request: Request) -> Response:
+    s = _state(request)
+    return JSONResponse({"object": "list", "data": [
+        {"id": s.alias, "object": "model", "created": int(s.started), "owned_by": "strata",
+         "meta": {"arch": s.engine.arch, "n_ctx": s.engine.n_ctx, "n_vocab": s.engine.tokenizer.vocab_size}},
+    ]})
+
+
+async def status(request: Request) -> Response:
+    s = _state(request)
+    sch = s.scheduler
+    return JSONResponse({
+        "model": s.alias, "arch": s.engine.arch, "slots": sch.parallel, "busy_slots": sch.busy_slots,
+        "serving": sch.busy_slots, "queue_depth": sch.queue_depth, "uptime_s": round(time.time() - s.started, 1),
+        "requests_total": sch.counters.requests,
+    })
+
+
+async def props(request: Request) -> Response:
+    s = _state(request)
+    return JSONResponse({
+        "model_alias": s.alias, "model_path": s.engine.gguf.path, "n_ctx": s.engine.n_ctx,
+        "total_slots": s.scheduler.parallel, "chat_template": s.engine.template.source,
+        "bos_token": s.engine.tokenizer.bos_token, "eos_token": s.engine.tokenizer.eos_token,
+        "version": VERSION, "build_info": f"strata {VERSION}",
+    })
+
+
+async def metrics(request: Request) -> Response:
+    s = _state(request)
+    c, sch = s.scheduler.counters, s.scheduler
+    rows = [
+        ("strata_requests_total", "counter", "Requests completed", c.requests),
+        ("strata_requests_failed_total", "counter", "Requests failed by an engine error", c.requests_failed),
+        ("strata_prompt_tokens_total", "counter", "Prompt tokens prefilled", c.prompt_tokens),
+        ("strata_tokens_predicted_total", "counter", "Tokens generated", c.generated_tokens),
+        ("strata_prompt_seconds_total", "counter", "Seconds spent in prefill", round(c.prompt_seconds, 6)),
+        ("strata_decode_seconds_total", "counter", "Seconds spent decoding", round(c.decode_seconds, 6)),
+        ("strata_slots_busy", "gauge", "Slots generating now", sch.busy_slots),
+        ("strata_slots_total", "gauge", "Configured slots", sch.parallel),
+        ("strata_queue_depth", "gauge", "Requests waiting for a slot", sch.queue_depth),
+    ]
+    lines = []
+    for name, kind, help_, value in rows:
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
+    return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+
+async def tokenize(request: Request) -> Response:
+    s = _state(request)
+    body = parse(TokenizeRequest, await request.body())
+    ids = s.engine.tokenizer.encode(body.content, add_special=body.add_special, parse_special=True)
+    if body.with_pieces:
+        return JSONResponse({"tokens": [{"id": i, "piece": s.engine.tokenizer.token_text(i)} for i in ids]})
+    return JSONResponse({"tokens": ids})
+
+
+async def detokenize(request: Request) -> Response:
+    s = _state(request)
+    body = parse(DetokenizeRequest, await request.body())
+    vocab = s.engine.tokenizer.vocab_size
+    bad = [t for t in body.tokens if not 0 <= t < vocab]
+    if bad:
+        raise bad_request(f"token ids out of range 0..{vocab - 1}: {bad[:5]}", param="tokens")
+    return JSONResponse({"content": s.engine.tokenizer.decode(body.tokens)})

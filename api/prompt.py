@@ -1,0 +1,129 @@
+"""From a protocol-neutral chat to prompt token ids.
+
+Both adapters (OpenAI, Anthropic) turn their bodies into a `Chat`; this module renders the
+model's template, falls back to Hermes-style tool prompting when the template cannot show tools,
+and pre-writes the start of a tool call when the client forces one (tool_choice required/named),
+which makes the tool path deterministic even on tiny models.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata.api.errors import APIError, bad_request
+from strata.engine import Engine
+from strata.errors import TemplateError
+
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+class ToolMode(enum.Enum):
+    AUTO = "auto"
+    NONE = "none"
+    REQUIRED = "required"
+    NAMED = "named"
+
+
+@dataclass(slots=True)
+class Chat:
+    messages: list[dict[str, Any]]  # role, content (str), tool_calls, tool_call_id, name
+    tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI {"type":"function","function":{...}}
+    tool_mode: ToolMode = ToolMode.AUTO
+    forced_tool: str | None = None
+    thinking: bool | None = None  # None = the template's default
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    ids: list[int]
+    prefix: str  # text pre-written into the assistant turn; the output parser reads it first
+    in_reasoning: bool  # the prompt already opened a <think> block
+    # A forced tool call: the part of its {"name": ..., "arguments": ...} object already written
+    # into the prompt. Decoding is then JSON-constrained to finish exactly that one object.
+    json_seed: str | None = None
+
+
+def _hermes_system(tools: list[dict[str, Any]]) -> str:
+    sigs = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        f"<tools>\n{sigs}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
+def _as_hermes(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rewrite tool traffic into plain turns for templates that know nothing of tools."""
+    out: list[dict[str, Any]] = []
+    if tools:
+        sys_text = _hermes_system(tools)
+        if messages and messages[0]["role"] == "system":
+            sys_text = f"{messages[0]['content']}\n\n{sys_text}"
+            messages = messages[1:]
+        out.append({"role": "system", "content": sys_text})
+    for m in messages:
+        if m["role"] == "tool":
+            block = f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"
+            if out and out[-1]["role"] == "user" and out[-1].get("_tool"):
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block, "_tool": True})
+        elif m["role"] == "assistant" and m.get("tool_calls"):
+            calls = [
+                f"{TOOL_OPEN}\n" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+                                              ensure_ascii=False) + f"\n{TOOL_CLOSE}"
+                for c in m["tool_calls"]
+            ]
+            text = "\n".join(([m["content"]] if m.get("content") else []) + calls)
+            out.append({"role": "assistant", "content": text})
+        else:
+            out.append(dict(m))
+    return [{k: v for k, v in m.items() if k != "_tool"} for m in out]
+
+
+def build_prompt(engine: Engine, chat: Chat) -> Prompt:
+    template = engine.template
+    tools = [] if chat.tool_mode is ToolMode.NONE else chat.tools
+    native_tools = "tools" in template.source
+    messages = chat.messages if native_tools else _as_hermes(chat.messages, tools)
+    kw: dict[str, Any] = {}
+    thinking = chat.thinking
+    if chat.tool_mode in (ToolMode.REQUIRED, ToolMode.NAMED):
+        thinking = False  # a forced call starts the turn; there is no room for thoughts first
+    if thinking is not None:
+        kw["enable_thinking"] = thinking
+    try:
+        text = template.render(messages, tools=tools if (native_tools and tools) else None,
+                               add_generation_prompt=True, **kw)
+    except TemplateError as e:
+        raise bad_request(f"chat template: {e}", param="messages") from None
+    seed = None
+    if chat.tool_mode is ToolMode.REQUIRED:
+        seed = '{"name": "'
+    elif chat.tool_mode is ToolMode.NAMED:
+        seed = f'{{"name": {json.dumps(chat.forced_tool)}, "arguments": '
+    prefix = "" if seed is None else f"{TOOL_OPEN}\n{seed}"
+    ids = engine.tokenizer.encode_chat(text + prefix)
+    check_context(engine, len(ids))
+    in_reasoning = text.rstrip().endswith("<think>") and thinking is not False
+    return Prompt(ids, prefix, in_reasoning, seed)
+
+
+def check_context(engine: Engine, n_prompt: int) -> None:
+    if n_prompt >= engine.n_ctx:
+        raise APIError(400, f"the prompt has {n_prompt} tokens but the context size is {engine.n_ctx}; "
+                            f"shorten the prompt or raise --ctx-size", param="messages",
+                       code="context_length_exceeded")
+
+
+def reject_images(parts: list[dict[str, Any]], param: str) -> None:
+    for p in parts:
+        if p.get("type") in ("image_url", "input_image", "image"):
+            raise bad_request("this model has no vision support: image inputs are not accepted", param=param,
+                              code="vision_not_supported")

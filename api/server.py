@@ -1,0 +1,45 @@
+"""`strata serve`: load the model, print where to reach it, and run uvicorn on uvloop."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from strata import hub
+from strata.api.app import build_app
+from strata.api.state import AppState
+from strata.conf.server import ServerConfig
+from strata.engine import Engine
+from strata.gguf import GGUFFile
+from strata.gguf.names import Keys
+from strata.sched.scheduler import Scheduler
+
+# Without --ctx-size, the KV cache is bounded to this many tokens (or the model's own, if smaller).
+DEFAULT_CTX = 8192
+
+
+def load_state(cfg: ServerConfig) -> AppState:
+    path = Path(cfg.model) if cfg.model else hub.pull()
+    trained = int(GGUFFile(path).arch_get(Keys.CONTEXT_LENGTH, DEFAULT_CTX))
+    n_ctx = cfg.ctx_size or min(trained, DEFAULT_CTX)
+    engine = Engine.load(path, n_ctx=n_ctx, weight_cache_mib=cfg.weight_cache_mib)
+    alias = cfg.alias or path.stem
+    return AppState(engine, Scheduler(engine, cfg.parallel, cfg.queue_limit), cfg, alias)
+
+
+def serve(cfg: ServerConfig) -> int:
+    state = load_state(cfg)
+    app = build_app(state)
+    url = f"http://{cfg.host}:{cfg.port}"
+    auth = f' -H "Authorization: Bearer {cfg.api_keys[0]}"' if cfg.api_keys else ""
+    if not cfg.api_keys:
+        print("strata: warning: no API key set (--api-key / STRATA_API_KEY): the server is open to anyone "
+              "who can reach it", file=sys.stderr)
+    print(f"strata: serving {state.alias} ({state.engine.arch}, ctx {state.engine.n_ctx}) at {url}", flush=True)
+    print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
+          f"""-d '{{"messages":[{{"role":"user","content":"Hello!"}}]}}'""", flush=True)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, loop="uvloop", http="h11",
+                log_level="info" if cfg.verbose else "warning", timeout_graceful_shutdown=5)
+    return 0

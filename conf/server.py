@@ -1,0 +1,89 @@
+"""Server configuration: flags (named like llama-server's where they overlap) and the two
+environment variables, read once here and validated with errors that name the flag."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from strata.errors import ConfigError
+
+ENV_MODEL = "STRATA_MODEL"
+ENV_API_KEY = "STRATA_API_KEY"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    model: str | None = None  # None = the embedded default model (fetched on first run)
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_keys: tuple[str, ...] = ()
+    ctx_size: int = 0  # 0 = min(model's trained context, DEFAULT_CTX)
+    parallel: int = 4
+    alias: str | None = None
+    strict_model: bool = False
+    queue_limit: int = 0  # 0 = unbounded FIFO; else overflow gets 429 / 529
+    weight_cache_mib: int = 4096
+    verbose: bool = False
+
+    def validate(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ConfigError("--port", self.port, "must be 1..65535")
+        if self.host not in ("localhost", "0.0.0.0", "::"):
+            try:
+                ipaddress.ip_address(self.host)
+            except ValueError:
+                raise ConfigError("--host", self.host, "must be an IP address or localhost") from None
+        if self.ctx_size < 0:
+            raise ConfigError("--ctx-size", self.ctx_size, "must be >= 0 (0 = model default)")
+        if not 1 <= self.parallel <= 64:
+            raise ConfigError("--parallel", self.parallel, "must be 1..64")
+        if self.queue_limit < 0:
+            raise ConfigError("--queue-limit", self.queue_limit, "must be >= 0 (0 = unbounded)")
+        if self.weight_cache_mib < 0:
+            raise ConfigError("--weight-cache-mib", self.weight_cache_mib, "must be >= 0")
+        for k in self.api_keys:
+            if not k or any(c.isspace() for c in k):
+                raise ConfigError("--api-key", "***", "keys must be non-empty and contain no whitespace")
+        if self.model is not None and not Path(self.model).is_file():
+            raise ConfigError("--model", self.model, "no such file")
+
+
+def add_server_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", default=None, help=f"GGUF to serve (default: ${ENV_MODEL} or SmolLM2-135M)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--api-key", action="append", default=[], help="accepted key (repeatable)")
+    p.add_argument("--api-key-file", default=None, help="file with one accepted key per line")
+    p.add_argument("--ctx-size", "-c", type=int, default=0, help="context size (0 = model default, max 8192)")
+    p.add_argument("--parallel", "-np", type=int, default=4, help="batch slots")
+    p.add_argument("--alias", default=None, help="model name reported by /v1/models")
+    p.add_argument("--strict-model", action="store_true", help="404 for requests naming another model")
+    p.add_argument("--queue-limit", type=int, default=0, help="max queued requests (0 = unbounded)")
+    p.add_argument("--weight-cache-mib", type=int, default=4096)
+    p.add_argument("--verbose", "-v", action="store_true")
+
+
+def server_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> ServerConfig:
+    """Flags win over the environment; the environment is read here and nowhere else."""
+    env = os.environ if env is None else env
+    keys = list(args.api_key)
+    if args.api_key_file:
+        try:
+            keys += [ln.strip() for ln in Path(args.api_key_file).read_text().splitlines() if ln.strip()]
+        except OSError as e:
+            raise ConfigError("--api-key-file", args.api_key_file, e.strerror or "unreadable") from None
+    if not keys and env.get(ENV_API_KEY):
+        keys = [k for k in env[ENV_API_KEY].split(",") if k]
+    cfg = ServerConfig(
+        model=args.model or env.get(ENV_MODEL) or None,
+        host=args.host, port=args.port, api_keys=tuple(keys), ctx_size=args.ctx_size,
+        parallel=args.parallel, alias=args.alias, strict_model=args.strict_model,
+        queue_limit=args.queue_limit, weight_cache_mib=args.weight_cache_mib, verbose=args.verbose,
+    )
+    cfg.validate()
+    return cfg

@@ -1,0 +1,90 @@
+"""Requests as the scheduler sees them: an explicit state machine and one finish reason each.
+
+One map turns a finish reason into OpenAI's `finish_reason` and one into Anthropic's
+`stop_reason`, so the HTTP adapters never invent their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from strata.sampling import SamplingParams
+
+
+class RequestState(enum.IntEnum):
+    """Ordered: a request only moves forward (BATCHED may return to SOLO when others finish)."""
+
+    QUEUED = 0
+    ADMITTING = 1  # prompt being prefilled
+    SOLO = 2
+    BATCHED = 3
+    FINISHED = 4
+
+
+class FinishReason(enum.Enum):
+    EOS = "eos"
+    STOP_STRING = "stop_string"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    CANCELLED = "cancelled"  # client went away
+    ERROR = "error"  # the window failed; the client gets a 503 with the reason
+
+
+OPENAI_FINISH = {
+    FinishReason.EOS: "stop", FinishReason.STOP_STRING: "stop", FinishReason.LENGTH: "length",
+    FinishReason.TOOL_CALLS: "tool_calls", FinishReason.CANCELLED: "stop", FinishReason.ERROR: "error",
+}
+ANTHROPIC_STOP = {
+    FinishReason.EOS: "end_turn", FinishReason.STOP_STRING: "stop_sequence", FinishReason.LENGTH: "max_tokens",
+    FinishReason.TOOL_CALLS: "tool_use", FinishReason.CANCELLED: "end_turn", FinishReason.ERROR: "end_turn",
+}
+
+_ids = itertools.count(1)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    token: int | None
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class DoneEvent:
+    reason: FinishReason
+    stop_string: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    timings: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorEvent:
+    reason: str
+
+
+Event = TokenEvent | DoneEvent | ErrorEvent
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int
+    seed: int
+    stop: Sequence[str] = ()
+    ignore_eos: bool = False
+    json_mode: bool = False  # response_format json_object: constrain decoding to one JSON object
+    json_seed: str = ""  # JSON already written in the prompt that the output must continue
+    id: int = field(default_factory=lambda: next(_ids))
+    state: RequestState = RequestState.QUEUED
+    finish: FinishReason | None = None
+    cancelled: bool = False  # set from the loop; the engine thread checks it every token
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+
+    def cancel(self) -> None:
+        self.cancelled = True

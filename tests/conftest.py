@@ -1,0 +1,83 @@
+"""Session fixtures over the oracle cache (tests/oracle), and GPU-test skipping.
+
+Fixtures build on first use (about a minute on 2 cores with a cold cache) and are free afterwards;
+CI runs `python tests/oracle/build_fixtures.py` first. Tests never re-run transformers once built.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+_TESTS = str(Path(__file__).resolve().parent)
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
+
+from oracle import assets  # noqa: E402
+
+
+def _build(fn):
+    # Builders call transformers/torch, which warn freely; the suite runs with filterwarnings=error,
+    # and a warning during a fixture build is not a test failure.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn()
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return _build(assets.smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    return _build(assets.gemma3_gguf)
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer_dir() -> Path:
+    return _build(assets.qwen3_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3moe() -> dict[str, Path]:
+    return _build(assets.tiny_qwen3moe)
+
+
+@pytest.fixture(scope="session")
+def smollm2_oracle() -> dict:
+    return assets.load_npz(_build(assets.smollm2_oracle))
+
+
+@pytest.fixture(scope="session")
+def tokenizer_oracle() -> dict:
+    return json.loads(_build(assets.tokenizer_oracle).read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="session")
+def template_oracle() -> dict:
+    return json.loads(_build(assets.template_oracle).read_text(encoding="utf-8"))
+
+
+def _gpu_available() -> bool:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import cupy
+
+            return bool(cupy.is_available())
+    except Exception:  # ImportError, or a CUDA runtime/driver error from cupy
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items or _gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU through cupy (cupy missing or cupy.is_available() False)")
+    for item in gpu_items:
+        item.add_marker(skip)
