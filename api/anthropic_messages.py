@@ -135,7 +135,9 @@ async def messages(request: Request) -> Response:
     name = state.model_name(body.model)
     chat = to_chat(body)
     prompt = build_prompt(state.engine, chat)
-    req = submit(state, prompt, anthropic_params(body), body.max_tokens, tuple(body.stop_sequences or ()))
+    budget = body.thinking.budget_tokens if (body.thinking and body.thinking.type == "enabled") else None
+    req = submit(state, prompt, anthropic_params(body), body.max_tokens, tuple(body.stop_sequences or ()),
+                 think_budget=budget)
     mid = f"msg_{secrets.token_hex(12)}"
     reasoning = bool(chat.thinking)
     if body.stream:

@@ -51,6 +51,9 @@ def build_app(state: AppState) -> Starlette:
         Route("/v1/messages/count_tokens", anthropic_messages.count_tokens, methods=["POST"]),
     ]
 
+    if state.config.test_hooks:
+        routes.append(Route("/debug/fault", ops.inject_fault, methods=["POST"]))
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         state.scheduler.start()

@@ -22,7 +22,7 @@ from strata.api.state import AppState
 from strata.json_guard import JsonPrefix, closing_suffix
 from strata.sampling import SamplingParams
 from strata.sched.request import DoneEvent, ErrorEvent, FinishReason, Request, TokenEvent
-from strata.sched.scheduler import QueueFullError
+from strata.sched.slots import QueueFullError
 
 Delta = ContentDelta | ReasoningDelta | ToolCallDelta
 
@@ -45,12 +45,14 @@ class EngineFailure(APIError):
 
 
 def submit(state: AppState, prompt: Prompt, params: SamplingParams, max_tokens: int,
-           stop: tuple[str, ...], json_mode: bool = False, ignore_eos: bool = False) -> Request:
+           stop: tuple[str, ...], json_mode: bool = False, ignore_eos: bool = False,
+           think_budget: int | None = None) -> Request:
     seed = params.seed if params.seed is not None else secrets.randbits(63)
     max_tokens = min(max_tokens, state.engine.n_ctx - len(prompt.ids))
     forced = prompt.json_seed is not None
     req = Request(prompt.ids, params, max_tokens, seed, stop=stop, ignore_eos=ignore_eos,
-                  json_mode=json_mode or forced, json_seed=prompt.json_seed or "")
+                  json_mode=json_mode or forced, json_seed=prompt.json_seed or "", think_budget=think_budget,
+                  in_think=prompt.in_reasoning)
     try:
         state.scheduler.submit(req)
     except QueueFullError as e:

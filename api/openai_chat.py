@@ -22,6 +22,10 @@ from strata.api.state import VERSION, AppState
 from strata.sched.request import OPENAI_FINISH
 
 
+# reasoning_effort -> tokens of thinking before </think> is forced (high: the model decides).
+EFFORT_BUDGET = {"low": 1024, "medium": 4096}
+
+
 def _text(m: ChatMessage, i: int) -> str:
     if m.content is None or isinstance(m.content, str):
         return m.content or ""
@@ -103,7 +107,8 @@ async def chat_completions(request: Request) -> Response:
     stops = tuple([body.stop] if isinstance(body.stop, str) else (body.stop or []))
     reasoning = chat.thinking is not False
     json_mode = body.response_format is not None and body.response_format.type != "text"
-    req = submit(state, prompt, params, max_tokens, stops, json_mode=json_mode, ignore_eos=body.ignore_eos)
+    req = submit(state, prompt, params, max_tokens, stops, json_mode=json_mode, ignore_eos=body.ignore_eos,
+                 think_budget=EFFORT_BUDGET.get(body.reasoning_effort or ""))
     cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -34,7 +34,10 @@ async def status(request: Request) -> Response:
     return JSONResponse({
         "model": s.alias, "arch": s.engine.arch, "slots": sch.parallel, "busy_slots": sch.busy_slots,
         "serving": sch.busy_slots, "queue_depth": sch.queue_depth, "uptime_s": round(time.time() - s.started, 1),
-        "requests_total": sch.counters.requests,
+        "requests_total": sch.counters.requests, "epoch": sch.epoch,
+        "prefix_cache": None if sch.prefix_cache is None else {
+            "entries": len(sch.prefix_cache), "bytes": sch.prefix_cache.used, "hits": sch.prefix_cache.hits,
+            "reused_tokens": sch.prefix_cache.reused_tokens},
     })
 
 
@@ -55,6 +58,8 @@ async def metrics(request: Request) -> Response:
         ("strata_requests_total", "counter", "Requests completed", c.requests),
         ("strata_requests_failed_total", "counter", "Requests failed by an engine error", c.requests_failed),
         ("strata_prompt_tokens_total", "counter", "Prompt tokens prefilled", c.prompt_tokens),
+        ("strata_prompt_tokens_cached_total", "counter", "Prompt tokens reused from the prefix cache",
+         c.cached_prompt_tokens),
         ("strata_tokens_predicted_total", "counter", "Tokens generated", c.generated_tokens),
         ("strata_prompt_seconds_total", "counter", "Seconds spent in prefill", round(c.prompt_seconds, 6)),
         ("strata_decode_seconds_total", "counter", "Seconds spent decoding", round(c.decode_seconds, 6)),
@@ -85,3 +90,10 @@ async def detokenize(request: Request) -> Response:
     if bad:
         raise bad_request(f"token ids out of range 0..{vocab - 1}: {bad[:5]}", param="tokens")
     return JSONResponse({"content": s.engine.tokenizer.decode(body.tokens)})
+
+
+async def inject_fault(request: Request) -> Response:
+    """Test hook (--test-hooks only): make the next window raise, to exercise the crash epoch."""
+    s = _state(request)
+    s.scheduler.pending_faults += 1
+    return JSONResponse({"pending_faults": s.scheduler.pending_faults, "epoch": s.scheduler.epoch})

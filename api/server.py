@@ -14,6 +14,7 @@ from strata.conf.server import ServerConfig
 from strata.engine import Engine
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys
+from strata.sched.prefix_cache import PrefixCache
 from strata.sched.scheduler import Scheduler
 
 # Without --ctx-size, the KV cache is bounded to this many tokens (or the model's own, if smaller).
@@ -26,7 +27,8 @@ def load_state(cfg: ServerConfig) -> AppState:
     n_ctx = cfg.ctx_size or min(trained, DEFAULT_CTX)
     engine = Engine.load(path, n_ctx=n_ctx, weight_cache_mib=cfg.weight_cache_mib)
     alias = cfg.alias or path.stem
-    return AppState(engine, Scheduler(engine, cfg.parallel, cfg.queue_limit), cfg, alias)
+    cache = PrefixCache(cfg.cache_ram_mib << 20) if cfg.prompt_cache else None
+    return AppState(engine, Scheduler(engine, cfg.parallel, cfg.queue_limit, cache), cfg, alias)
 
 
 def serve(cfg: ServerConfig) -> int:

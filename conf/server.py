@@ -28,6 +28,9 @@ class ServerConfig:
     strict_model: bool = False
     queue_limit: int = 0  # 0 = unbounded FIFO; else overflow gets 429 / 529
     weight_cache_mib: int = 4096
+    prompt_cache: bool = True
+    cache_ram_mib: int = 1024  # prefix cache budget
+    test_hooks: bool = False  # exposes POST /debug/fault for the crash-epoch tests
     verbose: bool = False
 
     def validate(self) -> None:
@@ -44,6 +47,8 @@ class ServerConfig:
             raise ConfigError("--parallel", self.parallel, "must be 1..64")
         if self.queue_limit < 0:
             raise ConfigError("--queue-limit", self.queue_limit, "must be >= 0 (0 = unbounded)")
+        if self.cache_ram_mib < 0:
+            raise ConfigError("--cache-ram-mib", self.cache_ram_mib, "must be >= 0")
         if self.weight_cache_mib < 0:
             raise ConfigError("--weight-cache-mib", self.weight_cache_mib, "must be >= 0")
         for k in self.api_keys:
@@ -65,6 +70,9 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict-model", action="store_true", help="404 for requests naming another model")
     p.add_argument("--queue-limit", type=int, default=0, help="max queued requests (0 = unbounded)")
     p.add_argument("--weight-cache-mib", type=int, default=4096)
+    p.add_argument("--prompt-cache", choices=("on", "off"), default="on", help="reuse cached prompt prefixes")
+    p.add_argument("--cache-ram-mib", type=int, default=1024, help="RAM for the prompt prefix cache")
+    p.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--verbose", "-v", action="store_true")
 
 
@@ -84,6 +92,7 @@ def server_config(args: argparse.Namespace, env: Mapping[str, str] | None = None
         host=args.host, port=args.port, api_keys=tuple(keys), ctx_size=args.ctx_size,
         parallel=args.parallel, alias=args.alias, strict_model=args.strict_model,
         queue_limit=args.queue_limit, weight_cache_mib=args.weight_cache_mib, verbose=args.verbose,
+        prompt_cache=args.prompt_cache == "on", cache_ram_mib=args.cache_ram_mib, test_hooks=args.test_hooks,
     )
     cfg.validate()
     return cfg

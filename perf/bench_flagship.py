@@ -4,6 +4,9 @@ prefill and decode tok/s, the per-sequence state size, and the PLE table traffic
 
     python perf/bench_flagship.py [--prompt 128] [--gen 16] [--layers 4] [--experts 64]
                                   [--ple-base 250000] [--skip-mid] [--cache-mib 12000]
+
+Small GEMMs with a multi-threaded BLAS collapse when other processes hold the cores (threads spin
+on each other): on a shared machine run with OPENBLAS_NUM_THREADS=1 for stable numbers.
 """
 
 from __future__ import annotations
@@ -19,9 +22,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from strata.gguf import GGUFFile  # noqa: E402
-from strata.models import model_class  # noqa: E402
-from strata.weights import WeightStore  # noqa: E402
+from strata.gguf import GGUFFile
+from strata.models import model_class
+from strata.weights import WeightStore
 
 
 def bench(path: Path, n_prompt: int, n_gen: int, cache_mib: int) -> dict[str, float]:

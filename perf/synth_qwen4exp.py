@@ -84,7 +84,7 @@ def write(path: Path, s: Synth, seed: int = 0) -> Path:
     """Write the synthetic model to `path` (atomically) and return it."""
     r = _Random(seed)
     w = gguf.GGUFWriter(str(path) + ".tmp", arch=ARCH)
-    k = lambda suffix: f"{ARCH}.{suffix}"  # noqa: E731
+    k = lambda suffix: f"{ARCH}.{suffix}"
     n_d, c = s.hc * s.d, 2 * s.lin_k_heads * s.lin_dim + s.lin_v_heads * s.lin_dim
     linear = [i != s.layers - 1 for i in range(s.layers)]
     for key, val in ((Keys.BLOCK_COUNT, s.layers), (Keys.CONTEXT_LENGTH, 262144), (Keys.EMBEDDING_LENGTH, s.d),

@@ -80,6 +80,8 @@ class Request:
     ignore_eos: bool = False
     json_mode: bool = False  # response_format json_object: constrain decoding to one JSON object
     json_seed: str = ""  # JSON already written in the prompt that the output must continue
+    think_budget: int | None = None  # reasoning tokens allowed before </think> is forced
+    in_think: bool = False  # the prompt already opened a <think> block
     id: int = field(default_factory=lambda: next(_ids))
     state: RequestState = RequestState.QUEUED
     finish: FinishReason | None = None

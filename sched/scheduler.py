@@ -1,80 +1,78 @@
-"""The scheduler: admission, a FIFO queue, and the engine thread that runs requests.
+"""The window scheduler: one asyncio task plans a window, awaits its forward pass, commits it.
 
-The asyncio loop never runs model code. Requests are handed to one engine thread; every token it
-produces comes back to the loop with call_soon_threadsafe into the request's own queue, so HTTP
-keeps being served while the model computes. Cancellation (a client disconnect) is a flag the
-engine thread reads before each token, so a departed client costs at most one more token.
+A window is one engine step for every active request: one decode token per running slot plus,
+for at most one newcomer, a chunk of its prompt. The forward pass runs in the engine thread as an
+awaited future, so the loop keeps serving HTTP, and the model sees every slot at once: dense
+weights are read once per window and MoE tokens are grouped across slots.
+
+A request that runs alone is SOLO; when others join it becomes BATCHED in place: its
+SequenceState moves with it, so no prompt is ever re-read. A window that raises fails only the
+requests in it (each gets the reason), bumps the epoch, and the queue carries on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 
-from strata.sched.request import DoneEvent, ErrorEvent, Event, FinishReason, Request, RequestState, TokenEvent
+import numpy as np
+
 from strata.constrain import JsonConstraint
 from strata.engine import Engine
-from strata.errors import StrataError
+from strata.reasoning_budget import ThinkBudget
+from strata.sched.prefix_cache import PrefixCache
+from strata.sched.request import (
+    DoneEvent, ErrorEvent, FinishReason, Request, RequestState, TokenEvent,
+)
+from strata.sched.slots import Counters, QueueFullError, Slot
+from strata.sequence import ActiveSequence, Constraint
+
+# Prompt tokens a newcomer may feed per window while others are decoding: bounds how long a long
+# prefill stalls the running streams.
+SHARED_PREFILL_CHUNK = 64
+
+__all__ = ["QueueFullError", "Scheduler"]
 
 
-class QueueFullError(StrataError):
-    """Every slot is busy and the queue is at --queue-limit."""
-
-    def __init__(self, limit: int, retry_after: int) -> None:
-        super().__init__(f"server busy: {limit} requests already queued")
-        self.retry_after = retry_after
-
-
-@dataclass(slots=True)
-class Counters:
-    """Monotonic totals for /metrics."""
-
-    requests: int = 0
-    requests_failed: int = 0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    prompt_seconds: float = 0.0
-    decode_seconds: float = 0.0
+class InjectedFault(RuntimeError):
+    """Raised inside a window by the test-only fault hook."""
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, parallel: int = 4, queue_limit: int = 0) -> None:
+    def __init__(self, engine: Engine, parallel: int = 4, queue_limit: int = 0,
+                 prefix_cache: PrefixCache | None = None) -> None:
         self.engine = engine
         self.parallel = parallel
         self.queue_limit = queue_limit
+        self.prefix_cache = prefix_cache
         self.counters = Counters()
+        self.epoch = 0
+        self.pending_faults = 0  # test hook: windows left to fail on purpose
         self._queue: deque[Request] = deque()
-        self._running: list[Request] = []
-        self._wake = threading.Condition()
-        self._stopping = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._slots: list[Slot] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="strata-engine")
 
-    # ---- loop side ------------------------------------------------------------------------
+    # ---- public, on the loop ----------------------------------------------------------------
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="strata-engine", daemon=True)
-        self._thread.start()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="strata-scheduler")
 
     def stop(self) -> None:
-        with self._wake:
-            self._stopping = True
-            for r in [*self._queue, *self._running]:
-                r.cancel()
-            self._wake.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        for r in [*self._queue, *(s.req for s in self._slots)]:
+            r.cancel()
+        if self._task is not None:
+            self._task.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def submit(self, req: Request) -> None:
-        """Queue a request; raises QueueFullError when --queue-limit is reached."""
-        with self._wake:
-            if self.queue_limit and len(self._queue) >= self.queue_limit:
-                raise QueueFullError(self.queue_limit, retry_after=max(1, len(self._queue)))
-            self._queue.append(req)
-            self._wake.notify()
+        """Queue a request (FIFO); raises QueueFullError when --queue-limit is reached."""
+        if self.queue_limit and len(self._queue) >= self.queue_limit:
+            raise QueueFullError(self.queue_limit, retry_after=max(1, len(self._queue)))
+        self._queue.append(req)
+        self._wake.set()
 
     @property
     def queue_depth(self) -> int:
@@ -82,58 +80,112 @@ class Scheduler:
 
     @property
     def busy_slots(self) -> int:
-        return len(self._running)
+        return len(self._slots)
 
-    # ---- engine thread --------------------------------------------------------------------
-    def _emit(self, req: Request, ev: Event) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(req.events.put_nowait, ev)
-
-    def _next(self) -> Request | None:
-        with self._wake:
-            while not self._queue and not self._stopping:
-                self._wake.wait()
-            if self._stopping:
-                return None
-            req = self._queue.popleft()
-            self._running.append(req)
-            return req
-
-    def _run(self) -> None:
-        while (req := self._next()) is not None:
+    # ---- the loop -----------------------------------------------------------------------------
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._reap_cancelled()
+            self._admit()
+            if not self._slots:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            window = self._plan()
+            epoch = self.epoch
+            t0 = time.perf_counter()
             try:
-                if not req.cancelled:
-                    self._serve(req)
-            except Exception as e:  # a failed request must not take the engine thread down
-                self.counters.requests_failed += 1
-                req.state, req.finish = RequestState.FINISHED, FinishReason.ERROR
-                self._emit(req, ErrorEvent(f"{type(e).__name__}: {e}"))
-            finally:
-                with self._wake:
-                    self._running.remove(req)
+                logits = await loop.run_in_executor(self._pool, self._forward, window)
+            except Exception as e:  # the window failed: fail its requests, keep serving the rest
+                self._fail_window(window, f"{type(e).__name__}: {e}")
+                continue
+            if epoch == self.epoch:  # results of a failed epoch are never applied
+                self._commit(window, logits, time.perf_counter() - t0)
 
-    def _serve(self, req: Request) -> None:
-        req.state = RequestState.ADMITTING
-        constraint = JsonConstraint(self.engine.tokenizer, req.json_seed) if req.json_mode else None
-        gen = self.engine.generate(req.prompt_ids, max_tokens=req.max_tokens, params=req.params,
-                                   stop=req.stop, ignore_eos=req.ignore_eos, constraint=constraint)
-        req.state = RequestState.SOLO
-        reason = FinishReason.LENGTH
-        t0 = time.perf_counter()
-        for chunk in gen:
-            self._emit(req, TokenEvent(chunk.token, chunk.text))
+    def _forward(self, window: list[tuple[Slot, np.ndarray]]) -> list[np.ndarray]:
+        if self.pending_faults > 0:
+            self.pending_faults -= 1
+            raise InjectedFault("fault injected by the test hook")
+        return self.engine.model.forward_batch([t for _, t in window], [s.seq.state for s, _ in window])
+
+    def _admit(self) -> None:
+        """Take queued requests into free slots; only one may be prefilling at a time."""
+        while self._queue and len(self._slots) < self.parallel:
+            if any(s.req.state is RequestState.ADMITTING for s in self._slots):
+                return
+            req = self._queue.popleft()
             if req.cancelled:
-                reason = FinishReason.CANCELLED
-                break
-        r = gen.result
-        if reason is not FinishReason.CANCELLED and r.finish_reason == "stop":
-            reason = FinishReason.STOP_STRING if r.stop_string is not None else FinishReason.EOS
+                continue
+            state = self.engine.new_state()
+            cached = self.prefix_cache.lookup(req.prompt_ids, state) if self.prefix_cache else 0
+            seq = ActiveSequence(self.engine.tokenizer, state, req.prompt_ids, params=req.params, seed=req.seed,
+                                 max_tokens=req.max_tokens, stop=req.stop, ignore_eos=req.ignore_eos,
+                                 constraints=self._constraints(req))
+            req.state = RequestState.ADMITTING
+            self._slots.append(Slot(req, seq, cached))
+
+    def _constraints(self, req: Request) -> list[Constraint]:
+        tok = self.engine.tokenizer
+        out: list[Constraint] = []
+        if req.think_budget is not None:
+            out.append(ThinkBudget(tok, req.think_budget, req.in_think))
+        if req.json_mode:
+            out.append(JsonConstraint(tok, req.json_seed))
+        return out
+
+    def _plan(self) -> list[tuple[Slot, np.ndarray]]:
+        decoding = [s for s in self._slots if s.req.state is not RequestState.ADMITTING]
+        running = RequestState.SOLO if len(self._slots) == 1 else RequestState.BATCHED
+        window = []
+        for s in self._slots:
+            if s.req.state is RequestState.ADMITTING:
+                chunk = SHARED_PREFILL_CHUNK if decoding else self.engine.options.prefill_chunk
+                window.append((s, s.seq.next_input(chunk)))
+            else:
+                s.req.state = running
+                window.append((s, s.seq.next_input(1)))
+        return window
+
+    def _commit(self, window: list[tuple[Slot, np.ndarray]], logits: list[np.ndarray], seconds: float) -> None:
+        n_prefill = sum(len(t) for s, t in window if s.req.state is RequestState.ADMITTING)
+        self.counters.add_window(seconds, n_prefill, len(window))
+        for (slot, _), row in zip(window, logits):
+            req, seq = slot.req, slot.seq
+            for chunk in seq.accept(row):
+                req.events.put_nowait(TokenEvent(chunk.token, chunk.text))
+            if req.state is RequestState.ADMITTING and seq.state.n_past >= len(seq.prompt):
+                req.state = RequestState.SOLO
+            if seq.finished:
+                self._finish(slot, self._reason(seq))
+
+    @staticmethod
+    def _reason(seq: ActiveSequence) -> FinishReason:
+        r = seq.result
+        if r.finish_reason != "stop":
+            return FinishReason.LENGTH
+        return FinishReason.STOP_STRING if r.stop_string is not None else FinishReason.EOS
+
+    def _finish(self, slot: Slot, reason: FinishReason) -> None:
+        req, r = slot.req, slot.seq.result
         req.state, req.finish = RequestState.FINISHED, reason
-        c = self.counters
-        c.requests += 1
-        c.prompt_tokens += r.timings.prompt_n
-        c.generated_tokens += len(r.tokens)
-        c.prompt_seconds += r.timings.prompt_ms / 1000
-        c.decode_seconds += max(0.0, time.perf_counter() - t0 - r.timings.prompt_ms / 1000)
-        self._emit(req, DoneEvent(reason, r.stop_string, len(req.prompt_ids), 0, len(r.tokens),
-                                  r.timings.to_dict()))
+        self._slots.remove(slot)
+        self.counters.finished(r)
+        if self.prefix_cache is not None and reason is not FinishReason.CANCELLED:
+            self.prefix_cache.store(slot.seq.state)
+        req.events.put_nowait(DoneEvent(reason, r.stop_string, len(req.prompt_ids), slot.cached,
+                                        len(r.tokens), r.timings.to_dict()))
+
+    def _reap_cancelled(self) -> None:
+        for slot in [s for s in self._slots if s.req.cancelled]:
+            slot.seq.cancel()
+            self._finish(slot, FinishReason.CANCELLED)
+
+    def _fail_window(self, window: list[tuple[Slot, np.ndarray]], reason: str) -> None:
+        """Every request in the failed window ends with the reason; their states are discarded."""
+        self.epoch += 1
+        for slot, _ in window:
+            slot.req.state, slot.req.finish = RequestState.FINISHED, FinishReason.ERROR
+            slot.req.events.put_nowait(ErrorEvent(reason))
+            self.counters.requests_failed += 1
+            self._slots.remove(slot)

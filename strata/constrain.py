@@ -2,13 +2,21 @@
 
 JsonConstraint implements response_format json_object: only tokens whose text keeps the output
 a prefix of a valid JSON object survive, and generation ends when the object closes.
+SchemaConstraint does the same for instances of one JSON Schema (a forced tool call's
+{"name", "arguments"} object, see json_schema_guard.tool_call_schema): only declared keys, typed
+values, and the object must close once its required keys are written.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Iterable
+from typing import Any, Generic, Protocol, TypeVar
+
 import numpy as np
 
-from strata.json_guard import JsonPrefix, allowed_token_mask
+from strata import json_guard, json_schema_guard
+from strata.json_guard import JsonPrefix, TokenTexts
+from strata.json_schema_guard import SchemaPrefix
 from strata.tokenizer import Tokenizer
 
 # Candidates tried in order of logit: most steps are settled among the first few dozen.
@@ -33,13 +41,27 @@ class _TokenTexts:
         return self._tok.vocab_size
 
 
-class JsonConstraint:
-    def __init__(self, tokenizer: Tokenizer, seed: str = "") -> None:
-        """`seed` is JSON text already in the prompt (a forced tool call's opening); the output
-        continues it."""
-        self.prefix = JsonPrefix()
-        if seed and not self.prefix.feed(seed):
-            raise ValueError(f"JSON seed {seed!r} is not a valid object prefix")
+class _Prefix(Protocol):
+    @property
+    def complete(self) -> bool: ...
+
+    def feed(self, text: str) -> bool: ...
+
+
+P = TypeVar("P", bound=_Prefix)
+MaskFn = Callable[[P, Iterable[int], TokenTexts, Collection[int]], list[int]]
+
+
+class PrefixConstraint(Generic[P]):
+    """Masks logits to the tokens a prefix validator accepts (a sequence.Constraint)."""
+
+    def __init__(self, tokenizer: Tokenizer, prefix: P, allowed: MaskFn[P], seed: str) -> None:
+        """`seed` is text already in the prompt (a forced tool call's opening); the output
+        continues it, so it must itself be a valid prefix."""
+        if seed and not prefix.feed(seed):
+            raise ValueError(f"JSON seed {seed!r} is not a valid prefix for this constraint")
+        self.prefix = prefix
+        self._allowed = allowed
         self._texts = _TokenTexts(tokenizer)
         self._eos = tokenizer.eot_ids
 
@@ -48,11 +70,13 @@ class JsonConstraint:
         return self.prefix.complete
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
-        """logits [vocab] with every token that would break the JSON set to -inf."""
-        order = np.argsort(-logits, kind="stable")
+        """logits [vocab] with every token that would break the prefix set to -inf."""
         allowed: list[int] = []
-        for width in (*_WIDTHS, order.size):
-            allowed = allowed_token_mask(self.prefix, order[:width].tolist(), self._texts, self._eos)  # type: ignore[arg-type]
+        for width in (*_WIDTHS, logits.size):
+            # Only the set matters (survivors keep their logits), so the top `width` need no sort:
+            # argpartition is ~10x cheaper than argsort over a 50k-260k vocabulary.
+            top = np.argpartition(-logits, width - 1)[:width] if width < logits.size else np.arange(width)
+            allowed = self._allowed(self.prefix, top.tolist(), self._texts, self._eos)
             if allowed:
                 break
         out = np.full_like(logits, -np.inf)
@@ -61,3 +85,17 @@ class JsonConstraint:
 
     def advance(self, token: int) -> None:
         self.prefix.feed(self._texts[token])
+
+
+class JsonConstraint(PrefixConstraint[JsonPrefix]):
+    """response_format json_object: any JSON object."""
+
+    def __init__(self, tokenizer: Tokenizer, seed: str = "") -> None:
+        super().__init__(tokenizer, JsonPrefix(), json_guard.allowed_token_mask, seed)
+
+
+class SchemaConstraint(PrefixConstraint[SchemaPrefix]):
+    """An instance of one JSON Schema (see json_schema for the supported subset)."""
+
+    def __init__(self, tokenizer: Tokenizer, schema: Any, seed: str = "") -> None:
+        super().__init__(tokenizer, SchemaPrefix(schema), json_schema_guard.allowed_token_mask, seed)

@@ -5,65 +5,24 @@ from __future__ import annotations
 
 import os
 import secrets
-import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from strata.chat_template import ChatTemplate
 from strata.conf import EngineOptions
-from strata.constrain import JsonConstraint
-from strata.detok import StreamDecoder
 from strata.errors import ContextOverflowError
 from strata.gguf import GGUFFile
 from strata.models import Model, model_class
-from strata.sampling import SamplingParams, sample
+from strata.sampling import SamplingParams
+from strata.sequence import ActiveSequence, Chunk, Constraint, GenerationResult, Timings
 from strata.state import SequenceState
-from strata.stops import StopMatcher
 from strata.tokenizer import Tokenizer
 from strata.weights import WeightStore, check_supported
 
 
-@dataclass(slots=True)
-class Timings:
-    prompt_n: int = 0
-    prompt_ms: float = 0.0
-    predicted_n: int = 0
-    predicted_ms: float = 0.0
-
-    def to_dict(self) -> dict[str, float]:
-        return {
-            "prompt_n": self.prompt_n,
-            "prompt_ms": round(self.prompt_ms, 3),
-            "prompt_per_second": _rate(self.prompt_n, self.prompt_ms),
-            "predicted_n": self.predicted_n,
-            "predicted_ms": round(self.predicted_ms, 3),
-            "predicted_per_second": _rate(self.predicted_n, self.predicted_ms),
-        }
-
-
-def _rate(n: int, ms: float) -> float:
-    return round(n * 1000.0 / ms, 3) if ms > 0 else 0.0
-
-
-@dataclass(slots=True)
-class Chunk:
-    """One generated token and the text it completed (may be empty while UTF-8 is pending)."""
-
-    token: int | None  # None for text released at the end (held-back UTF-8 or stop-string prefix)
-    text: str
-
-
-@dataclass(slots=True)
-class GenerationResult:
-    prompt_ids: list[int]
-    tokens: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str = "length"  # "stop" (EOS or stop string) or "length"
-    stop_string: str | None = None  # which stop string ended it, when one did
-    timings: Timings = field(default_factory=Timings)
+__all__ = ["Chunk", "Engine", "Generation", "GenerationResult", "Timings"]
 
 
 class Generation:
@@ -143,7 +102,7 @@ class Engine:
         stop: Sequence[str] = (),
         ignore_eos: bool = False,
         template_kw: dict[str, Any] | None = None,
-        constraint: JsonConstraint | None = None,
+        constraints: Sequence[Constraint] = (),
     ) -> Generation:
         """Stream tokens for a text prompt, token ids, or chat messages."""
         params = params or SamplingParams()
@@ -159,55 +118,13 @@ class Engine:
         if len(ids) >= self.n_ctx:
             raise ContextOverflowError(len(ids), self.n_ctx)
         max_tokens = min(max_tokens, self.n_ctx - len(ids))
-        result = GenerationResult(prompt_ids=list(ids))
         seed = params.seed if params.seed is not None else secrets.randbits(63)
-        steps = self._steps(ids, max_tokens, params, seed, stop, ignore_eos, result, constraint)
-        return Generation(steps, result)
+        seq = ActiveSequence(self.tokenizer, self.new_state(), ids, params=params, seed=seed, max_tokens=max_tokens,
+                       stop=stop, ignore_eos=ignore_eos, constraints=constraints)
+        return Generation(self._steps(seq), seq.result)
 
-    def _steps(
-        self,
-        ids: list[int],
-        max_tokens: int,
-        params: SamplingParams,
-        seed: int,
-        stop: Sequence[str],
-        ignore_eos: bool,
-        result: GenerationResult,
-        constraint: JsonConstraint | None,
-    ) -> Iterator[Chunk]:
-        state, tm = self.new_state(), result.timings
-        t0 = time.perf_counter()
-        logits = self.prefill(state, ids)
-        tm.prompt_n, tm.prompt_ms = len(ids), (time.perf_counter() - t0) * 1000
-        detok, stops = StreamDecoder(self.tokenizer), StopMatcher(stop)
-        eot = set() if ignore_eos else self.tokenizer.eot_ids
-        t1 = time.perf_counter()
-        for _ in range(max_tokens):
-            if constraint is not None:
-                logits = constraint.mask(logits)
-            tok = sample(logits, state.tokens, params, seed, state.n_past)
-            if tok in eot:
-                result.finish_reason = "stop"
-                break
-            result.tokens.append(tok)
-            if constraint is not None:
-                constraint.advance(tok)
-            text, hit = stops.push(detok.push(tok))
-            result.text += text
-            tm.predicted_n = len(result.tokens)
-            tm.predicted_ms = (time.perf_counter() - t1) * 1000
-            yield Chunk(tok, text)
-            if hit:
-                result.finish_reason, result.stop_string = "stop", stops.matched
-                return
-            if constraint is not None and constraint.done:  # the JSON object just closed
-                result.finish_reason = "stop"
-                break
-            if len(result.tokens) < max_tokens:
-                logits = self.model.forward(np.asarray([tok]), state, all_logits=False)[-1]
-        tail, _ = stops.push(detok.flush())
-        tail += stops.flush()
-        if tail:
-            result.text += tail
-            yield Chunk(None, tail)
-        tm.predicted_ms = (time.perf_counter() - t1) * 1000
+    def _steps(self, seq: ActiveSequence) -> Iterator[Chunk]:
+        chunk = self.options.prefill_chunk
+        while not seq.finished:
+            logits = self.model.forward(seq.next_input(chunk), seq.state, all_logits=False)[-1]
+            yield from seq.accept(logits)

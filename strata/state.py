@@ -11,7 +11,7 @@ cache; it lives in `layers`, keyed by (kind, layer), and is copied by checkpoint
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from strata.kvcache import KVCache
 
@@ -20,6 +20,9 @@ class LayerState(Protocol):
     """Per-layer recurrent state: anything that can make an independent copy of itself."""
 
     def copy(self) -> LayerState: ...
+
+
+S = TypeVar("S")
 
 
 @dataclass(slots=True)
@@ -38,6 +41,12 @@ class SequenceState:
         """Become an independent copy of `snap` (snap stays usable for further restores)."""
         copy = snap.checkpoint()
         self.kv, self.n_past, self.tokens, self.layers = copy.kv, copy.n_past, copy.tokens, copy.layers
+
+    def layer(self, kind: str, index: int, cls: type[S]) -> S:
+        """The `kind` state of layer `index`, checked to be a `cls`."""
+        st = self.layers[(kind, index)]
+        assert isinstance(st, cls), f"{kind} state of layer {index} is a {type(st).__name__}"
+        return st
 
     def nbytes(self) -> int:
         """Bytes held: attention KV plus every per-layer state that reports its size."""

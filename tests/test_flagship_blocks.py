@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strata.blocks.hyper import HCNames, hc_inject, hc_mix
+from strata.blocks.hyper import HCNames, hc_final, hc_inject, hc_mix
 from strata.blocks.mrope import MRope
 from strata.blocks.qsa import QSAParams, QSAState, qsa_select
 from strata.blocks.rope import Rope, RopeStyle
@@ -14,18 +14,18 @@ from strata.gguf.names import X, tensor
 
 torch = pytest.importorskip("torch")
 m = pytest.importorskip("transformers.models.qwen4_exp.modeling_qwen4_exp")
-from transformers.models.qwen4_exp import Qwen4ExpTextConfig  # noqa: E402
+from transformers.models.qwen4_exp import Qwen4ExpTextConfig
 
 D, HEAD_DIM, ROT = 32, 16, 8
 
 
 def _config(**kw):  # type: ignore[no-untyped-def]
-    base = dict(vocab_size=100, hidden_size=D, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
-                num_attention_heads=2, num_key_value_heads=1, head_dim=HEAD_DIM, num_experts=4, num_experts_per_tok=2,
-                rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": ROT / HEAD_DIM,
+    base = {"vocab_size": 100, "hidden_size": D, "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"],
+                "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": HEAD_DIM, "num_experts": 4, "num_experts_per_tok": 2,
+                "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": ROT / HEAD_DIM,
                                  "mrope_section": [2, 1, 1], "mrope_interleaved": True},
-                indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=4,
-                hc_count=3, hc_lowrank=8, eos_token_id=1)
+                "indexer_n_heads": 4, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8, "indexer_compress_ratio": 4,
+                "hc_count": 3, "hc_lowrank": 8, "eos_token_id": 1}
     base.update(kw)
     return Qwen4ExpTextConfig(**base)
 
@@ -114,10 +114,12 @@ def test_hyper_connection_mixer_matches_transformers() -> None:
                    "up": _np(hc.input_mix_weight_up.weight)}
         if use_combine:
             tensors["inject"] = _np(hc.block_inject_weight.weight)
-        mixed, inject = hc_mix(_np(streams), _Weights(tensors), names, cfg.hc_count, cfg.rms_norm_eps)  # type: ignore[arg-type]
-        want_mixed = _np(ref[0] if use_combine else ref)
-        np.testing.assert_allclose(mixed, want_mixed, atol=1e-5)
-        if use_combine:
+        w, n = _Weights(tensors), cfg.hc_count
+        if not use_combine:
+            np.testing.assert_allclose(hc_final(_np(streams), w, names, n, 1e-6), _np(ref), atol=1e-5)  # type: ignore[arg-type]
+        else:
+            mixed, inject = hc_mix(_np(streams), w, names, n, 1e-6)  # type: ignore[arg-type]
+            np.testing.assert_allclose(mixed, _np(ref[0]), atol=1e-5)
             np.testing.assert_allclose(inject, _np(ref[2]), atol=1e-5)
             out = np.ones((9, D), np.float32)
             want = _np(ref[1]) + (_np(ref[2])[:, :, None] * out[:, None, :]).reshape(9, -1)

@@ -23,7 +23,7 @@ from strata.gguf.reader import GGUFFile
 
 FIXTURE = Path(__file__).parent / "data" / "llama_quantize_tensors.gguf"
 
-# The types the engine must support (the brief), plus cheap extras we also decode.
+# The types the engine must support, plus the cheap extras strata.quants also decodes.
 REQUIRED = [
     T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
     T.Q6_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_XXS, T.IQ2_XS, T.MXFP4,
@@ -55,7 +55,8 @@ def assert_bit_exact(ours: np.ndarray, ref: np.ndarray, qtype: T) -> None:
     per_row = ours.shape[-1] // block
     flat_o, flat_r = ours.reshape(-1, block)[worst], ref.reshape(-1, block)[worst]
     elem = int((~same.reshape(-1, block)[worst]).argmax())
-    with np.errstate(all="ignore"):
+    with warnings.catch_warnings(), np.errstate(all="ignore"):  # inf - inf, all-NaN: still report
+        warnings.simplefilter("ignore")
         max_diff = float(np.nanmax(np.abs(ours.astype(np.float64) - ref)))
     pytest.fail(
         f"{qtype.name}: {int((~same).sum())} of {same.size} values differ in"

@@ -37,18 +37,26 @@ def grouped_rms_norm(x: np.ndarray, weight: np.ndarray, groups: int, eps: float)
     return normed.reshape(shape) * weight
 
 
-def hc_mix(stream: np.ndarray, w: WeightStore, names: HCNames, n: int, eps: float) -> tuple[
-        np.ndarray, np.ndarray | None]:
-    """stream [T, n*D] -> sublayer input [T, D] and injection weights [T, n] (None for the head)."""
+def _read(stream: np.ndarray, w: WeightStore, names: HCNames, n: int, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """The mixed input [T, D] and the normed streams [T, n*D] it came from."""
     t, nd = stream.shape
     normed = grouped_rms_norm(stream, w.vector(names.norm), n, eps)  # [T, n*D]
     low = silu(w.matmul(normed, names.down) / np.float32(n))  # [T, R]
     mix = sigmoid(w.matmul(low, names.up)).reshape(t, n, nd // n)  # [T, n, D]
-    mixed = np.mean(mix * normed.reshape(t, n, nd // n), axis=1)  # [T, D]
-    if names.inject is None:
-        return mixed, None
+    return np.mean(mix * normed.reshape(t, n, nd // n), axis=1), normed  # [T, D]
+
+
+def hc_mix(stream: np.ndarray, w: WeightStore, names: HCNames, n: int, eps: float) -> tuple[np.ndarray, np.ndarray]:
+    """Before a sublayer: stream [T, n*D] -> its input [T, D] and the injection weights [T, n]."""
+    assert names.inject is not None
+    mixed, normed = _read(stream, w, names, n, eps)
     inject = np.float32(2.0) * sigmoid(w.matmul(normed, names.inject) / np.float32(n))  # [T, n]
     return mixed, inject
+
+
+def hc_final(stream: np.ndarray, w: WeightStore, names: HCNames, n: int, eps: float) -> np.ndarray:
+    """The final mixer: stream [T, n*D] -> what the LM head reads [T, D]."""
+    return _read(stream, w, names, n, eps)[0]
 
 
 def hc_inject(stream: np.ndarray, out: np.ndarray, inject: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ Legend: T = tokens, n = streams, D = hidden size, P = PLE embedding width (heads
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -46,20 +47,20 @@ class PLEParams:
 
     @classmethod
     def from_gguf(cls, g: GGUFFile, n_streams: int, d_model: int, eps: float) -> PLEParams:
-        def need(key: str) -> object:
+        def need(key: str) -> Any:
             v = g.arch_get(key)
             if v is None:
                 raise GGUFError(g.path, f"PLE layers present but {g.architecture}.{key} is missing")
             return v
 
         return cls(
-            ngram=int(need(Keys.PLE_NGRAM_SIZE)),  # type: ignore[call-overload]
-            heads_per_ngram=int(need(Keys.PLE_HEADS_PER_NGRAM)),  # type: ignore[call-overload]
+            ngram=int(need(Keys.PLE_NGRAM_SIZE)),
+            heads_per_ngram=int(need(Keys.PLE_HEADS_PER_NGRAM)),
             multipliers=np.asarray(need(Keys.PLE_LAYER_MULTIPLIERS)).astype(np.uint64),
             vocab_sizes=np.asarray(need(Keys.PLE_HEAD_VOCAB_SIZES)).astype(np.int64),
             offsets=np.asarray(need(Keys.PLE_HEAD_OFFSETS)).astype(np.int64),
-            eos=int(need(Keys.PLE_EOS_TOKEN_ID)),  # type: ignore[call-overload]
-            conv_kernel=int(need(Keys.PLE_CONV_KERNEL)),  # type: ignore[call-overload]
+            eos=int(need(Keys.PLE_EOS_TOKEN_ID)),
+            conv_kernel=int(need(Keys.PLE_CONV_KERNEL)),
             n_streams=n_streams,
             d_model=d_model,
             eps=eps,

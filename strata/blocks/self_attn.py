@@ -38,9 +38,13 @@ def self_attention(
     p: AttnParams,
     rope: Rope,
     cos_sin: tuple[np.ndarray, np.ndarray],
-    kv: KVCache,
+    segments: list[tuple[int, int, KVCache]],
 ) -> np.ndarray:
-    """h [T, D] (already normed) -> attention output projected back to [T, D]."""
+    """h [N, D] (already normed) -> attention output projected back to [N, D].
+
+    The rows of h belong to several sequences: segments[j] = (start, end, that sequence's cache).
+    Projections run once over all rows; each sequence attends only to its own cache.
+    """
     t = h.shape[0]
     q = w.matmul(h, tensor(T.ATTN_Q, layer)).reshape(t, p.n_head, p.head_dim)
     k = w.matmul(h, tensor(T.ATTN_K, layer)).reshape(t, p.n_kv, p.head_dim)
@@ -50,6 +54,8 @@ def self_attention(
         k = rms_norm(k, w.vector(tensor(T.ATTN_K_NORM, layer)), p.eps)
     q = rope.apply(q, *cos_sin)
     k = rope.apply(k, *cos_sin)
-    keys, values = kv.append(layer, k, v)
-    a = attend(q, keys, values, p.scale)  # [T, H, D]
+    a = np.empty_like(q)  # [N, H, D]
+    for start, end, kv in segments:
+        keys, values = kv.append(layer, k[start:end], v[start:end])
+        a[start:end] = attend(q[start:end], keys, values, p.scale)
     return w.matmul(a.reshape(t, p.n_head * p.head_dim), tensor(T.ATTN_OUT, layer))

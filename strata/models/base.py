@@ -94,6 +94,14 @@ class Model(ABC):
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
         """Consume `tokens` [T] after `state`; return logits [T, vocab] (or [1, vocab] for the last)."""
 
+    def forward_batch(self, tokens: list[np.ndarray], states: list[SequenceState]) -> list[np.ndarray]:
+        """One window: each sequence consumes its own tokens; returns each one's last logits [vocab].
+
+        This default runs the sequences one after another; architectures that can share the
+        weight reads across sequences override it.
+        """
+        return [self.forward(t, s, all_logits=False)[-1] for t, s in zip(tokens, states)]
+
 
 class DecoderLM(Model):
     """Pre-norm decoder with self-attention in every layer; subclasses define `ffn`."""
@@ -117,23 +125,41 @@ class DecoderLM(Model):
         """The feed-forward sublayer of `layer` on normed h [T, D]."""
 
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
-        p, w = self.params, self.w
         tokens = np.asarray(tokens, dtype=np.int64)
-        x = w.rows(tensor(T.TOKEN_EMBD), tokens)  # [T, D]
-        x = self.embed_scale(x)
-        positions = np.arange(state.n_past, state.n_past + len(tokens))
-        cos_sin = p.rope.tables(positions)
-        for i in range(p.n_layer):
-            h = rms_norm(x, w.vector(tensor(T.ATTN_NORM, i)), p.eps)
-            x = x + self_attention(h, w, i, p.attn, p.rope, cos_sin, state.kv)
-            h = rms_norm(x, w.vector(tensor(T.FFN_NORM, i)), p.eps)
-            x = x + self.ffn(i, h)
-        state.n_past += len(tokens)
-        state.tokens.extend(int(t) for t in tokens)
+        x = self._layers([tokens], [state])
         if not all_logits:
             x = x[-1:]
-        x = rms_norm(x, w.vector(tensor(T.OUTPUT_NORM)), p.eps)
-        return w.matmul(x, self.head)
+        return self._head(x)
+
+    def forward_batch(self, tokens: list[np.ndarray], states: list[SequenceState]) -> list[np.ndarray]:
+        """All sequences in one pass: each dense weight is read once per window and MoE tokens
+        are grouped by expert across sequences; attention stays per sequence."""
+        tokens = [np.asarray(t, dtype=np.int64) for t in tokens]
+        x = self._layers(tokens, states)
+        ends = np.cumsum([len(t) for t in tokens]) - 1
+        return list(self._head(x[ends]))
+
+    def _layers(self, tokens: list[np.ndarray], states: list[SequenceState]) -> np.ndarray:
+        """Run every layer over the concatenated tokens [sum T, D]; advances each state."""
+        p, w = self.params, self.w
+        x = self.embed_scale(w.rows(tensor(T.TOKEN_EMBD), np.concatenate(tokens)))  # [N, D]
+        positions = np.concatenate([np.arange(s.n_past, s.n_past + len(t)) for t, s in zip(tokens, states)])
+        cos_sin = p.rope.tables(positions)
+        bounds = np.cumsum([0] + [len(t) for t in tokens])
+        segments = [(int(a), int(b), s.kv) for a, b, s in zip(bounds[:-1], bounds[1:], states)]
+        for i in range(p.n_layer):
+            h = rms_norm(x, w.vector(tensor(T.ATTN_NORM, i)), p.eps)
+            x = x + self_attention(h, w, i, p.attn, p.rope, cos_sin, segments)
+            h = rms_norm(x, w.vector(tensor(T.FFN_NORM, i)), p.eps)
+            x = x + self.ffn(i, h)
+        for t, s in zip(tokens, states):
+            s.n_past += len(t)
+            s.tokens.extend(int(v) for v in t)
+        return x
+
+    def _head(self, x: np.ndarray) -> np.ndarray:
+        x = rms_norm(x, self.w.vector(tensor(T.OUTPUT_NORM)), self.params.eps)
+        return self.w.matmul(x, self.head)
 
     def embed_scale(self, x: np.ndarray) -> np.ndarray:
         return x

@@ -22,7 +22,7 @@ from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, tensor
 from strata.kvcache import KVCache
 from strata.models.base import DecoderParams, Model, register, require
-from strata.state import SequenceState
+from strata.state import LayerState, SequenceState
 from strata.weights import WeightStore
 
 
@@ -61,8 +61,9 @@ class Qwen3Next(Model):
     def new_state(self) -> SequenceState:
         p = self.params
         attn = [i for i, lin in enumerate(self.linear) if not lin]
-        layers = {("deltanet", i): DeltaNetState.empty(self.dn) for i, lin in enumerate(self.linear) if lin}
-        return SequenceState(KVCache(attn, p.attn.n_kv, p.attn.head_dim), layers=layers)  # type: ignore[arg-type]
+        layers: dict[tuple[str, int], LayerState] = {
+            ("deltanet", i): DeltaNetState.empty(self.dn) for i, lin in enumerate(self.linear) if lin}
+        return SequenceState(KVCache(attn, p.attn.n_kv, p.attn.head_dim), layers=layers)
 
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
         p, w = self.params, self.w
@@ -72,7 +73,7 @@ class Qwen3Next(Model):
         for i in range(p.n_layer):
             h = rms_norm(x, w.vector(tensor(T.ATTN_NORM, i)), p.eps)
             if self.linear[i]:
-                x = x + deltanet(h, w, i, self.dn, state.layers[("deltanet", i)])  # type: ignore[arg-type]
+                x = x + deltanet(h, w, i, self.dn, state.layer("deltanet", i, DeltaNetState))
             else:
                 x = x + gated_attention(h, w, i, p.attn, p.rope, cos_sin, state.kv)
             h = rms_norm(x, w.vector(tensor(T.ATTN_POST_NORM, i)), p.eps)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata.blocks.gated_attn import gated_attention
-from strata.blocks.hyper import HCNames, hc_inject, hc_mix
+from strata.blocks.hyper import HCNames, hc_final, hc_inject, hc_mix
 from strata.blocks.linear_attn import DeltaNetParams, DeltaNetState, HeadOrder, deltanet
 from strata.blocks.mrope import MRope
 from strata.blocks.ple import GatherStats, PLEParams, PLEState, ple
@@ -33,7 +33,7 @@ from strata.gguf.names import Keys, T, X, tensor
 from strata.kvcache import KVCache
 from strata.models.base import DecoderParams, Model, register
 from strata.models.qwen3next import recurrent_layers, require_int
-from strata.state import SequenceState
+from strata.state import LayerState, SequenceState
 from strata.weights import WeightStore
 
 
@@ -90,7 +90,7 @@ class Qwen4Exp(Model):
     def new_state(self) -> SequenceState:
         p = self.params
         attn = [i for i, lin in enumerate(self.linear) if not lin]
-        layers: dict = {("deltanet", i): DeltaNetState.empty(self.dn) for i, lin in enumerate(self.linear) if lin}
+        layers: dict[tuple[str, int], LayerState] = {("deltanet", i): DeltaNetState.empty(self.dn) for i, lin in enumerate(self.linear) if lin}
         layers.update({("qsa", i): QSAState.empty(q) for i, q in self.qsa.items()})
         if self.ple is not None:
             layers.update({("ple", i): PLEState.empty(self.ple) for i in self.ple_layers})
@@ -105,27 +105,25 @@ class Qwen4Exp(Model):
         for i in range(p.n_layer):
             if i in self.ple_layers:
                 assert self.ple is not None
-                streams = streams + ple(streams, tokens, w, i, self.ple, state.layers[("ple", i)],  # type: ignore[arg-type]
+                streams = streams + ple(streams, tokens, w, i, self.ple, state.layer("ple", i, PLEState),
                                         self.ple_stats)
             h, inject = hc_mix(streams, w, self.hc_attn[i], n, p.eps)  # [T, D], [T, n]
-            streams = hc_inject(streams, self._mixer(i, h, state, cos_sin), inject)  # type: ignore[arg-type]
+            streams = hc_inject(streams, self._mixer(i, h, state, cos_sin), inject)
             h, inject = hc_mix(streams, w, self.hc_ffn[i], n, p.eps)
-            streams = hc_inject(streams, moe_shared(h, w, i, self.top_k, self.norm_topk), inject)  # type: ignore[arg-type]
+            streams = hc_inject(streams, moe_shared(h, w, i, self.top_k, self.norm_topk), inject)
         state.n_past += len(tokens)
         state.tokens.extend(int(t) for t in tokens)
         if not all_logits:
             streams = streams[-1:]
-        h, _ = hc_mix(streams, w, self.hc_head, n, p.eps)
-        return w.matmul(h, self.head)
+        return w.matmul(hc_final(streams, w, self.hc_head, n, p.eps), self.head)
 
     def _mixer(self, i: int, h: np.ndarray, state: SequenceState, cos_sin: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         """Layer i's token mixer on h [T, D]: DeltaNet, or gated attention restricted by QSA."""
         p, w = self.params, self.w
         if self.linear[i]:
-            return deltanet(h, w, i, self.dn, state.layers[("deltanet", i)])  # type: ignore[arg-type]
+            return deltanet(h, w, i, self.dn, state.layer("deltanet", i, DeltaNetState))
         select = None
         if i in self.qsa:
-            st = state.layers[("qsa", i)]
-            select = qsa_select(h, w, i, self.qsa[i], p.rope, self.mrope.tables, cos_sin, st,  # type: ignore[arg-type]
-                                state.n_past)
+            st = state.layer("qsa", i, QSAState)
+            select = qsa_select(h, w, i, self.qsa[i], p.rope, self.mrope.tables, cos_sin, st, state.n_past)
         return gated_attention(h, w, i, p.attn, p.rope, cos_sin, state.kv, select)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from oracle import assets  # noqa: E402
+from oracle import assets, flagship  # noqa: E402
 
 
 def main() -> int:
@@ -24,6 +24,9 @@ def main() -> int:
             print(f"           {k + ': ' if k else ''}{v}", flush=True)
 
     assets.build_all(log)
+    for name, build in (("tiny_qwen3next", flagship.tiny_qwen3next), ("tiny_qwen4exp", flagship.tiny_qwen4exp)):
+        t1 = time.perf_counter()
+        log(name, build(), time.perf_counter() - t1)
     print(f"{time.perf_counter() - t0:7.1f}s  total", flush=True)
     return 0
 

@@ -1,0 +1,83 @@
+"""Fused dequantize-and-multiply kernels for the host CPU, callable from numpy.
+
+    k = Kernels(cache_dir)                     # one per process; compiles lazily, per quant type
+    y = k.matmul(raw, qtype, x)                # x [N, C] f32 . dequantize(raw)^T -> y [N, R] f32
+    k.matmul(raw, qtype, x, out=y, rows=(r0, r1))   # only rows [r0, r1): how a pool splits work
+
+`raw` is the quantized tensor exactly as GGUFFile.raw gives it (uint8 [R, row_bytes]); nothing is
+dequantized outside the kernel. ctypes releases the GIL for the duration of each call, so pool
+threads run kernels in parallel. The numpy twin is jit/reference.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as T
+
+from strata.jit import formats_k as _k  # noqa: F401  (registers the K-quant and IQ4 decoders)
+from strata.jit.compiler import Compiler
+from strata.jit.formats import FORMAT_F16, FORMATS, Format
+from strata.jit.host import Host, detect
+from strata.jit.matmul_ir import Tiling, build
+
+QMM = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)
+
+
+class Kernels:
+    def __init__(self, cache_dir: Path | None = None, host: Host | None = None, tiling: Tiling | None = None) -> None:
+        self.host = host or detect()
+        self.tiling = tiling or Tiling.for_host(self.host)
+        self.compiler = Compiler(self.host, cache_dir)
+        self._formats = dict(FORMATS)
+        if self.host.has("f16c"):
+            self._formats[T.F16] = FORMAT_F16
+        self._fns: dict[T, ctypes._CFuncPtr] = {}
+        self._lock = threading.Lock()
+
+    def supports(self, qtype: T | int) -> bool:
+        return T(qtype) in self._formats
+
+    @property
+    def types(self) -> frozenset[T]:
+        return frozenset(self._formats)
+
+    def fn(self, qtype: T | int) -> ctypes._CFuncPtr:
+        """The compiled `qmm` for a quant type (see matmul_ir), compiling it on first use."""
+        qt = T(qtype)
+        f = self._fns.get(qt)
+        if f is None:
+            with self._lock:
+                f = self._fns.get(qt)
+                if f is None:
+                    f = self._fns[qt] = QMM(self._address(self._formats[qt]))
+        return f
+
+    def _address(self, fmt: Format) -> int:
+        name = f"qmm_{fmt.qtype.name.lower()}"
+        syms = self.compiler.symbols(name, self.tiling.key, lambda: build(fmt, self.host, self.tiling), ("qmm",))
+        return syms["qmm"]
+
+    def matmul(self, raw: np.ndarray, qtype: T | int, x: np.ndarray, out: np.ndarray | None = None,
+               rows: tuple[int, int] | None = None) -> np.ndarray:
+        """x [N, C] float32 times the quantized [R, C] matrix `raw`, transposed: y [N, R] float32."""
+        block, size = GGML_QUANT_SIZES[T(qtype)]
+        n_rows, row_bytes = raw.shape
+        if x.ndim != 2 or x.shape[1] * size != row_bytes * block:
+            raise ValueError(f"x {x.shape} does not match a {T(qtype).name} matrix of {row_bytes} bytes per row")
+        if x.dtype != np.float32 or not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+        if not raw.flags.c_contiguous:
+            raise ValueError("raw must be C-contiguous")
+        if out is None:
+            out = np.empty((x.shape[0], n_rows), np.float32)
+        assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape == (x.shape[0], n_rows)
+        r0, r1 = rows or (0, n_rows)
+        self.fn(qtype)(raw.ctypes.data, row_bytes, x.ctypes.data, x.shape[1], x.shape[0],
+                       out.ctypes.data, n_rows, r0, r1)
+        return out

@@ -1,0 +1,83 @@
+"""Token-level prefix cache: finished sequences leave their state behind for later prompts.
+
+Attention KV can be cut at any length, so a KV-only state serves any prompt sharing a prefix with
+it. Recurrent state (DeltaNet, n-gram history) cannot be cut, so such a state serves only prompts
+that extend its whole token list. Entries are evicted least-recently-used under a byte budget.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from strata.state import SequenceState
+
+# Shorter matches are not worth a state copy.
+MIN_REUSE = 4
+
+
+@dataclass(slots=True)
+class _Entry:
+    tokens: np.ndarray
+    state: SequenceState
+    nbytes: int
+
+
+class PrefixCache:
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget = budget_bytes
+        self.used = 0
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._next_key = 0
+        self.hits = 0
+        self.reused_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def store(self, state: SequenceState) -> None:
+        """Keep a snapshot of `state` (the caller may go on using its own)."""
+        snap = state.checkpoint()
+        size = snap.nbytes()
+        if size > self.budget or snap.n_past < MIN_REUSE:
+            return
+        toks = np.asarray(snap.tokens, dtype=np.int64)
+        for key, e in list(self._entries.items()):  # an entry this one extends is now redundant
+            if len(e.tokens) <= len(toks) and np.array_equal(e.tokens, toks[: len(e.tokens)]):
+                self._drop(key)
+        while self.used + size > self.budget and self._entries:
+            self._drop(next(iter(self._entries)))
+        self._entries[self._next_key] = _Entry(toks, snap, size)
+        self._next_key += 1
+        self.used += size
+
+    def lookup(self, prompt: list[int], fresh: SequenceState) -> int:
+        """Restore into `fresh` the longest reusable prefix of `prompt`; returns its length (0 = none).
+
+        At least one prompt token is always left to feed, since its logits start the reply.
+        """
+        want = np.asarray(prompt, dtype=np.int64)
+        best_key, best_len = None, 0
+        for key, e in self._entries.items():
+            n = min(len(e.tokens), len(want) - 1)
+            same = int(np.argmin(np.append(e.tokens[:n] == want[:n], False)))  # common prefix length
+            if e.state.layers and same < len(e.tokens):
+                continue  # recurrent state cannot be rewound
+            if same > best_len:
+                best_key, best_len = key, same
+        if best_key is None or best_len < MIN_REUSE:
+            return 0
+        entry = self._entries[best_key]
+        self._entries.move_to_end(best_key)
+        fresh.restore(entry.state)
+        fresh.kv.truncate(best_len)
+        fresh.n_past = best_len
+        del fresh.tokens[best_len:]
+        self.hits += 1
+        self.reused_tokens += best_len
+        return best_len
+
+    def _drop(self, key: int) -> None:
+        self.used -= self._entries.pop(key).nbytes

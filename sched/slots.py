@@ -1,0 +1,55 @@
+"""Small pieces the scheduler is built from: a batch slot, the /metrics counters, queue overflow."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strata.errors import StrataError
+from strata.sched.request import Request
+from strata.sequence import ActiveSequence, GenerationResult
+
+
+class QueueFullError(StrataError):
+    """Every slot is busy and the queue is at --queue-limit."""
+
+    def __init__(self, limit: int, retry_after: int) -> None:
+        super().__init__(f"server busy: {limit} requests already queued")
+        self.retry_after = retry_after
+
+
+@dataclass(eq=False, slots=True)
+class Slot:
+    """A request occupying one of the --parallel batch slots, with its running sequence."""
+
+    req: Request
+    seq: ActiveSequence
+    cached: int  # prompt tokens restored from the prefix cache
+
+
+@dataclass(slots=True)
+class Counters:
+    """Monotonic totals for /metrics."""
+
+    requests: int = 0
+    requests_failed: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prompt_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    windows: int = 0
+
+    def add_window(self, seconds: float, n_prefill: int, n_slots: int) -> None:
+        """Split a window's time between prefill and decode by the tokens each fed."""
+        self.windows += 1
+        n_decode = n_slots - (1 if n_prefill else 0)
+        total = n_prefill + n_decode
+        if total:
+            self.prompt_seconds += seconds * n_prefill / total
+            self.decode_seconds += seconds * n_decode / total
+
+    def finished(self, r: GenerationResult) -> None:
+        self.requests += 1
+        self.prompt_tokens += r.timings.prompt_n
+        self.cached_prompt_tokens += r.cached_tokens
+        self.generated_tokens += len(r.tokens)

@@ -1,0 +1,167 @@
+"""One generating sequence: what it feeds the model next and what it does with the logits.
+
+Engine.generate drives one Sequence alone; the scheduler drives several through one batched
+forward per window. Both use the same object, so solo and batched output are the same tokens.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from strata.detok import StreamDecoder
+from strata.sampling import SamplingParams, sample
+from strata.state import SequenceState
+from strata.stops import StopMatcher
+from strata.tokenizer import Tokenizer
+
+
+class Constraint(Protocol):
+    """Shapes decoding: masks logits before each draw, follows each token, may end generation."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def mask(self, logits: np.ndarray) -> np.ndarray: ...
+
+    def advance(self, token: int) -> None: ...
+
+
+class Phase(enum.Enum):
+    PREFILL = "prefill"  # prompt tokens still to feed
+    DECODE = "decode"  # one sampled token to feed per step
+    DONE = "done"
+
+
+@dataclass(slots=True)
+class Timings:
+    prompt_n: int = 0
+    prompt_ms: float = 0.0
+    predicted_n: int = 0
+    predicted_ms: float = 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "prompt_n": self.prompt_n,
+            "prompt_ms": round(self.prompt_ms, 3),
+            "prompt_per_second": _rate(self.prompt_n, self.prompt_ms),
+            "predicted_n": self.predicted_n,
+            "predicted_ms": round(self.predicted_ms, 3),
+            "predicted_per_second": _rate(self.predicted_n, self.predicted_ms),
+        }
+
+
+def _rate(n: int, ms: float) -> float:
+    return round(n * 1000.0 / ms, 3) if ms > 0 else 0.0
+
+
+@dataclass(slots=True)
+class Chunk:
+    """One generated token and the text it completed (may be empty while UTF-8 is pending)."""
+
+    token: int | None  # None for text released at the end (held-back UTF-8 or stop-string prefix)
+    text: str
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    prompt_ids: list[int]
+    tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str = "length"  # "stop" (EOS or stop string) or "length"
+    stop_string: str | None = None  # which stop string ended it, when one did
+    cached_tokens: int = 0  # prompt tokens restored from the prefix cache instead of computed
+    timings: Timings = field(default_factory=Timings)
+
+
+class ActiveSequence:
+    def __init__(self, tokenizer: Tokenizer, state: SequenceState, prompt_ids: list[int], *,
+                 params: SamplingParams, seed: int, max_tokens: int, stop: Seq[str] = (),
+                 ignore_eos: bool = False, constraints: Seq[Constraint] = ()) -> None:
+        self.state = state
+        self.prompt = list(prompt_ids)
+        self.params, self.seed, self.max_tokens = params, seed, max_tokens
+        self.constraints = tuple(constraints)
+        self.result = GenerationResult(prompt_ids=list(prompt_ids))
+        self.result.cached_tokens = state.n_past
+        self._detok, self._stops = StreamDecoder(tokenizer), StopMatcher(stop)
+        self._eot = frozenset() if ignore_eos else tokenizer.eot_ids
+        self._next: int | None = None  # sampled token not yet fed to the model
+        self._t0 = self._t_decode = 0.0
+        self.phase = Phase.PREFILL if state.n_past < len(self.prompt) else Phase.DECODE
+        if self.phase is Phase.DECODE:
+            raise ValueError("a sequence needs at least one prompt token left to feed")
+
+    @property
+    def finished(self) -> bool:
+        return self.phase is Phase.DONE
+
+    def next_input(self, chunk: int) -> np.ndarray:
+        """Token ids to feed in this step: up to `chunk` prompt tokens, or the last sampled one."""
+        if not self._t0:
+            self._t0 = time.perf_counter()
+        if self.phase is Phase.PREFILL:
+            return np.asarray(self.prompt[self.state.n_past : self.state.n_past + chunk], dtype=np.int64)
+        assert self._next is not None and self.phase is Phase.DECODE
+        return np.asarray([self._next], dtype=np.int64)
+
+    def accept(self, logits: np.ndarray) -> list[Chunk]:
+        """Take the logits [vocab] after this step's last token; returns the text produced."""
+        tm = self.result.timings
+        if self.phase is Phase.PREFILL:
+            if self.state.n_past < len(self.prompt):
+                return []  # more prompt to feed; these logits are of no use
+            tm.prompt_n = len(self.prompt) - self.result.cached_tokens
+            tm.prompt_ms = (time.perf_counter() - self._t0) * 1000
+            self._t_decode = time.perf_counter()
+            self.phase = Phase.DECODE
+        out = self._sample(logits)
+        tm.predicted_n = len(self.result.tokens)
+        tm.predicted_ms = (time.perf_counter() - self._t_decode) * 1000
+        return out
+
+    def cancel(self) -> list[Chunk]:
+        """Stop now (client gone); releases held-back text."""
+        return self._finish() if not self.finished else []
+
+    def _sample(self, logits: np.ndarray) -> list[Chunk]:
+        r = self.result
+        if len(r.tokens) >= self.max_tokens:  # max_tokens 0: the prompt is all there is
+            return self._finish()
+        for c in self.constraints:
+            logits = c.mask(logits)
+        tok = sample(logits, self.state.tokens, self.params, self.seed, self.state.n_past)
+        if tok in self._eot:
+            r.finish_reason = "stop"
+            return self._finish()
+        r.tokens.append(tok)
+        for c in self.constraints:
+            c.advance(tok)
+        text, hit = self._stops.push(self._detok.push(tok))
+        r.text += text
+        out = [Chunk(tok, text)]
+        if hit:
+            r.finish_reason, r.stop_string = "stop", self._stops.matched
+            self.phase = Phase.DONE  # text after a stop string is dropped, not flushed
+            return out
+        if any(c.done for c in self.constraints):  # e.g. the JSON object just closed
+            r.finish_reason = "stop"
+            return out + self._finish()
+        if len(r.tokens) >= self.max_tokens:
+            return out + self._finish()
+        self._next = tok
+        return out
+
+    def _finish(self) -> list[Chunk]:
+        self.phase = Phase.DONE
+        tail, _ = self._stops.push(self._detok.flush())
+        tail += self._stops.flush()
+        if not tail:
+            return []
+        self.result.text += tail
+        return [Chunk(None, tail)]
