@@ -19,6 +19,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as T
 
+from strata.jit import expert_ir
 from strata.jit import formats_k as _k  # noqa: F401  (registers the K-quant and IQ4 decoders)
 from strata.jit.compiler import Compiler
 from strata.jit.formats import FORMAT_F16, FORMATS, Format
@@ -27,6 +28,8 @@ from strata.jit.matmul_ir import Tiling, build
 
 QMM = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+EXPERT = ctypes.CFUNCTYPE(None, _P, _I, _P, _P, _P, _I, *([_P, _P, _I] * 3), _I, _P, _P)
 
 
 class Kernels:
@@ -38,6 +41,7 @@ class Kernels:
         if self.host.has("f16c"):
             self._formats[T.F16] = FORMAT_F16
         self._fns: dict[T, ctypes._CFuncPtr] = {}
+        self._expert: ctypes._CFuncPtr | None = None
         self._lock = threading.Lock()
 
     def supports(self, qtype: T | int) -> bool:
@@ -57,6 +61,14 @@ class Kernels:
                 if f is None:
                     f = self._fns[qt] = QMM(self._address(self._formats[qt]))
         return f
+
+    def expert(self) -> ctypes._CFuncPtr:
+        """The fused SwiGLU expert (expert_ir.py), compiled on first use."""
+        with self._lock:
+            if self._expert is None:
+                syms = self.compiler.symbols("expert", "", lambda: expert_ir.build(self.host), ("expert",))
+                self._expert = EXPERT(syms["expert"])
+            return self._expert
 
     def _address(self, fmt: Format) -> int:
         name = f"qmm_{fmt.qtype.name.lower()}"
@@ -81,3 +93,4 @@ class Kernels:
         self.fn(qtype)(raw.ctypes.data, row_bytes, x.ctypes.data, x.shape[1], x.shape[0],
                        out.ctypes.data, n_rows, r0, r1)
         return out
+

@@ -31,13 +31,12 @@ from strata.json_guard import (
     TokenTexts,
 )
 from strata.json_schema import (
-    K_ARRAY,
-    K_NUMBER,
-    K_OBJECT,
-    K_STRING,
     Alt,
+    ArrayAlt,
     Node,
+    NumberAlt,
     ObjectAlt,
+    StringAlt,
     compile_schema,
     default_text,
     is_self_delimiting,
@@ -81,15 +80,15 @@ def _no_key_left(alt: ObjectAlt, used: frozenset[str]) -> bool:
 
 
 def _start(alt: Alt, ch: str, parent: Stack | None) -> Stack:
-    kind = alt.kind
-    if kind == K_STRING:
-        return (_STR, alt.max_length, 0, 0), parent  # type: ignore[union-attr]
-    if kind == K_OBJECT:
+    """The frame for a value of alt whose first character, ch, is being read."""
+    if isinstance(alt, StringAlt):
+        return (_STR, alt.max_length, 0, 0), parent
+    if isinstance(alt, ObjectAlt):
         return (_OBJ, alt, _O_FIRST, _NO_KEYS, 0, None), parent
-    if kind == K_ARRAY:
+    if isinstance(alt, ArrayAlt):
         return (_ARR, alt, _A_FIRST, 0, 0), parent
-    if kind == K_NUMBER:
-        return (_NUM, alt.integer, _FIRST_DIGIT[ch]), parent  # type: ignore[union-attr]
+    if isinstance(alt, NumberAlt):
+        return (_NUM, alt.integer, _FIRST_DIGIT[ch]), parent
     return (_LIT, alt, ch), parent
 
 

@@ -1,0 +1,280 @@
+"""Scheduler state machine on fabricated model outputs: no model, no HTTP.
+
+The fake model's next token is a pure function of the sequence's own history, so any crosstalk
+between slots, lost token or re-read prompt shows up as a wrong token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from strata.kvcache import KVCache
+from strata.sampling import SamplingParams
+from strata.sched import scheduler as sched_mod
+from strata.sched.prefix_cache import PrefixCache
+from strata.sched.request import (
+    ANTHROPIC_STOP, OPENAI_FINISH, DoneEvent, ErrorEvent, FinishReason, Request, RequestState, TokenEvent,
+)
+from strata.sched.scheduler import QueueFullError, Scheduler
+from strata.state import SequenceState
+
+V = 50
+EOT = 0
+
+
+def next_token(history: list[int]) -> int:
+    """The fabricated model: deterministic in the history, never EOT unless history sums to 0 mod 49."""
+    s = sum(history) * 31 + len(history)
+    return 1 + s % (V - 1) if s % 97 else EOT
+
+
+class FakeTokenizer:
+    eot_ids = frozenset({EOT})
+    byte_level = False
+    vocab_size = V
+
+    def decode(self, ids: list[int], skip_special: bool = False) -> str:
+        return "".join(f"<{i}>" for i in ids)
+
+    def is_special(self, i: int) -> bool:
+        return False
+
+    def is_byte_token(self, i: int) -> bool:
+        return False
+
+
+@dataclass
+class FakeModel:
+    windows: list[list[int]] = field(default_factory=list)  # tokens fed per sequence, per window
+
+    def forward_batch(self, tokens: list[np.ndarray], states: list[SequenceState]) -> list[np.ndarray]:
+        self.windows.append([len(t) for t in tokens])
+        out = []
+        for t, s in zip(tokens, states):
+            s.tokens.extend(int(v) for v in t)
+            s.n_past += len(t)
+            s.kv.append(0, np.zeros((len(t), 1, 1), np.float32), np.zeros((len(t), 1, 1), np.float32))
+            logits = np.zeros(V, np.float32)
+            logits[next_token(s.tokens)] = 1.0
+            out.append(logits)
+        return out
+
+
+@dataclass
+class FakeOptions:
+    prefill_chunk: int = 8
+
+
+class FakeEngine:
+    def __init__(self) -> None:
+        self.model = FakeModel()
+        self.tokenizer = FakeTokenizer()
+        self.options = FakeOptions()
+
+    def new_state(self) -> SequenceState:
+        return SequenceState(KVCache([0], 1, 1))
+
+
+def solo(prompt: list[int], n: int) -> list[int]:
+    hist, out = list(prompt), []
+    for _ in range(n):
+        t = next_token(hist)
+        if t == EOT:
+            break
+        out.append(t)
+        hist.append(t)
+    return out
+
+
+def make(prompt: list[int], n: int = 6) -> Request:
+    return Request(list(prompt), SamplingParams(temperature=0.0), n, seed=1)
+
+
+async def drain(req: Request) -> tuple[list[int], DoneEvent | ErrorEvent]:
+    toks = []
+    while True:
+        ev = await asyncio.wait_for(req.events.get(), 5)
+        if isinstance(ev, TokenEvent):
+            if ev.token is not None:
+                toks.append(ev.token)
+        else:
+            return toks, ev
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(coro)
+
+
+PROMPTS = [[3, 4, 5], [7, 1, 1, 2, 9, 9, 4, 4, 4, 4, 2, 1, 3], [11], [5, 5], [8, 2, 6], [13, 21, 34, 1]]
+
+
+def test_single_request_walks_the_states_and_matches_the_model() -> None:
+    async def go() -> None:
+        eng = FakeEngine()
+        sch = Scheduler(eng, parallel=4)  # type: ignore[arg-type]
+        sch.start()
+        req = make(PROMPTS[1])
+        assert req.state is RequestState.QUEUED
+        sch.submit(req)
+        toks, done = await drain(req)
+        sch.stop()
+        assert isinstance(done, DoneEvent) and done.reason is FinishReason.LENGTH
+        assert toks == solo(PROMPTS[1], 6)
+        assert req.state is RequestState.FINISHED
+        assert eng.model.windows[0] == [8] and eng.model.windows[1] == [5]  # prompt in prefill chunks
+
+    run(go())
+
+
+def test_concurrent_requests_equal_solo_and_never_exceed_slots() -> None:
+    async def go() -> None:
+        eng = FakeEngine()
+        sch = Scheduler(eng, parallel=4)  # type: ignore[arg-type]
+        sch.start()
+        reqs = [make(p, 8) for p in PROMPTS]
+        for r in reqs:
+            sch.submit(r)
+        results = await asyncio.gather(*(drain(r) for r in reqs))
+        sch.stop()
+        for p, (toks, done) in zip(PROMPTS, results):
+            assert toks == solo(p, 8)
+            assert isinstance(done, DoneEvent)
+        assert max(len(w) for w in eng.model.windows) <= 4
+        prefilling = [sum(1 for n in w if n > 1) for w in eng.model.windows]
+        assert max(prefilling) <= 1  # newcomers are admitted one at a time
+
+    run(go())
+
+
+def test_solo_request_becomes_batched_in_place() -> None:
+    async def go() -> None:
+        eng = FakeEngine()
+        sch = Scheduler(eng, parallel=4)  # type: ignore[arg-type]
+        sch.start()
+        first = make(PROMPTS[0], 30)
+        sch.submit(first)
+        while first.state is not RequestState.SOLO:
+            await asyncio.sleep(0)
+        seen_prompt = len(eng.model.windows)
+        second = make(PROMPTS[2], 4)
+        sch.submit(second)
+        while second.state not in (RequestState.BATCHED, RequestState.FINISHED):
+            await asyncio.sleep(0)
+        assert first.state in (RequestState.BATCHED, RequestState.FINISHED)
+        (t1, _), (t2, _) = await asyncio.gather(drain(first), drain(second))
+        sch.stop()
+        assert t1 == solo(PROMPTS[0], 30) and t2 == solo(PROMPTS[2], 4)
+        # after the first window the first request only ever fed one token per window: no re-read
+        assert all(w[0] == 1 for w in eng.model.windows[seen_prompt:] if w)
+
+    run(go())
+
+
+def test_long_prompt_prefills_in_shared_chunks_while_others_decode() -> None:
+    async def go() -> None:
+        eng = FakeEngine()
+        eng.options.prefill_chunk = 1000
+        sch = Scheduler(eng, parallel=2)  # type: ignore[arg-type]
+        sch.start()
+        runner = make([1, 2, 3], 40)
+        sch.submit(runner)
+        while runner.state is not RequestState.SOLO:
+            await asyncio.sleep(0)
+        long = make(list(range(1, 40)) * 5, 2)
+        sch.submit(long)
+        await asyncio.gather(drain(runner), drain(long))
+        sch.stop()
+        shared = [w for w in eng.model.windows if len(w) == 2]
+        assert shared and all(max(w) <= sched_mod.SHARED_PREFILL_CHUNK for w in shared)
+
+    run(go())
+
+
+def test_queue_is_fifo_and_limit_raises() -> None:
+    async def go() -> None:
+        eng = FakeEngine()
+        sch = Scheduler(eng, parallel=1, queue_limit=2)  # type: ignore[arg-type]
+        a, b, c = make(PROMPTS[0], 3), make(PROMPTS[2], 3), make(PROMPTS[3], 3)
+        sch.submit(a)
+        sch.submit(b)
+        with pytest.raises(QueueFullError) as e:
+            sch.submit(c)
+        assert e.value.retry_after >= 1
+        sch.start()
+        order = []
+
+        async def track(r: Request) -> None:
+            await drain(r)
+            order.append(r)
+
+        await asyncio.gather(track(a), track(b))
+        sch.stop()
+        assert order == [a, b]
+
+    run(go())
+
+
+def test_cancel_frees_the_slot_for_the_next_request() -> None:
+    async def go() -> None:
+        eng = FakeEngine()
+        sch = Scheduler(eng, parallel=1)  # type: ignore[arg-type]
+        sch.start()
+        a, b = make(PROMPTS[0], 10_000), make(PROMPTS[2], 3)
+        sch.submit(a)
+        sch.submit(b)
+        await a.events.get()
+        a.cancel()
+        toks, done = await drain(b)
+        _, done_a = await drain(a)
+        sch.stop()
+        assert isinstance(done_a, DoneEvent) and done_a.reason is FinishReason.CANCELLED
+        assert toks == solo(PROMPTS[2], 3) and isinstance(done, DoneEvent)
+
+    run(go())
+
+
+def test_window_fault_fails_in_flight_only_and_bumps_epoch() -> None:
+    async def go() -> None:
+        eng = FakeEngine()
+        sch = Scheduler(eng, parallel=2)  # type: ignore[arg-type]
+        sch.pending_faults = 1
+        a, b, c = make(PROMPTS[0], 5), make(PROMPTS[2], 5), make(PROMPTS[3], 5)
+        for r in (a, b, c):
+            sch.submit(r)
+        sch.start()
+        (_, ea), (_, eb), (tc, ec) = await asyncio.gather(drain(a), drain(b), drain(c))
+        sch.stop()
+        assert isinstance(ea, ErrorEvent) and "injected" in ea.reason
+        assert a.finish is FinishReason.ERROR and sch.epoch == 1
+        # b was still queued (a was admitting alone), so it and c are served normally
+        assert isinstance(eb, DoneEvent) and isinstance(ec, DoneEvent)
+        assert tc == solo(PROMPTS[3], 5)
+
+    run(go())
+
+
+def test_prefix_cache_reuses_and_reports_cached_tokens() -> None:
+    async def go() -> None:
+        eng = FakeEngine()
+        sch = Scheduler(eng, parallel=1, prefix_cache=PrefixCache(1 << 20))  # type: ignore[arg-type]
+        sch.start()
+        first = make(PROMPTS[1], 3)
+        sch.submit(first)
+        t1, d1 = await drain(first)
+        again = make(PROMPTS[1] + t1 + [4, 4], 3)
+        sch.submit(again)
+        t2, d2 = await drain(again)
+        sch.stop()
+        assert isinstance(d2, DoneEvent) and d2.cached_tokens == len(PROMPTS[1]) + len(t1) - 1
+        assert t2 == solo(PROMPTS[1] + t1 + [4, 4], 3)
+
+    run(go())
+
+
+def test_every_finish_reason_maps_to_both_protocols() -> None:
+    for reason in FinishReason:
+        assert reason in OPENAI_FINISH and reason in ANTHROPIC_STOP
