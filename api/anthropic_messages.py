@@ -136,8 +136,10 @@ async def messages(request: Request) -> Response:
     chat = to_chat(body)
     prompt = build_prompt(state.engine, chat)
     budget = body.thinking.budget_tokens if (body.thinking and body.thinking.type == "enabled") else None
+    fmt = (body.output_config or {}).get("format") or {}
+    schema = fmt.get("schema") if fmt.get("type") == "json_schema" else None
     req = submit(state, prompt, anthropic_params(body), body.max_tokens, tuple(body.stop_sequences or ()),
-                 think_budget=budget)
+                 think_budget=budget, json_mode=schema is not None, json_schema=schema)
     mid = f"msg_{secrets.token_hex(12)}"
     reasoning = bool(chat.thinking)
     if body.stream:

@@ -11,6 +11,7 @@ import asyncio
 import json
 import secrets
 from collections.abc import AsyncIterator
+from typing import Any
 from dataclasses import dataclass
 
 from starlette.requests import Request as HTTPRequest
@@ -20,6 +21,8 @@ from strata.api.output_parser import ContentDelta, OutputParser, ReasoningDelta,
 from strata.api.prompt import Prompt
 from strata.api.state import AppState
 from strata.json_guard import JsonPrefix, closing_suffix
+from strata.json_schema_guard import SchemaPrefix
+from strata.json_schema_guard import closing_suffix as schema_closing_suffix
 from strata.sampling import SamplingParams
 from strata.sched.request import DoneEvent, ErrorEvent, FinishReason, Request, TokenEvent
 from strata.sched.slots import QueueFullError
@@ -46,12 +49,13 @@ class EngineFailure(APIError):
 
 def submit(state: AppState, prompt: Prompt, params: SamplingParams, max_tokens: int,
            stop: tuple[str, ...], json_mode: bool = False, ignore_eos: bool = False,
-           think_budget: int | None = None) -> Request:
+           think_budget: int | None = None, json_schema: dict[str, Any] | None = None) -> Request:
     seed = params.seed if params.seed is not None else secrets.randbits(63)
     max_tokens = min(max_tokens, state.engine.n_ctx - len(prompt.ids))
     forced = prompt.json_seed is not None
     req = Request(prompt.ids, params, max_tokens, seed, stop=stop, ignore_eos=ignore_eos,
                   json_mode=json_mode or forced, json_seed=prompt.json_seed or "", think_budget=think_budget,
+                  json_schema=prompt.json_schema if forced else json_schema,
                   in_think=prompt.in_reasoning)
     try:
         state.scheduler.submit(req)
@@ -82,7 +86,7 @@ async def deltas(req: Request, prompt: Prompt, reasoning: bool, raw: bool = Fals
                 raise EngineFailure(ev.reason)
             elif isinstance(ev, DoneEvent):
                 if forced:
-                    yield forced_call((prompt.json_seed or "") + "".join(forced_text))
+                    yield forced_call((prompt.json_seed or "") + "".join(forced_text), prompt.json_schema)
                 for d in [] if (raw or forced) else parser.finish():
                     yield d
                 reason = ev.reason
@@ -95,11 +99,17 @@ async def deltas(req: Request, prompt: Prompt, reasoning: bool, raw: bool = Fals
         req.cancel()  # no-op once finished; otherwise the client left and the slot is freed
 
 
-def forced_call(text: str) -> ToolCallDelta:
-    """The tool call a JSON-constrained forced turn wrote; a call cut short by max_tokens is closed."""
-    state = JsonPrefix()
-    state.feed(text)
-    obj = json.loads(text if state.complete else text + closing_suffix(state))
+def forced_call(text: str, schema: dict[str, Any] | None) -> ToolCallDelta:
+    """The tool call a schema-constrained forced turn wrote; one cut short by max_tokens is closed
+    with the shortest schema-valid ending, so clients always get parseable arguments."""
+    if schema is not None:
+        sp = SchemaPrefix(schema)
+        sp.feed(text)
+        obj = json.loads(text if sp.complete else text + schema_closing_suffix(sp))
+    else:
+        jp = JsonPrefix()
+        jp.feed(text)
+        obj = json.loads(text if jp.complete else text + closing_suffix(jp))
     args = obj.get("arguments")
     return ToolCallDelta(0, new_call_id(), str(obj.get("name", "")),
                          json.dumps(args if isinstance(args, dict) else {}, ensure_ascii=False))

@@ -106,9 +106,11 @@ async def chat_completions(request: Request) -> Response:
     max_tokens = body.max_completion_tokens or body.max_tokens or state.engine.n_ctx
     stops = tuple([body.stop] if isinstance(body.stop, str) else (body.stop or []))
     reasoning = chat.thinking is not False
-    json_mode = body.response_format is not None and body.response_format.type != "text"
+    fmt = body.response_format
+    json_mode = fmt is not None and fmt.type != "text"
+    schema = fmt.json_schema.schema_ if (fmt is not None and fmt.type == "json_schema" and fmt.json_schema) else None
     req = submit(state, prompt, params, max_tokens, stops, json_mode=json_mode, ignore_eos=body.ignore_eos,
-                 think_budget=EFFORT_BUDGET.get(body.reasoning_effort or ""))
+                 think_budget=EFFORT_BUDGET.get(body.reasoning_effort or ""), json_schema=schema)
     cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -16,6 +16,7 @@ from typing import Any
 from strata.api.errors import APIError, bad_request
 from strata.engine import Engine
 from strata.errors import TemplateError
+from strata.json_schema import tool_call_schema
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -44,6 +45,7 @@ class Prompt:
     # A forced tool call: the part of its {"name": ..., "arguments": ...} object already written
     # into the prompt. Decoding is then JSON-constrained to finish exactly that one object.
     json_seed: str | None = None
+    json_schema: dict[str, Any] | None = None  # what that object must satisfy (the tools' parameters)
 
 
 def _hermes_system(tools: list[dict[str, Any]]) -> str:
@@ -103,16 +105,23 @@ def build_prompt(engine: Engine, chat: Chat) -> Prompt:
                                add_generation_prompt=True, **kw)
     except TemplateError as e:
         raise bad_request(f"chat template: {e}", param="messages") from None
-    seed = None
+    seed, schema = None, None
     if chat.tool_mode is ToolMode.REQUIRED:
         seed = '{"name": "'
+        schema = tool_call_schema({t["function"]["name"]: _params(t) for t in tools})
     elif chat.tool_mode is ToolMode.NAMED:
         seed = f'{{"name": {json.dumps(chat.forced_tool)}, "arguments": '
+        schema = tool_call_schema({chat.forced_tool: _params(t) for t in tools
+                                   if t["function"]["name"] == chat.forced_tool})
     prefix = "" if seed is None else f"{TOOL_OPEN}\n{seed}"
     ids = engine.tokenizer.encode_chat(text + prefix)
     check_context(engine, len(ids))
     in_reasoning = text.rstrip().endswith("<think>") and thinking is not False
-    return Prompt(ids, prefix, in_reasoning, seed)
+    return Prompt(ids, prefix, in_reasoning, seed, schema)
+
+
+def _params(tool: dict[str, Any]) -> dict[str, Any]:
+    return tool["function"].get("parameters") or {"type": "object", "properties": {}}
 
 
 def check_context(engine: Engine, n_prompt: int) -> None:

@@ -61,8 +61,15 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Body):
+    name: str = "response"
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(_Body):
     type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: JsonSchemaFormat | None = None
 
 
 class SamplingFields(_Body):
@@ -140,6 +147,7 @@ class MessagesRequest(_Body):
     tool_choice: dict[str, Any] | None = None
     thinking: ThinkingConfig | None = None
     metadata: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None  # {"effort": ..., "format": {"type": "json_schema", "schema": ...}}
 
 
 class CountTokensRequest(_Body):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from strata.errors import ConfigError
@@ -14,6 +16,10 @@ class EngineOptions:
     weight_cache_mib: int = 4096  # f32 cache of dequantized weights; beyond it, dequantize per use
     prefill_chunk: int = 512  # tokens per forward call while reading a prompt
     verify: str | None = None  # expected SHA-256 of the GGUF, checked before use
+    backend: str = "numpy"  # "jit": fused llvmlite kernels on quantized weights, MoE experts on the CPU pool
+    pool_workers: int = 0  # CPU pool threads; 0 = affinity capped by the cgroup CPU quota
+    aux_cpus: str = "auto"  # CPUs for helper threads, kept apart from the workers: "auto" or "0,2-3"
+    jit_cache: str | None = field(default_factory=lambda: str(Path.home() / ".cache/strata/jit"))  # None: off
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> EngineOptions:
@@ -35,6 +41,16 @@ class EngineOptions:
             raise ConfigError("prefill_chunk", self.prefill_chunk, "must be >= 1")
         if self.verify is not None and (len(self.verify) != 64 or not _is_hex(self.verify)):
             raise ConfigError("verify", self.verify, "must be a 64-character hex SHA-256")
+        if self.backend not in BACKENDS:
+            raise ConfigError("backend", self.backend, f"must be one of {', '.join(BACKENDS)}")
+        if self.pool_workers < 0:
+            raise ConfigError("pool_workers", self.pool_workers, "must be >= 0 (0 = from the CPU quota)")
+        if self.aux_cpus != "auto" and not _CPU_LIST.fullmatch(self.aux_cpus):
+            raise ConfigError("aux_cpus", self.aux_cpus, "must be 'auto' or a CPU list like 0,2-3")
+
+
+BACKENDS = ("numpy", "jit")
+_CPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
 
 
 def _is_hex(s: str) -> bool:

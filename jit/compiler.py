@@ -29,8 +29,10 @@ class Compiler:
     def __init__(self, host: Host, cache_dir: Path | None) -> None:
         self.host = host
         self.cache_dir = cache_dir
-        self.tm = target_machine(host)
-        self._engines: list[llvm.ExecutionEngine] = []  # function addresses live as long as these
+        self.tm = target_machine(host)  # emits object code
+        # One engine for every module: an engine owns (and frees) the target machine it is given,
+        # and a function's address stays valid as long as its engine lives.
+        self._engine: llvm.ExecutionEngine | None = None
         self._lock = threading.Lock()
         self.compiled = 0  # modules built from IR (not loaded from the cache): tests look at it
 
@@ -44,10 +46,11 @@ class Compiler:
             if obj is None:
                 obj = self._compile(build())
                 _write(path, obj)
-            ee = llvm.create_mcjit_compiler(self._empty(), self.tm)
+            if self._engine is None:
+                self._engine = llvm.create_mcjit_compiler(self._empty(), target_machine(self.host))
+            ee = self._engine
             ee.add_object_file(llvm.ObjectFileRef.from_data(obj))
             ee.finalize_object()
-            self._engines.append(ee)
             return {n: ee.get_function_address(n) for n in names}
 
     def _empty(self) -> llvm.ModuleRef:

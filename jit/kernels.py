@@ -72,15 +72,15 @@ class Kernels:
 
     def _address(self, fmt: Format) -> int:
         name = f"qmm_{fmt.qtype.name.lower()}"
-        syms = self.compiler.symbols(name, self.tiling.key, lambda: build(fmt, self.host, self.tiling), ("qmm",))
-        return syms["qmm"]
+        syms = self.compiler.symbols(name, self.tiling.key, lambda: build(fmt, self.host, self.tiling), (name,))
+        return syms[name]
 
     def matmul(self, raw: np.ndarray, qtype: T | int, x: np.ndarray, out: np.ndarray | None = None,
                rows: tuple[int, int] | None = None) -> np.ndarray:
         """x [N, C] float32 times the quantized [R, C] matrix `raw`, transposed: y [N, R] float32."""
         block, size = GGML_QUANT_SIZES[T(qtype)]
         n_rows, row_bytes = raw.shape
-        if x.ndim != 2 or x.shape[1] * size != row_bytes * block:
+        if row_bytes % size or x.ndim != 2 or x.shape[1] * size != row_bytes * block:
             raise ValueError(f"x {x.shape} does not match a {T(qtype).name} matrix of {row_bytes} bytes per row")
         if x.dtype != np.float32 or not x.flags.c_contiguous:
             x = np.ascontiguousarray(x, dtype=np.float32)

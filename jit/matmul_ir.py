@@ -9,7 +9,7 @@ x loads by RT rows. Every (row, token) accumulator sees the same sequence of FMA
 computes it, so y[t, r] is bit-identical for any token count, tile shape or split of the rows
 among threads: batch == solo and chunked == one-shot hold exactly.
 
-Exported:
+Exported as qmm_<type> (qmm_q4_k, ...):
     void qmm(i8* w, i64 row_bytes, float* x, i64 ldx, i64 n_tok, float* y, i64 ldy, i64 r0, i64 r1)
 computes y[t, r] (row stride ldy) for r in [r0, r1) and every token t (x row stride ldx).
 """
@@ -85,11 +85,11 @@ def _tile(mod: ir.Module, fmt: Format, host: Host, tl: Tiling, rt: int, tt: int)
 
 def build(fmt: Format, host: Host, tl: Tiling) -> ir.Module:
     """The module for one quant type: four tile shapes (full, and the ragged row/token tails) and
-    the exported driver `qmm`."""
-    mod = ir.Module(name=f"qmm_{fmt.qtype.name}")
+    the exported driver qmm_<type>."""
+    mod = ir.Module(name=f"qmm_{fmt.qtype.name.lower()}")
     mod.triple = host.triple
     tiles = {(rt, tt): _tile(mod, fmt, host, tl, rt, tt) for rt in {tl.rows, 1} for tt in {tl.toks, 1}}
-    fn = ir.Function(mod, ir.FunctionType(VOID, QMM_ARGS), "qmm")
+    fn = ir.Function(mod, ir.FunctionType(VOID, QMM_ARGS), mod.name)  # one engine holds every type: unique
     w, row_bytes, x, ldx, n_tok, y, ldy, r0, r1 = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     nb = b.udiv(row_bytes, c64(fmt.size))

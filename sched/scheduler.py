@@ -19,19 +19,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from strata.constrain import JsonConstraint
+from strata.constrain import JsonConstraint, SchemaConstraint
 from strata.engine import Engine
 from strata.reasoning_budget import ThinkBudget
+from strata.sched.pacer import PrefillPacer
 from strata.sched.prefix_cache import PrefixCache
 from strata.sched.request import (
     DoneEvent, ErrorEvent, FinishReason, Request, RequestState, TokenEvent,
 )
 from strata.sched.slots import Counters, QueueFullError, Slot
 from strata.sequence import ActiveSequence, Constraint
-
-# Prompt tokens a newcomer may feed per window while others are decoding: bounds how long a long
-# prefill stalls the running streams.
-SHARED_PREFILL_CHUNK = 64
 
 __all__ = ["QueueFullError", "Scheduler"]
 
@@ -50,6 +47,7 @@ class Scheduler:
         self.counters = Counters()
         self.epoch = 0
         self.pending_faults = 0  # test hook: windows left to fail on purpose
+        self.pacer = PrefillPacer()
         self._queue: deque[Request] = deque()
         self._slots: list[Slot] = []
         self._wake = asyncio.Event()
@@ -130,7 +128,9 @@ class Scheduler:
         out: list[Constraint] = []
         if req.think_budget is not None:
             out.append(ThinkBudget(tok, req.think_budget, req.in_think))
-        if req.json_mode:
+        if req.json_mode and req.json_schema is not None:
+            out.append(SchemaConstraint(tok, req.json_schema, req.json_seed))
+        elif req.json_mode:
             out.append(JsonConstraint(tok, req.json_seed))
         return out
 
@@ -140,7 +140,8 @@ class Scheduler:
         window = []
         for s in self._slots:
             if s.req.state is RequestState.ADMITTING:
-                chunk = SHARED_PREFILL_CHUNK if decoding else self.engine.options.prefill_chunk
+                full = self.engine.options.prefill_chunk
+                chunk = self.pacer.chunk(full) if decoding else full
                 window.append((s, s.seq.next_input(chunk)))
             else:
                 s.req.state = running
@@ -150,6 +151,8 @@ class Scheduler:
     def _commit(self, window: list[tuple[Slot, np.ndarray]], logits: list[np.ndarray], seconds: float) -> None:
         n_prefill = sum(len(t) for s, t in window if s.req.state is RequestState.ADMITTING)
         self.counters.add_window(seconds, n_prefill, len(window))
+        if len(window) > (1 if n_prefill else 0):  # only windows with running streams teach the pacer
+            self.pacer.observe(seconds, n_prefill)
         for (slot, _), row in zip(window, logits):
             req, seq = slot.req, slot.seq
             for chunk in seq.accept(row):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,11 @@ class Engine:
         model_cls = model_class(gguf)
         check_supported(gguf)
         weights = WeightStore(gguf, opts.weight_cache_mib << 20)
+        if opts.backend == "jit":
+            from strata.jit.backend import start
+
+            cache = Path(opts.jit_cache) if opts.jit_cache else None
+            weights.jit = start(gguf, cache, opts.pool_workers, opts.aux_cpus)
         return cls(gguf, model_cls(gguf, weights), Tokenizer.from_gguf(gguf), opts)
 
     @property

@@ -23,20 +23,15 @@ from urllib.parse import unquote
 _NO_LIMIT = sys.maxsize
 _DIGITS = frozenset("0123456789")
 
-# Alternative kinds; the guard dispatches on these ints rather than on isinstance.
-K_OBJECT, K_ARRAY, K_STRING, K_NUMBER, K_LITERAL = range(5)
-
-
 @dataclass(eq=False, slots=True)
 class Node:
     """A value schema: its alternatives, and which of them a first character can start."""
 
-    alts: tuple[Alt, ...] = ()
+    alts: tuple[Alt, ...] = ()  # empty until compiled: a $ref cycle can reach a node before that
     by_char: dict[str, tuple[Alt, ...]] = field(default_factory=dict)
-    building: bool = True  # still being compiled (a $ref cycle reached it)
 
     def set_alts(self, alts: tuple[Alt, ...]) -> None:
-        self.alts, self.building = alts, False
+        self.alts = alts
         by_char: dict[str, list[Alt]] = {}
         for alt in alts:
             for ch in alt.first_chars():
@@ -51,7 +46,6 @@ class ObjectAlt:
     required: frozenset[str]
     additional: Node | None  # schema of undeclared keys; None: no undeclared key is allowed
     prefixes: dict[str, frozenset[str]]  # each prefix of a declared key -> the keys it can become
-    kind: int = K_OBJECT
 
     def first_chars(self) -> str:
         return "{"
@@ -62,7 +56,6 @@ class ArrayAlt:
     items: Node
     min_items: int = 0
     max_items: int = _NO_LIMIT
-    kind: int = K_ARRAY
 
     def first_chars(self) -> str:
         return "["
@@ -71,7 +64,6 @@ class ArrayAlt:
 @dataclass(eq=False, slots=True)
 class StringAlt:
     max_length: int = _NO_LIMIT
-    kind: int = K_STRING
 
     def first_chars(self) -> str:
         return '"'
@@ -80,7 +72,6 @@ class StringAlt:
 @dataclass(eq=False, slots=True)
 class NumberAlt:
     integer: bool
-    kind: int = K_NUMBER
 
     def first_chars(self) -> str:
         return "-0123456789"
@@ -93,7 +84,6 @@ class LiteralAlt:
     texts: tuple[str, ...]
     text_set: frozenset[str] = frozenset()
     prefixes: frozenset[str] = frozenset()
-    kind: int = K_LITERAL
 
     def __post_init__(self) -> None:
         self.text_set = frozenset(self.texts)
@@ -212,8 +202,8 @@ class _Compiler:
                 alts: list[Alt] = []
                 for sub in schema[key]:
                     child = self.node(sub, base)
-                    # A child still building is an ancestor reached with no text in between:
-                    # it adds no alternative beyond the ones listed here.
+                    # A child not compiled yet (no alts) is an ancestor reached with no text in
+                    # between: it adds no alternative beyond the ones listed here.
                     alts.extend(a for a in child.alts if a not in alts)
                 return tuple(alts)
         types = schema.get("type")
@@ -298,7 +288,7 @@ class _Compiler:
         return merged
 
 
-_SIMPLEST_FIRST = {K_LITERAL: 0, K_NUMBER: 1, K_STRING: 2, K_ARRAY: 3, K_OBJECT: 4}
+_SIMPLEST_FIRST: dict[type, int] = {LiteralAlt: 0, NumberAlt: 1, StringAlt: 2, ArrayAlt: 3, ObjectAlt: 4}
 
 
 def default_text(node: Node | None, depth: int = 0) -> str:
@@ -308,7 +298,7 @@ def default_text(node: Node | None, depth: int = 0) -> str:
     """
     if node is None or not node.alts or depth > 32:
         return "null"
-    alt = min(node.alts, key=lambda a: _SIMPLEST_FIRST[a.kind])
+    alt = min(node.alts, key=lambda a: _SIMPLEST_FIRST[type(a)])
     if isinstance(alt, LiteralAlt):
         return alt.texts[0]
     if isinstance(alt, NumberAlt):

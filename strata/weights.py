@@ -7,6 +7,8 @@ block on every use, so memory stays bounded whatever the model size.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from strata.errors import UnknownQuantTypeError
@@ -23,6 +25,9 @@ class WeightStore:
         self.cache_bytes = cache_bytes
         self.cached_bytes = 0
         self._cache: dict[tuple[str, int], np.ndarray] = {}
+        # Fused JIT kernels (strata.jit.backend.JitBackend) when the engine runs with backend="jit":
+        # matmuls then read the quantized bytes directly and never fill the f32 cache.
+        self.jit: Any = None
 
     def has(self, name: str) -> bool:
         return name in self.gguf.tensors
@@ -56,6 +61,8 @@ class WeightStore:
 
     def matmul(self, x: np.ndarray, name: str, expert: int = -1) -> np.ndarray:
         """x [T, cols] @ W.T -> [T, rows]; W is `name` (or its `expert` slice for 3-D tensors)."""
+        if self.jit is not None and (y := self.jit.matmul(x, name, expert)) is not None:
+            return y
         w = self._full(name, expert)
         if w is not None:
             return x @ w.T

@@ -14,7 +14,6 @@ import pytest
 
 from strata.kvcache import KVCache
 from strata.sampling import SamplingParams
-from strata.sched import scheduler as sched_mod
 from strata.sched.prefix_cache import PrefixCache
 from strata.sched.request import (
     ANTHROPIC_STOP, OPENAI_FINISH, DoneEvent, ErrorEvent, FinishReason, Request, RequestState, TokenEvent,
@@ -179,6 +178,7 @@ def test_long_prompt_prefills_in_shared_chunks_while_others_decode() -> None:
         eng = FakeEngine()
         eng.options.prefill_chunk = 1000
         sch = Scheduler(eng, parallel=2)  # type: ignore[arg-type]
+        sch.pacer.chunk = lambda max_chunk: 16  # type: ignore[method-assign]  # fake windows take no time
         sch.start()
         runner = make([1, 2, 3], 40)
         sch.submit(runner)
@@ -189,7 +189,8 @@ def test_long_prompt_prefills_in_shared_chunks_while_others_decode() -> None:
         await asyncio.gather(drain(runner), drain(long))
         sch.stop()
         shared = [w for w in eng.model.windows if len(w) == 2]
-        assert shared and all(max(w) <= sched_mod.SHARED_PREFILL_CHUNK for w in shared)
+        assert shared and all(max(w) <= 16 for w in shared)
+        assert max(max(w) for w in eng.model.windows) > 16  # alone, a prompt goes in full chunks
 
     run(go())
 
@@ -278,3 +279,16 @@ def test_prefix_cache_reuses_and_reports_cached_tokens() -> None:
 def test_every_finish_reason_maps_to_both_protocols() -> None:
     for reason in FinishReason:
         assert reason in OPENAI_FINISH and reason in ANTHROPIC_STOP
+
+
+def test_pacer_sizes_chunks_to_keep_running_streams_moving() -> None:
+    from strata.sched.pacer import KEEP, MIN_CHUNK, PrefillPacer
+
+    p = PrefillPacer(first_guess=64)
+    assert p.chunk(512) == 64
+    for _ in range(10):
+        p.observe(0.1, 0)  # decode-only windows: 100 ms
+        p.observe(0.1 + 64 * 0.002, 64)  # 2 ms per prompt token
+    n = p.chunk(512)
+    assert abs(0.1 / (0.1 + n * 0.002) - KEEP) < 0.05  # the chosen chunk keeps KEEP of the pace
+    assert p.chunk(20) == 20 and p.chunk(512) >= MIN_CHUNK

@@ -115,3 +115,21 @@ def test_wrong_key_is_401(server: Server) -> None:
     bad = openai.OpenAI(base_url=f"{server.url}/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.chat.completions.create(model="m", messages=ASK, max_tokens=2)
+
+
+def test_response_format_json_object_is_valid_json(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Describe Paris as JSON."}],
+                                       temperature=0, max_tokens=64, response_format={"type": "json_object"})
+    obj = json.loads(r.choices[0].message.content)
+    assert isinstance(obj, dict)
+
+
+def test_response_format_json_schema_is_followed(client: openai.OpenAI) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+              "required": ["city", "population"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Give the capital of France and its population."}],
+        temperature=0, max_tokens=64,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
+    obj = json.loads(r.choices[0].message.content)
+    assert set(obj) == {"city", "population"} and isinstance(obj["population"], int)

@@ -36,6 +36,10 @@ class Qwen3Moe(DecoderLM):
         router = w.matmul(h, tensor(T.FFN_GATE_INP, layer))  # [T, E]
         ids, weights = route_softmax_topk(router, self.top_k, self.norm_topk)  # [T, A] x2
         gate_n, up_n, down_n = (tensor(k, layer) for k in (T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP))
+        if w.jit is not None:  # CPU mode: fused experts on the pool, each expert's weights read once
+            out = w.jit.moe(h, ids, weights, gate_n, up_n, down_n)
+            if out is not None:
+                return out
 
         def expert(e: int, xs: np.ndarray) -> np.ndarray:  # xs [n, D] -> [n, D]
             act = silu(w.matmul(xs, gate_n, e)) * w.matmul(xs, up_n, e)  # [n, F]
