@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -41,16 +42,38 @@ class EngineOptions:
             raise ConfigError("prefill_chunk", self.prefill_chunk, "must be >= 1")
         if self.verify is not None and (len(self.verify) != 64 or not _is_hex(self.verify)):
             raise ConfigError("verify", self.verify, "must be a 64-character hex SHA-256")
-        if self.backend not in BACKENDS:
-            raise ConfigError("backend", self.backend, f"must be one of {', '.join(BACKENDS)}")
-        if self.pool_workers < 0:
-            raise ConfigError("pool_workers", self.pool_workers, "must be >= 0 (0 = from the CPU quota)")
-        if self.aux_cpus != "auto" and not _CPU_LIST.fullmatch(self.aux_cpus):
-            raise ConfigError("aux_cpus", self.aux_cpus, "must be 'auto' or a CPU list like 0,2-3")
+        check_backend(self.backend, self.pool_workers, self.aux_cpus, ("backend", "pool_workers", "aux_cpus"))
 
 
 BACKENDS = ("numpy", "jit")
 _CPU_LIST = re.compile(r"\d+(-\d+)?(,\d+(-\d+)?)*")
+_FLAGS = ("--backend", "--pool-workers", "--aux-cpus")
+
+
+def check_backend(backend: str, pool_workers: int, aux_cpus: str, names: tuple[str, str, str] = _FLAGS) -> None:
+    """The CPU backend settings, checked once for the options and the flags (`names` say which)."""
+    if backend not in BACKENDS:
+        raise ConfigError(names[0], backend, f"must be one of {', '.join(BACKENDS)}")
+    if pool_workers < 0:
+        raise ConfigError(names[1], pool_workers, "must be >= 0 (0 = affinity capped by the CPU quota)")
+    if aux_cpus != "auto" and not _CPU_LIST.fullmatch(aux_cpus):
+        raise ConfigError(names[2], aux_cpus, "must be 'auto' or a CPU list like 0,2-3")
+
+
+def add_backend_flags(p: argparse.ArgumentParser) -> None:
+    """--backend, --pool-workers, --aux-cpus: shared by `strata generate` and `strata serve`."""
+    p.add_argument("--backend", default="numpy", help="numpy, or jit: fused llvmlite kernels on the "
+                   "quantized weights and MoE experts on the CPU pool")
+    p.add_argument("--pool-workers", type=int, default=0,
+                   help="CPU pool threads (0 = the CPUs this process may use, capped by its cgroup quota)")
+    p.add_argument("--aux-cpus", default="auto", help="CPUs for helper threads, kept apart from the "
+                   "pool workers: auto or a list like 0,2-3")
+
+
+def backend_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Engine.load keywords from those flags, checked with errors that name the flag."""
+    check_backend(args.backend, args.pool_workers, args.aux_cpus)
+    return {"backend": args.backend, "pool_workers": args.pool_workers, "aux_cpus": args.aux_cpus}
 
 
 def _is_hex(s: str) -> bool:

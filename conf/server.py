@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from strata.conf.engine import add_backend_flags, check_backend
+
 from strata.errors import ConfigError
 
 ENV_MODEL = "STRATA_MODEL"
@@ -28,6 +30,9 @@ class ServerConfig:
     strict_model: bool = False
     queue_limit: int = 0  # 0 = unbounded FIFO; else overflow gets 429 / 529
     weight_cache_mib: int = 4096
+    backend: str = "numpy"  # see conf/engine.py: numpy or jit (CPU kernels and expert pool)
+    pool_workers: int = 0
+    aux_cpus: str = "auto"
     prompt_cache: bool = True
     cache_ram_mib: int = 1024  # prefix cache budget
     test_hooks: bool = False  # exposes POST /debug/fault for the crash-epoch tests
@@ -51,6 +56,7 @@ class ServerConfig:
             raise ConfigError("--cache-ram-mib", self.cache_ram_mib, "must be >= 0")
         if self.weight_cache_mib < 0:
             raise ConfigError("--weight-cache-mib", self.weight_cache_mib, "must be >= 0")
+        check_backend(self.backend, self.pool_workers, self.aux_cpus)
         for k in self.api_keys:
             if not k or any(c.isspace() for c in k):
                 raise ConfigError("--api-key", "***", "keys must be non-empty and contain no whitespace")
@@ -70,6 +76,7 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict-model", action="store_true", help="404 for requests naming another model")
     p.add_argument("--queue-limit", type=int, default=0, help="max queued requests (0 = unbounded)")
     p.add_argument("--weight-cache-mib", type=int, default=4096)
+    add_backend_flags(p)
     p.add_argument("--prompt-cache", choices=("on", "off"), default="on", help="reuse cached prompt prefixes")
     p.add_argument("--cache-ram-mib", type=int, default=1024, help="RAM for the prompt prefix cache")
     p.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
@@ -92,6 +99,7 @@ def server_config(args: argparse.Namespace, env: Mapping[str, str] | None = None
         host=args.host, port=args.port, api_keys=tuple(keys), ctx_size=args.ctx_size,
         parallel=args.parallel, alias=args.alias, strict_model=args.strict_model,
         queue_limit=args.queue_limit, weight_cache_mib=args.weight_cache_mib, verbose=args.verbose,
+        backend=args.backend, pool_workers=args.pool_workers, aux_cpus=args.aux_cpus,
         prompt_cache=args.prompt_cache == "on", cache_ram_mib=args.cache_ram_mib, test_hooks=args.test_hooks,
     )
     cfg.validate()

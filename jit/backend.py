@@ -10,12 +10,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-
-from strata.gguf import GGUFFile
-from strata.gguf.reader import TensorInfo
 from strata.jit.cpus import host_plan
 from strata.jit.kernels import Kernels
 from strata.jit.pool import ExpertPool, ExpertWeights
+
+from strata.gguf import GGUFFile
+from strata.gguf.reader import TensorInfo
 
 # Tokens per kernel call: the activation tile a row sweep re-reads stays in L2 (64 x 4096 floats
 # = 1 MiB at most); longer prompts go through in slices, each re-reading the quantized weights.

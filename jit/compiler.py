@@ -15,8 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import llvmlite.binding as llvm
-import llvmlite.ir as ir
-
+from llvmlite import ir
 from strata.jit.host import Host, target_machine
 
 # Bump whenever generated code changes meaning: old cache entries then simply stop matching.

@@ -15,8 +15,7 @@ expert, so experts running on different threads never write the same row.
 
 from __future__ import annotations
 
-import llvmlite.ir as ir
-
+from llvmlite import ir
 from strata.jit.host import Host
 from strata.jit.irutil import F32, I32, I64, P8, PF32, PI32, VOID, c64, cvec, fma, intrinsic, loop, vec
 from strata.jit.matmul_ir import QMM_ARGS

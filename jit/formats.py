@@ -16,10 +16,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import llvmlite.ir as ir
 from gguf.constants import GGMLQuantizationType as T
-
-from strata.jit.irutil import F16, F32, I8, I16, I32, bits_of, cvec, half, intrinsic, load, nibbles, splat, vec
+from llvmlite import ir
+from strata.jit.irutil import (
+    F16,
+    F32,
+    I8,
+    I16,
+    I32,
+    bits_of,
+    cvec,
+    half,
+    intrinsic,
+    load,
+    nibbles,
+    splat,
+    vec,
+)
 
 V32F = vec(F32, 32)
 

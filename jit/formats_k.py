@@ -7,11 +7,11 @@ dequantizers in strata/quants/kquants.py and iquants.py. Per-block scales are de
 
 from __future__ import annotations
 
-import llvmlite.ir as ir
 from gguf.constants import GGMLQuantizationType as T
-
+from llvmlite import ir
 from strata.jit.formats import V32F, Ctx, fmt
 from strata.jit.irutil import F32, I8, I16, I32, concat, cvec, load, splat
+
 from strata.quants.iq_tables import KVALUES_IQ4NL
 
 

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import llvmlite.ir as ir
-
+from llvmlite import ir
 from strata.jit.formats import Ctx, Format
 from strata.jit.host import Host
 from strata.jit.irutil import F32, I64, P8, PF32, VOID, c64, fma, hsum, lanes, loop, vec

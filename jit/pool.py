@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType as T
-
 from strata.jit.cpus import CpuPlan
 from strata.jit.kernels import Kernels
 
@@ -89,7 +88,7 @@ class ExpertPool:
     def matmul(self, raw: np.ndarray, qtype: T, x: np.ndarray) -> np.ndarray:
         """x [N, C] . W^T for a 2-D quantized W: rows split among threads when that pays off."""
         x = np.ascontiguousarray(x, dtype=np.float32)
-        n_rows, row_bytes = raw.shape
+        n_rows = raw.shape[0]
         out = np.empty((x.shape[0], n_rows), np.float32)
         work = max(raw.nbytes / BYTES_PER_S, n_rows * x.shape[1] * x.shape[0] / MACS_PER_S)
         parts = int(min(self.workers, work // SPLIT_MIN_S, n_rows // 16))

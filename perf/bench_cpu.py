@@ -1,8 +1,12 @@
-"""CPU prefill/decode throughput: Strata (numpy) beside llama.cpp's llama-bench, same GGUF, same
-thread count, measured in one run. Not a test: prints a table and the Strata/llama.cpp ratios.
+"""CPU prefill/decode throughput: Strata's numpy and JIT paths beside llama.cpp's llama-bench, on the
+same GGUF with the same thread count, measured in one run. Not a test: prints a table and the
+Strata/llama.cpp ratios, with the load average before and after (the machine may be shared).
 
-    python perf/bench_cpu.py [--model PATH] [--threads N] [--prompt 128] [--gen 32]
-                             [--llama-bench PATH]  (default ~/.cache/strata-peer/build/bin/llama-bench)
+Models: SmolLM2-135M-Instruct Q4_1 (dense) and a random ~1.2B qwen3moe-shaped Q4_K model written
+by perf/synth_qwen3moe.py (cached under ~/.cache/strata/bench).
+
+    python perf/bench_cpu.py [--model PATH ...] [--threads N] [--prompt 128] [--gen 32] [--reps 3]
+                             [--engines numpy,jit,llama] [--llama-bench PATH]
 """
 
 from __future__ import annotations
@@ -19,15 +23,17 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def strata_speed(model: Path, n_prompt: int, n_gen: int, reps: int) -> tuple[float, float]:
+def strata_speed(model: Path, n_prompt: int, n_gen: int, reps: int, **options: object) -> tuple[float, float]:
+    """Median prefill and decode tok/s of Engine.load(model, **options), measured hot."""
     from strata.engine import Engine
 
-    eng = Engine.load(model)
+    eng = Engine.load(model, **options)
     rng = np.random.default_rng(0)
     ids = rng.integers(100, eng.model.params.vocab - 100, size=n_prompt).tolist()
-    eng.logits(ids[:8])  # warm the weight cache so both engines are measured hot
+    eng.logits(ids[:8])  # compile kernels / warm the weight cache so every engine is measured hot
     pp, tg = [], []
     for _ in range(reps):
         state = eng.new_state()
@@ -38,13 +44,16 @@ def strata_speed(model: Path, n_prompt: int, n_gen: int, reps: int) -> tuple[flo
         for i in range(n_gen):
             eng.model.forward(np.array([ids[i % n_prompt]]), state, all_logits=False)
         tg.append(n_gen / (time.perf_counter() - t0))
+    jit = eng.model.w.jit
+    if jit is not None:
+        jit.close()
     return float(np.median(pp)), float(np.median(tg))
 
 
-def llama_speed(bench: Path, model: Path, threads: int, n_prompt: int, n_gen: int) -> tuple[float, float]:
+def llama_speed(bench: Path, model: Path, threads: int, n_prompt: int, n_gen: int, reps: int) -> tuple[float, float]:
     out = subprocess.run(
         [str(bench), "-m", str(model), "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen),
-         "-r", "3", "-o", "json"],
+         "-r", str(reps), "-o", "json"],
         capture_output=True, text=True, check=True,
     )
     rows = json.loads(out.stdout)
@@ -53,32 +62,46 @@ def llama_speed(bench: Path, model: Path, threads: int, n_prompt: int, n_gen: in
     return float(pp), float(tg)
 
 
+def default_models() -> list[Path]:
+    from oracle import assets
+    from synth_qwen3moe import Shape, synth_path
+
+    moe = synth_path(Path.home() / ".cache/strata/bench", Shape(), assets.tiny_qwen3moe()["q8_0"])
+    return [assets.smollm2_gguf(), moe]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=None, help="GGUF (default: SmolLM2-135M-Instruct Q4_1)")
-    # numpy's BLAS uses every CPU we may run on; llama.cpp gets the same count
+    ap.add_argument("--model", type=Path, action="append", default=None, help="GGUF (repeatable)")
+    # numpy's BLAS and the JIT pool use every CPU we may run on; llama.cpp gets the same count
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--llama-bench", type=Path,
-                    default=Path.home() / ".cache/strata-peer/build/bin/llama-bench")
+    ap.add_argument("--engines", default="numpy,jit,llama")
+    ap.add_argument("--llama-bench", type=Path, default=Path.home() / ".cache/strata-peer/build/bin/llama-bench")
     a = ap.parse_args()
-    if a.model is None:
-        from oracle import assets
-
-        a.model = assets.smollm2_gguf()
-    s_pp, s_tg = strata_speed(a.model, a.prompt, a.gen, a.reps)
-    print(f"model {a.model.name}, threads {a.threads}, pp{a.prompt} / tg{a.gen}")
-    print(f"{'engine':<22}{'prefill tok/s':>15}{'decode tok/s':>15}")
-    print(f"{'strata (numpy)':<22}{s_pp:>15.1f}{s_tg:>15.1f}")
+    engines = a.engines.split(",")
+    models = a.model or default_models()
     bench = a.llama_bench if a.llama_bench.exists() else shutil.which("llama-bench")
-    if not bench:
-        print("llama-bench not found: build it with shared/peer/build-cpu.sh for the ratio")
-        return
-    l_pp, l_tg = llama_speed(Path(bench), a.model, a.threads, a.prompt, a.gen)
-    print(f"{'llama.cpp llama-bench':<22}{l_pp:>15.1f}{l_tg:>15.1f}")
-    print(f"{'ratio strata/llama':<22}{s_pp / l_pp:>15.2f}{s_tg / l_tg:>15.2f}")
+    print(f"threads {a.threads}, pp{a.prompt} / tg{a.gen}, load average before: {os.getloadavg()}", flush=True)
+    print(f"{'model':<44}{'engine':<16}{'prefill tok/s':>14}{'decode tok/s':>14}{'pp/llama':>10}{'tg/llama':>10}")
+    for model in models:
+        rows: dict[str, tuple[float, float]] = {}
+        if "llama" in engines and bench:
+            rows["llama.cpp"] = llama_speed(Path(bench), model, a.threads, a.prompt, a.gen, a.reps)
+        if "numpy" in engines:
+            rows["strata numpy"] = strata_speed(model, a.prompt, a.gen, a.reps)
+        if "jit" in engines:
+            rows["strata jit"] = strata_speed(model, a.prompt, a.gen, a.reps, backend="jit",
+                                              pool_workers=a.threads)
+        ref = rows.get("llama.cpp")
+        for name, (pp, tg) in rows.items():
+            ratio = f"{pp / ref[0]:>10.2f}{tg / ref[1]:>10.2f}" if ref else ""
+            print(f"{model.name[:43]:<44}{name:<16}{pp:>14.1f}{tg:>14.1f}{ratio}", flush=True)
+    if "llama" in engines and not bench:
+        print("llama-bench not found: build it with shared/peer/build-cpu.sh for the ratios")
+    print(f"load average after: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

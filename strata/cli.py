@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from strata.conf.engine import add_backend_flags
 from strata.errors import StrataError
 
 EXIT_ERROR = 1
@@ -29,6 +30,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     g.add_argument("--ctx-size", type=int, default=0, help="context size (0 = the model's)")
     g.add_argument("--no-think", action="store_true", help="ask thinking templates not to think")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    add_backend_flags(g)
 
 
 def _add_info(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from strata.cli import dump_json
+from strata.conf.engine import backend_options
 from strata.engine import Engine
 from strata.errors import ConfigError
 from strata.sampling import SamplingError, SamplingParams
@@ -28,7 +29,7 @@ def _params(args: argparse.Namespace) -> SamplingParams:
 
 def run_generate(args: argparse.Namespace) -> int:
     params = _params(args)
-    engine = Engine.load(args.model, n_ctx=args.ctx_size)
+    engine = Engine.load(args.model, n_ctx=args.ctx_size, **backend_options(args))
     if args.chat:
         messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": args.prompt})

@@ -131,6 +131,11 @@ class Engine:
 
     def _steps(self, seq: ActiveSequence) -> Iterator[Chunk]:
         chunk = self.options.prefill_chunk
+        tables = getattr(self.model, "ple_stats", None)  # lookup-table traffic, for the timings
+        rows0, bytes0 = (tables.rows, tables.bytes) if tables is not None else (0, 0)
         while not seq.finished:
             logits = self.model.forward(seq.next_input(chunk), seq.state, all_logits=False)[-1]
+            if tables is not None:
+                seq.result.timings.table_rows = tables.rows - rows0
+                seq.result.timings.table_bytes = tables.bytes - bytes0
             yield from seq.accept(logits)

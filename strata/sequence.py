@@ -44,9 +44,12 @@ class Timings:
     prompt_ms: float = 0.0
     predicted_n: int = 0
     predicted_ms: float = 0.0
+    table_rows: int = 0  # PLE lookup-table rows gathered (qwen4exp), when the model has tables
+    table_bytes: int = 0
 
     def to_dict(self) -> dict[str, float]:
-        return {
+        extra = {"table_rows": self.table_rows, "table_bytes": self.table_bytes} if self.table_rows else {}
+        return {**extra,
             "prompt_n": self.prompt_n,
             "prompt_ms": round(self.prompt_ms, 3),
             "prompt_per_second": _rate(self.prompt_n, self.prompt_ms),

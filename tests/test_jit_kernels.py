@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
 from quant_blocks import random_blocks
-
 from strata.jit import reference
 from strata.jit.host import detect, with_features
 from strata.jit.kernels import Kernels

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
 from quant_blocks import random_blocks
-
-from strata.blocks.moe import dispatch
-from strata.errors import ConfigError
 from strata.jit import cpus, reference
 from strata.jit.kernels import Kernels
 from strata.jit.pool import ExpertPool, ExpertWeights
+
+from strata.blocks.moe import dispatch
+from strata.errors import ConfigError
 
 
 def test_worker_default_follows_restricted_affinity() -> None:

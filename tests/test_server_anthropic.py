@@ -18,8 +18,9 @@ def server(smollm2_path: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def client(server: Server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=server.url, api_key=server.key, max_retries=0)
+def client(server: Server) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=server.url, api_key=server.key, max_retries=0) as c:
+        yield c
 
 
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
@@ -82,11 +83,12 @@ def test_thinking_enabled_and_disabled(client: anthropic.Anthropic) -> None:
 def test_count_tokens(client: anthropic.Anthropic) -> None:
     n = client.messages.count_tokens(model="c", messages=ASK)
     m = client.messages.create(model="c", max_tokens=1, messages=ASK, extra_body={"temperature": 0})
-    assert n.input_tokens == m.usage.input_tokens
+    # Anthropic counts prefix-cache reads apart from input_tokens
+    assert n.input_tokens == m.usage.input_tokens + m.usage.cache_read_input_tokens
 
 
 def test_wrong_key_is_401_in_anthropic_shape(server: Server) -> None:
-    bad = anthropic.Anthropic(base_url=server.url, api_key="nope", max_retries=0)
-    with pytest.raises(anthropic.AuthenticationError) as e:
-        bad.messages.create(model="c", max_tokens=2, messages=ASK)
+    with anthropic.Anthropic(base_url=server.url, api_key="nope", max_retries=0) as bad:
+        with pytest.raises(anthropic.AuthenticationError) as e:
+            bad.messages.create(model="c", max_tokens=2, messages=ASK)
     assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "authentication_error"

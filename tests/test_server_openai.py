@@ -19,8 +19,9 @@ def server(smollm2_path: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
-def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.key, max_retries=0)
+def client(server: Server) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.key, max_retries=0) as c:
+        yield c
 
 
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
@@ -112,9 +113,9 @@ def test_models_lists_alias(client: openai.OpenAI) -> None:
 
 
 def test_wrong_key_is_401(server: Server) -> None:
-    bad = openai.OpenAI(base_url=f"{server.url}/v1", api_key="nope", max_retries=0)
-    with pytest.raises(openai.AuthenticationError):
-        bad.chat.completions.create(model="m", messages=ASK, max_tokens=2)
+    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="nope", max_retries=0) as bad:
+        with pytest.raises(openai.AuthenticationError):
+            bad.chat.completions.create(model="m", messages=ASK, max_tokens=2)
 
 
 def test_response_format_json_object_is_valid_json(client: openai.OpenAI) -> None:

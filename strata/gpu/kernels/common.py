@@ -1,0 +1,248 @@
+"""CUDA source shared by every kernel: fp16 helpers, warp reductions and the GGUF block decoders.
+
+Every quantized format is one `Q<type id>` struct with a single decoder, `deq8(row, c, v)`: the
+float32 values of elements 8c..8c+7 of a row, read straight from the GGUF block bytes. GEMV, GEMM
+and row gathers are templates over that one function, so a format is written once and every kernel
+reads it the same way. Decoders round exactly as `strata.quants` does (explicit `__fmul_rn` and
+friends: no FMA contraction), so dequantization is bit-exact with the numpy reference.
+
+Sources are plain strings compiled by NVRTC with no headers (fp16 through PTX `cvt`), so they build
+anywhere cupy runs. Type ids are ggml's (`GGMLQuantizationType`).
+"""
+
+from __future__ import annotations
+
+from gguf.constants import GGMLQuantizationType as T
+
+# The formats the GPU kernels read directly; anything else is refused at load with this list.
+GPU_QTYPES: frozenset[T] = frozenset({
+    T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
+    T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS,
+})
+
+HEADER = r"""
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+__device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ u32 pack2(float lo, float hi) { return (u32)f2h(lo) | ((u32)f2h(hi) << 16); }
+__device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
+__device__ __forceinline__ u16 ld16(const u8* p) { return *(const u16*)p; }
+__device__ __forceinline__ u32 ld32(const u8* p) { return *(const u32*)p; }
+__device__ __forceinline__ float ldh(const u8* p) { return h2f(ld16(p)); }
+// 4 bytes from a 2-byte aligned address (Q6_K/Q8_0/Q5_0 blocks are only 2-aligned)
+__device__ __forceinline__ u32 ld32a2(const u8* p) { return (u32)ld16(p) | ((u32)ld16(p + 2) << 16); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
+
+// scale = d * code and value = scale * q (- min), each rounded once, as the numpy reference does
+__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+
+template <int QT> struct Q;
+
+template <> struct Q<0> {  // F32
+  static __device__ __forceinline__ void deq8(const u8* row, int c, float* v) {
+    const float4* p = (const float4*)(row + 32 * c);
+    float4 a = p[0], b = p[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+  }
+};
+template <> struct Q<1> {  // F16
+  static __device__ __forceinline__ void deq8(const u8* row, int c, float* v) {
+    uint4 w = *(const uint4*)(row + 16 * c);
+    u32 q[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) { v[2 * i] = h2f(q[i] & 0xFFFF); v[2 * i + 1] = h2f(q[i] >> 16); }
+  }
+};
+template <> struct Q<30> {  // BF16
+  static __device__ __forceinline__ void deq8(const u8* row, int c, float* v) {
+    uint4 w = *(const uint4*)(row + 16 * c);
+    u32 q[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) { v[2 * i] = bf2f(q[i] & 0xFFFF); v[2 * i + 1] = bf2f(q[i] >> 16); }
+  }
+};
+
+// Legacy 32-element blocks: element j < 16 is the low nibble of qs[j], j >= 16 the high nibble of qs[j-16].
+template <> struct Q<2> {  // Q4_0: d | qs[16]; (q - 8) * d
+  static __device__ __forceinline__ void deq8(const u8* row, int c, float* v) {
+    const u8* b = row + (c >> 2) * 18;
+    const int j = (c & 3) * 8;
+    const float d = ldh(b);
+    const u32 lo = ld32a2(b + 2 + (j & 15)), hi = ld32a2(b + 6 + (j & 15));
+    const int sh = j >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      v[i] = mul((float)((int)((lo >> (8 * i + sh)) & 15) - 8), d);
+      v[i + 4] = mul((float)((int)((hi >> (8 * i + sh)) & 15) - 8), d);
+    }
+  }
+};
+template <> struct Q<3> {  // Q4_1: d | m | qs[16]; q * d + m
+  static __device__ __forceinline__ void deq8(const u8* row, int c, float* v) {
+    const u8* b = row + (c >> 2) * 20;
+    const int j = (c & 3) * 8;
+    const float d = ldh(b), m = ldh(b + 2);
+    const u32 lo = ld32(b + 4 + (j & 15)), hi = ld32(b + 8 + (j & 15));
+    const int sh = j >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      v[i] = __fadd_rn(mul((float)((lo >> (8 * i + sh)) & 15), d), m);
+      v[i + 4] = __fadd_rn(mul((float)((hi >> (8 * i + sh)) & 15), d), m);
+    }
+  }
+};
+template <> struct Q<6> {  // Q5_0: d | qh (u32, bit j = bit 4 of element j) | qs[16]; (q - 16) * d
+  static __device__ __forceinline__ void deq8(const u8* row, int c, float* v) {
+    const u8* b = row + (c >> 2) * 22;
+    const int j = (c & 3) * 8;
+    const float d = ldh(b);
+    const u32 qh = ld32a2(b + 2);
+    const u32 lo = ld32a2(b + 6 + (j & 15)), hi = ld32a2(b + 10 + (j & 15));
+    const int sh = j >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      int q0 = (int)(((lo >> (8 * i + sh)) & 15) | (((qh >> (j + i)) & 1) << 4));
+      int q1 = (int)(((hi >> (8 * i + sh)) & 15) | (((qh >> (j + i + 4)) & 1) << 4));
+      v[i] = mul((float)(q0 - 16), d);
+      v[i + 4] = mul((float)(q1 - 16), d);
+    }
+  }
+};
+template <> struct Q<7> {  // Q5_1: d | m | qh | qs[16]; q * d + m
+  static __device__ __forceinline__ void deq8(const u8* row, int c, float* v) {
+    const u8* b = row + (c >> 2) * 24;
+    const int j = (c & 3) * 8;
+    const float d = ldh(b), m = ldh(b + 2);
+    const u32 qh = ld32(b + 4);
+    const u32 lo = ld32(b + 8 + (j & 15)), hi = ld32(b + 12 + (j & 15));
+    const int sh = j >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      u32 q0 = ((lo >> (8 * i + sh)) & 15) | (((qh >> (j + i)) & 1) << 4);
+      u32 q1 = ((hi >> (8 * i + sh)) & 15) | (((qh >> (j + i + 4)) & 1) << 4);
+      v[i] = __fadd_rn(mul((float)q0, d), m);
+      v[i + 4] = __fadd_rn(mul((float)q1, d), m);
+    }
+  }
+};
+template <> struct Q<8> {  // Q8_0: d | qs[32] int8
+  static __device__ __forceinline__ void deq8(const u8* row, int c, float* v) {
+    const u8* b = row + (c >> 2) * 34;
+    const float d = ldh(b);
+    const u8* q = b + 2 + (c & 3) * 8;
+    const u32 w0 = ld32a2(q), w1 = ld32a2(q + 4);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      v[i] = mul((float)(signed char)((w0 >> (8 * i)) & 0xFF), d);
+      v[i + 4] = mul((float)(signed char)((w1 >> (8 * i)) & 0xFF), d);
+    }
+  }
+};
+
+// K-quant 6-bit (scale, min) pair j of the 12-byte field (ggml get_scale_min_k4)
+__device__ __forceinline__ void scale_min_k4(const u8* s, int j, int* sc, int* mn) {
+  if (j < 4) { *sc = s[j] & 63; *mn = s[j + 4] & 63; }
+  else { *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4); *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4); }
+}
+
+template <> struct Q<12> {  // Q4_K: d | dmin | scales[12] | qs[128]; 4 groups of 64 = (low, high) nibbles of 32 bytes
+  static __device__ __forceinline__ void deq8(const u8* row, int c, float* v) {
+    const u8* b = row + (c >> 5) * 144;
+    const int e = (c & 31) * 8, g = e >> 6, w = e & 63;
+    int sc, mn;
+    scale_min_k4(b + 4, e >> 5, &sc, &mn);
+    const float dl = mul(ldh(b), (float)sc), ml = mul(ldh(b + 2), (float)mn);
+    const u32 lo = ld32(b + 16 + 32 * g + (w & 31)), hi = ld32(b + 20 + 32 * g + (w & 31));
+    const int sh = w >= 32 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      v[i] = __fsub_rn(mul((float)((lo >> (8 * i + sh)) & 15), dl), ml);
+      v[i + 4] = __fsub_rn(mul((float)((hi >> (8 * i + sh)) & 15), dl), ml);
+    }
+  }
+};
+template <> struct Q<13> {  // Q5_K: d | dmin | scales[12] | qh[32] | qs[128]; bit (e/32) of qh[e%32] is bit 4
+  static __device__ __forceinline__ void deq8(const u8* row, int c, float* v) {
+    const u8* b = row + (c >> 5) * 176;
+    const int e = (c & 31) * 8, g = e >> 6, w = e & 63, l = w & 31, s = e >> 5;
+    int sc, mn;
+    scale_min_k4(b + 4, s, &sc, &mn);
+    const float dl = mul(ldh(b), (float)sc), ml = mul(ldh(b + 2), (float)mn);
+    const u32 lo = ld32(b + 48 + 32 * g + l), hi = ld32(b + 52 + 32 * g + l);
+    const u32 h0 = ld32(b + 16 + l), h1 = ld32(b + 20 + l);
+    const int sh = w >= 32 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      u32 q0 = ((lo >> (8 * i + sh)) & 15) | (((h0 >> (8 * i + s)) & 1) << 4);
+      u32 q1 = ((hi >> (8 * i + sh)) & 15) | (((h1 >> (8 * i + s)) & 1) << 4);
+      v[i] = __fsub_rn(mul((float)q0, dl), ml);
+      v[i + 4] = __fsub_rn(mul((float)q1, dl), ml);
+    }
+  }
+};
+template <> struct Q<14> {  // Q6_K: ql[128] | qh[64] | scales[16] int8 | d; halves of 128, 4 runs of 32
+  static __device__ __forceinline__ void deq8(const u8* row, int c, float* v) {
+    const u8* b = row + (c >> 5) * 210;
+    const int e = (c & 31) * 8, h = e >> 7, w = e & 127, s = w >> 5, l = w & 31;
+    const float dsc = mul(ldh(b + 208), (float)(signed char)b[192 + 8 * h + 2 * s + (l >> 4)]);
+    const u8* ql = b + 64 * h + 32 * (s & 1) + l;
+    const u8* qh = b + 128 + 32 * h + l;
+    const u32 l0 = ld32a2(ql), l1 = ld32a2(ql + 4), q0 = ld32a2(qh), q1 = ld32a2(qh + 4);
+    const int sh = (s >> 1) * 4;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      int a = (int)(((l0 >> (8 * i + sh)) & 15) | (((q0 >> (8 * i + 2 * s)) & 3) << 4)) - 32;
+      int z = (int)(((l1 >> (8 * i + sh)) & 15) | (((q1 >> (8 * i + 2 * s)) & 3) << 4)) - 32;
+      v[i] = mul((float)a, dsc);
+      v[i + 4] = mul((float)z, dsc);
+    }
+  }
+};
+
+__constant__ signed char KV_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+template <> struct Q<20> {  // IQ4_NL: d | qs[16]; d * kvalues[nibble]
+  static __device__ __forceinline__ void deq8(const u8* row, int c, float* v) {
+    const u8* b = row + (c >> 2) * 18;
+    const int j = (c & 3) * 8;
+    const float d = ldh(b);
+    const u32 lo = ld32a2(b + 2 + (j & 15)), hi = ld32a2(b + 6 + (j & 15));
+    const int sh = j >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      v[i] = mul((float)KV_IQ4NL[(lo >> (8 * i + sh)) & 15], d);
+      v[i + 4] = mul((float)KV_IQ4NL[(hi >> (8 * i + sh)) & 15], d);
+    }
+  }
+};
+template <> struct Q<23> {  // IQ4_XS: d | scales_h u16 | scales_l[4] | qs[128]; 8 sub-blocks of 32 as IQ4_NL
+  static __device__ __forceinline__ void deq8(const u8* row, int c, float* v) {
+    const u8* b = row + (c >> 5) * 136;
+    const int e = (c & 31) * 8, ib = e >> 5, j = e & 31;
+    const int ls = ((b[4 + (ib >> 1)] >> (4 * (ib & 1))) & 15) | (((ld16(b + 2) >> (2 * ib)) & 3) << 4);
+    const float dl = mul(ldh(b), (float)(ls - 32));
+    const u32 lo = ld32(b + 8 + 16 * ib + (j & 15)), hi = ld32(b + 12 + 16 * ib + (j & 15));
+    const int sh = j >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      v[i] = mul((float)KV_IQ4NL[(lo >> (8 * i + sh)) & 15], dl);
+      v[i + 4] = mul((float)KV_IQ4NL[(hi >> (8 * i + sh)) & 15], dl);
+    }
+  }
+};
+"""

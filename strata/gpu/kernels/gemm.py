@@ -1,0 +1,155 @@
+"""Matrix products on quantized weights for prefill: many tokens, tensor cores, no dequantized copy.
+
+C[rows, N] (+)= A[rows, K] @ W[N, K]^T where W stays in its GGUF blocks. Each 256-thread block
+computes a 64 x 128 tile: per 64-wide K step it converts A to fp16 and decodes 128 weight rows
+(`Q<QT>::deq8`) into shared memory, then 8 warps run `mma.sync.m16n8k16` (fp16 in, fp32
+accumulate). The decode happens once per 64 tokens, so the weight bytes and the decoding work are
+amortised over the tile; nothing the size of a dequantized matrix ever exists.
+
+Grouped (MoE) mode: `tiles` lists (expert, first row, row count) for each 64-row tile of the rows
+sorted by expert, `a_index` maps each sorted row to its token; a block past `*n_tiles` exits, so
+the grid can be sized from an upper bound without reading the counts back. AMODE 1 stages
+silu(A[:, :K]) * A[:, K:] (the gate|up product feeding a down projection).
+
+Numpy twin: `ref_gemm` (both operands rounded to fp16, products in float64).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.gpu.kernels.common import HEADER
+from strata.quants import dequantize
+
+BM, BN, BK = 64, 128, 64
+
+SOURCE = HEADER + r"""
+#define BM 64
+#define BN 128
+#define BK 64
+#define LDS (BK + 8)  // padded row (halves): rows 144 bytes apart, fragment loads hit 32 distinct banks
+
+__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <int QT, int AMODE>
+__global__ void __launch_bounds__(256) qgemm(
+    const u8* __restrict__ W, i64 expert_stride, i64 row_bytes, int N, int K,
+    const float* __restrict__ A, int lda, const int* __restrict__ a_index,
+    float* __restrict__ C, int ldc, int accumulate,
+    const int* __restrict__ tiles, const int* __restrict__ n_tiles, int M) {
+  __shared__ __align__(16) u16 As[BM * LDS];
+  __shared__ __align__(16) u16 Ws[BN * LDS];
+  int expert = 0, row0 = blockIdx.y * BM, nrows = min(BM, M - row0);
+  if (tiles != nullptr) {
+    if ((int)blockIdx.y >= *n_tiles) return;
+    expert = tiles[3 * blockIdx.y]; row0 = tiles[3 * blockIdx.y + 1]; nrows = tiles[3 * blockIdx.y + 2];
+  }
+  const int n0 = blockIdx.x * BN;
+  const u8* Wb = W + (i64)expert * expert_stride;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int wm = warp >> 2, wn = warp & 3;  // warp tile: rows wm*32..+32, cols wn*32..+32
+  // A staging: thread -> (row tid/4, 16 columns (tid%4)*16); its token row is fixed for the whole K loop
+  const int ar = tid >> 2, ac = (tid & 3) * 16;
+  const float* arow = nullptr;
+  if (ar < nrows) arow = A + (i64)(a_index != nullptr ? a_index[row0 + ar] : row0 + ar) * lda;
+  float acc[2][4][4];
+#pragma unroll
+  for (int i = 0; i < 2; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+      for (int k = 0; k < 4; k++) acc[i][j][k] = 0.0f;
+
+  for (int k0 = 0; k0 < K; k0 += BK) {
+    {  // A: 16 floats -> fp16
+      u32 h[8];
+      const int kc = k0 + ac;
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (arow != nullptr && kc + 4 * q < K) {
+          v = *(const float4*)(arow + kc + 4 * q);
+          if (AMODE == 1) {
+            const float4 u = *(const float4*)(arow + K + kc + 4 * q);
+            v = make_float4(silu(v.x) * u.x, silu(v.y) * u.y, silu(v.z) * u.z, silu(v.w) * u.w);
+          }
+        }
+        h[2 * q] = pack2(v.x, v.y);
+        h[2 * q + 1] = pack2(v.z, v.w);
+      }
+      uint4* dst = (uint4*)(As + ar * LDS + ac);
+      dst[0] = make_uint4(h[0], h[1], h[2], h[3]);
+      dst[1] = make_uint4(h[4], h[5], h[6], h[7]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {  // W: 128 rows x 8 chunks of 8
+      const int id = tid + 256 * j, r = id >> 3, cc = id & 7;
+      const int c = (k0 >> 3) + cc;
+      u32 h[4] = {0u, 0u, 0u, 0u};
+      if (n0 + r < N && c < (K >> 3)) {
+        float v[8];
+        Q<QT>::deq8(Wb + (i64)(n0 + r) * row_bytes, c, v);
+#pragma unroll
+        for (int i = 0; i < 4; i++) h[i] = pack2(v[2 * i], v[2 * i + 1]);
+      }
+      *(uint4*)(Ws + r * LDS + cc * 8) = make_uint4(h[0], h[1], h[2], h[3]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int ks = 0; ks < BK; ks += 16) {
+      u32 af[2][4], bf[4][2];
+#pragma unroll
+      for (int mi = 0; mi < 2; mi++) {
+        const u16* p = As + (wm * 32 + mi * 16 + g) * LDS + ks + 2 * t4;
+        af[mi][0] = *(const u32*)p;
+        af[mi][1] = *(const u32*)(p + 8 * LDS);
+        af[mi][2] = *(const u32*)(p + 8);
+        af[mi][3] = *(const u32*)(p + 8 * LDS + 8);
+      }
+#pragma unroll
+      for (int ni = 0; ni < 4; ni++) {
+        const u16* p = Ws + (wn * 32 + ni * 8 + g) * LDS + ks + 2 * t4;
+        bf[ni][0] = *(const u32*)p;
+        bf[ni][1] = *(const u32*)(p + 8);
+      }
+#pragma unroll
+      for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) mma16816(acc[mi][ni], af[mi], bf[ni]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+    for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int r = wm * 32 + mi * 16 + g + 8 * h;
+        const int col = n0 + wn * 32 + ni * 8 + 2 * t4;
+        if (r >= nrows) continue;
+        float* o = C + (i64)(row0 + r) * ldc + col;
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+          if (col + e < N) o[e] = accumulate ? o[e] + acc[mi][ni][2 * h + e] : acc[mi][ni][2 * h + e];
+      }
+}
+"""
+
+
+def gemm_name(qt: int, amode: int) -> str:
+    return f"qgemm<{qt},{amode}>"
+
+
+def ref_gemm(w_raw: np.ndarray, qtype: int, a: np.ndarray, amode: int = 0) -> np.ndarray:
+    """a [M, K] (or [M, 2K] for amode=1) -> [M, N]: what `qgemm` computes, operands rounded to fp16."""
+    w = dequantize(w_raw, qtype).astype(np.float16).astype(np.float64)
+    if amode == 1:
+        k = a.shape[1] // 2
+        a = a[:, :k] / (1.0 + np.exp(-a[:, :k].astype(np.float64))) * a[:, k:]
+    a16 = np.asarray(a, np.float32).astype(np.float16).astype(np.float64)
+    return (a16 @ w.T).astype(np.float32)

@@ -1,0 +1,148 @@
+"""Matrix-vector products on quantized weights (decode, and any batch of up to 8 tokens).
+
+One warp per weight row: lane l decodes chunks l, l+32, ... of 8 elements (`Q<QT>::deq8`) and
+multiplies them with up to NT tokens' inputs staged in shared memory, so each weight byte is read
+once per NT tokens. The input can be transformed while it is staged (PRO): 0 = as is, 1 = RMSNorm
+(the block also writes the normed rows once, for the kernels that follow), 2 = silu(a) * b of a
+[2K] gate|up row. Up to three weight tensors with the same type and width are read as one matrix
+(q|k|v): rows below r1 come from W0, below r2 from W1, the rest from W2.
+
+Numpy twin: `ref_gemv` (dequantize, then float64 products).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.blocks.norms import rms_norm, silu
+from strata.gpu.kernels.common import HEADER
+from strata.quants import dequantize
+
+WARPS = 8  # rows per block per pass
+
+SOURCE = HEADER + r"""
+// Stage NT tokens' inputs [NT][K] into shared memory, transformed by PRO; zero rows past n.
+template <int NT, int PRO>
+__device__ __forceinline__ void stage_x(float* xs, const float* x, int ldx, int n, int K,
+                                        const float* nw, float eps, float* hout, int ldh) {
+  for (int t = 0; t < NT; t++)
+    for (int i = threadIdx.x; i < K; i += blockDim.x) {
+      float v = 0.0f;
+      if (t < n) {
+        const float* r = x + (i64)t * ldx;
+        v = PRO == 2 ? silu(r[i]) * r[K + i] : r[i];
+      }
+      xs[t * K + i] = v;
+    }
+  if (PRO == 1) {
+    __shared__ float red[32];
+    __syncthreads();
+    for (int t = 0; t < n; t++) {
+      float s = 0.0f;
+      for (int i = threadIdx.x; i < K; i += blockDim.x) s += xs[t * K + i] * xs[t * K + i];
+      s = warp_sum(s);
+      if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
+      __syncthreads();
+      if (threadIdx.x < 32) {
+        float r = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.0f;
+        r = warp_sum(r);
+        if (threadIdx.x == 0) red[0] = sqrtf(r / (float)K + eps);
+      }
+      __syncthreads();
+      const float den = red[0];
+      for (int i = threadIdx.x; i < K; i += blockDim.x) {
+        float v = (xs[t * K + i] / den) * nw[i];
+        xs[t * K + i] = v;
+        if (hout != nullptr && blockIdx.x == 0) hout[(i64)t * ldh + i] = v;
+      }
+      __syncthreads();
+    }
+  }
+  __syncthreads();
+}
+
+// acc[t] += row . xs[t] over the row's K elements; lane-strided chunks of 8, warp-reduced by the caller
+template <int QT, int NT>
+__device__ __forceinline__ void row_dot(const u8* row, const float* xs, int K, float* acc) {
+  const int lane = threadIdx.x & 31;
+  for (int c = lane; c < (K >> 3); c += 32) {
+    float v[8];
+    Q<QT>::deq8(row, c, v);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      const float4 a = *(const float4*)(xs + t * K + 8 * c);
+      const float4 b = *(const float4*)(xs + t * K + 8 * c + 4);
+      float s = acc[t];
+      s = fmaf(v[0], a.x, s); s = fmaf(v[1], a.y, s); s = fmaf(v[2], a.z, s); s = fmaf(v[3], a.w, s);
+      s = fmaf(v[4], b.x, s); s = fmaf(v[5], b.y, s); s = fmaf(v[6], b.z, s); s = fmaf(v[7], b.w, s);
+      acc[t] = s;
+    }
+  }
+}
+
+// y[t, row] (+)= W[row] . f(x[t]) for tokens blockIdx.y*NT .. +NT; dynamic smem = NT*K floats.
+template <int QT, int NT, int PRO>
+__global__ void __launch_bounds__(256) gemv(
+    const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int r1, int r2,
+    i64 row_bytes, int rows, int K, const float* __restrict__ x, int ldx, int n_tok,
+    const float* __restrict__ nw, float eps, float* __restrict__ hout, int ldh,
+    float* __restrict__ y, int ldy, int accumulate) {
+  extern __shared__ float4 smem4[];
+  float* xs = (float*)smem4;
+  const int t0 = blockIdx.y * NT;
+  const int n = min(NT, n_tok - t0);
+  stage_x<NT, PRO>(xs, x + (i64)t0 * ldx, ldx, n, K, nw, eps, hout == nullptr ? nullptr : hout + (i64)t0 * ldh, ldh);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int r = blockIdx.x * (blockDim.x >> 5) + warp; r < rows; r += gridDim.x * (blockDim.x >> 5)) {
+    const u8* row = r < r1 ? W0 + (i64)r * row_bytes
+                  : r < r2 ? W1 + (i64)(r - r1) * row_bytes : W2 + (i64)(r - r2) * row_bytes;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    row_dot<QT, NT>(row, xs, K, acc);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      float s = warp_sum(acc[t]);
+      if (lane == 0 && t < n) {
+        float* o = y + (i64)(t0 + t) * ldy + r;
+        *o = accumulate ? *o + s : s;
+      }
+    }
+  }
+}
+
+// Whole rows of a matrix as float32 (embedding lookup; also the dequantization test)
+template <int QT>
+__global__ void __launch_bounds__(128) get_rows(const u8* __restrict__ W, i64 row_bytes, const i64* __restrict__ ids,
+                                                int id_stride, int K, float* __restrict__ out) {
+  const u8* row = W + ids[(i64)blockIdx.x * id_stride] * row_bytes;
+  for (int c = threadIdx.x; c < (K >> 3); c += blockDim.x) {
+    float v[8];
+    Q<QT>::deq8(row, c, v);
+    float4* o = (float4*)(out + (i64)blockIdx.x * K + 8 * c);
+    o[0] = make_float4(v[0], v[1], v[2], v[3]);
+    o[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+}
+"""
+
+
+def gemv_name(qt: int, nt: int, pro: int) -> str:
+    return f"gemv<{qt},{nt},{pro}>"
+
+
+def get_rows_name(qt: int) -> str:
+    return f"get_rows<{qt}>"
+
+
+def ref_gemv(w_raw: np.ndarray, qtype: int, x: np.ndarray, pro: int = 0, norm_w: np.ndarray | None = None,
+             eps: float = 1e-6) -> np.ndarray:
+    """x [n, K] (or [n, 2K] for pro=2) -> [n, rows]: what `gemv` computes, in float64 products."""
+    w = dequantize(w_raw, qtype).astype(np.float64)
+    if pro == 1:
+        assert norm_w is not None
+        x = rms_norm(x, norm_w, eps)
+    elif pro == 2:
+        k = x.shape[1] // 2
+        x = silu(x[:, :k]) * x[:, k:]
+    return (x.astype(np.float64) @ w.T).astype(np.float32)
