@@ -8,11 +8,11 @@ cancels the request, which frees its slot at the next token.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
-from dataclasses import dataclass
 
 from starlette.requests import Request as HTTPRequest
 
@@ -30,14 +30,8 @@ from strata.sched.slots import QueueFullError
 Delta = ContentDelta | ReasoningDelta | ToolCallDelta
 
 
-@dataclass(frozen=True, slots=True)
-class Finished:
-    reason: FinishReason
-    stop_string: str | None
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    timings: dict[str, float]
+# The final event of a stream: the scheduler's DoneEvent, its reason refined by what was parsed.
+Finished = DoneEvent
 
 
 class EngineFailure(APIError):
@@ -92,8 +86,7 @@ async def deltas(req: Request, prompt: Prompt, reasoning: bool, raw: bool = Fals
                 reason = ev.reason
                 if (forced or parser.tool_calls) and reason in (FinishReason.EOS, FinishReason.STOP_STRING):
                     reason = FinishReason.TOOL_CALLS
-                yield Finished(reason, ev.stop_string, ev.prompt_tokens, ev.cached_tokens,
-                               ev.completion_tokens, ev.timings)
+                yield dataclasses.replace(ev, reason=reason)
                 return
     finally:
         req.cancel()  # no-op once finished; otherwise the client left and the slot is freed

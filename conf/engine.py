@@ -21,6 +21,8 @@ class EngineOptions:
     pool_workers: int = 0  # CPU pool threads; 0 = affinity capped by the cgroup CPU quota
     aux_cpus: str = "auto"  # CPUs for helper threads, kept apart from the workers: "auto" or "0,2-3"
     jit_cache: str | None = field(default_factory=lambda: str(Path.home() / ".cache/strata/jit"))  # None: off
+    device: str = "auto"  # auto: the GPU (cupy) when one is visible and the architecture has a GPU path; cuda; cpu
+    vram_budget_mib: int = 0  # cap on what Strata allocates on the GPU; 0 = the device's free memory
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> EngineOptions:
@@ -43,6 +45,7 @@ class EngineOptions:
         if self.verify is not None and (len(self.verify) != 64 or not _is_hex(self.verify)):
             raise ConfigError("verify", self.verify, "must be a 64-character hex SHA-256")
         check_backend(self.backend, self.pool_workers, self.aux_cpus, ("backend", "pool_workers", "aux_cpus"))
+        check_device(self.device, self.vram_budget_mib, ("device", "vram_budget_mib"))
 
 
 BACKENDS = ("numpy", "jit")
@@ -60,6 +63,17 @@ def check_backend(backend: str, pool_workers: int, aux_cpus: str, names: tuple[s
         raise ConfigError(names[2], aux_cpus, "must be 'auto' or a CPU list like 0,2-3")
 
 
+DEVICES = ("auto", "cuda", "cpu")
+
+
+def check_device(device: str, vram_budget_mib: int, names: tuple[str, str] = ("--device", "--vram-budget-mib")) -> None:
+    """The GPU settings, checked once for the options and the flags (`names` say which)."""
+    if device not in DEVICES:
+        raise ConfigError(names[0], device, f"must be one of {', '.join(DEVICES)}")
+    if vram_budget_mib < 0:
+        raise ConfigError(names[1], vram_budget_mib, "must be >= 0 (0 = the GPU's free memory)")
+
+
 def add_backend_flags(p: argparse.ArgumentParser) -> None:
     """--backend, --pool-workers, --aux-cpus: shared by `strata generate` and `strata serve`."""
     p.add_argument("--backend", default="numpy", help="numpy, or jit: fused llvmlite kernels on the "
@@ -68,12 +82,18 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
                    help="CPU pool threads (0 = the CPUs this process may use, capped by its cgroup quota)")
     p.add_argument("--aux-cpus", default="auto", help="CPUs for helper threads, kept apart from the "
                    "pool workers: auto or a list like 0,2-3")
+    p.add_argument("--device", default="auto", choices=DEVICES, help="auto: the GPU through cupy when one is "
+                   "visible (llama, qwen3moe), else the CPU")
+    p.add_argument("--vram-budget-mib", type=int, default=0, help="cap on what Strata allocates on the GPU "
+                   "(0 = its free memory); start-up fails with a plan when the model does not fit")
 
 
 def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     """Engine.load keywords from those flags, checked with errors that name the flag."""
     check_backend(args.backend, args.pool_workers, args.aux_cpus)
-    return {"backend": args.backend, "pool_workers": args.pool_workers, "aux_cpus": args.aux_cpus}
+    check_device(args.device, args.vram_budget_mib)
+    return {"backend": args.backend, "pool_workers": args.pool_workers, "aux_cpus": args.aux_cpus,
+            "device": args.device, "vram_budget_mib": args.vram_budget_mib}
 
 
 def _is_hex(s: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from strata.jit.blas import limit_blas_threads
 from strata.jit.cpus import host_plan
 from strata.jit.kernels import Kernels
 from strata.jit.pool import ExpertPool, ExpertWeights
@@ -71,5 +72,7 @@ class JitBackend:
 
 
 def start(gguf: GGUFFile, cache_dir: Path | None, workers: int, aux_cpus: str) -> JitBackend:
-    """Compile nothing yet (kernels build on first use, or load from `cache_dir`); start the pool."""
+    """Compile nothing yet (kernels build on first use, or load from `cache_dir`); start the pool,
+    and keep numpy's BLAS to one thread: the pool's workers are the process's CPU budget."""
+    limit_blas_threads(1)
     return JitBackend(gguf, ExpertPool(Kernels(cache_dir), host_plan(workers, aux_cpus)))

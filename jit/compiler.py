@@ -19,7 +19,7 @@ from llvmlite import ir
 from strata.jit.host import Host, target_machine
 
 # Bump whenever generated code changes meaning: old cache entries then simply stop matching.
-KERNEL_VERSION = 1
+KERNEL_VERSION = 2
 
 
 class Compiler:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from gguf.constants import GGMLQuantizationType as T
 from llvmlite import ir
-from strata.jit.formats import V32F, Ctx, fmt
-from strata.jit.irutil import F32, I8, I16, I32, concat, cvec, load, splat
+from strata.jit.formats import IOTA16, Ctx, fmt
+from strata.jit.irutil import F32, I8, I16, I32, concat, cvec, load, nibbles, splat
 
 from strata.quants.iq_tables import KVALUES_IQ4NL
 
@@ -60,7 +60,7 @@ def _k4_prep(c: Ctx, blk: ir.Value) -> tuple[list[ir.Value], list[ir.Value]]:
 @fmt(T.Q4_K, 256, 144, _k4_prep)
 def _q4_k(c: Ctx, blk: ir.Value, s: tuple[list[ir.Value], list[ir.Value]], j: int) -> ir.Value:
     # layout: d | dmin | scales[12] | qs[128]; out = q * dl - ml, the reference's order
-    return c.offset(c.scale(c.u8f(_k4_codes(c, blk, 16, j)), s[0][j]), s[1][j], -1)
+    return c.map16(_k4_codes(c, blk, 16, j), IOTA16, s[0][j], s[1][j], -1)
 
 
 @fmt(T.Q5_K, 256, 176, _k4_prep)
@@ -92,17 +92,14 @@ def _q6_k(c: Ctx, blk: ir.Value, dsc: list[ir.Value], j: int) -> ir.Value:
     return b.fmul(q, scales)
 
 
-def _kv_codes(c: Ctx, blk: ir.Value, off: int) -> ir.Value:
-    """16 nibble bytes at off -> <32 x float> of KVALUES_IQ4NL (low nibbles, then high ones)."""
-    b = c.b
-    v = c.bytes(blk, off, 16)
-    idx = concat(b, b.and_(v, cvec(I8, [15] * 16)), b.lshr(v, cvec(I8, [4] * 16)))
-    return b.sitofp(c.lookup(idx, KVALUES_IQ4NL), V32F)
+def _kv(c: Ctx, blk: ir.Value, off: int, d: ir.Value) -> ir.Value:
+    """16 nibble bytes at off -> KVALUES_IQ4NL[code] * d (low nibbles, then high ones)."""
+    return c.map16(nibbles(c.b, c.bytes(blk, off, 16)), KVALUES_IQ4NL, d)
 
 
 @fmt(T.IQ4_NL, 32, 18, lambda c, blk: c.half(blk, 0))
 def _iq4_nl(c: Ctx, blk: ir.Value, d: ir.Value, j: int) -> ir.Value:
-    return c.scale(_kv_codes(c, blk, 2), d)
+    return _kv(c, blk, 2, d)
 
 
 def _iq4_xs_prep(c: Ctx, blk: ir.Value) -> list[ir.Value]:
@@ -120,5 +117,5 @@ def _iq4_xs_prep(c: Ctx, blk: ir.Value) -> list[ir.Value]:
 @fmt(T.IQ4_XS, 256, 136, _iq4_xs_prep)
 def _iq4_xs(c: Ctx, blk: ir.Value, dl: list[ir.Value], j: int) -> ir.Value:
     # layout: d | scales_h (uint16) | scales_l[4] | qs[128]; sub-block j's codes are bytes 16j..16j+15
-    return c.scale(_kv_codes(c, blk, 8 + 16 * j), dl[j])
+    return _kv(c, blk, 8 + 16 * j, dl[j])
 

@@ -46,7 +46,7 @@ class Tiling:
 
 def ctx_for(b: ir.IRBuilder, host: Host) -> Ctx:
     shuffle = "avx2" if host.has("avx2") else "ssse3" if host.has("ssse3") else ""
-    return Ctx(b, f16c=host.has("f16c"), shuffle=shuffle if host.x86 else "")
+    return Ctx(b, f16c=host.has("f16c"), shuffle=shuffle if host.x86 else "", permute=host.x86 and host.has("avx512f"))
 
 
 def _tile(mod: ir.Module, fmt: Format, host: Host, tl: Tiling, rt: int, tt: int) -> ir.Function:

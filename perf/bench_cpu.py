@@ -86,17 +86,22 @@ def main() -> None:
     bench = a.llama_bench if a.llama_bench.exists() else shutil.which("llama-bench")
     print(f"threads {a.threads}, pp{a.prompt} / tg{a.gen}, load average before: {os.getloadavg()}", flush=True)
     print(f"{'model':<44}{'engine':<16}{'prefill tok/s':>14}{'decode tok/s':>14}{'pp/llama':>10}{'tg/llama':>10}")
+    # Engine by engine, not model by model: the JIT backend holds numpy's BLAS to one thread for
+    # the rest of the process (jit/blas.py), so every numpy measurement must come before it.
+    rows: dict[Path, dict[str, tuple[float, float]]] = {m: {} for m in models}
     for model in models:
-        rows: dict[str, tuple[float, float]] = {}
         if "llama" in engines and bench:
-            rows["llama.cpp"] = llama_speed(Path(bench), model, a.threads, a.prompt, a.gen, a.reps)
+            rows[model]["llama.cpp"] = llama_speed(Path(bench), model, a.threads, a.prompt, a.gen, a.reps)
+    for model in models:
         if "numpy" in engines:
-            rows["strata numpy"] = strata_speed(model, a.prompt, a.gen, a.reps)
+            rows[model]["strata numpy"] = strata_speed(model, a.prompt, a.gen, a.reps)
+    for model in models:
         if "jit" in engines:
-            rows["strata jit"] = strata_speed(model, a.prompt, a.gen, a.reps, backend="jit",
-                                              pool_workers=a.threads)
-        ref = rows.get("llama.cpp")
-        for name, (pp, tg) in rows.items():
+            rows[model]["strata jit"] = strata_speed(model, a.prompt, a.gen, a.reps, backend="jit",
+                                                     pool_workers=a.threads)
+    for model in models:
+        ref = rows[model].get("llama.cpp")
+        for name, (pp, tg) in rows[model].items():
             ratio = f"{pp / ref[0]:>10.2f}{tg / ref[1]:>10.2f}" if ref else ""
             print(f"{model.name[:43]:<44}{name:<16}{pp:>14.1f}{tg:>14.1f}{ratio}", flush=True)
     if "llama" in engines and not bench:

@@ -1,4 +1,4 @@
-"""Command line: `python -m strata generate|info`. Errors are one line on stderr and exit 1."""
+"""Command line: `python -m strata generate|info|synth`. Errors are one line on stderr and exit 1."""
 
 from __future__ import annotations
 
@@ -40,6 +40,12 @@ def _add_info(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
                    help="hash the file; compare to SHA256, a .sha256 sidecar, or the known digest")
 
 
+def _add_synth(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from strata.cli_synth import add_synth_flags
+
+    add_synth_flags(sub.add_parser("synth", help="write a synthetic Qwen3-MoE/Qwen3-Next GGUF (random weights)"))
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from strata.conf.server import add_server_flags
 
@@ -54,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_generate(sub)
     _add_info(sub)
+    _add_synth(sub)
     return p
 
 
@@ -81,6 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from strata.cli_info import run_info
 
             return run_info(args)
+        if args.command == "synth":
+            from strata.cli_synth import run_synth
+
+            return run_synth(args)
         build_parser().print_help()
         return 0
     except StrataError as e:

@@ -13,7 +13,7 @@ import numpy as np
 
 from strata.chat_template import ChatTemplate
 from strata.conf import EngineOptions
-from strata.errors import ContextOverflowError
+from strata.errors import ConfigError, ContextOverflowError
 from strata.gguf import GGUFFile
 from strata.models import Model, model_class
 from strata.sampling import SamplingParams
@@ -42,6 +42,17 @@ class Generation:
         return self.result
 
 
+def _device(opts: EngineOptions, arch: str) -> str:
+    """Where the model runs: the jit backend is a CPU backend, so it keeps auto on the CPU."""
+    from strata.gpu import resolve_device
+
+    if opts.backend == "jit":
+        if opts.device == "cuda":
+            raise ConfigError("device", opts.device, "backend=jit runs on the CPU; use backend=numpy with the GPU")
+        return "cpu"
+    return resolve_device(opts.device, arch)
+
+
 class Engine:
     def __init__(self, gguf: GGUFFile, model: Model, tokenizer: Tokenizer, options: EngineOptions) -> None:
         self.gguf = gguf
@@ -62,6 +73,12 @@ class Engine:
         model_cls = model_class(gguf)
         check_supported(gguf)
         weights = WeightStore(gguf, opts.weight_cache_mib << 20)
+        if _device(opts, gguf.architecture) == "cuda":
+            from strata.gpu import gpu_model
+            from strata.gpu.model import GpuOptions
+
+            gpu_opts = GpuOptions(opts.vram_budget_mib, opts.n_ctx, opts.prefill_chunk)
+            return cls(gguf, gpu_model(model_cls(gguf, weights), gpu_opts), Tokenizer.from_gguf(gguf), opts)
         if opts.backend == "jit":
             from strata.jit.backend import start
 

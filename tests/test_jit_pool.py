@@ -153,3 +153,16 @@ def test_workers_are_pinned_to_their_cpus(kernels: Kernels) -> None:
         assert pool.submit(os.sched_getaffinity, 0).result() == {one}
     finally:
         pool.close()
+
+
+def test_blas_is_held_to_one_thread_under_the_pool() -> None:
+    from strata.jit.blas import blas_threads, limit_blas_threads
+
+    before = blas_threads()
+    if before is None:
+        pytest.skip("numpy is not linked to OpenBLAS here")
+    try:
+        assert limit_blas_threads(1) and blas_threads() == 1
+    finally:
+        limit_blas_threads(before)
+    assert blas_threads() == before

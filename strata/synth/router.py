@@ -78,35 +78,50 @@ def router_weights(d_model: int, n_expert: int, top_k: int, skew: float, rng: np
     return (u * (LOGIT_STD * scales)[:, None]).astype(np.float32)
 
 
+def _hidden(n_tokens: int, d_model: int, seed: int) -> np.ndarray:
+    """Random unit-RMS hidden states h ~ N(0, I), [N, D]."""
+    return np.random.default_rng(seed).standard_normal((n_tokens, d_model), dtype=np.float32)
+
+
 def expert_popularity(router: np.ndarray, top_k: int, n_tokens: int = 4096, seed: int = 0) -> np.ndarray:
-    """Fraction of random hidden states h ~ N(0, I) that route to each expert, [E]."""
-    h = np.random.default_rng(seed).standard_normal((n_tokens, router.shape[1]), dtype=np.float32)  # [N, D]
-    return _inclusion(h @ router.T, top_k)
+    """Fraction of random hidden states that route to each expert, [E]."""
+    return _inclusion(_hidden(n_tokens, router.shape[1], seed) @ router.T, top_k)
+
+
+def _hit_rate(router: np.ndarray, top_k: int, cache_fraction: float, h_rank: np.ndarray, h_eval: np.ndarray) -> float:
+    n_cached = min(router.shape[0], math.ceil(cache_fraction * router.shape[0]))
+    ranked = np.argsort(-_inclusion(h_rank @ router.T, top_k))
+    held_out = _inclusion(h_eval @ router.T, top_k)
+    return float(held_out[ranked[:n_cached]].sum() / held_out.sum())
 
 
 def hit_rate(router: np.ndarray, top_k: int, cache_fraction: float, n_tokens: int = 4096, seed: int = 0) -> float:
-    """Share of routed (token, expert) picks served by caching the most popular experts.
+    """Share of routed (token, expert) picks served by caching the most popular experts of `router` [E, D].
 
     The cache holds the ceil(cache_fraction * E) experts most popular on one sample of random hidden
     states; the rate is measured on a second, independent sample (no credit for fitting noise).
     """
-    n_cached = min(router.shape[0], math.ceil(cache_fraction * router.shape[0]))
-    ranked = np.argsort(-expert_popularity(router, top_k, n_tokens, seed))
-    held_out = expert_popularity(router, top_k, n_tokens, seed + 1)
-    return float(held_out[ranked[:n_cached]].sum() / held_out.sum())
+    d = router.shape[1]
+    return _hit_rate(router, top_k, cache_fraction, _hidden(n_tokens, d, seed), _hidden(n_tokens, d, seed + 1))
 
 
 def file_hit_rate(path: str, cache_fraction: float, n_tokens: int = 4096, seed: int = 0) -> float:
-    """hit_rate averaged over the layers of a GGUF's routers (blk.N.ffn_gate_inp.weight)."""
+    """hit_rate averaged over the layers of a GGUF's routers (blk.N.ffn_gate_inp.weight).
+
+    Each layer caches its own top experts; the layers share one pair of hidden-state samples (their
+    routers are independent, so this costs no accuracy and saves most of the time).
+    """
     from strata.gguf import GGUFFile
     from strata.gguf.names import Keys, T, tensor
     from strata.quants import dequantize
 
     g = GGUFFile(path)
     top_k = int(g.arch_get(Keys.EXPERT_USED_COUNT))
+    d = int(g.arch_get(Keys.EMBEDDING_LENGTH))
+    h_rank, h_eval = _hidden(n_tokens, d, seed), _hidden(n_tokens, d, seed + 1)
     rates = []
     for layer in range(int(g.arch_get(Keys.BLOCK_COUNT))):
         info = g.tensors[tensor(T.FFN_GATE_INP, layer)]
         router = dequantize(g.raw(info.name), info.qtype, info.shape[-1])  # [E, D]
-        rates.append(hit_rate(router, top_k, cache_fraction, n_tokens, seed + 2 * layer))
+        rates.append(_hit_rate(router, top_k, cache_fraction, h_rank, h_eval))
     return float(np.mean(rates))

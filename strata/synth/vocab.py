@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+from functools import cache
 from pathlib import Path
 
 import gguf
@@ -100,8 +101,15 @@ def missing_files(tokenizer_dir: str | os.PathLike[str]) -> list[str]:
     return [n for n in TOKENIZER_FILES if not (Path(tokenizer_dir) / n).is_file()]
 
 
+@cache
+def _qwen3(tokenizer_dir: str, vocab_size: int) -> tuple[tuple[str, ...], tuple[int, ...], gguf.SpecialVocab]:
+    # Reading the vocabulary takes ~1.5 s; a process writing several files (tests) reads it once.
+    tokens, types = vocab_base(tokenizer_dir, vocab_size)
+    return tuple(tokens), tuple(types), special_vocab(tokenizer_dir, len(tokens), QWEN3_CONFIG)
+
+
 def add_qwen3_tokenizer(writer: gguf.GGUFWriter, tokenizer_dir: str | os.PathLike[str],
                         vocab_size: int = QWEN3_VOCAB_SIZE) -> None:
-    """The whole Qwen3 tokenizer as a converted Qwen3 checkpoint carries it."""
-    tokens, types = vocab_base(tokenizer_dir, vocab_size)
-    add_tokenizer(writer, tokens, types, special_vocab(tokenizer_dir, len(tokens), QWEN3_CONFIG))
+    """The whole Qwen3 tokenizer as a converted Qwen3 checkpoint carries it (read once per process)."""
+    tokens, types, special = _qwen3(os.fspath(Path(tokenizer_dir).resolve()), vocab_size)
+    add_tokenizer(writer, list(tokens), list(types), special)

@@ -247,3 +247,36 @@ def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> 
     k16 = k.astype(np.float16).astype(np.float32)
     v16 = v.astype(np.float16).astype(np.float32)
     return attend(q.astype(np.float32), k16, v16, scale)
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def ref_flash(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, tile: int = 64) -> np.ndarray:
+    """`flash_attn` step for step in numpy: 64-key tiles, base-2 online softmax, fp16 q/k/v and
+    probabilities, fp32 running sums. q [T, H, D]; k, v [S, KV, D] with the T queries last."""
+    t_all, n_head, d = q.shape
+    s_all, n_kv, _ = k.shape
+    group = n_head // n_kv
+    n_past = s_all - t_all
+    qs = _f16(q * np.float32(scale * 1.4426950408889634))  # [T, H, D]
+    k16, v16 = _f16(k), _f16(v)
+    out = np.empty((t_all, n_head, d), np.float32)
+    for h in range(n_head):
+        kh, vh = k16[:, h // group], v16[:, h // group]  # [S, D]
+        m = np.full(t_all, -np.inf, np.float32)
+        l = np.zeros(t_all, np.float32)
+        acc = np.zeros((t_all, d), np.float32)
+        for j0 in range(0, s_all, tile):
+            s = qs[:, h] @ kh[j0 : j0 + tile].T  # [T, tile]
+            keys = np.arange(j0, min(s_all, j0 + tile))
+            s = np.where(keys[None, :] <= (n_past + np.arange(t_all))[:, None], s, -np.inf).astype(np.float32)
+            m_new = np.maximum(m, s.max(axis=1))
+            alpha = np.exp2(m - m_new)
+            p = np.exp2(s - m_new[:, None])
+            l = l * alpha + p.sum(axis=1)
+            acc = acc * alpha[:, None] + _f16(p) @ vh[j0 : j0 + tile]
+            m = m_new
+        out[:, h] = acc / l[:, None]
+    return out

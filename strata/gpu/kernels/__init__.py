@@ -1,0 +1,1 @@
+"""CUDA kernel sources (strings for NVRTC), each module with the numpy reference it mirrors."""

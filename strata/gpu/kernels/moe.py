@@ -1,0 +1,210 @@
+"""Mixture-of-experts on the GPU: softmax top-k routing, and expert FFNs two ways.
+
+Legend: T = tokens, D = hidden size, F = expert width, E = experts, A = active experts per token,
+P = T * A (token, slot) pairs.
+
+- `moe_topk`: one warp per token: softmax over E logits, then A rounds of warp argmax (ties to the
+  lower expert id, as a stable argsort does), weights renormalised when the model asks.
+- Few tokens (decode): `moe_gate_up` and `moe_down` read each pair's expert straight from the ids,
+  one warp per weight row as in gemv; `moe_down` also sums the A slots and adds into the residual.
+- Many tokens (prefill): grouped by expert on the GPU. `moe_count` histograms the ids,
+  `moe_plan` scans the counts into row offsets and a list of 64-row tiles (expert, first row, rows),
+  `moe_scatter` gives each pair its row in expert order; then `qgemm` in grouped mode runs each
+  expert's tiles, and `moe_combine` adds sum_a w[t, a] * y[row(t, a)] into the residual in slot
+  order, so the result does not depend on the order atomics handed out rows.
+
+Numpy twins: `ref_topk`, `ref_plan` (the grouping, index for index), `ref_moe` (the whole FFN).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from strata.blocks.moe import dispatch, route_softmax_topk
+from strata.gpu.kernels.common import HEADER
+
+TILE = 64  # rows per grouped-GEMM tile; equals gemm.BM
+
+SOURCE = HEADER + r"""
+#define TILE 64
+
+// logits [T, E] -> ids [T, A] int32, w [T, A]; block = 4 warps, one token each; smem 4*E floats
+__global__ void __launch_bounds__(128) moe_topk(const float* __restrict__ logits, int T, int E, int A, int norm,
+                                                int* __restrict__ ids, float* __restrict__ w) {
+  extern __shared__ float sp[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.x * 4 + warp;
+  if (t >= T) return;
+  float* p = sp + warp * E;
+  const float* l = logits + (i64)t * E;
+  float mx = -INFINITY;
+  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+  mx = warp_max(mx);
+  float sum = 0.f;
+  for (int e = lane; e < E; e += 32) { const float v = expf(l[e] - mx); p[e] = v; sum += v; }
+  sum = warp_sum(sum);
+  for (int e = lane; e < E; e += 32) p[e] = p[e] / sum;
+  __syncwarp();
+  float chosen = 0.f, total = 0.f;
+  for (int a = 0; a < A; a++) {
+    float best = -1.f; int bi = 0x7fffffff;
+    for (int e = lane; e < E; e += 32)
+      if (p[e] > best) { best = p[e]; bi = e; }  // lanes scan ascending ids: strict > keeps the lowest
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ob > best || (ob == best && oi < bi)) { best = ob; bi = oi; }
+    }
+    if (lane == a) chosen = best;
+    total += best;
+    if (lane == 0) { ids[t * A + a] = bi; p[bi] = -2.f; }
+    __syncwarp();
+  }
+  if (lane < A) w[t * A + lane] = norm ? chosen / total : chosen;
+}
+
+// act[p, j] = silu(gate_e[j] . h[p / A]) * (up_e[j] . h[p / A]) for e = ids[p]; grid (row blocks, P)
+template <int QG, int QU>
+__global__ void __launch_bounds__(256) moe_gate_up(
+    const u8* __restrict__ Wg, const u8* __restrict__ Wu, i64 g_stride, i64 u_stride, i64 g_row, i64 u_row,
+    const int* __restrict__ ids, int A, const float* __restrict__ h, int D, int F, float* __restrict__ act) {
+  extern __shared__ float4 smem4[];
+  float* xs = (float*)smem4;
+  const int p = blockIdx.y, e = ids[p];
+  for (int i = threadIdx.x; i < D; i += blockDim.x) xs[i] = h[(i64)(p / A) * D + i];
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int j = blockIdx.x * 8 + warp; j < F; j += gridDim.x * 8) {
+    const u8* rg = Wg + e * g_stride + j * g_row;
+    const u8* ru = Wu + e * u_stride + j * u_row;
+    float g = 0.f, u = 0.f;
+    for (int c = lane; c < (D >> 3); c += 32) {
+      float a[8], b[8];
+      Q<QG>::deq8(rg, c, a);
+      Q<QU>::deq8(ru, c, b);
+#pragma unroll
+      for (int i = 0; i < 8; i++) { g = fmaf(a[i], xs[8 * c + i], g); u = fmaf(b[i], xs[8 * c + i], u); }
+    }
+    g = warp_sum(g); u = warp_sum(u);
+    if (lane == 0) act[(i64)p * F + j] = silu(g) * u;
+  }
+}
+
+// x[t, r] += sum_a w[t, a] * (down_e[r] . act[t*A + a]); grid (row blocks, T); smem A*F floats
+template <int QD>
+__global__ void __launch_bounds__(256) moe_down(
+    const u8* __restrict__ Wd, i64 d_stride, i64 d_row, const int* __restrict__ ids, const float* __restrict__ wts,
+    int A, const float* __restrict__ act, int D, int F, float* __restrict__ x) {
+  extern __shared__ float4 smem4[];
+  float* xs = (float*)smem4;
+  const int t = blockIdx.y;
+  for (int i = threadIdx.x; i < A * F; i += blockDim.x) xs[i] = act[(i64)t * A * F + i];
+  __syncthreads();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int r = blockIdx.x * 8 + warp; r < D; r += gridDim.x * 8) {
+    float total = 0.f;
+    for (int a = 0; a < A; a++) {
+      const u8* row = Wd + ids[t * A + a] * d_stride + r * d_row;
+      float s = 0.f;
+      for (int c = lane; c < (F >> 3); c += 32) {
+        float v[8];
+        Q<QD>::deq8(row, c, v);
+#pragma unroll
+        for (int i = 0; i < 8; i++) s = fmaf(v[i], xs[a * F + 8 * c + i], s);
+      }
+      total += wts[t * A + a] * warp_sum(s);
+    }
+    if (lane == 0) x[(i64)t * D + r] += total;
+  }
+}
+
+__global__ void moe_count(const int* __restrict__ ids, int P, int* __restrict__ counts) {
+  const int p = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p < P) atomicAdd(counts + ids[p], 1);
+}
+
+// one block of E threads (E <= 1024): offsets[E+1], tiles[max][3], n_tiles; also zeroes the cursors
+__global__ void moe_plan(const int* __restrict__ counts, int E, int* __restrict__ offsets, int* __restrict__ cursor,
+                         int* __restrict__ tiles, int* __restrict__ n_tiles) {
+  extern __shared__ int sh[];  // [2 * (E + 1)]: row offsets, tile offsets
+  const int e = threadIdx.x;
+  if (e == 0) {
+    int r = 0, t = 0;
+    for (int i = 0; i < E; i++) {
+      sh[i] = r; sh[E + 1 + i] = t;
+      r += counts[i]; t += (counts[i] + TILE - 1) / TILE;
+    }
+    sh[E] = r; sh[2 * E + 1] = t;
+    *n_tiles = t;
+  }
+  __syncthreads();
+  for (int i = e; i <= E; i += blockDim.x) offsets[i] = sh[i];
+  for (int i = e; i < E; i += blockDim.x) {
+    cursor[i] = 0;
+    const int c = counts[i];
+    for (int k = 0; k * TILE < c; k++) {
+      int* tl = tiles + 3 * (sh[E + 1 + i] + k);
+      tl[0] = i; tl[1] = sh[i] + k * TILE; tl[2] = min(TILE, c - k * TILE);
+    }
+  }
+}
+
+// pair p -> its row in expert order; rows[p] = that row, tok_of_row[row] = p / A
+__global__ void moe_scatter(const int* __restrict__ ids, int P, int A, const int* __restrict__ offsets,
+                            int* __restrict__ cursor, int* __restrict__ rows, int* __restrict__ tok_of_row) {
+  const int p = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p >= P) return;
+  const int e = ids[p];
+  const int r = offsets[e] + atomicAdd(cursor + e, 1);
+  rows[p] = r;
+  tok_of_row[r] = p / A;
+}
+
+// x[t, :] += sum_a w[t, a] * y[rows[t*A + a], :]; grid T
+__global__ void __launch_bounds__(256) moe_combine(const float* __restrict__ y, const int* __restrict__ rows,
+                                                   const float* __restrict__ wts, int A, int D, float* __restrict__ x) {
+  const int t = blockIdx.x;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    float s = 0.f;
+    for (int a = 0; a < A; a++) s += wts[t * A + a] * y[(i64)rows[t * A + a] * D + i];
+    x[(i64)t * D + i] += s;
+  }
+}
+"""
+
+
+def gate_up_name(qg: int, qu: int) -> str:
+    return f"moe_gate_up<{qg},{qu}>"
+
+
+def down_name(qd: int) -> str:
+    return f"moe_down<{qd}>"
+
+
+def max_tiles(n_pairs: int, n_expert: int) -> int:
+    """Upper bound on sum_e ceil(count_e / TILE): the grouped GEMM's grid height."""
+    return min(n_pairs, n_pairs // TILE + n_expert)
+
+
+def ref_topk(logits: np.ndarray, k: int, normalize: bool) -> tuple[np.ndarray, np.ndarray]:
+    return route_softmax_topk(logits, k, normalize)
+
+
+def ref_plan(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The grouping the kernels build: offsets [E+1], tiles [n, 3], rows [P] (stable within an
+    expert here; the GPU may order an expert's rows differently, which changes nothing downstream)."""
+    flat = ids.reshape(-1)
+    counts = np.bincount(flat, minlength=n_expert)
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    tiles = [(e, offsets[e] + s, min(TILE, counts[e] - s)) for e in range(n_expert) for s in range(0, counts[e], TILE)]
+    rows = np.empty(flat.size, np.int64)
+    rows[np.argsort(flat, kind="stable")] = np.arange(flat.size)
+    return offsets, np.array(tiles, np.int64).reshape(-1, 3), rows
+
+
+def ref_moe(h: np.ndarray, ids: np.ndarray, weights: np.ndarray,
+            expert: Callable[[int, np.ndarray], np.ndarray]) -> np.ndarray:
+    """The expert FFN the kernels compute: strata.blocks.moe.dispatch (added to the residual by them)."""
+    return dispatch(h, ids, weights, expert)

@@ -1,0 +1,196 @@
+"""The decoder layer as a sequence of kernel launches, for llama and qwen3moe.
+
+`LayerWeights` holds one layer's device tensors; `Activations` the device buffers one forward
+pass writes. `run_layer` launches a layer over n rows: with few rows (decode, up to GEMV_ROWS)
+every projection is a gemv with the RMSNorm fused into its input staging; with many (prefill)
+projections are tensor-core GEMMs and MoE tokens are grouped by expert. Nothing here allocates,
+so the decode form of it can be captured into a CUDA graph.
+
+Legend: N = rows (tokens), D = hidden, H/KV = query/key heads, HD = head dim, E = experts,
+A = active experts, F = expert (or FFN) width, P = N * A.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from strata.gpu.kernels import moe
+from strata.gpu.ops import Ops
+from strata.gpu.runtime import cupy_module, ptr
+from strata.gpu.weights import DevMatrix
+
+GEMV_ROWS = 8  # up to this many rows, projections read weights once through gemv
+
+
+@dataclass(frozen=True, slots=True)
+class Dims:
+    d: int
+    n_head: int
+    n_kv: int
+    hd: int
+    eps: float
+    n_rot: int
+    neox: bool
+    pos_scale: float
+    scale: float  # softmax scale
+    n_expert: int = 0  # 0: dense FFN
+    top_k: int = 0
+    norm_topk: bool = True
+    ffn: int = 0  # expert width (MoE) or FFN width (dense)
+
+    @property
+    def qkv_cols(self) -> int:
+        return (self.n_head + 2 * self.n_kv) * self.hd
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    attn_norm: Any
+    qkv: list[DevMatrix]  # q, k, v
+    o: DevMatrix
+    q_norm: Any  # None without Qwen3's per-head norms
+    k_norm: Any
+    ffn_norm: Any
+    gate: DevMatrix  # experts [E, F, D] or dense [F, D]
+    up: DevMatrix
+    down: DevMatrix
+    router: DevMatrix | None = None
+
+
+class Activations:
+    """Device buffers for up to `n` rows of one pass (allocated once; views are taken per call)."""
+
+    def __init__(self, dims: Dims, n: int, vocab_rows: int, vocab: int) -> None:
+        cp = cupy_module()
+        f32 = cp.float32
+        self.n = n
+        self.x = cp.empty((n, dims.d), f32)
+        self.h = cp.empty((n, dims.d), f32)
+        self.qkv = cp.empty((n, dims.qkv_cols), f32)
+        self.q = cp.empty((n, dims.n_head * dims.hd), f32)
+        self.att = cp.empty((n, dims.n_head * dims.hd), f32)
+        self.logits = cp.empty((vocab_rows, vocab), f32)
+        a = max(dims.top_k, 1)
+        p = n * a
+        if dims.n_expert:
+            e = dims.n_expert
+            self.router = cp.empty((n, e), f32)
+            self.ids = cp.empty(p, cp.int32)
+            self.wts = cp.empty(p, f32)
+            self.gu = cp.empty((p, 2 * dims.ffn), f32)  # gate|up outputs (GEMM) or silu(g)*u (gemv, first F)
+            self.counts = cp.empty(e, cp.int32)
+            self.offsets = cp.empty(e + 1, cp.int32)
+            self.cursor = cp.empty(e, cp.int32)
+            self.tiles = cp.empty(3 * moe.max_tiles(p, e), cp.int32)
+            self.n_tiles = cp.empty(1, cp.int32)
+            self.rows = cp.empty(p, cp.int32)
+            self.tok_of_row = cp.empty(p, cp.int32)
+            self.y = cp.empty((p, dims.d), f32) if n > GEMV_ROWS else None
+        else:
+            self.gu = cp.empty((n, 2 * dims.ffn), f32)
+
+    @staticmethod
+    def bytes_per_row(dims: Dims) -> int:
+        a = max(dims.top_k, 1)
+        per = 4 * (2 * dims.d + dims.qkv_cols + 2 * dims.n_head * dims.hd)
+        if dims.n_expert:
+            return per + 4 * (dims.n_expert + a * (2 * dims.ffn + dims.d + 6))
+        return per + 4 * 2 * dims.ffn
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Rows [start, start + n) of the pass belong to one sequence whose cache already held n_past."""
+
+    start: int
+    n: int
+    n_past: int
+    kv: Any  # GpuKV
+
+
+def run_layer(ops: Ops, i: int, w: LayerWeights, dm: Dims, act: Activations, n: int, tab: Any,
+              segments: list[Segment] | None, inv_freq: Any) -> None:
+    """x[:n] += attention(norm(x)); x[:n] += ffn(norm(x)) for layer i. segments=None: every row is a
+    decode row whose position and cache come from `tab` (the graph case)."""
+    small = n <= GEMV_ROWS
+    x, h = act.x, act.h
+    if small and _same_kind(w.qkv):
+        ops.matvec(w.qkv, x, n, act.qkv, norm=w.attn_norm, eps=dm.eps)
+    else:  # q, k, v of different types: normalise once, then one product each into its columns
+        ops.rmsnorm(x, w.attn_norm, dm.eps, n, dm.d, h)
+        col = 0
+        for m in w.qkv:
+            out = ptr(act.qkv, 4 * col)
+            if small:
+                ops.matvec([m], h, n, out, ldy=dm.qkv_cols)
+            else:
+                ops.matmul(m, h, n, out, ldc=dm.qkv_cols)
+            col += m.rows
+    ops.qkv_post(act.qkv, n, dm.n_head, dm.n_kv, dm.hd, w.q_norm, w.k_norm, dm.eps, inv_freq, dm.n_rot, dm.neox,
+                 dm.pos_scale, tab, 5, i, act.q)
+    _attention(ops, i, dm, act, n, tab, segments)
+    if small:
+        ops.matvec([w.o], act.att, n, x, accumulate=True)
+    else:
+        ops.matmul(w.o, act.att, n, x, accumulate=True)
+    if dm.n_expert:
+        _moe(ops, w, dm, act, n)
+    else:
+        _dense(ops, w, dm, act, n)
+
+
+def _same_kind(ms: list[DevMatrix]) -> bool:
+    return all(m.qtype == ms[0].qtype and m.cols == ms[0].cols for m in ms)
+
+
+def _attention(ops: Ops, i: int, dm: Dims, act: Activations, n: int, tab: Any, segments: list[Segment] | None) -> None:
+    if segments is None or all(s.n == 1 for s in segments):
+        ops.attn_decode(act.q, tab, 5, i, n, dm.n_head, dm.n_kv, dm.hd, dm.scale, act.att)
+        return
+    row_bytes = 4 * dm.n_head * dm.hd
+    for s in segments:
+        if s.n == 1:
+            ops.attn_decode(ptr(act.q, s.start * row_bytes), ptr(tab, s.start * 40), 5, i, 1, dm.n_head, dm.n_kv,
+                            dm.hd, dm.scale, ptr(act.att, s.start * row_bytes))
+            continue
+        kv = s.kv
+        layer_bytes = dm.n_kv * kv.cap * dm.hd * 2
+        ops.flash(ptr(act.q, s.start * row_bytes), ptr(kv.k, i * layer_bytes), ptr(kv.v, i * layer_bytes),
+                  kv.cap * dm.hd, s.n, s.n_past, dm.n_head, dm.n_kv, dm.hd, dm.scale, ptr(act.att, s.start * row_bytes))
+
+
+def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
+    x, h, a, e = act.x, act.h, dm.top_k, dm.n_expert
+    assert w.router is not None
+    # the router stays a gemv at any n: fp32 logits, so expert choice matches the CPU path
+    ops.matvec([w.router], x, n, act.router, norm=w.ffn_norm, eps=dm.eps, h_out=h)
+    ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
+    pairs = n * a
+    if n <= GEMV_ROWS:
+        ops.moe_gate_up(w.gate, w.up, act.ids, a, h, pairs, act.gu)
+        ops.moe_down(w.down, act.ids, act.wts, a, act.gu, n, x)
+        return
+    ops.moe_group(act.ids, pairs, a, e, act.counts, act.offsets, act.cursor, act.tiles, act.n_tiles, act.rows,
+                  act.tok_of_row)
+    grid = moe.max_tiles(pairs, e)
+    f = dm.ffn
+    ops.matmul(w.gate, h, pairs, act.gu, ldc=2 * f, a_index=act.tok_of_row, tiles=act.tiles, n_tiles=act.n_tiles,
+               grid_rows=grid)
+    ops.matmul(w.up, h, pairs, ptr(act.gu, 4 * f), ldc=2 * f, a_index=act.tok_of_row, tiles=act.tiles,
+               n_tiles=act.n_tiles, grid_rows=grid)
+    ops.matmul(w.down, act.gu, pairs, act.y, silu_mul=True, tiles=act.tiles, n_tiles=act.n_tiles, grid_rows=grid)
+    ops.moe_combine(act.y, act.rows, act.wts, a, dm.d, n, x)
+
+
+def _dense(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
+    x, h, f = act.x, act.h, dm.ffn
+    if n <= GEMV_ROWS:
+        ops.matvec([w.gate], x, n, act.gu, ldy=2 * f, norm=w.ffn_norm, eps=dm.eps, h_out=h)
+        ops.matvec([w.up], h, n, ptr(act.gu, 4 * f), ldy=2 * f)
+        ops.matvec([w.down], act.gu, n, x, accumulate=True, silu_mul=True)
+        return
+    ops.rmsnorm(x, w.ffn_norm, dm.eps, n, dm.d, h)
+    ops.matmul(w.gate, h, n, act.gu, ldc=2 * f)
+    ops.matmul(w.up, h, n, ptr(act.gu, 4 * f), ldc=2 * f)
+    ops.matmul(w.down, act.gu, n, x, accumulate=True, silu_mul=True)

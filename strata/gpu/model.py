@@ -1,0 +1,161 @@
+"""GpuModel: the llama / qwen3moe decoder with weights, KV cache and every kernel on the GPU.
+
+It implements the same Model interface as the numpy DecoderLM it is built from (same params, same
+tensor names), so the engine and the scheduler drive it unchanged. forward() runs eagerly (prefill
+chunks, mixed windows); forward_batch() of one token per sequence replays a captured CUDA graph
+(graphs.py). Long inputs are split into chunks of `chunk` tokens so activations stay bounded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from strata.blocks.rope import RopeStyle
+from strata.gguf.names import T, tensor
+from strata.gpu.budget import MIB, Ledger, VramPlan
+from strata.gpu.graphs import DecodeGraphs
+from strata.gpu.kernels.rows import inv_freq
+from strata.gpu.kv import GpuKV
+from strata.gpu.layers import Activations, Dims, LayerWeights, Segment, run_layer
+from strata.gpu.ops import Ops
+from strata.gpu.runtime import cupy_module, ptr
+from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
+from strata.models.base import DecoderLM, Model
+from strata.models.qwen3moe import Qwen3Moe
+from strata.state import SequenceState
+
+SUPPORTED_ARCHS = ("llama", "qwen3moe")
+
+
+@dataclass(frozen=True, slots=True)
+class GpuOptions:
+    budget_mib: int = 0  # 0: the device's free memory
+    n_ctx: int = 0  # positions one sequence may hold (0: the model's trained context)
+    chunk: int = 512  # rows per eager pass
+    max_batch: int = 8  # decode windows up to this many sequences replay a graph
+
+
+class GpuModel(Model):
+    def __init__(self, cpu: DecoderLM, opts: GpuOptions) -> None:
+        cp = cupy_module()
+        self.arch = cpu.arch
+        self.params = p = cpu.params
+        self.opts = opts
+        gguf = cpu.gguf
+        check_gpu_types(gguf)
+        moe = isinstance(cpu, Qwen3Moe)
+        gate = tensor(T.FFN_GATE_EXP if moe else T.FFN_GATE, 0)
+        a = p.attn
+        self.dims = Dims(
+            d=p.d_model, n_head=a.n_head, n_kv=a.n_kv, hd=a.head_dim, eps=p.eps, n_rot=p.rope.n_rot,
+            neox=p.rope.style is RopeStyle.NEOX, pos_scale=p.rope.scale, scale=a.scale,
+            n_expert=cpu.n_expert if moe else 0, top_k=cpu.top_k if moe else 0,
+            norm_topk=cpu.norm_topk if moe else True, ffn=gguf.tensors[gate].shape[-2])
+        self.n_ctx = opts.n_ctx or p.n_ctx_train
+        self.chunk = max(1, opts.chunk)
+        plan = self.plan(gguf, opts)
+        plan.check()
+        self.ledger = Ledger(plan.budget, plan.total - plan.parts["KV cache (one full-context sequence)"])
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        with self.stream:
+            self.w = GpuWeights(gguf)
+            self.layers = [self._layer(i, moe) for i in range(p.n_layer)]
+            out = tensor(T.OUTPUT)
+            self.embd = self.w.matrix(tensor(T.TOKEN_EMBD))
+            self.head = self.w.matrix(out) if self.w.has(out) else self.embd  # tied embeddings
+            self.out_norm = self.w.vector(tensor(T.OUTPUT_NORM))
+            self.inv_freq = cp.asarray(inv_freq(p.rope))
+            self.stream.synchronize()
+        mats = [m for L in self.layers for m in (*L.qkv, L.o, L.gate, L.up, L.down, L.router) if m is not None]
+        mt = {(L.gate.qtype, L.up.qtype, L.down.qtype) for L in self.layers} if moe else set()
+        self.ops = Ops([m.qtype for m in mats] + [self.embd.qtype, self.head.qtype], [a.head_dim], mt, pro2=not moe)
+        self.graphs = DecodeGraphs(self, opts.max_batch)
+
+    def plan(self, gguf: Any, opts: GpuOptions) -> VramPlan:
+        """What start-up must fit under the budget: weights by component, KV and activations."""
+        cp = cupy_module()
+        budget = opts.budget_mib * MIB if opts.budget_mib else int(cp.cuda.runtime.memGetInfo()[0] * 0.95)
+        plan = VramPlan(budget, {f"weights: {k}": v for k, v in weight_bytes(gguf).items()})
+        d = self.dims
+        plan.parts["KV cache (one full-context sequence)"] = 2 * self.params.n_layer * d.n_kv * d.hd * 2 * self.n_ctx
+        vocab = self.params.vocab
+        rows = Activations.bytes_per_row(d)
+        plan.parts[f"activations ({self.chunk}-token chunks)"] = rows * self.chunk + 4 * vocab * opts.max_batch
+        plan.parts[f"decode graph buffers (up to {opts.max_batch} sequences)"] = (
+            rows * opts.max_batch + 4 * vocab * opts.max_batch)
+        return plan
+
+    def _layer(self, i: int, moe: bool) -> LayerWeights:
+        w = self.w
+        opt = lambda k: w.vector(tensor(k, i)) if w.has(tensor(k, i)) else None  # noqa: E731
+        names = (T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP) if moe else (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN)
+        g, u, dn = (w.matrix(tensor(k, i)) for k in names)
+        return LayerWeights(
+            attn_norm=w.vector(tensor(T.ATTN_NORM, i)),
+            qkv=[w.matrix(tensor(k, i)) for k in (T.ATTN_Q, T.ATTN_K, T.ATTN_V)],
+            o=w.matrix(tensor(T.ATTN_OUT, i)), q_norm=opt(T.ATTN_Q_NORM), k_norm=opt(T.ATTN_K_NORM),
+            ffn_norm=w.vector(tensor(T.FFN_NORM, i)), gate=g, up=u, down=dn,
+            router=w.matrix(tensor(T.FFN_GATE_INP, i)) if moe else None)
+
+    # ---- Model interface ----
+    def new_state(self) -> SequenceState:
+        d = self.dims
+        return SequenceState(GpuKV(self.ledger, self.params.n_layer, d.n_kv, d.hd, self.n_ctx))  # type: ignore[arg-type]
+
+    def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        outs = []
+        for s in range(0, len(tokens), self.chunk):
+            part = tokens[s : s + self.chunk]
+            last = s + self.chunk >= len(tokens)
+            outs.append(self._pass([part], [state], "all" if all_logits else ("last" if last else "none")))
+        return np.concatenate(outs) if all_logits else outs[-1]
+
+    def forward_batch(self, tokens: list[np.ndarray], states: list[SequenceState]) -> list[np.ndarray]:
+        tokens = [np.asarray(t, dtype=np.int64).reshape(-1) for t in tokens]
+        if all(len(t) == 1 for t in tokens) and len(tokens) <= self.graphs.max_batch:
+            return list(self.graphs.step([int(t[0]) for t in tokens], states))
+        return list(self._pass(tokens, states, "last"))
+
+    # ---- eager pass ----
+    def _pass(self, tokens: list[np.ndarray], states: list[SequenceState], want: str) -> np.ndarray:
+        """Every layer over the concatenated rows; logits of all rows, each sequence's last, or none."""
+        cp = cupy_module()
+        n = sum(len(t) for t in tokens)
+        with self.stream:
+            segs, tab_rows, start = [], [], 0
+            for t, s in zip(tokens, states):
+                kv: GpuKV = s.kv  # type: ignore[assignment]
+                kv.reserve(s.n_past + len(t))
+                segs.append(Segment(start, len(t), s.n_past, kv))
+                tab_rows += [kv.table_row(s.n_past + j) + [int(tok)] for j, tok in enumerate(t)]
+                start += len(t)
+            tab = cp.asarray(np.asarray(tab_rows, np.int64))
+            act = Activations(self.dims, n, 0, 0)
+            self.ops.embed(self.embd, ptr(tab, 32), n, act.x, id_stride=5)
+            for i, layer in enumerate(self.layers):
+                run_layer(self.ops, i, layer, self.dims, act, n, tab, segs, self.inv_freq)
+            for t, s, g in zip(tokens, states, segs):
+                s.n_past += len(t)
+                s.tokens.extend(int(v) for v in t)
+                g.kv.length = s.n_past
+            if want == "none":
+                self.stream.synchronize()
+                return np.empty((0, self.params.vocab), np.float32)
+            rows = act.x if want == "all" else act.x[cp.asarray([g.start + g.n - 1 for g in segs])]
+            logits = self.head_logits(rows, rows.shape[0])
+            return logits.get(stream=self.stream)
+
+    def head_logits(self, x: Any, n: int, out: Any = None) -> Any:
+        """Final norm and the output projection for n rows of x: logits [n, vocab] (gemv, fp32)."""
+        cp = cupy_module()
+        if out is None:
+            out = cp.empty((n, self.params.vocab), cp.float32)
+        for r in range(0, n, 64):  # bounded blocks of rows: each gemv pass reads the head once per 8 rows
+            m = min(64, n - r)
+            self.ops.matvec([self.head], ptr(x, 4 * r * self.dims.d), m, ptr(out, 4 * r * self.params.vocab),
+                            ldx=self.dims.d, ldy=self.params.vocab, norm=self.out_norm, eps=self.dims.eps)
+        return out

@@ -1,0 +1,144 @@
+"""Launchers: one method per kernel, taking device arrays and plain ints, choosing grid and block.
+
+`Ops` compiles the kernel sources for the template instances a model needs (its weight types and
+head size) and launches on the current cupy stream. Nothing here allocates device memory, which
+is what lets the decode step be captured as a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from strata.gpu.kernels import attention, gemm, gemv, moe, rows, sample
+from strata.gpu.runtime import NULL, Kernels, f32, i32, i64, launch, ptr
+from strata.gpu.weights import DevMatrix
+
+GEMV_NT = (1, 4, 8)
+MAX_GEMV_GRID = 2048  # row blocks; past this, warps loop over rows (and stage x fewer times)
+
+
+def gemv_nt(n: int) -> int:
+    return next(nt for nt in GEMV_NT if n <= nt) if n <= GEMV_NT[-1] else GEMV_NT[-1]
+
+
+class Ops:
+    def __init__(self, qtypes: Iterable[int], head_dims: Iterable[int],
+                 moe_types: Iterable[tuple[int, int, int]] = (), pro2: bool = True) -> None:
+        qts = sorted(set(qtypes))
+        hds = sorted(set(head_dims))
+        pros = (0, 1, 2) if pro2 else (0, 1)
+        self.gemv = Kernels(gemv.SOURCE, [gemv.gemv_name(q, nt, p) for q in qts for nt in GEMV_NT for p in pros]
+                            + [gemv.get_rows_name(q) for q in qts])
+        self.gemm = Kernels(gemm.SOURCE, [gemm.gemm_name(q, a) for q in qts for a in (0, 1)])
+        self.attn = Kernels(attention.SOURCE, [attention.decode_name(h) for h in hds]
+                            + [attention.flash_name(h) for h in hds])
+        self.rows = Kernels(rows.SOURCE, ["rmsnorm"] + [rows.qkv_post_name(h) for h in hds])
+        mt = list(moe_types)
+        self.moe = Kernels(moe.SOURCE, ["moe_topk", "moe_count", "moe_plan", "moe_scatter", "moe_combine"]
+                           + [moe.gate_up_name(g, u) for g, u, _ in mt] + [moe.down_name(d) for _, _, d in mt])
+        self.sample = Kernels(sample.SOURCE, ["argmax_rows", "advance"])
+
+    # ---- matrices ----
+    def matvec(self, ws: Sequence[DevMatrix], x: Any, n: int, y: Any, *, ldx: int = 0, ldy: int = 0,
+               accumulate: bool = False, norm: Any = None, eps: float = 0.0, h_out: Any = None,
+               silu_mul: bool = False) -> None:
+        """y[:n] (+)= f(x[:n]) @ concat(ws).T for up to ~8 tokens per pass (gemv)."""
+        w0 = ws[0]
+        assert all(w.qtype == w0.qtype and w.cols == w0.cols for w in ws) and len(ws) <= 3
+        k = w0.cols
+        total = sum(w.rows for w in ws)
+        r1 = ws[0].rows
+        r2 = r1 + (ws[1].rows if len(ws) > 1 else 0)
+        data = [w.data for w in ws] + [w0.data] * (3 - len(ws))
+        pro = 2 if silu_mul else (1 if norm is not None else 0)
+        nt = gemv_nt(n)
+        fn = self.gemv[gemv.gemv_name(w0.qtype, nt, pro)]
+        grid = (min(-(-total // gemv.WARPS), MAX_GEMV_GRID), -(-n // nt))
+        args = (data[0], data[1], data[2], i32(r1), i32(r2), i64(w0.row_bytes), i32(total), i32(k),
+                x, i32(ldx or (2 * k if silu_mul else k)), i32(n),
+                NULL if norm is None else norm, f32(eps), NULL if h_out is None else h_out, i32(k),
+                y, i32(ldy or total), i32(int(accumulate)))
+        launch(fn, grid, 32 * gemv.WARPS, args, smem=nt * k * 4)
+
+    def embed(self, w: DevMatrix, ids: Any, n: int, out: Any, id_stride: int = 1) -> None:
+        """out[:n] = rows ids (int64, every id_stride-th element) of w, as float32."""
+        launch(self.gemv[gemv.get_rows_name(w.qtype)], (n,), 128,
+               (w.data, i64(w.row_bytes), ids, i32(id_stride), i32(w.cols), out))
+
+    def matmul(self, w: DevMatrix, a: Any, m: int, c: Any, *, lda: int = 0, ldc: int = 0, accumulate: bool = False,
+               silu_mul: bool = False, a_index: Any = None, tiles: Any = None, n_tiles: Any = None,
+               grid_rows: int = 0) -> None:
+        """c[:m] (+)= a[:m] @ w.T on tensor cores (qgemm); grouped by expert when `tiles` is given."""
+        k = w.cols
+        fn = self.gemm[gemm.gemm_name(w.qtype, int(silu_mul))]
+        gy = grid_rows if tiles is not None else -(-m // gemm.BM)
+        args = (w.data, i64(w.expert_stride), i64(w.row_bytes), i32(w.rows), i32(k),
+                a, i32(lda or (2 * k if silu_mul else k)), NULL if a_index is None else a_index,
+                c, i32(ldc or w.rows), i32(int(accumulate)),
+                NULL if tiles is None else tiles, NULL if n_tiles is None else n_tiles, i32(m))
+        launch(fn, (-(-w.rows // gemm.BN), gy), 256, args)
+
+    # ---- rows ----
+    def rmsnorm(self, x: Any, w: Any, eps: float, n: int, d: int, out: Any) -> None:
+        launch(self.rows["rmsnorm"], (n,), 256, (x, i32(d), w, f32(eps), i32(d), out, i32(d)))
+
+    def qkv_post(self, qkv: Any, n: int, h: int, kv: int, hd: int, q_norm: Any, k_norm: Any, eps: float,
+                 inv_freq: Any, n_rot: int, neox: bool, pos_scale: float, tab: Any, tab_stride: int,
+                 layer: int, q_out: Any) -> None:
+        launch(self.rows[rows.qkv_post_name(hd)], (n, h + 2 * kv), 32,
+               (qkv, i32(h), i32(kv), NULL if q_norm is None else q_norm, NULL if k_norm is None else k_norm,
+                f32(eps), inv_freq, i32(n_rot), i32(int(neox)), f32(pos_scale), tab, i32(tab_stride),
+                i32(layer), q_out))
+
+    # ---- attention ----
+    def attn_decode(self, q: Any, tab: Any, tab_stride: int, layer: int, n: int, h: int, kv: int, hd: int,
+                    scale: float, out: Any) -> None:
+        launch(self.attn[attention.decode_name(hd)], (h, n), 128,
+               (q, tab, i32(tab_stride), i32(layer), i32(h), i32(kv), f32(scale), out))
+
+    def flash(self, q: Any, k_layer: Any, v_layer: Any, head_stride: int, t: int, n_past: int, h: int, kv: int,
+              hd: int, scale: float, out: Any) -> None:
+        launch(self.attn[attention.flash_name(hd)], (-(-t // 64), h), 128,
+               (q, k_layer, v_layer, i64(head_stride), i32(t), i32(n_past), i32(h), i32(kv),
+                f32(scale * 1.4426950408889634), out))
+
+    # ---- mixture of experts ----
+    def topk(self, logits: Any, n: int, e: int, a: int, norm: bool, ids: Any, w: Any) -> None:
+        launch(self.moe["moe_topk"], (-(-n // 4),), 128, (logits, i32(n), i32(e), i32(a), i32(int(norm)), ids, w),
+               smem=4 * e * 4)
+
+    def moe_gate_up(self, g: DevMatrix, u: DevMatrix, ids: Any, a: int, h: Any, pairs: int, act: Any) -> None:
+        f, d = g.rows, g.cols
+        launch(self.moe[moe.gate_up_name(g.qtype, u.qtype)], (-(-f // 8), pairs), 256,
+               (g.data, u.data, i64(g.expert_stride), i64(u.expert_stride), i64(g.row_bytes), i64(u.row_bytes),
+                ids, i32(a), h, i32(d), i32(f), act), smem=d * 4)
+
+    def moe_down(self, dw: DevMatrix, ids: Any, wts: Any, a: int, act: Any, n: int, x: Any) -> None:
+        d, f = dw.rows, dw.cols
+        launch(self.moe[moe.down_name(dw.qtype)], (-(-d // 8), n), 256,
+               (dw.data, i64(dw.expert_stride), i64(dw.row_bytes), ids, wts, i32(a), act, i32(d), i32(f), x),
+               smem=a * f * 4)
+
+    def moe_group(self, ids: Any, pairs: int, a: int, e: int, counts: Any, offsets: Any, cursor: Any,
+                  tiles: Any, n_tiles: Any, rows_of_pair: Any, tok_of_row: Any) -> None:
+        """Sort (token, slot) pairs by expert: row offsets, 64-row tiles, and each pair's row."""
+        counts.fill(0)
+        launch(self.moe["moe_count"], (-(-pairs // 256),), 256, (ids, i32(pairs), counts))
+        launch(self.moe["moe_plan"], (1,), min(1024, max(32, e)),
+               (counts, i32(e), offsets, cursor, tiles, n_tiles), smem=8 * (e + 1))
+        launch(self.moe["moe_scatter"], (-(-pairs // 256),), 256,
+               (ids, i32(pairs), i32(a), offsets, cursor, rows_of_pair, tok_of_row))
+
+    def moe_combine(self, y: Any, rows_of_pair: Any, wts: Any, a: int, d: int, n: int, x: Any) -> None:
+        launch(self.moe["moe_combine"], (n,), 256, (y, rows_of_pair, wts, i32(a), i32(d), x))
+
+    # ---- sampling ----
+    def argmax(self, logits: Any, n: int, v: int, out: Any, out_stride: int = 1) -> None:
+        launch(self.sample["argmax_rows"], (n,), 1024, (logits, i32(v), out, i32(out_stride)))
+
+    def advance(self, tab: Any, stride: int, n: int) -> None:
+        launch(self.sample["advance"], (1,), 32, (tab, i32(stride), i32(n)))
+
+
+__all__ = ["Ops", "gemv_nt", "ptr"]

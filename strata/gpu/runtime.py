@@ -1,0 +1,81 @@
+"""cupy access in one place: availability, NVRTC compilation of our kernel sources, launch args.
+
+cupy is imported only here and only when asked for, so `import strata.gpu` is free on machines
+without it (CI). Kernel sources are compiled once per (source, set of template instances); cupy
+keeps the cubins in its own disk cache, so a second process starts without NVRTC work.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+OPTIONS = ("-std=c++17",)
+
+
+def cupy_module() -> Any:
+    """The cupy module; raises ImportError where cupy is not installed."""
+    import cupy
+
+    return cupy
+
+
+def available() -> bool:
+    """True when cupy imports and sees a CUDA device."""
+    try:
+        return bool(cupy_module().is_available())
+    except Exception:  # ImportError, or a CUDA driver/runtime error raised by cupy
+        return False
+
+
+@functools.lru_cache(maxsize=None)
+def _module(source: str, names: tuple[str, ...]) -> Any:
+    cp = cupy_module()
+    return cp.RawModule(code=source, options=OPTIONS, name_expressions=list(names))
+
+
+class Kernels:
+    """Functions of one source: each template instance named up front (NVRTC needs them at compile)."""
+
+    def __init__(self, source: str, names: Iterable[str]) -> None:
+        self.names = tuple(sorted(set(names)))
+        self.module = _module(source, self.names)
+        self._fn: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        fn = self._fn.get(name)
+        if fn is None:
+            if name not in self.names:
+                raise KeyError(f"kernel {name} was not compiled; compiled: {', '.join(self.names)}")
+            fn = self._fn[name] = self.module.get_function(name)
+        return fn
+
+
+def launch(fn: Any, grid: tuple[int, ...], block: int, args: tuple[Any, ...], smem: int = 0) -> None:
+    """Launch on the current stream, raising the kernel's dynamic shared-memory cap when needed."""
+    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    fn(grid, (block,), args, shared_mem=smem)
+
+
+def i32(v: int) -> np.int32:
+    return np.int32(v)
+
+
+def i64(v: int) -> np.int64:
+    return np.int64(v)
+
+
+def f32(v: float) -> np.float32:
+    return np.float32(v)
+
+
+NULL = np.uint64(0)
+
+
+def ptr(a: Any, byte_offset: int = 0) -> np.uint64:
+    """Device address of a cupy array (plus an offset) as a kernel argument."""
+    return np.uint64(a.data.ptr + byte_offset)

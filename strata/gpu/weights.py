@@ -1,0 +1,106 @@
+"""Model weights in VRAM, as the GGUF's own bytes: quantized blocks are uploaded untouched and the
+kernels decode them on the fly, so VRAM holds exactly the file's tensor bytes (plus 1-D norm
+vectors, kept as float32). A 3-D expert tensor [E, rows, cols] stays one buffer; expert e starts
+at e * expert_stride.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gguf.constants import GGMLQuantizationType
+
+from strata.errors import UnknownQuantTypeError
+from strata.gguf import GGUFFile
+from strata.gpu.kernels.common import GPU_QTYPES
+from strata.gpu.runtime import cupy_module
+from strata.quants import dequantize
+
+
+@dataclass(frozen=True, slots=True)
+class DevMatrix:
+    """A quantized matrix (or stack of expert matrices) resident on the GPU."""
+
+    name: str
+    qtype: int
+    rows: int  # per expert
+    cols: int  # K: the reduction width
+    n_expert: int  # 1 for a plain 2-D matrix
+    row_bytes: int
+    data: Any  # cupy uint8 [n_expert * rows * row_bytes]
+
+    @property
+    def expert_stride(self) -> int:
+        return self.rows * self.row_bytes
+
+
+def role(name: str) -> str:
+    """The plan's component for a tensor name (what a user would trade off)."""
+    if "_exps" in name:
+        return "experts"
+    if name.startswith("token_embd"):
+        return "embeddings"
+    if name.startswith("output"):
+        return "output head"
+    if ".attn_" in name:
+        return "attention"
+    return "dense FFN, router and norms"
+
+
+def weight_bytes(gguf: GGUFFile) -> dict[str, int]:
+    """Bytes per component, as they will sit in VRAM."""
+    out: dict[str, int] = {}
+    for t in gguf.tensors.values():
+        n = int(np.prod(t.shape)) * 4 if len(t.shape) == 1 else t.nbytes
+        out[role(t.name)] = out.get(role(t.name), 0) + n
+    return out
+
+
+def check_gpu_types(gguf: GGUFFile) -> None:
+    """Refuse at load, naming the tensor, a type the GPU kernels cannot read."""
+    for t in gguf.tensors.values():
+        if len(t.shape) > 1 and t.qtype not in GPU_QTYPES:
+            names = ", ".join(sorted(GGMLQuantizationType(q).name for q in GPU_QTYPES))
+            raise UnknownQuantTypeError(gguf.path, f"tensor {t.name!r} is {t.qtype.name}, which the GPU kernels "
+                                                   f"do not read (supported: {names}); use device=cpu")
+        if len(t.shape) > 1 and t.shape[-1] % 32:
+            raise UnknownQuantTypeError(gguf.path, f"tensor {t.name!r} has rows of {t.shape[-1]} values; "
+                                                   "the GPU kernels need a multiple of 32")
+
+
+class GpuWeights:
+    """Uploads each tensor once, on first request; everything is requested at model start-up."""
+
+    def __init__(self, gguf: GGUFFile) -> None:
+        self.gguf = gguf
+        self._mats: dict[str, DevMatrix] = {}
+        self._vecs: dict[str, Any] = {}
+
+    def has(self, name: str) -> bool:
+        return name in self.gguf.tensors
+
+    def matrix(self, name: str) -> DevMatrix:
+        hit = self._mats.get(name)
+        if hit is None:
+            cp = cupy_module()
+            info = self.gguf.tensors[name]
+            raw = np.ascontiguousarray(self.gguf.raw(name)).reshape(-1)
+            n_expert = info.shape[0] if len(info.shape) == 3 else 1
+            hit = DevMatrix(name, int(info.qtype), info.shape[-2], info.shape[-1], n_expert, info.row_bytes,
+                            cp.asarray(raw))
+            self._mats[name] = hit
+        return hit
+
+    def vector(self, name: str) -> Any:
+        """A 1-D tensor (norm weights) as float32 on the device."""
+        hit = self._vecs.get(name)
+        if hit is None:
+            info = self.gguf.tensors[name]
+            host = dequantize(self.gguf.raw(name), info.qtype).reshape(-1).astype(np.float32)
+            hit = self._vecs[name] = cupy_module().asarray(host)
+        return hit
+
+    def nbytes(self) -> int:
+        return sum(m.data.nbytes for m in self._mats.values()) + sum(v.nbytes for v in self._vecs.values())

@@ -1,0 +1,268 @@
+"""Every GPU kernel against its numpy twin (strata/gpu/kernels/*), on fresh random inputs.
+
+Tolerances: dequantization is bit-exact; fp32 products (gemv, decode attention, norms, routing) are
+held to 1e-5 of the magnitude bound sum|w||x| (fp32 accumulation over <= 4096 terms); tensor-core
+products are compared with the twin that rounds operands to fp16 the same way, to 1e-5 of that
+bound, and the twin itself is held to the fp32 path in CI (tests/test_gpu_refs.py). Failures
+report the worst element.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.constants import GGMLQuantizationType as Q
+
+from quant_blocks import F16_FIELDS, random_blocks
+from strata.blocks.rope import Rope, RopeStyle
+from strata.gpu.kernels import attention, gemm, gemv, moe, rows, sample
+from strata.gpu.weights import DevMatrix
+from strata.quants import dequantize
+from strata.sampling import SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+QTYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
+HDS = [16, 64, 128]
+MOE_TYPES = [(int(Q.Q4_K), int(Q.Q4_K), int(Q.Q6_K)), (int(Q.Q8_0), int(Q.Q8_0), int(Q.Q8_0))]
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+
+    return cupy
+
+
+@pytest.fixture(scope="module")
+def ops(cp):
+    from strata.gpu.ops import Ops
+
+    return Ops([int(q) for q in QTYPES], HDS, MOE_TYPES, pro2=True)
+
+
+def _cols(qt: Q) -> int:
+    return 512 if GGML_QUANT_SIZES[qt][0] == 256 else 96  # K-quants: 2 super-blocks; others: a 64+32 tail
+
+
+def weights(qt: Q, rows_: int, cols: int, seed: int, n_expert: int = 1) -> np.ndarray:
+    """Weight-sized random blocks: scale fields ~1e-3..1e-2 so fp16 (tensor cores) holds every value."""
+    rng = np.random.default_rng(seed)
+    if qt in (Q.F32, Q.F16, Q.BF16):
+        w = (rng.standard_normal((n_expert * rows_, cols)) * 0.05).astype(np.float32)
+        if qt == Q.F32:
+            return w.view(np.uint8)
+        if qt == Q.F16:
+            return w.astype(np.float16).view(np.uint8)
+        return (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    raw = random_blocks(qt, n_expert * rows_, cols, seed=seed)
+    blocks = raw.reshape(-1, GGML_QUANT_SIZES[qt][1])
+    for off in F16_FIELDS[qt]:
+        d = (rng.uniform(1e-3, 1e-2, blocks.shape[0]) * rng.choice([-1, 1], blocks.shape[0])).astype(np.float16)
+        if qt in (Q.Q6_K, Q.IQ4_XS, Q.IQ4_NL, Q.Q8_0):
+            d = (d.astype(np.float32) / 32).astype(np.float16)  # larger codes: smaller scales
+        blocks[:, off : off + 2] = d.view(np.uint8).reshape(-1, 2)
+    return raw
+
+
+def dev(cp, raw: np.ndarray, qt: Q, rows_: int, cols: int, n_expert: int = 1) -> DevMatrix:
+    return DevMatrix("t", int(qt), rows_, cols, n_expert, raw.shape[-1], cp.asarray(raw.reshape(-1)))
+
+
+def check(got: np.ndarray, ref: np.ndarray, bound: np.ndarray, tol: float, what: str) -> None:
+    err = np.abs(got.astype(np.float64) - ref) / (bound + 1e-30)
+    worst = np.unravel_index(int(np.argmax(err)), err.shape)
+    assert err[worst] <= tol, f"{what}: worst element {worst}: got {got[worst]}, want {ref[worst]} (err {err[worst]:.3g})"
+
+
+@pytest.mark.parametrize("qt", QTYPES, ids=lambda q: q.name)
+def test_dequantize_bit_exact(cp, ops, qt):
+    cols = _cols(qt)
+    raw = random_blocks(qt, 40, cols, seed=11)  # sane random blocks: zeros, subnormals, wide exponents
+    m = dev(cp, raw, qt, 40, cols)
+    out = cp.full((40, cols), cp.nan, cp.float32)
+    ops.embed(m, cp.arange(40, dtype=cp.int64), 40, out)
+    want = dequantize(raw, qt)
+    got = out.get()
+    bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    assert bad.size == 0, f"{qt.name}: {bad.size} values differ; first at {np.unravel_index(bad[0], got.shape)}"
+
+
+@pytest.mark.parametrize("qt", QTYPES, ids=lambda q: q.name)
+def test_gemv_matches_twin(cp, ops, qt):
+    rng = np.random.default_rng(int(qt))
+    cols, rows_ = _cols(qt), 300
+    raw = weights(qt, rows_, cols, seed=1)
+    w = dequantize(raw, qt).astype(np.float64)
+    parts = [dev(cp, raw[:100], qt, 100, cols), dev(cp, raw[100:140], qt, 40, cols), dev(cp, raw[140:], qt, 160, cols)]
+    nw = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+    for n in (1, 3, 8, 11):
+        x = rng.standard_normal((n, 2 * cols)).astype(np.float32)
+        for pro in (0, 1, 2):
+            xin = x if pro == 2 else np.ascontiguousarray(x[:, :cols])
+            y0 = rng.standard_normal((n, rows_)).astype(np.float32)
+            y = cp.asarray(y0)
+            h = cp.zeros((n, cols), cp.float32)
+            ops.matvec(parts, cp.asarray(xin), n, y, accumulate=True, norm=cp.asarray(nw) if pro == 1 else None,
+                       eps=1e-6, h_out=h if pro == 1 else None, silu_mul=pro == 2)
+            ref = gemv.ref_gemv(raw, qt, xin, pro, nw, 1e-6).astype(np.float64) + y0
+            xt = xin if pro == 0 else (h.get() if pro == 1 else xin[:, :cols] / (1 + np.exp(-xin[:, :cols])) * xin[:, cols:])
+            check(y.get(), ref, np.abs(xt) @ np.abs(w).T + np.abs(y0), 1e-5, f"{qt.name} n={n} pro={pro}")
+
+
+@pytest.mark.parametrize("qt", QTYPES, ids=lambda q: q.name)
+def test_gemm_matches_twin(cp, ops, qt):
+    rng = np.random.default_rng(100 + int(qt))
+    cols, rows_ = _cols(qt), 200  # 200 = one full 128-row tile and a partial one
+    raw = weights(qt, rows_, cols, seed=2)
+    w16 = dequantize(raw, qt).astype(np.float16).astype(np.float64)
+    m = dev(cp, raw, qt, rows_, cols)
+    for mrows, amode in ((100, 0), (9, 0), (70, 1)):
+        a = rng.standard_normal((mrows, cols * (1 + amode))).astype(np.float32)
+        c = cp.full((mrows, rows_), cp.nan, cp.float32)
+        ops.matmul(m, cp.asarray(a), mrows, c, silu_mul=amode == 1)
+        ref = gemm.ref_gemm(raw, qt, a, amode).astype(np.float64)
+        a16 = np.abs(gemm.ref_gemm(np.eye(cols, dtype=np.float32).view(np.uint8), Q.F32, a, amode))  # |fp16(a)|
+        check(c.get(), ref, a16.astype(np.float64) @ np.abs(w16).T, 1e-4, f"{qt.name} m={mrows} amode={amode}")
+
+
+def test_rmsnorm_and_qkv_post(cp, ops):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((5, 96)).astype(np.float32) * 3
+    w = rng.uniform(0.5, 1.5, 96).astype(np.float32)
+    out = cp.empty_like(cp.asarray(x))
+    ops.rmsnorm(cp.asarray(x), cp.asarray(w), 1e-6, 5, 96, out)
+    np.testing.assert_allclose(out.get(), rows.ref_rmsnorm(x, w, 1e-6), rtol=2e-6, atol=1e-6)
+    for hd, n_rot, style, qk in [(64, 64, RopeStyle.NEOX, True), (128, 64, RopeStyle.NORM, False), (16, 16, RopeStyle.NEOX, True)]:
+        h, kv, n, layer, cap = 4, 2, 6, 1, 40
+        rope = Rope(n_rot=n_rot, base=1e6, style=style, scale=2.0 if style is RopeStyle.NORM else 1.0)
+        qkv = rng.standard_normal((n, (h + 2 * kv) * hd)).astype(np.float32)
+        qn = rng.uniform(0.5, 1.5, hd).astype(np.float32) if qk else None
+        kn = rng.uniform(0.5, 1.5, hd).astype(np.float32) if qk else None
+        pos = np.array([0, 1, 5, 17, 30, 39])
+        kc = cp.zeros((2, kv, cap, hd), cp.float16)
+        vc = cp.zeros_like(kc)
+        tab = cp.asarray(np.array([[kc.data.ptr, vc.data.ptr, cap, p, 0] for p in pos], np.int64))
+        q = cp.empty((n, h * hd), cp.float32)
+        ops.qkv_post(cp.asarray(qkv), n, h, kv, hd, None if qn is None else cp.asarray(qn),
+                     None if kn is None else cp.asarray(kn), 1e-6, cp.asarray(rows.inv_freq(rope)), n_rot,
+                     style is RopeStyle.NEOX, rope.scale, tab, 5, layer, q)
+        rq, rk, rv = rows.ref_qkv_post(qkv, h, kv, hd, rope, pos, qn, kn, 1e-6)
+        np.testing.assert_allclose(q.get().reshape(n, h, hd), rq, rtol=1e-5, atol=2e-5)
+        kk = kc.get()[layer][:, pos].transpose(1, 0, 2).astype(np.float32)
+        vv = vc.get()[layer][:, pos].transpose(1, 0, 2)
+        np.testing.assert_allclose(kk, rk.astype(np.float32), rtol=2e-3, atol=2e-3)  # 1 fp16 ulp
+        np.testing.assert_array_equal(vv, rv)
+
+
+def _cache(cp, k: np.ndarray, v: np.ndarray, layer: int, cap: int):
+    s, kv, hd = k.shape
+    kc = cp.zeros((2, kv, cap, hd), cp.float16)
+    vc = cp.zeros_like(kc)
+    kc[layer, :, :s] = cp.asarray(k.transpose(1, 0, 2).astype(np.float16))
+    vc[layer, :, :s] = cp.asarray(v.transpose(1, 0, 2).astype(np.float16))
+    return kc, vc
+
+
+@pytest.mark.parametrize("hd", HDS)
+def test_attention_decode_and_flash(cp, ops, hd):
+    rng = np.random.default_rng(hd)
+    h, kv, layer = 8, 2, 1
+    for t, n_past in [(1, 0), (1, 300), (70, 0), (33, 100), (200, 900)]:
+        s = n_past + t
+        q = rng.standard_normal((t, h, hd)).astype(np.float32)
+        k = rng.standard_normal((s, kv, hd)).astype(np.float32)
+        v = rng.standard_normal((s, kv, hd)).astype(np.float32)
+        cap = s + 13
+        kc, vc = _cache(cp, k, v, layer, cap)
+        out = cp.full((t, h * hd), cp.nan, cp.float32)
+        scale = 1 / np.sqrt(hd)
+        if t == 1:
+            tab = cp.asarray(np.array([[kc.data.ptr, vc.data.ptr, cap, n_past, 0]], np.int64))
+            ops.attn_decode(cp.asarray(q.reshape(1, -1)), tab, 5, layer, 1, h, kv, hd, scale, out)
+            ref = attention.ref_attention(q, k, v, scale)
+            np.testing.assert_allclose(out.get().reshape(t, h, hd), ref, rtol=1e-4, atol=1e-5)
+            continue
+        lb = kv * cap * hd * 2
+        ops.flash(cp.asarray(q), kc.data.ptr + layer * lb, vc.data.ptr + layer * lb, cap * hd, t, n_past, h, kv, hd,
+                  scale, out)
+        got = out.get().reshape(t, h, hd)
+        np.testing.assert_allclose(got, attention.ref_flash(q, k, v, scale), rtol=1e-3, atol=2e-3)
+        ref = attention.ref_attention(q, k, v, scale)
+        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3
+
+
+def test_topk_and_expert_ffn_both_ways(cp, ops):
+    """Routing, the per-pair gemv FFN (decode) and the grouped tensor-core FFN (prefill) vs dispatch."""
+    from strata.gpu.layers import GEMV_ROWS
+
+    rng = np.random.default_rng(9)
+    e, a, d, f = 16, 4, 256, 256
+    for qg, qu, qd in MOE_TYPES:
+        gr, ur, dr = (weights(Q(q), e * r, c, seed=s).reshape(e, r, -1)
+                      for q, r, c, s in ((qg, f, d, 3), (qu, f, d, 4), (qd, d, f, 5)))
+        G, U, Dn = (dev(cp, raw, Q(q), r, c, e) for raw, q, r, c in ((gr, qg, f, d), (ur, qu, f, d), (dr, qd, d, f)))
+        wg, wu, wd = (dequantize(raw, Q(q)).astype(np.float64) for raw, q in ((gr, qg), (ur, qu), (dr, qd)))
+        for n in (3, 150):
+            logits = (rng.standard_normal((n, e)) * 2).astype(np.float32)
+            ids, wts = cp.empty(n * a, cp.int32), cp.empty(n * a, cp.float32)
+            ops.topk(cp.asarray(logits), n, e, a, True, ids, wts)
+            rid, rw = moe.ref_topk(logits, a, True)
+            np.testing.assert_array_equal(ids.get().reshape(n, a), rid)
+            np.testing.assert_allclose(wts.get().reshape(n, a), rw, rtol=1e-5)
+            h = rng.standard_normal((n, d)).astype(np.float32)
+            x0 = rng.standard_normal((n, d)).astype(np.float32)
+            x = cp.asarray(x0)
+            hd_ = cp.asarray(h)
+
+            def expert(ex: int, xs: np.ndarray) -> np.ndarray:
+                g, u = xs @ wg[ex].T, xs @ wu[ex].T
+                return (g / (1 + np.exp(-g)) * u) @ wd[ex].T
+
+            ref = x0 + moe.ref_moe(h.astype(np.float64), rid, rw.astype(np.float64), expert)
+            if n <= GEMV_ROWS:
+                act = cp.empty((n * a, f), cp.float32)
+                ops.moe_gate_up(G, U, ids, a, hd_, n * a, act)
+                ops.moe_down(Dn, ids, wts, a, act, n, x)
+                tol = 1e-4
+            else:
+                p = n * a
+                counts, offsets, cursor = cp.empty(e, cp.int32), cp.empty(e + 1, cp.int32), cp.empty(e, cp.int32)
+                tiles, nt = cp.empty(3 * moe.max_tiles(p, e), cp.int32), cp.empty(1, cp.int32)
+                rows_of, tok_of = cp.empty(p, cp.int32), cp.empty(p, cp.int32)
+                ops.moe_group(ids, p, a, e, counts, offsets, cursor, tiles, nt, rows_of, tok_of)
+                r_off, r_tiles, _ = moe.ref_plan(rid, e)
+                np.testing.assert_array_equal(offsets.get(), r_off)
+                got_tiles = tiles.get()[: 3 * int(nt.get()[0])].reshape(-1, 3)
+                assert sorted(map(tuple, got_tiles)) == sorted(map(tuple, r_tiles))
+                assert sorted(rows_of.get()) == list(range(p))
+                gu = cp.empty((p, 2 * f), cp.float32)
+                y = cp.empty((p, d), cp.float32)
+                grid = moe.max_tiles(p, e)
+                ops.matmul(G, hd_, p, gu, ldc=2 * f, a_index=tok_of, tiles=tiles, n_tiles=nt, grid_rows=grid)
+                ops.matmul(U, hd_, p, gu.data.ptr + 4 * f, ldc=2 * f, a_index=tok_of, tiles=tiles, n_tiles=nt,
+                           grid_rows=grid)
+                ops.matmul(Dn, gu, p, y, silu_mul=True, tiles=tiles, n_tiles=nt, grid_rows=grid)
+                ops.moe_combine(y, rows_of, wts, a, d, n, x)
+                tol = 1e-2  # fp16 operands through two chained products
+            got = x.get()
+            err = np.linalg.norm(got - ref) / np.linalg.norm(ref - x0)
+            assert err < tol, f"{qg},{qu},{qd} n={n}: relative error {err:.3g} of the FFN output"
+
+
+def test_argmax_and_sampler(cp, ops):
+    rng = np.random.default_rng(10)
+    logits = rng.standard_normal((3, 151_936)).astype(np.float32)
+    logits[1, [7, 90_000]] = 50.0  # a tie: the lower index wins, as np.argmax
+    out = cp.zeros(3 * 5, cp.int64)
+    ops.argmax(cp.asarray(logits), 3, logits.shape[1], out, 5)
+    np.testing.assert_array_equal(out.get()[::5], sample.ref_argmax(logits))
+    same = total = 0
+    for params in (SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05), SamplingParams(temperature=1.0)):
+        for pos in range(30):
+            row = (rng.standard_normal(151_936) * 4).astype(np.float32)
+            want = sample.ref_sample(row, [1, 2, 3], params, 99, pos)
+            same += sample.sample_gpu(cp.asarray(row), [1, 2, 3], params, 99, pos) == want
+            total += 1
+    assert same >= total - 1, f"GPU sampler agreed with the CPU sampler on {same} of {total} draws"

@@ -1,0 +1,150 @@
+"""The GPU kernels' numpy twins, on the CPU (CI): each twin against the CPU path it must agree with,
+within the tolerance the kernel is held to on the GPU (tests/test_gpu_kernels.py).
+
+Also the parts of the GPU engine that need no GPU: the VRAM plan and ledger, and device selection.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as Q
+
+from quant_blocks import random_blocks
+from strata.blocks.attention import attend
+from strata.blocks.moe import dispatch, route_softmax_topk
+from strata.blocks.rope import Rope, RopeStyle
+from strata.errors import ConfigError
+from strata.gpu import resolve_device
+from strata.gpu.budget import MIB, Ledger, VramBudgetError, VramPlan
+from strata.gpu.kernels import attention, gemm, gemv, moe, rows, sample
+from strata.quants import dequantize
+from strata.sampling import SamplingParams
+
+
+def _rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b.astype(np.float64)))
+
+
+def test_flash_twin_matches_attention():
+    # fp16 operands and probabilities: relative error ~1e-3 against fp32 attention, never more than 5e-3
+    rng = np.random.default_rng(0)
+    for t, n_past, h, kv, d in [(70, 0, 4, 2, 16), (5, 130, 8, 2, 64), (129, 3, 2, 1, 32)]:
+        q = rng.standard_normal((t, h, d)).astype(np.float32)
+        k = rng.standard_normal((n_past + t, kv, d)).astype(np.float32)
+        v = rng.standard_normal((n_past + t, kv, d)).astype(np.float32)
+        scale = 1 / np.sqrt(d)
+        ref = attend(q, k, v, scale)
+        assert _rel(attention.ref_flash(q, k, v, scale), ref) < 5e-3
+        assert _rel(attention.ref_attention(q, k, v, scale), ref) < 5e-3
+
+
+def test_gemm_twin_is_fp16_rounding_of_the_product():
+    rng = np.random.default_rng(1)
+    for qt in (Q.Q4_K, Q.Q8_0, Q.F32):
+        raw = random_blocks(qt, 48, 256, seed=3)
+        w = dequantize(raw, qt)
+        ok = np.isfinite(w).all(axis=1) & (np.abs(w).max(axis=1) < 1e3)  # fp16 holds these rows
+        a = rng.standard_normal((37, 256)).astype(np.float32)
+        got = gemm.ref_gemm(raw[ok], qt, a)
+        assert _rel(got, a.astype(np.float64) @ w[ok].T.astype(np.float64)) < 2e-3, qt.name
+
+
+def test_gemv_twin_prologues():
+    rng = np.random.default_rng(2)
+    raw = random_blocks(Q.Q8_0, 24, 64, seed=5)
+    w = dequantize(raw, Q.Q8_0).astype(np.float64)
+    x = rng.standard_normal((3, 128)).astype(np.float32)
+    gu = x[:, :64] / (1 + np.exp(-x[:, :64].astype(np.float64))) * x[:, 64:]
+    np.testing.assert_allclose(gemv.ref_gemv(raw, Q.Q8_0, x, pro=2), gu @ w.T, rtol=1e-4, atol=1e-4)
+    nw = rng.standard_normal(64).astype(np.float32)
+    xn = x[:, :64] / np.sqrt(np.mean(x[:, :64] ** 2, axis=1, keepdims=True) + 1e-6) * nw
+    np.testing.assert_allclose(gemv.ref_gemv(raw, Q.Q8_0, x[:, :64], pro=1, norm_w=nw), xn @ w.T, rtol=1e-4,
+                               atol=1e-4)
+
+
+def test_grouped_moe_twin_equals_dispatch():
+    """The GPU grouping (offsets, 64-row tiles, each pair's row) computes the same FFN as dispatch."""
+    rng = np.random.default_rng(3)
+    t, d, e, a = 200, 16, 8, 2
+    h = rng.standard_normal((t, d)).astype(np.float32)
+    ids, wts = route_softmax_topk(rng.standard_normal((t, e)).astype(np.float32) * 3, a, True)
+    mats = rng.standard_normal((e, d, d)).astype(np.float32)
+    offsets, tiles, rows_of_pair = moe.ref_plan(ids, e)
+    assert len(tiles) <= moe.max_tiles(t * a, e)
+    tok_of_row = np.empty(t * a, np.int64)
+    tok_of_row[rows_of_pair] = np.arange(t * a) // a
+    y = np.empty((t * a, d), np.float32)
+    for ex, r0, n in tiles:  # what qgemm does per tile: rows r0..r0+n of expert ex
+        assert offsets[ex] <= r0 and r0 + n <= offsets[ex + 1] and n <= moe.TILE
+        y[r0 : r0 + n] = h[tok_of_row[r0 : r0 + n]] @ mats[ex].T
+    combined = (y[rows_of_pair].reshape(t, a, d) * wts[:, :, None]).sum(axis=1)  # moe_combine
+    ref = dispatch(h, ids, wts, lambda ex, xs: xs @ mats[ex].T)
+    np.testing.assert_allclose(combined, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_max_tiles_bounds_every_routing():
+    rng = np.random.default_rng(4)
+    for t, e, a in [(1, 8, 2), (9, 128, 8), (513, 128, 8), (4096, 16, 4)]:
+        for skew in (0.0, 3.0, 30.0):
+            logits = rng.standard_normal((t, e)).astype(np.float32) + skew * np.linspace(0, 1, e, dtype=np.float32)
+            ids, _ = route_softmax_topk(logits, a, True)
+            _, tiles, _ = moe.ref_plan(ids, e)
+            assert len(tiles) <= moe.max_tiles(t * a, e)
+
+
+def test_qkv_post_twin_partial_rotary_keeps_the_tail():
+    rng = np.random.default_rng(5)
+    n, hq, kv, hd = 3, 2, 1, 32
+    qkv = rng.standard_normal((n, (hq + 2 * kv) * hd)).astype(np.float32)
+    for style in RopeStyle:
+        rope = Rope(n_rot=16, base=10000.0, style=style)
+        q, k, v = rows.ref_qkv_post(qkv, hq, kv, hd, rope, np.array([0, 7, 300]), None, None, 1e-6)
+        np.testing.assert_array_equal(q[..., 16:], qkv[:, : hq * hd].reshape(n, hq, hd)[..., 16:])
+        np.testing.assert_array_equal(q[0], qkv[0, : hq * hd].reshape(hq, hd))  # position 0: no rotation
+        assert k.dtype == v.dtype == np.float16
+    rope = Rope(n_rot=16, base=10000.0, style=RopeStyle.NEOX)
+    np.testing.assert_array_equal(rows.inv_freq(rope), 1.0 / (np.float32(10000.0) ** (np.arange(0, 16, 2) / 16)).astype(np.float32))
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+    SamplingParams(temperature=1.3, top_p=0.5),
+    SamplingParams(temperature=0.7, repeat_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.2),
+])
+def test_sampler_twin_picks_the_cpu_token(params):
+    rng = np.random.default_rng(6)
+    history = [int(v) for v in rng.integers(0, 500, 50)]
+    for pos in range(40):
+        logits = (rng.standard_normal(500) * 3).astype(np.float32)
+        want = sample.ref_sample(logits, history, params, 1234, pos)
+        assert sample.sample_with(np, logits, history, params, 1234, pos) == want
+
+
+def test_plan_refuses_with_every_component_named():
+    plan = VramPlan(24 * 1024 * MIB, {"weights: experts": 30 * 1024 * MIB, "KV cache": 4 * 1024 * MIB})
+    with pytest.raises(ConfigError) as err:
+        plan.check()
+    msg = str(err.value)
+    assert msg.startswith("vram_budget_mib=24576") and "weights: experts 30,720 MiB" in msg
+    assert "at least 34816 MiB" in msg and "tiering" in msg
+    VramPlan(64 * 1024 * MIB, dict(plan.parts)).check()
+
+
+def test_ledger_takes_and_gives_back():
+    led = Ledger(100 * MIB, 60 * MIB)
+    led.take(30 * MIB, "KV cache")
+    with pytest.raises(VramBudgetError, match="KV cache for 512 positions needs 20.0 MiB more"):
+        led.take(20 * MIB, "KV cache for 512 positions")
+    led.give(30 * MIB)
+    led.take(40 * MIB, "KV")
+
+
+def test_device_selection_names_the_option():
+    assert resolve_device("cpu", "qwen3moe") == "cpu"
+    with pytest.raises(ConfigError, match="^device='gpu'"):
+        resolve_device("gpu", "llama")
+    with pytest.raises(ConfigError, match="^device='cuda'"):
+        resolve_device("cuda", "qwen3next")  # no GPU path (or no GPU at all): an error, never a silent CPU run
+    assert resolve_device("auto", "qwen3next") == "cpu"
