@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from gguf.constants import GGMLQuantizationType
 from strata.jit.blas import limit_blas_threads
 from strata.jit.cpus import host_plan
 from strata.jit.kernels import Kernels
@@ -29,6 +30,7 @@ class JitBackend:
         self.pool = pool
         self.kernels = pool.kernels
         self._experts: dict[str, ExpertWeights] = {}
+        self._dense: dict[str, tuple[np.ndarray | None, GGMLQuantizationType, int]] = {}  # per tensor, once
 
     def close(self) -> None:
         self.pool.close()
@@ -40,14 +42,18 @@ class JitBackend:
 
     def matmul(self, x: np.ndarray, name: str, expert: int = -1) -> np.ndarray | None:
         """x [T, cols] . W^T -> [T, rows] with the fused kernels, or None if W's type has none."""
-        info = self.gguf.tensors[name]
-        if not self._fits(info):
+        hit = self._dense.get(name)
+        if hit is None:
+            info = self.gguf.tensors[name]
+            fits = self._fits(info)
+            hit = self._dense[name] = (self.gguf.raw(name) if fits else None, info.qtype, info.row_bytes)
+        raw, qtype, row_bytes = hit
+        if raw is None:
             return None
-        raw = self.gguf.raw(name)
-        raw = raw[expert] if expert >= 0 else raw.reshape(-1, info.row_bytes)
+        raw = raw[expert] if expert >= 0 else raw.reshape(-1, row_bytes)
         if x.shape[0] <= MAX_TOKENS:
-            return self.pool.matmul(raw, info.qtype, x)
-        return np.concatenate([self.pool.matmul(raw, info.qtype, x[i : i + MAX_TOKENS])
+            return self.pool.matmul(raw, qtype, x)
+        return np.concatenate([self.pool.matmul(raw, qtype, x[i : i + MAX_TOKENS])
                                for i in range(0, x.shape[0], MAX_TOKENS)])
 
     def experts(self, name: str) -> ExpertWeights | None:

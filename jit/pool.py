@@ -26,7 +26,7 @@ from strata.jit.kernels import Kernels
 # Rough kernel speeds (one thread, measured on znver4 with perf/bench_jit.py); they only decide
 # whether a dense matmul is worth splitting across threads, since a hand-off costs ~20-50 us.
 BYTES_PER_S = 8e9  # quantized bytes streamed at one token
-MACS_PER_S = 25e9  # multiply-adds once several tokens share each decoded block
+MACS_PER_S = 40e9  # multiply-adds once several tokens share each decoded block
 SPLIT_MIN_S = 150e-6  # below this much work, one thread does it all
 
 

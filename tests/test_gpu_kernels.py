@@ -39,7 +39,7 @@ def cp():
 def ops(cp):
     from strata.gpu.ops import Ops
 
-    return Ops([int(q) for q in QTYPES], HDS, MOE_TYPES, pro2=True)
+    return Ops()
 
 
 def _cols(qt: Q) -> int:

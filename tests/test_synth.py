@@ -7,8 +7,8 @@ from __future__ import annotations
 import hashlib
 import re
 import subprocess
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import gguf
 import numpy as np
@@ -20,8 +20,17 @@ from strata.cli import main
 from strata.engine import Engine
 from strata.gguf import GGUFFile
 from strata.quants import dequantize
-from strata.synth import SHAPES, SUPPORTED, Shape, expected_hit_rate, file_hit_rate, hit_rate, router_weights
-from strata.synth import tensor_plan, write_synth
+from strata.synth import (
+    SHAPES,
+    SUPPORTED,
+    Shape,
+    expected_hit_rate,
+    file_hit_rate,
+    hit_rate,
+    router_weights,
+    tensor_plan,
+    write_synth,
+)
 from strata.synth.blocks import pool
 from strata.synth.vocab import QWEN3_VOCAB_SIZE, vocab_base
 
@@ -65,7 +74,7 @@ def test_llama_cpp_runs_tiny(tiny: dict[str, Path], arch: str) -> None:
     cmd = _llama_cmd(tiny[arch])
     if cmd is None:
         pytest.skip(f"llama.cpp is not built (no llama-completion/llama-cli/llama-bench in {LLAMA_BIN})")
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stderr[-3000:]
 
 
@@ -175,13 +184,13 @@ def test_written_weights_have_sane_magnitudes(tmp_path: Path, qwen3_tokenizer_di
                          ("token_embd.weight", 0.018, 0.022), ("blk.0.attn_norm.weight", 0.0, 0.05)):
         t = g.tensors[name]
         assert t.qtype == (qt if len(t.shape) > 1 else Q.F32)
-        y = dequantize(g.raw(name), t.qtype, t.shape[-1])
+        y = dequantize(g.raw(name).reshape(-1, t.row_bytes)[:4096], t.qtype, t.shape[-1])  # first rows suffice
         assert np.isfinite(y).all() and lo <= float(y.std()) <= hi, (name, float(y.std()))
     assert abs(float(dequantize(g.raw("output_norm.weight"), Q.F32).mean()) - 1.0) < 0.01  # norms ~ 1
 
 
 def test_same_seed_same_file(tmp_path: Path, qwen3_tokenizer_dir: Path) -> None:
-    s = SHAPES[("qwen3next", "tiny")]
+    s = SHAPES[("qwen3moe", "tiny")]
     digests = {hashlib.sha256(write_synth(tmp_path / f"{seed}-{i}.gguf", s, Q.Q8_0, Q.Q8_0, 1.0,
                                           qwen3_tokenizer_dir, seed=seed).path.read_bytes()).hexdigest()
                for seed, i in ((0, 0), (0, 1), (1, 0))}

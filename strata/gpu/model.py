@@ -20,7 +20,8 @@ from strata.gpu.graphs import DecodeGraphs
 from strata.gpu.kernels.rows import inv_freq
 from strata.gpu.kv import GpuKV
 from strata.gpu.layers import Activations, Dims, LayerWeights, Segment, run_layer
-from strata.gpu.ops import Ops
+from strata.errors import ConfigError
+from strata.gpu.ops import HEAD_DIMS, Ops
 from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
 from strata.models.base import DecoderLM, Model
@@ -46,6 +47,9 @@ class GpuModel(Model):
         self.opts = opts
         gguf = cpu.gguf
         check_gpu_types(gguf)
+        if p.attn.head_dim not in HEAD_DIMS:
+            raise ConfigError("device", "cuda", f"head_dim {p.attn.head_dim} has no GPU attention kernel "
+                              f"(have {', '.join(map(str, HEAD_DIMS))}); use device=cpu")
         moe = isinstance(cpu, Qwen3Moe)
         gate = tensor(T.FFN_GATE_EXP if moe else T.FFN_GATE, 0)
         a = p.attn
@@ -69,9 +73,7 @@ class GpuModel(Model):
             self.out_norm = self.w.vector(tensor(T.OUTPUT_NORM))
             self.inv_freq = cp.asarray(inv_freq(p.rope))
             self.stream.synchronize()
-        mats = [m for L in self.layers for m in (*L.qkv, L.o, L.gate, L.up, L.down, L.router) if m is not None]
-        mt = {(L.gate.qtype, L.up.qtype, L.down.qtype) for L in self.layers} if moe else set()
-        self.ops = Ops([m.qtype for m in mats] + [self.embd.qtype, self.head.qtype], [a.head_dim], mt, pro2=not moe)
+        self.ops = Ops({(L.gate.qtype, L.up.qtype, L.down.qtype) for L in self.layers} if moe else set())
         self.graphs = DecodeGraphs(self, opts.max_batch)
 
     def plan(self, gguf: Any, opts: GpuOptions) -> VramPlan:
@@ -107,6 +109,8 @@ class GpuModel(Model):
 
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if len(tokens) == 1 and self.graphs.max_batch:  # a decode step: replay the captured graph
+            return self.graphs.step([int(tokens[0])], [state])
         outs = []
         for s in range(0, len(tokens), self.chunk):
             part = tokens[s : s + self.chunk]

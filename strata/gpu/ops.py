@@ -11,7 +11,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from strata.gpu.kernels import attention, gemm, gemv, moe, rows, sample
-from strata.gpu.runtime import NULL, Kernels, f32, i32, i64, launch, ptr
+from strata.gpu.runtime import NULL, Kernels, dev_ptr, f32, i32, i64, launch, ptr
+from strata.gpu.kernels.common import GPU_QTYPES
 from strata.gpu.weights import DevMatrix
 
 GEMV_NT = (1, 4, 8)
@@ -22,21 +23,24 @@ def gemv_nt(n: int) -> int:
     return next(nt for nt in GEMV_NT if n <= nt) if n <= GEMV_NT[-1] else GEMV_NT[-1]
 
 
+HEAD_DIMS = (16, 32, 64, 128)  # flash_attn keeps a 64-key tile of K and V^T in 48 KB of shared memory
+
+
 class Ops:
-    def __init__(self, qtypes: Iterable[int], head_dims: Iterable[int],
-                 moe_types: Iterable[tuple[int, int, int]] = (), pro2: bool = True) -> None:
-        qts = sorted(set(qtypes))
-        hds = sorted(set(head_dims))
-        pros = (0, 1, 2) if pro2 else (0, 1)
-        self.gemv = Kernels(gemv.SOURCE, [gemv.gemv_name(q, nt, p) for q in qts for nt in GEMV_NT for p in pros]
+    """Compiles every source for every GPU weight type and head size, whatever the model: one NVRTC
+    build per machine (cupy caches it on disk), shared by every model and test in a process."""
+
+    def __init__(self, moe_types: Iterable[tuple[int, int, int]] = ()) -> None:
+        qts = sorted(int(q) for q in GPU_QTYPES)
+        self.gemv = Kernels(gemv.SOURCE, [gemv.gemv_name(q, nt, p) for q in qts for nt in GEMV_NT for p in (0, 1, 2)]
                             + [gemv.get_rows_name(q) for q in qts])
         self.gemm = Kernels(gemm.SOURCE, [gemm.gemm_name(q, a) for q in qts for a in (0, 1)])
-        self.attn = Kernels(attention.SOURCE, [attention.decode_name(h) for h in hds]
-                            + [attention.flash_name(h) for h in hds])
-        self.rows = Kernels(rows.SOURCE, ["rmsnorm"] + [rows.qkv_post_name(h) for h in hds])
-        mt = list(moe_types)
+        self.attn = Kernels(attention.SOURCE, [attention.decode_name(h) for h in HEAD_DIMS]
+                            + [attention.flash_name(h) for h in HEAD_DIMS])
+        self.rows = Kernels(rows.SOURCE, ["rmsnorm"] + [rows.qkv_post_name(h) for h in HEAD_DIMS])
+        pairs = {(q, q) for q in qts} | {(g, u) for g, u, _ in moe_types}  # gate and up differ only in odd files
         self.moe = Kernels(moe.SOURCE, ["moe_topk", "moe_count", "moe_plan", "moe_scatter", "moe_combine"]
-                           + [moe.gate_up_name(g, u) for g, u, _ in mt] + [moe.down_name(d) for _, _, d in mt])
+                           + [moe.gate_up_name(g, u) for g, u in sorted(pairs)] + [moe.down_name(q) for q in qts])
         self.sample = Kernels(sample.SOURCE, ["argmax_rows", "advance"])
 
     # ---- matrices ----
@@ -56,15 +60,15 @@ class Ops:
         fn = self.gemv[gemv.gemv_name(w0.qtype, nt, pro)]
         grid = (min(-(-total // gemv.WARPS), MAX_GEMV_GRID), -(-n // nt))
         args = (data[0], data[1], data[2], i32(r1), i32(r2), i64(w0.row_bytes), i32(total), i32(k),
-                x, i32(ldx or (2 * k if silu_mul else k)), i32(n),
+                dev_ptr(x), i32(ldx or (2 * k if silu_mul else k)), i32(n),
                 NULL if norm is None else norm, f32(eps), NULL if h_out is None else h_out, i32(k),
-                y, i32(ldy or total), i32(int(accumulate)))
+                dev_ptr(y), i32(ldy or total), i32(int(accumulate)))
         launch(fn, grid, 32 * gemv.WARPS, args, smem=nt * k * 4)
 
     def embed(self, w: DevMatrix, ids: Any, n: int, out: Any, id_stride: int = 1) -> None:
         """out[:n] = rows ids (int64, every id_stride-th element) of w, as float32."""
         launch(self.gemv[gemv.get_rows_name(w.qtype)], (n,), 128,
-               (w.data, i64(w.row_bytes), ids, i32(id_stride), i32(w.cols), out))
+               (w.data, i64(w.row_bytes), dev_ptr(ids), i32(id_stride), i32(w.cols), out))
 
     def matmul(self, w: DevMatrix, a: Any, m: int, c: Any, *, lda: int = 0, ldc: int = 0, accumulate: bool = False,
                silu_mul: bool = False, a_index: Any = None, tiles: Any = None, n_tiles: Any = None,
@@ -74,8 +78,8 @@ class Ops:
         fn = self.gemm[gemm.gemm_name(w.qtype, int(silu_mul))]
         gy = grid_rows if tiles is not None else -(-m // gemm.BM)
         args = (w.data, i64(w.expert_stride), i64(w.row_bytes), i32(w.rows), i32(k),
-                a, i32(lda or (2 * k if silu_mul else k)), NULL if a_index is None else a_index,
-                c, i32(ldc or w.rows), i32(int(accumulate)),
+                dev_ptr(a), i32(lda or (2 * k if silu_mul else k)), NULL if a_index is None else a_index,
+                dev_ptr(c), i32(ldc or w.rows), i32(int(accumulate)),
                 NULL if tiles is None else tiles, NULL if n_tiles is None else n_tiles, i32(m))
         launch(fn, (-(-w.rows // gemm.BN), gy), 256, args)
 
@@ -95,13 +99,13 @@ class Ops:
     def attn_decode(self, q: Any, tab: Any, tab_stride: int, layer: int, n: int, h: int, kv: int, hd: int,
                     scale: float, out: Any) -> None:
         launch(self.attn[attention.decode_name(hd)], (h, n), 128,
-               (q, tab, i32(tab_stride), i32(layer), i32(h), i32(kv), f32(scale), out))
+               (dev_ptr(q), dev_ptr(tab), i32(tab_stride), i32(layer), i32(h), i32(kv), f32(scale), dev_ptr(out)))
 
     def flash(self, q: Any, k_layer: Any, v_layer: Any, head_stride: int, t: int, n_past: int, h: int, kv: int,
               hd: int, scale: float, out: Any) -> None:
         launch(self.attn[attention.flash_name(hd)], (-(-t // 64), h), 128,
-               (q, k_layer, v_layer, i64(head_stride), i32(t), i32(n_past), i32(h), i32(kv),
-                f32(scale * 1.4426950408889634), out))
+               (dev_ptr(q), dev_ptr(k_layer), dev_ptr(v_layer), i64(head_stride), i32(t), i32(n_past), i32(h),
+                i32(kv), f32(scale * 1.4426950408889634), dev_ptr(out)))
 
     # ---- mixture of experts ----
     def topk(self, logits: Any, n: int, e: int, a: int, norm: bool, ids: Any, w: Any) -> None:
@@ -135,7 +139,7 @@ class Ops:
 
     # ---- sampling ----
     def argmax(self, logits: Any, n: int, v: int, out: Any, out_stride: int = 1) -> None:
-        launch(self.sample["argmax_rows"], (n,), 1024, (logits, i32(v), out, i32(out_stride)))
+        launch(self.sample["argmax_rows"], (n,), 1024, (logits, i32(v), dev_ptr(out), i32(out_stride)))
 
     def advance(self, tab: Any, stride: int, n: int) -> None:
         launch(self.sample["advance"], (1,), 32, (tab, i32(stride), i32(n)))

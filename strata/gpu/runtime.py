@@ -37,6 +37,9 @@ def _module(source: str, names: tuple[str, ...]) -> Any:
     return cp.RawModule(code=source, options=OPTIONS, name_expressions=list(names))
 
 
+KERNEL_NAMES: dict[int, str] = {}  # id(function) -> its name expression, for profiles
+
+
 class Kernels:
     """Functions of one source: each template instance named up front (NVRTC needs them at compile)."""
 
@@ -51,6 +54,7 @@ class Kernels:
             if name not in self.names:
                 raise KeyError(f"kernel {name} was not compiled; compiled: {', '.join(self.names)}")
             fn = self._fn[name] = self.module.get_function(name)
+            KERNEL_NAMES[id(fn)] = name
         return fn
 
 
@@ -74,6 +78,11 @@ def f32(v: float) -> np.float32:
 
 
 NULL = np.uint64(0)
+
+
+def dev_ptr(v: Any) -> Any:
+    """A pointer argument: cupy arrays and np.uint64 pass through; a Python int becomes np.uint64."""
+    return np.uint64(v) if isinstance(v, int) else v
 
 
 def ptr(a: Any, byte_offset: int = 0) -> np.uint64:

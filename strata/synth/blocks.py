@@ -74,7 +74,7 @@ def _raw_blocks(qtype: Q, n: int, rng: np.random.Generator) -> np.ndarray:
     blocks = rng.integers(0, 256, (n, size), dtype=np.uint8)
     d = rng.uniform(0.6, 1.0, n).astype(np.float32)  # per-block scale spread, as real blocks have
     if qtype in _SIGNED_D:
-        _put_f16(blocks, _SIGNED_D[qtype], d * rng.choice(np.float32([-1.0, 1.0]), n))
+        _put_f16(blocks, _SIGNED_D[qtype], d * rng.choice(np.array([-1.0, 1.0], np.float32), n))
     else:
         _centre_mins(blocks, qtype, d, rng)
     return blocks

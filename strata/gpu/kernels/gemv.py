@@ -65,6 +65,7 @@ __device__ __forceinline__ void stage_x(float* xs, const float* x, int ldx, int 
 template <int QT, int NT>
 __device__ __forceinline__ void row_dot(const u8* row, const float* xs, int K, float* acc) {
   const int lane = threadIdx.x & 31;
+#pragma unroll 2  // two chunks' loads in flight before the first use
   for (int c = lane; c < (K >> 3); c += 32) {
     float v[8];
     Q<QT>::deq8(row, c, v);

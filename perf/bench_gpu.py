@@ -1,0 +1,216 @@
+"""GPU throughput: Strata (cupy, all-resident) beside llama.cpp CUDA on the same GGUF, in one run.
+Not a test: prints a table with the Strata/llama.cpp ratios and writes the numbers as JSON.
+
+    python perf/bench_gpu.py --model F.gguf [--llama-bin DIR] [--prompts 512,4096,16384] [--gen 128]
+                             [--batches 1,4] [--chunk 4096] [--profile] [--json OUT.json]
+
+Decode is greedy on the device, replaying the captured graph step by step (as llama-bench's tg,
+which samples nothing, and llama-batched-bench's S_TG for several sequences); prefill is
+forward() over a fresh sequence in `--chunk`-token passes. Bytes of weights read per decode step
+are counted from the resident tensors (B sequences touch E(1 - (1 - A/E)^B) experts per layer
+under uniform routing) and set against the device-to-device copy bandwidth measured here.
+See perf/README.md for the command that produced the recorded table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def copy_bandwidth(cp: Any) -> float:
+    """Device-to-device copy, bytes read + written per second (the HBM ceiling we can reach)."""
+    a = cp.ones(1 << 29, cp.float32)  # 2 GiB
+    b = cp.empty_like(a)
+    b[...] = a
+    cp.cuda.Device().synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        b[...] = a
+    cp.cuda.Device().synchronize()
+    return 10 * 2 * a.nbytes / (time.perf_counter() - t)
+
+
+def step_bytes(gpu: Any, b: int) -> float:
+    """Weight bytes one decode step of b sequences reads (expected, uniform routing)."""
+    d = gpu.dims
+    total = gpu.head.data.nbytes + b * gpu.embd.row_bytes
+    for L in gpu.layers:
+        total += sum(m.data.nbytes for m in (*L.qkv, L.o))
+        if d.n_expert:
+            total += L.router.data.nbytes
+            experts = d.n_expert * (1 - (1 - d.top_k / d.n_expert) ** b)
+            total += experts * sum(m.expert_stride for m in (L.gate, L.up, L.down))
+        else:
+            total += sum(m.data.nbytes for m in (L.gate, L.up, L.down))
+    return total
+
+
+class Profile:
+    """GPU time per kernel name, with events around every launch (eager runs only)."""
+
+    def __init__(self, cp: Any) -> None:
+        import strata.gpu.ops as ops
+        from strata.gpu.runtime import KERNEL_NAMES
+
+        self.cp, self.ops, self.orig = cp, ops, ops.launch
+        self.events: list[tuple[str, Any, Any]] = []
+
+        def timed(fn: Any, grid: Any, block: Any, args: Any, smem: int = 0) -> None:
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            e0.record()
+            self.orig(fn, grid, block, args, smem)
+            e1.record()
+            self.events.append((KERNEL_NAMES.get(id(fn), "?"), e0, e1))
+
+        self.timed = timed
+
+    def __enter__(self) -> Profile:
+        self.events.clear()
+        self.ops.launch = self.timed
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ops.launch = self.orig
+
+    def table(self) -> list[tuple[str, int, float]]:
+        self.cp.cuda.Device().synchronize()
+        by: dict[str, list[float]] = defaultdict(list)
+        for name, e0, e1 in self.events:
+            by[name].append(self.cp.cuda.get_elapsed_time(e0, e1))
+        return sorted(((k, len(v), sum(v)) for k, v in by.items()), key=lambda r: -r[2])
+
+
+def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
+    import cupy as cp
+
+    from strata.gguf import GGUFFile
+    from strata.gpu.model import GpuModel, GpuOptions
+    from strata.models import model_class
+    from strata.weights import WeightStore
+
+    g = GGUFFile(path)
+    cpu = model_class(g)(g, WeightStore(g, 0))
+    t0 = time.perf_counter()
+    gpu = GpuModel(cpu, GpuOptions(chunk=a.chunk, n_ctx=max(a.prompts) + a.gen + 64, max_batch=max(a.batches)))
+    res: dict[str, Any] = {"load_s": time.perf_counter() - t0, "chunk": a.chunk}
+    rng = np.random.default_rng(0)
+    vocab = gpu.params.vocab
+    gpu.forward(rng.integers(0, vocab, 600), gpu.new_state(), all_logits=False)  # warm: modules, pool
+    for p in a.prompts:
+        times = []
+        for _ in range(2 if p > 8192 else 3):
+            s = gpu.new_state()
+            ids = rng.integers(0, vocab, p)
+            t = time.perf_counter()
+            gpu.forward(ids, s, all_logits=False)
+            times.append(time.perf_counter() - t)
+            del s
+        res[f"pp{p}"] = p / statistics.median(times)
+        print(f"strata pp{p}: {res[f'pp{p}']:.0f} tok/s", flush=True)
+    for b in a.batches:
+        warm = [gpu.new_state() for _ in range(b)]
+        gpu.graphs.greedy_loop(list(range(1, b + 1)), warm, 4)  # captures the graph for b
+        states = [gpu.new_state() for _ in range(b)]
+        cp.cuda.Device().synchronize()
+        t = time.perf_counter()
+        gpu.graphs.greedy_loop(list(range(1, b + 1)), states, a.gen)
+        dt = time.perf_counter() - t
+        res[f"tg{a.gen}_b{b}"] = b * a.gen / dt
+        res[f"bytes_b{b}"] = step_bytes(gpu, b)
+        print(f"strata tg{a.gen} b={b}: {res[f'tg{a.gen}_b{b}']:.1f} tok/s", flush=True)
+    s = gpu.new_state()
+    gpu.forward(np.array([1]), s, all_logits=False)
+    t = time.perf_counter()
+    for i in range(64):  # the engine's own path: logits come back to the host every step
+        gpu.forward_batch([np.array([i + 2])], [s])
+    res["tg_api_b1"] = 64 / (time.perf_counter() - t)
+    if a.profile:
+        gpu.graphs.use_graphs = False
+        with Profile(cp) as prof:
+            gpu.graphs.greedy_loop([1], [gpu.new_state()], 8)
+        res["profile_decode_b1_8steps"] = prof.table()
+        with Profile(cp) as prof:
+            gpu.forward(rng.integers(0, vocab, 512), gpu.new_state(), all_logits=False)
+        res["profile_pp512"] = prof.table()
+        gpu.graphs.use_graphs = True
+    res["copy_bw"] = copy_bandwidth(cp)
+    return res
+
+
+def llama(path: Path, a: argparse.Namespace) -> dict[str, Any]:
+    bin_ = Path(a.llama_bin)
+    res: dict[str, Any] = {}
+    out = subprocess.run([str(bin_ / "llama-bench"), "-m", str(path), "-ngl", "99", "-p", ",".join(map(str, a.prompts)),
+                          "-n", str(a.gen), "-r", "3", "-o", "json"], capture_output=True, text=True, check=True)
+    for r in json.loads(out.stdout):
+        key = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}_b1"
+        res[key] = float(r["avg_ts"])
+        res["flash_attn"] = r.get("flash_attn")
+    out = subprocess.run([str(bin_ / "llama-batched-bench"), "-m", str(path), "-ngl", "99", "-c", "4096",
+                          "-npp", "128", "-ntg", str(a.gen), "-npl", ",".join(map(str, a.batches)),
+                          "--output-format", "jsonl"], capture_output=True, text=True, check=True)
+    for line in (out.stdout + out.stderr).splitlines():
+        if line.startswith('{"n_kv_max"'):
+            r = json.loads(line)
+            res[f"batched_tg{r['tg']}_b{r['pl']}"] = float(r["speed_tg"])
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--llama-bin", default=None, help="folder with llama-bench and llama-batched-bench (CUDA build)")
+    ap.add_argument("--prompts", type=lambda s: [int(v) for v in s.split(",")], default=[512, 4096, 16384])
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 4])
+    ap.add_argument("--chunk", type=int, default=4096, help="Strata prefill rows per pass")
+    ap.add_argument("--profile", action="store_true", help="GPU time per kernel (eager decode and pp512)")
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    s = strata(a.model, a)
+    ll = llama(a.model, a) if a.llama_bin else {}
+    out = {"model": str(a.model), "strata": s, "llama.cpp": ll}
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
+    for key in ("profile_decode_b1_8steps", "profile_pp512"):
+        if key in s:
+            print(f"\n{key}: kernel, launches, ms")
+            for name, n, ms in s[key][:14]:
+                print(f"  {name[:60]:<60}{n:>6}{ms:>10.3f}")
+    bw = s["copy_bw"]
+    print(f"\nmodel {a.model.name}; Strata loaded in {s['load_s']:.1f} s; copy bandwidth {bw / 1e12:.2f} TB/s")
+    print(f"{'test':<14}{'strata tok/s':>14}{'llama.cpp':>12}{'ratio':>8}{'GB/token':>10}{'% of copy bw':>14}")
+    rows = [(f"pp{p}", f"pp{p}") for p in a.prompts]
+    rows += [(f"tg{a.gen} b={b}", f"tg{a.gen}_b{b}") for b in a.batches]
+    for label, key in rows:
+        sv = s.get(key)
+        lv = ll.get(key) if not key.startswith("tg") or key.endswith("_b1") else None
+        if key.startswith("tg") and not key.endswith("_b1"):
+            lv = ll.get(f"batched_{key}")
+        gb = bw_pct = ""
+        if key.startswith("tg"):
+            b = int(key.rsplit("_b", 1)[1])
+            per_tok = s[f"bytes_b{b}"] / b
+            gb = f"{per_tok / 1e9:.2f}"
+            bw_pct = f"{100 * s[f'bytes_b{b}'] * sv / b / bw:.1f}"
+        ratio = f"{sv / lv:.2f}" if sv and lv else "-"
+        print(f"{label:<14}{sv or 0:>14.1f}{lv or 0:>12.1f}{ratio:>8}{gb:>10}{bw_pct:>14}")
+    if "batched_tg" + str(a.gen) + "_b1" in ll:
+        print(f"llama-batched-bench b=1 (after a 128-token prompt): {ll[f'batched_tg{a.gen}_b1']:.1f} tok/s")
+    print(f"strata decode through forward_batch (logits to the host each step), b=1: {s['tg_api_b1']:.1f} tok/s")
+
+
+if __name__ == "__main__":
+    main()
