@@ -179,9 +179,12 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="GPU time per kernel (eager decode and pp512)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
-    s = strata(a.model, a)
-    ll = llama(a.model, a) if a.llama_bin else {}
-    out = {"model": str(a.model), "strata": s, "llama.cpp": ll}
+    out: dict[str, Any] = {"model": str(a.model), "llama.cpp": llama(a.model, a) if a.llama_bin else {}}
+    ll = out["llama.cpp"]
+    print(f"llama.cpp: {ll}", flush=True)
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1))
+    s = out["strata"] = strata(a.model, a)
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
     for key in ("profile_decode_b1_8steps", "profile_pp512"):

@@ -1,0 +1,34 @@
+#!/bin/bash
+# One session on the GPU machine (the device tool's `run`): GPU tests, then the benchmark against
+# llama.cpp CUDA on a synthetic Qwen3-30B-A3B-shaped Q4_K file written there. Run from the repo root.
+#   perf/run_gpu.sh [tests] [llama] [bench]     (default: all three; output under ${OUT:-/tmp/out})
+# Carried in (git-ignored): .whl/ (gguf wheel), .gpu_fixtures/ (tiny qwen3moe Q8_0 fixture, Qwen3
+# tokenizer.json.gz for the synth writer), .peer/ (shared/peer/pack-src.sh's llama-src.tgz and
+# a copy of shared/peer/build-cuda.sh: ../shared does not travel).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+STEPS=${*:-tests llama bench}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 STRATA_FIXTURES=$PWD/.gpu_fixtures
+tok=.gpu_fixtures/qwen3_tokenizer/package/models
+[ -f $tok/tokenizer.json ] || gunzip -k $tok/tokenizer.json.gz
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem --format=csv >"$OUT/smi.txt"
+MODEL=/tmp/qwen3moe-30b-a3b-q4_k.gguf
+case " $STEPS " in *" bench "*)  # the 16 GiB file is written here while the tests run (CPU and disk only)
+  (python3 -m strata synth --arch qwen3moe --shape 30b-a3b --quant q4_k --output-quant q6_k --router-skew 0 \
+     -o $MODEL >"$OUT/synth.log" 2>&1; echo "rc=$?" >>"$OUT/synth.log") &
+  SYNTH_PID=$! ;; esac
+case " $STEPS " in *" llama "*)  # ~4 min on 16 cores, niced under the tests
+  (nice -n 10 bash .peer/build-cuda.sh .peer/llama-src.tgz /tmp/peer >/tmp/peer.log 2>&1 &&
+   nice -n 10 ninja -C /tmp/peer/llama.cpp/build llama-batched-bench >>/tmp/peer.log 2>&1; echo "rc=$?" >>/tmp/peer.log) &
+  LLAMA_PID=$! ;; esac
+case " $STEPS " in *" tests "*)
+  timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -rA -s -p no:cacheprovider -W "ignore:::cupy" \
+    tests/test_gpu_refs.py tests/test_gpu_kernels.py tests/test_gpu_model.py >"$OUT/tests.log" 2>&1
+  echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|rel |prompt\(|mixed|batch vs|oracle" "$OUT/tests.log" | tail -60 ;; esac
+case " $STEPS " in *" bench "*)
+  wait $SYNTH_PID; tail -2 "$OUT/synth.log"
+  LL=""
+  if [ -n "${LLAMA_PID:-}" ]; then wait $LLAMA_PID; tail -3 /tmp/peer.log; LL="--llama-bin /tmp/peer/llama.cpp/build/bin"; fi
+  timeout ${BENCH_TIMEOUT:-300} python3 perf/bench_gpu.py --model $MODEL $LL --profile --json "$OUT/bench.json" \
+    ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -45 ;; esac
