@@ -30,7 +30,7 @@ class ServerConfig:
     strict_model: bool = False
     queue_limit: int = 0  # 0 = unbounded FIFO; else overflow gets 429 / 529
     weight_cache_mib: int = 4096
-    backend: str = "numpy"  # see conf/engine.py: numpy or jit (CPU kernels and expert pool)
+    backend: str = "jit"  # see conf/engine.py: jit (CPU kernels and expert pool) or numpy
     pool_workers: int = 0
     aux_cpus: str = "auto"
     prompt_cache: bool = True
