@@ -18,15 +18,12 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def copy_bandwidth(cp: Any) -> float:
@@ -103,8 +100,9 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     g = GGUFFile(path)
     cpu = model_class(g)(g, WeightStore(g, 0))
     t0 = time.perf_counter()
-    gpu = GpuModel(cpu, GpuOptions(chunk=a.chunk, n_ctx=max(a.prompts) + a.gen + 64, max_batch=max(a.batches)))
-    res: dict[str, Any] = {"load_s": time.perf_counter() - t0, "chunk": a.chunk}
+    gpu = GpuModel(cpu, GpuOptions(chunk=a.chunk, n_ctx=max(a.prompts) + a.gen + 64, max_batch=max(a.batches),
+                                   split=not a.v1))
+    res: dict[str, Any] = {"load_s": time.perf_counter() - t0, "chunk": a.chunk, "kernels": "v1" if a.v1 else "split"}
     rng = np.random.default_rng(0)
     vocab = gpu.params.vocab
     gpu.forward(rng.integers(0, vocab, 600), gpu.new_state(), all_logits=False)  # warm: modules, pool
@@ -176,6 +174,7 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 4])
     ap.add_argument("--chunk", type=int, default=4096, help="Strata prefill rows per pass")
+    ap.add_argument("--v1", action="store_true", help="the first kernel versions (GpuOptions(split=False))")
     ap.add_argument("--profile", action="store_true", help="GPU time per kernel (eager decode and pp512)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()

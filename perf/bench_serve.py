@@ -37,7 +37,7 @@ class Sample:
 
     @property
     def ttft(self) -> float:
-        return self.stamps[0] - self.sent
+        return self.stamps[0] - self.sent if self.stamps else float("nan")
 
     @property
     def decode_rate(self) -> float:
@@ -53,7 +53,7 @@ async def stream_one(c: httpx.AsyncClient, content: str, tokens: int) -> Sample:
     try:
         async with c.stream("POST", "/v1/chat/completions", json=body) as r:
             if r.status_code != 200:
-                s.error = f"HTTP {r.status_code}"
+                s.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return s
             async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -90,13 +90,19 @@ async def level(c: httpx.AsyncClient, n: int, tokens: int) -> dict[str, float]:
     }
 
 
+async def text_of(c: httpx.AsyncClient, phrase: str, n_tokens: int) -> str:
+    """Exactly n_tokens of repeated `phrase`, measured with the server's own tokenizer."""
+    toks = (await c.post("/tokenize", json={"content": phrase * (n_tokens // 2 + 1)})).json()["tokens"]
+    return (await c.post("/detokenize", json={"tokens": toks[:n_tokens]})).json()["content"]
+
+
 async def prefill_interference(c: httpx.AsyncClient, long_tokens: int, tokens: int) -> dict[str, float]:
     """Decode rate of 3 running streams before and while a long prompt is prefilled."""
     solo = await asyncio.gather(*(stream_one(c, q, tokens) for q in QUESTIONS[:3]))
     base = statistics.mean(s.decode_rate for s in solo)
     runners = [asyncio.create_task(stream_one(c, q, tokens * 4)) for q in QUESTIONS[:3]]
     await asyncio.sleep(1.0)
-    long_text = "Notes: " + "alpha beta gamma delta " * (long_tokens // 4)
+    long_text = await text_of(c, "alpha beta gamma delta ", long_tokens)
     long = asyncio.create_task(stream_one(c, long_text + "\nSummarise.", 4))
     runs = await asyncio.gather(*runners)
     lng = await long
@@ -112,9 +118,12 @@ async def prefill_interference(c: httpx.AsyncClient, long_tokens: int, tokens: i
 
 
 async def prefix_reuse(c: httpx.AsyncClient, long_tokens: int) -> dict[str, float]:
-    text = "Reference document: " + "lorem ipsum dolor sit amet " * (long_tokens // 5) + "\nOne-word summary?"
+    text = await text_of(c, "lorem ipsum dolor sit amet ", long_tokens) + "\nOne-word summary?"
     first = await stream_one(c, text, 4)
     second = await stream_one(c, text, 4)
+    for s in (first, second):
+        if s.error:
+            print(f"prefix reuse: request failed: {s.error}", file=sys.stderr)
     return {"first_ttft_s": first.ttft, "repeat_ttft_s": second.ttft, "speedup": first.ttft / second.ttft}
 
 

@@ -9,13 +9,17 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=${*:-tests llama bench}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 STRATA_FIXTURES=$PWD/.gpu_fixtures
+# strata.conf, strata.jit, ... map to top-level folders only when installed (pyproject package-dir), so
+# install a copy and run Python from outside the checkout (python -m puts the cwd first on sys.path)
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site . || exit 1
+REPO=$PWD
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 STRATA_FIXTURES=$REPO/.gpu_fixtures
 tok=.gpu_fixtures/qwen3_tokenizer/package/models
 [ -f $tok/tokenizer.json ] || gunzip -k $tok/tokenizer.json.gz
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem --format=csv >"$OUT/smi.txt"
 MODEL=/tmp/qwen3moe-30b-a3b-q4_k.gguf
 case " $STEPS " in *" bench "*)  # the 16 GiB file is written here while the tests run (CPU and disk only)
-  (python3 -m strata synth --arch qwen3moe --shape 30b-a3b --quant q4_k --output-quant q6_k --router-skew 0 \
+  (cd /tmp && python3 -m strata synth --arch qwen3moe --shape 30b-a3b --quant q4_k --output-quant q6_k --router-skew 0 \
      -o $MODEL >"$OUT/synth.log" 2>&1; echo "rc=$?" >>"$OUT/synth.log") &
   SYNTH_PID=$! ;; esac
 case " $STEPS " in *" llama "*)  # ~4 min on 16 cores, niced under the tests
@@ -23,12 +27,12 @@ case " $STEPS " in *" llama "*)  # ~4 min on 16 cores, niced under the tests
    nice -n 10 ninja -C /tmp/peer/llama.cpp/build llama-batched-bench >>/tmp/peer.log 2>&1; echo "rc=$?" >>/tmp/peer.log) &
   LLAMA_PID=$! ;; esac
 case " $STEPS " in *" tests "*)
-  timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -rA -s -p no:cacheprovider -W "ignore:::cupy" \
-    tests/test_gpu_refs.py tests/test_gpu_kernels.py tests/test_gpu_model.py >"$OUT/tests.log" 2>&1
+  (cd /tmp && timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -rA -s -p no:cacheprovider -W "ignore:::cupy" \
+    $REPO/tests/test_gpu_refs.py $REPO/tests/test_gpu_kernels.py $REPO/tests/test_gpu_model.py >"$OUT/tests.log" 2>&1)
   echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|rel |prompt\(|mixed|batch vs|oracle" "$OUT/tests.log" | tail -60 ;; esac
 case " $STEPS " in *" bench "*)
   wait $SYNTH_PID; tail -2 "$OUT/synth.log"
   LL=""
   if [ -n "${LLAMA_PID:-}" ]; then wait $LLAMA_PID; tail -3 /tmp/peer.log; LL="--llama-bin /tmp/peer/llama.cpp/build/bin"; fi
-  timeout ${BENCH_TIMEOUT:-300} python3 perf/bench_gpu.py --model $MODEL $LL --profile --json "$OUT/bench.json" \
+  timeout ${BENCH_TIMEOUT:-300} python3 $REPO/perf/bench_gpu.py --model $MODEL $LL --profile --json "$OUT/bench.json" \
     ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -45 ;; esac

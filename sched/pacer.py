@@ -8,8 +8,8 @@ so n = decode_s * (1 / KEEP - 1) / per_token_s. Both costs are learned from rece
 
 from __future__ import annotations
 
-KEEP = 0.4  # fraction of the solo decode rate running streams keep while a prompt is read
-MIN_CHUNK = 16  # below this, per-window overhead dominates and the newcomer crawls
+KEEP = 0.5  # fraction of the solo decode rate running streams keep while a prompt is read
+MIN_CHUNK = 8  # below this, per-window overhead dominates and the newcomer crawls
 _ALPHA = 0.3  # weight of the newest window in the moving averages
 
 

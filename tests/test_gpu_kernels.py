@@ -35,11 +35,12 @@ def cp():
     return cupy
 
 
-@pytest.fixture(scope="module")
-def ops(cp):
+@pytest.fixture(scope="module", params=[True, False], ids=["split", "v1"])
+def ops(cp, request):
+    """Both kernel generations: split-K decode / 128-wide GEMM steps, and the first versions."""
     from strata.gpu.ops import Ops
 
-    return Ops()
+    return Ops(split=request.param)
 
 
 def _cols(qt: Q) -> int:
@@ -124,7 +125,9 @@ def test_gemm_matches_twin(cp, ops, qt):
         ops.matmul(m, cp.asarray(a), mrows, c, silu_mul=amode == 1)
         ref = gemm.ref_gemm(raw, qt, a, amode).astype(np.float64)
         a16 = np.abs(gemm.ref_gemm(np.eye(cols, dtype=np.float32).view(np.uint8), Q.F32, a, amode))  # |fp16(a)|
-        check(c.get(), ref, a16.astype(np.float64) @ np.abs(w16).T, 1e-4, f"{qt.name} m={mrows} amode={amode}")
+        # amode 1: expf may differ from numpy's exp by an ulp, which can flip one input's fp16 rounding
+        tol = 1e-4 if amode == 0 else 5e-4
+        check(c.get(), ref, a16.astype(np.float64) @ np.abs(w16).T, tol, f"{qt.name} m={mrows} amode={amode}")
 
 
 def test_rmsnorm_and_qkv_post(cp, ops):

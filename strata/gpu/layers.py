@@ -117,16 +117,17 @@ def run_layer(ops: Ops, i: int, w: LayerWeights, dm: Dims, act: Activations, n: 
     x, h = act.x, act.h
     if small and _same_kind(w.qkv):
         ops.matvec(w.qkv, x, n, act.qkv, norm=w.attn_norm, eps=dm.eps)
-    else:  # q, k, v of different types: normalise once, then one product each into its columns
+    else:  # normalise once, then q|k|v as one product where their types agree, else one each
         ops.rmsnorm(x, w.attn_norm, dm.eps, n, dm.d, h)
+        groups = [w.qkv] if _same_kind(w.qkv) else [[m] for m in w.qkv]
         col = 0
-        for m in w.qkv:
+        for ms in groups:
             out = ptr(act.qkv, 4 * col)
             if small:
-                ops.matvec([m], h, n, out, ldy=dm.qkv_cols)
+                ops.matvec(ms, h, n, out, ldy=dm.qkv_cols)
             else:
-                ops.matmul(m, h, n, out, ldc=dm.qkv_cols)
-            col += m.rows
+                ops.matmul(ms, h, n, out, ldc=dm.qkv_cols)
+            col += sum(m.rows for m in ms)
     ops.qkv_post(act.qkv, n, dm.n_head, dm.n_kv, dm.hd, w.q_norm, w.k_norm, dm.eps, inv_freq, dm.n_rot, dm.neox,
                  dm.pos_scale, tab, 5, i, act.q)
     _attention(ops, i, dm, act, n, tab, segments)

@@ -37,6 +37,7 @@ class GpuOptions:
     n_ctx: int = 0  # positions one sequence may hold (0: the model's trained context)
     chunk: int = 512  # rows per eager pass
     max_batch: int = 8  # decode windows up to this many sequences replay a graph
+    split: bool = True  # split-K decode kernels and 128-wide GEMM steps (False: the first versions)
 
 
 class GpuModel(Model):
@@ -73,7 +74,7 @@ class GpuModel(Model):
             self.out_norm = self.w.vector(tensor(T.OUTPUT_NORM))
             self.inv_freq = cp.asarray(inv_freq(p.rope))
             self.stream.synchronize()
-        self.ops = Ops({(L.gate.qtype, L.up.qtype, L.down.qtype) for L in self.layers} if moe else set())
+        self.ops = Ops({(L.gate.qtype, L.up.qtype, L.down.qtype) for L in self.layers} if moe else set(), opts.split)
         self.graphs = DecodeGraphs(self, opts.max_batch)
 
     def plan(self, gguf: Any, opts: GpuOptions) -> VramPlan:

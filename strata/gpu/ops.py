@@ -28,19 +28,26 @@ HEAD_DIMS = (16, 32, 64, 128)  # flash_attn keeps a 64-key tile of K and V^T in 
 
 class Ops:
     """Compiles every source for every GPU weight type and head size, whatever the model: one NVRTC
-    build per machine (cupy caches it on disk), shared by every model and test in a process."""
+    build per machine (cupy caches it on disk), shared by every model and test in a process.
 
-    def __init__(self, moe_types: Iterable[tuple[int, int, int]] = ()) -> None:
+    `split=True` (the default) launches the split-K decode kernels and 128-wide GEMM K steps;
+    False, the first versions (staged inputs, one warp per row, 64-wide steps), kept to compare.
+    """
+
+    def __init__(self, moe_types: Iterable[tuple[int, int, int]] = (), split: bool = True) -> None:
+        self.split = split
         qts = sorted(int(q) for q in GPU_QTYPES)
         self.gemv = Kernels(gemv.SOURCE, [gemv.gemv_name(q, nt, p) for q in qts for nt in GEMV_NT for p in (0, 1, 2)]
+                            + [gemv.gemv_split_name(q, nt, p) for q in qts for nt in GEMV_NT for p in (0, 1)]
                             + [gemv.get_rows_name(q) for q in qts])
-        self.gemm = Kernels(gemm.SOURCE, [gemm.gemm_name(q, a) for q in qts for a in (0, 1)])
+        self.gemm = Kernels(gemm.SOURCE, [gemm.gemm_name(q, a, bk) for q in qts for a in (0, 1) for bk in gemm.BKS])
         self.attn = Kernels(attention.SOURCE, [attention.decode_name(h) for h in HEAD_DIMS]
                             + [attention.flash_name(h) for h in HEAD_DIMS])
         self.rows = Kernels(rows.SOURCE, ["rmsnorm"] + [rows.qkv_post_name(h) for h in HEAD_DIMS])
-        pairs = {(q, q) for q in qts} | {(g, u) for g, u, _ in moe_types}  # gate and up differ only in odd files
+        pairs = sorted({(q, q) for q in qts} | {(g, u) for g, u, _ in moe_types})  # gate and up differ only in odd files
         self.moe = Kernels(moe.SOURCE, ["moe_topk", "moe_count", "moe_plan", "moe_scatter", "moe_combine"]
-                           + [moe.gate_up_name(g, u) for g, u in sorted(pairs)] + [moe.down_name(q) for q in qts])
+                           + [moe.gate_up_name(g, u) for g, u in pairs] + [moe.down_name(q) for q in qts]
+                           + [moe.gate_up_split_name(g, u) for g, u in pairs] + [moe.down_split_name(q) for q in qts])
         self.sample = Kernels(sample.SOURCE, ["argmax_rows", "advance"])
 
     # ---- matrices ----
@@ -57,31 +64,45 @@ class Ops:
         data = [w.data for w in ws] + [w0.data] * (3 - len(ws))
         pro = 2 if silu_mul else (1 if norm is not None else 0)
         nt = gemv_nt(n)
-        fn = self.gemv[gemv.gemv_name(w0.qtype, nt, pro)]
-        grid = (min(-(-total // gemv.WARPS), MAX_GEMV_GRID), -(-n // nt))
-        args = (data[0], data[1], data[2], i32(r1), i32(r2), i64(w0.row_bytes), i32(total), i32(k),
+        head = (data[0], data[1], data[2], i32(r1), i32(r2), i64(w0.row_bytes), i32(total), i32(k),
                 dev_ptr(x), i32(ldx or (2 * k if silu_mul else k)), i32(n),
                 NULL if norm is None else norm, f32(eps), NULL if h_out is None else h_out, i32(k),
                 dev_ptr(y), i32(ldy or total), i32(int(accumulate)))
-        launch(fn, grid, 32 * gemv.WARPS, args, smem=nt * k * 4)
+        if self.split and not silu_mul:
+            s = gemv.split_for(total, k)
+            blocks = min(-(-total * s // gemv.WARPS), MAX_GEMV_GRID if norm is not None else 4 * MAX_GEMV_GRID)
+            launch(self.gemv[gemv.gemv_split_name(w0.qtype, nt, pro)], (blocks, -(-n // nt)), 32 * gemv.WARPS,
+                   head + (i32(s),))
+            return
+        fn = self.gemv[gemv.gemv_name(w0.qtype, nt, pro)]
+        grid = (min(-(-total // gemv.WARPS), MAX_GEMV_GRID), -(-n // nt))
+        launch(fn, grid, 32 * gemv.WARPS, head, smem=nt * k * 4)
 
     def embed(self, w: DevMatrix, ids: Any, n: int, out: Any, id_stride: int = 1) -> None:
         """out[:n] = rows ids (int64, every id_stride-th element) of w, as float32."""
         launch(self.gemv[gemv.get_rows_name(w.qtype)], (n,), 128,
                (w.data, i64(w.row_bytes), dev_ptr(ids), i32(id_stride), i32(w.cols), out))
 
-    def matmul(self, w: DevMatrix, a: Any, m: int, c: Any, *, lda: int = 0, ldc: int = 0, accumulate: bool = False,
-               silu_mul: bool = False, a_index: Any = None, tiles: Any = None, n_tiles: Any = None,
-               grid_rows: int = 0) -> None:
-        """c[:m] (+)= a[:m] @ w.T on tensor cores (qgemm); grouped by expert when `tiles` is given."""
-        k = w.cols
-        fn = self.gemm[gemm.gemm_name(w.qtype, int(silu_mul))]
+    def matmul(self, ws: DevMatrix | Sequence[DevMatrix], a: Any, m: int, c: Any, *, lda: int = 0, ldc: int = 0,
+               accumulate: bool = False, silu_mul: bool = False, a_index: Any = None, tiles: Any = None,
+               n_tiles: Any = None, grid_rows: int = 0) -> None:
+        """c[:m] (+)= a[:m] @ concat(ws).T on tensor cores (qgemm); grouped by expert when `tiles` is
+        given (then ws is one 3-D expert tensor)."""
+        ws = [ws] if isinstance(ws, DevMatrix) else list(ws)
+        w = ws[0]
+        assert all(v.qtype == w.qtype and v.cols == w.cols for v in ws) and len(ws) <= 3
+        k, total = w.cols, sum(v.rows for v in ws)
+        r1 = ws[0].rows
+        r2 = r1 + (ws[1].rows if len(ws) > 1 else 0)
+        data = [v.data for v in ws] + [w.data] * (3 - len(ws))
+        bk = 128 if self.split else 64
         gy = grid_rows if tiles is not None else -(-m // gemm.BM)
-        args = (w.data, i64(w.expert_stride), i64(w.row_bytes), i32(w.rows), i32(k),
-                dev_ptr(a), i32(lda or (2 * k if silu_mul else k)), NULL if a_index is None else a_index,
-                dev_ptr(c), i32(ldc or w.rows), i32(int(accumulate)),
+        args = (data[0], data[1], data[2], i32(r1), i32(r2), i64(w.expert_stride), i64(w.row_bytes), i32(total),
+                i32(k), dev_ptr(a), i32(lda or (2 * k if silu_mul else k)), NULL if a_index is None else a_index,
+                dev_ptr(c), i32(ldc or total), i32(int(accumulate)),
                 NULL if tiles is None else tiles, NULL if n_tiles is None else n_tiles, i32(m))
-        launch(fn, (-(-w.rows // gemm.BN), gy), 256, args)
+        launch(self.gemm[gemm.gemm_name(w.qtype, int(silu_mul), bk)], (-(-total // gemm.BN), gy), 256, args,
+               smem=gemm.smem_bytes(bk))
 
     # ---- rows ----
     def rmsnorm(self, x: Any, w: Any, eps: float, n: int, d: int, out: Any) -> None:
@@ -114,15 +135,24 @@ class Ops:
 
     def moe_gate_up(self, g: DevMatrix, u: DevMatrix, ids: Any, a: int, h: Any, pairs: int, act: Any) -> None:
         f, d = g.rows, g.cols
-        launch(self.moe[moe.gate_up_name(g.qtype, u.qtype)], (-(-f // 8), pairs), 256,
-               (g.data, u.data, i64(g.expert_stride), i64(u.expert_stride), i64(g.row_bytes), i64(u.row_bytes),
-                ids, i32(a), h, i32(d), i32(f), act), smem=d * 4)
+        args = (g.data, u.data, i64(g.expert_stride), i64(u.expert_stride), i64(g.row_bytes), i64(u.row_bytes),
+                ids, i32(a), h, i32(d), i32(f), act)
+        if self.split:
+            s = gemv.split_for(f * pairs, d)
+            launch(self.moe[moe.gate_up_split_name(g.qtype, u.qtype)], (-(-f * s // 8), pairs), 256, args + (i32(s),))
+            return
+        launch(self.moe[moe.gate_up_name(g.qtype, u.qtype)], (-(-f // 8), pairs), 256, args, smem=d * 4)
 
     def moe_down(self, dw: DevMatrix, ids: Any, wts: Any, a: int, act: Any, n: int, x: Any) -> None:
         d, f = dw.rows, dw.cols
-        launch(self.moe[moe.down_name(dw.qtype)], (-(-d // 8), n), 256,
-               (dw.data, i64(dw.expert_stride), i64(dw.row_bytes), ids, wts, i32(a), act, i32(d), i32(f), x),
-               smem=a * f * 4)
+        args = (dw.data, i64(dw.expert_stride), i64(dw.row_bytes), ids, wts, i32(a), act, i32(d), i32(f), x)
+        if self.split:
+            s = 1
+            while s < min(8, a) and d * n * s * 2 <= 16384:  # warps share a row's experts
+                s *= 2
+            launch(self.moe[moe.down_split_name(dw.qtype)], (-(-d * s // 8), n), 256, args + (i32(s),))
+            return
+        launch(self.moe[moe.down_name(dw.qtype)], (-(-d // 8), n), 256, args, smem=a * f * 4)
 
     def moe_group(self, ids: Any, pairs: int, a: int, e: int, counts: Any, offsets: Any, cursor: Any,
                   tiles: Any, n_tiles: Any, rows_of_pair: Any, tok_of_row: Any) -> None:

@@ -1,7 +1,7 @@
 """Matrix products on quantized weights for prefill: many tokens, tensor cores, no dequantized copy.
 
 C[rows, N] (+)= A[rows, K] @ W[N, K]^T where W stays in its GGUF blocks. Each 256-thread block
-computes a 64 x 128 tile: per 64-wide K step it converts A to fp16 and decodes 128 weight rows
+computes a 64 x 128 tile: per K step (64 or 128 wide) it converts A to fp16 and decodes 128 weight rows
 (`Q<QT>::deq8`) into shared memory, then 8 warps run `mma.sync.m16n8k16` (fp16 in, fp32
 accumulate). The decode happens once per 64 tokens, so the weight bytes and the decoding work are
 amortised over the tile; nothing the size of a dequantized matrix ever exists.
@@ -21,13 +21,16 @@ import numpy as np
 from strata.gpu.kernels.common import HEADER
 from strata.quants import dequantize
 
-BM, BN, BK = 64, 128, 64
+BM, BN = 64, 128
+BKS = (64, 128)  # K step: 128 halves the barrier-separated rounds per tile (the v2 default); 64 is v1
+
+
+def smem_bytes(bk: int) -> int:
+    return (BM + BN) * (bk + 8) * 2
 
 SOURCE = HEADER + r"""
 #define BM 64
 #define BN 128
-#define BK 64
-#define LDS (BK + 8)  // padded row (halves): rows 144 bytes apart, fragment loads hit 32 distinct banks
 
 __device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -35,27 +38,41 @@ __device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-template <int QT, int AMODE>
-__global__ void __launch_bounds__(256) qgemm(
-    const u8* __restrict__ W, i64 expert_stride, i64 row_bytes, int N, int K,
+// Rows past r1 / r2 of the output columns come from W1 / W2 (q|k|v as one product), as in gemv.
+// Dynamic shared memory: (BM + BN) * (BK + 8) halves; rows padded by 16 bytes so that fragment
+// loads hit 32 distinct banks.
+template <int QT, int AMODE, int BK>
+__global__ void __launch_bounds__(256, 2) qgemm(
+    const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int r1, int r2,
+    i64 expert_stride, i64 row_bytes, int N, int K,
     const float* __restrict__ A, int lda, const int* __restrict__ a_index,
     float* __restrict__ C, int ldc, int accumulate,
     const int* __restrict__ tiles, const int* __restrict__ n_tiles, int M) {
-  __shared__ __align__(16) u16 As[BM * LDS];
-  __shared__ __align__(16) u16 Ws[BN * LDS];
+  constexpr int LDS = BK + 8, CPR = BK / 8, AF4 = BK / 16, WCH = BN * CPR / 256;
+  extern __shared__ uint4 smem_u4[];
+  u16* As = (u16*)smem_u4;
+  u16* Ws = As + BM * LDS;
   int expert = 0, row0 = blockIdx.y * BM, nrows = min(BM, M - row0);
   if (tiles != nullptr) {
     if ((int)blockIdx.y >= *n_tiles) return;
     expert = tiles[3 * blockIdx.y]; row0 = tiles[3 * blockIdx.y + 1]; nrows = tiles[3 * blockIdx.y + 2];
   }
   const int n0 = blockIdx.x * BN;
-  const u8* Wb = W + (i64)expert * expert_stride;
+  const u8* Wb = W0 + (i64)expert * expert_stride;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int wm = warp >> 2, wn = warp & 3;  // warp tile: rows wm*32..+32, cols wn*32..+32
-  // A staging: thread -> (row tid/4, 16 columns (tid%4)*16); its token row is fixed for the whole K loop
-  const int ar = tid >> 2, ac = (tid & 3) * 16;
+  // A staging: thread -> (row tid/4, BK/4 columns); its token row is fixed for the whole K loop
+  const int ar = tid >> 2, ac = (tid & 3) * (BK / 4);
   const float* arow = nullptr;
   if (ar < nrows) arow = A + (i64)(a_index != nullptr ? a_index[row0 + ar] : row0 + ar) * lda;
+  // W staging: chunk id = tid + 256 j -> (row id / CPR, chunk id % CPR); row pointers fixed too
+  const u8* wrow[WCH];
+#pragma unroll
+  for (int j = 0; j < WCH; j++) {
+    const int n = n0 + (tid + 256 * j) / CPR;
+    wrow[j] = n >= N ? nullptr : n < r1 ? Wb + (i64)n * row_bytes
+            : n < r2 ? W1 + (i64)(n - r1) * row_bytes : W2 + (i64)(n - r2) * row_bytes;
+  }
   float acc[2][4][4];
 #pragma unroll
   for (int i = 0; i < 2; i++)
@@ -65,38 +82,36 @@ __global__ void __launch_bounds__(256) qgemm(
       for (int k = 0; k < 4; k++) acc[i][j][k] = 0.0f;
 
   for (int k0 = 0; k0 < K; k0 += BK) {
-    {  // A: 16 floats -> fp16
-      u32 h[8];
-      const int kc = k0 + ac;
+    float4 av[AF4];  // A's loads go out first, W's decoding overlaps them
+    const int kc = k0 + ac;
 #pragma unroll
-      for (int q = 0; q < 4; q++) {
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (arow != nullptr && kc + 4 * q < K) {
-          v = *(const float4*)(arow + kc + 4 * q);
-          if (AMODE == 1) {
-            const float4 u = *(const float4*)(arow + K + kc + 4 * q);
-            v = make_float4(silu(v.x) * u.x, silu(v.y) * u.y, silu(v.z) * u.z, silu(v.w) * u.w);
-          }
+    for (int q = 0; q < AF4; q++) {
+      av[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (arow != nullptr && kc + 4 * q < K) {
+        av[q] = *(const float4*)(arow + kc + 4 * q);
+        if (AMODE == 1) {  // gate|up -> silu(gate) * up now: holding both would spill at BK = 128
+          const float4 u = *(const float4*)(arow + K + kc + 4 * q), v = av[q];
+          av[q] = make_float4(silu(v.x) * u.x, silu(v.y) * u.y, silu(v.z) * u.z, silu(v.w) * u.w);
         }
-        h[2 * q] = pack2(v.x, v.y);
-        h[2 * q + 1] = pack2(v.z, v.w);
       }
-      uint4* dst = (uint4*)(As + ar * LDS + ac);
-      dst[0] = make_uint4(h[0], h[1], h[2], h[3]);
-      dst[1] = make_uint4(h[4], h[5], h[6], h[7]);
     }
 #pragma unroll
-    for (int j = 0; j < 4; j++) {  // W: 128 rows x 8 chunks of 8
-      const int id = tid + 256 * j, r = id >> 3, cc = id & 7;
+    for (int j = 0; j < WCH; j++) {
+      const int id = tid + 256 * j, r = id / CPR, cc = id % CPR;
       const int c = (k0 >> 3) + cc;
       u32 h[4] = {0u, 0u, 0u, 0u};
-      if (n0 + r < N && c < (K >> 3)) {
+      if (wrow[j] != nullptr && c < (K >> 3)) {
         float v[8];
-        Q<QT>::deq8(Wb + (i64)(n0 + r) * row_bytes, c, v);
+        Q<QT>::deq8(wrow[j], c, v);
 #pragma unroll
         for (int i = 0; i < 4; i++) h[i] = pack2(v[2 * i], v[2 * i + 1]);
       }
       *(uint4*)(Ws + r * LDS + cc * 8) = make_uint4(h[0], h[1], h[2], h[3]);
+    }
+#pragma unroll
+    for (int q = 0; q < AF4; q += 2) {
+      const float4 v0 = av[q], v1 = av[q + 1];
+      *(uint4*)(As + ar * LDS + ac + 4 * q) = make_uint4(pack2(v0.x, v0.y), pack2(v0.z, v0.w), pack2(v1.x, v1.y), pack2(v1.z, v1.w));
     }
     __syncthreads();
 #pragma unroll
@@ -141,15 +156,17 @@ __global__ void __launch_bounds__(256) qgemm(
 """
 
 
-def gemm_name(qt: int, amode: int) -> str:
-    return f"qgemm<{qt},{amode}>"
+def gemm_name(qt: int, amode: int, bk: int = 128) -> str:
+    return f"qgemm<{qt},{amode},{bk}>"
 
 
 def ref_gemm(w_raw: np.ndarray, qtype: int, a: np.ndarray, amode: int = 0) -> np.ndarray:
     """a [M, K] (or [M, 2K] for amode=1) -> [M, N]: what `qgemm` computes, operands rounded to fp16."""
     w = dequantize(w_raw, qtype).astype(np.float16).astype(np.float64)
-    if amode == 1:
+    if amode == 1:  # silu(g) * u in float32, as the kernel stages it
         k = a.shape[1] // 2
-        a = a[:, :k] / (1.0 + np.exp(-a[:, :k].astype(np.float64))) * a[:, k:]
+        g = np.asarray(a[:, :k], np.float32)
+        with np.errstate(over="ignore"):
+            a = g / (np.float32(1) + np.exp(-g)) * a[:, k:]
     a16 = np.asarray(a, np.float32).astype(np.float16).astype(np.float64)
     return (a16 @ w.T).astype(np.float32)

@@ -112,6 +112,81 @@ __global__ void __launch_bounds__(256) gemv(
   }
 }
 
+// The decode form: `split` warps share each row (1, 2, 4 or 8), so small matrices still put ~16k warps'
+// loads in flight, and x is read straight from global memory (L1-resident: every warp of the block
+// reads the same rows) instead of being staged first. PRO 1 folds the norm weight into the decoded
+// weights and scales each dot by 1/rms at the end; warp t computes token t's rms while the other
+// warps start on their rows, and the block barrier that combines the split partials publishes it.
+template <int QT, int NT, int PRO>
+__global__ void __launch_bounds__(256) gemv_split(
+    const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int r1, int r2,
+    i64 row_bytes, int rows, int K, const float* __restrict__ x, int ldx, int n_tok,
+    const float* __restrict__ nw, float eps, float* __restrict__ hout, int ldh,
+    float* __restrict__ y, int ldy, int accumulate, int split) {
+  __shared__ float part[8][NT];
+  __shared__ float inv[NT];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int t0 = blockIdx.y * NT, n = min(NT, n_tok - t0);
+  x += (i64)t0 * ldx;
+  if (PRO == 1 && warp < n) {
+    float ss = 0.f;
+    for (int i = 4 * lane; i < K; i += 128) {
+      const float4 a = __ldg((const float4*)(x + (i64)warp * ldx + i));
+      ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) inv[warp] = 1.0f / sqrtf(ss / (float)K + eps);
+  }
+  const int rpb = 8 / split, sub = warp % split, nch = K >> 3;
+  for (int base = blockIdx.x * rpb; base < rows; base += gridDim.x * rpb) {  // uniform over the block
+    const int r = base + warp / split;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.f;
+    if (r < rows) {
+      const u8* row = r < r1 ? W0 + (i64)r * row_bytes
+                    : r < r2 ? W1 + (i64)(r - r1) * row_bytes : W2 + (i64)(r - r2) * row_bytes;
+#pragma unroll 2
+      for (int c = sub * 32 + lane; c < nch; c += 32 * split) {
+        float v[8];
+        Q<QT>::deq8(row, c, v);
+        if (PRO == 1) {
+          const float4 ga = __ldg((const float4*)(nw + 8 * c)), gb = __ldg((const float4*)(nw + 8 * c + 4));
+          v[0] *= ga.x; v[1] *= ga.y; v[2] *= ga.z; v[3] *= ga.w; v[4] *= gb.x; v[5] *= gb.y; v[6] *= gb.z; v[7] *= gb.w;
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+          if (t < n) {
+            const float4 a = __ldg((const float4*)(x + (i64)t * ldx + 8 * c));
+            const float4 b = __ldg((const float4*)(x + (i64)t * ldx + 8 * c + 4));
+            float s = acc[t];
+            s = fmaf(v[0], a.x, s); s = fmaf(v[1], a.y, s); s = fmaf(v[2], a.z, s); s = fmaf(v[3], a.w, s);
+            s = fmaf(v[4], b.x, s); s = fmaf(v[5], b.y, s); s = fmaf(v[6], b.z, s); s = fmaf(v[7], b.w, s);
+            acc[t] = s;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      const float s = warp_sum(acc[t]);
+      if (lane == 0) part[warp][t] = s;
+    }
+    __syncthreads();
+    if (sub == 0 && lane < n && r < rows) {
+      float s = 0.f;
+      for (int j = 0; j < split; j++) s += part[warp + j][lane];
+      if (PRO == 1) s *= inv[lane];
+      float* o = y + (i64)(t0 + lane) * ldy + r;
+      *o = accumulate ? *o + s : s;
+    }
+    __syncthreads();
+  }
+  if (PRO == 1 && hout != nullptr && blockIdx.x == 0)  // block 0 ran the loop, so inv is published
+    for (int t = 0; t < n; t++)
+      for (int i = threadIdx.x; i < K; i += blockDim.x) hout[(i64)(t0 + t) * ldh + i] = x[(i64)t * ldx + i] * inv[t] * nw[i];
+}
+
 // Whole rows of a matrix as float32 (embedding lookup; also the dequantization test)
 template <int QT>
 __global__ void __launch_bounds__(128) get_rows(const u8* __restrict__ W, i64 row_bytes, const i64* __restrict__ ids,
@@ -130,6 +205,18 @@ __global__ void __launch_bounds__(128) get_rows(const u8* __restrict__ W, i64 ro
 
 def gemv_name(qt: int, nt: int, pro: int) -> str:
     return f"gemv<{qt},{nt},{pro}>"
+
+
+def gemv_split_name(qt: int, nt: int, pro: int) -> str:
+    return f"gemv_split<{qt},{nt},{pro}>"
+
+
+def split_for(rows: int, k: int, cap: int = 8) -> int:
+    """Warps per row: enough that ~16k warps are in flight, while every lane keeps at least a chunk."""
+    s = 1
+    while s < cap and rows * s * 2 <= 16384 and k // 8 >= 32 * s * 2:
+        s *= 2
+    return s
 
 
 def get_rows_name(qt: int) -> str:

@@ -104,7 +104,10 @@ __global__ void __launch_bounds__(256) moe_down(
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int r = blockIdx.x * 8 + warp; r < D; r += gridDim.x * 8) {
+    // sum_a w_a (row_a . act_a) = warp_sum(sum_a w_a * lane's partial): one reduction, and the A
+    // experts' loads are independent, so they overlap instead of waiting on a reduction each
     float total = 0.f;
+#pragma unroll 4
     for (int a = 0; a < A; a++) {
       const u8* row = Wd + ids[t * A + a] * d_stride + r * d_row;
       float s = 0.f;
@@ -114,9 +117,87 @@ __global__ void __launch_bounds__(256) moe_down(
 #pragma unroll
         for (int i = 0; i < 8; i++) s = fmaf(v[i], xs[a * F + 8 * c + i], s);
       }
-      total += wts[t * A + a] * warp_sum(s);
+      total = fmaf(wts[t * A + a], s, total);
     }
+    total = warp_sum(total);
     if (lane == 0) x[(i64)t * D + r] += total;
+  }
+}
+
+// The decode forms with split-K (see gemv_split): `split` warps share each (pair, row); h and act are
+// read straight from global memory. moe_down_split splits a row's A experts over its warps instead.
+template <int QG, int QU>
+__global__ void __launch_bounds__(256) moe_gate_up_split(
+    const u8* __restrict__ Wg, const u8* __restrict__ Wu, i64 g_stride, i64 u_stride, i64 g_row, i64 u_row,
+    const int* __restrict__ ids, int A, const float* __restrict__ h, int D, int F, float* __restrict__ act, int split) {
+  __shared__ float part[8][2];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, p = blockIdx.y, e = ids[p];
+  const float* xr = h + (i64)(p / A) * D;
+  const int rpb = 8 / split, sub = warp % split;
+  for (int base = blockIdx.x * rpb; base < F; base += gridDim.x * rpb) {
+    const int j = base + warp / split;
+    float g = 0.f, u = 0.f;
+    if (j < F) {
+      const u8* rg = Wg + e * g_stride + j * g_row;
+      const u8* ru = Wu + e * u_stride + j * u_row;
+#pragma unroll 2
+      for (int c = sub * 32 + lane; c < (D >> 3); c += 32 * split) {
+        float a[8], b[8];
+        Q<QG>::deq8(rg, c, a);
+        Q<QU>::deq8(ru, c, b);
+        const float4 x0 = __ldg((const float4*)(xr + 8 * c)), x1 = __ldg((const float4*)(xr + 8 * c + 4));
+        const float xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) { g = fmaf(a[i], xv[i], g); u = fmaf(b[i], xv[i], u); }
+      }
+    }
+    g = warp_sum(g); u = warp_sum(u);
+    if (lane == 0) { part[warp][0] = g; part[warp][1] = u; }
+    __syncthreads();
+    if (sub == 0 && lane == 0 && j < F) {
+      float gs = 0.f, us = 0.f;
+      for (int k = 0; k < split; k++) { gs += part[warp + k][0]; us += part[warp + k][1]; }
+      act[(i64)p * F + j] = silu(gs) * us;
+    }
+    __syncthreads();
+  }
+}
+
+template <int QD>
+__global__ void __launch_bounds__(256) moe_down_split(
+    const u8* __restrict__ Wd, i64 d_stride, i64 d_row, const int* __restrict__ ids, const float* __restrict__ wts,
+    int A, const float* __restrict__ act, int D, int F, float* __restrict__ x, int split) {
+  __shared__ float part[8];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.y;
+  const int rpb = 8 / split, sub = warp % split;
+  for (int base = blockIdx.x * rpb; base < D; base += gridDim.x * rpb) {
+    const int r = base + warp / split;
+    float total = 0.f;
+    if (r < D) {
+      for (int a = sub; a < A; a += split) {
+        const u8* row = Wd + ids[t * A + a] * d_stride + r * d_row;
+        const float* xr = act + ((i64)t * A + a) * F;
+        float s = 0.f;
+#pragma unroll 2
+        for (int c = lane; c < (F >> 3); c += 32) {
+          float v[8];
+          Q<QD>::deq8(row, c, v);
+          const float4 x0 = __ldg((const float4*)(xr + 8 * c)), x1 = __ldg((const float4*)(xr + 8 * c + 4));
+          s = fmaf(v[0], x0.x, s); s = fmaf(v[1], x0.y, s); s = fmaf(v[2], x0.z, s); s = fmaf(v[3], x0.w, s);
+          s = fmaf(v[4], x1.x, s); s = fmaf(v[5], x1.y, s); s = fmaf(v[6], x1.z, s); s = fmaf(v[7], x1.w, s);
+        }
+        total = fmaf(wts[t * A + a], s, total);
+      }
+    }
+    total = warp_sum(total);
+    if (lane == 0) part[warp] = total;
+    __syncthreads();
+    if (sub == 0 && lane == 0 && r < D) {
+      float s = 0.f;
+      for (int k = 0; k < split; k++) s += part[warp + k];
+      x[(i64)t * D + r] += s;
+    }
+    __syncthreads();
   }
 }
 
@@ -181,6 +262,14 @@ def gate_up_name(qg: int, qu: int) -> str:
 
 def down_name(qd: int) -> str:
     return f"moe_down<{qd}>"
+
+
+def gate_up_split_name(qg: int, qu: int) -> str:
+    return f"moe_gate_up_split<{qg},{qu}>"
+
+
+def down_split_name(qd: int) -> str:
+    return f"moe_down_split<{qd}>"
 
 
 def max_tiles(n_pairs: int, n_expert: int) -> int:
