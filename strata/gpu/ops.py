@@ -40,7 +40,8 @@ class Ops:
         self.gemv = Kernels(gemv.SOURCE, [gemv.gemv_name(q, nt, p) for q in qts for nt in GEMV_NT for p in (0, 1, 2)]
                             + [gemv.gemv_split_name(q, nt, p) for q in qts for nt in GEMV_NT for p in (0, 1)]
                             + [gemv.get_rows_name(q) for q in qts])
-        self.gemm = Kernels(gemm.SOURCE, [gemm.gemm_name(q, a, bk) for q in qts for a in (0, 1) for bk in gemm.BKS])
+        # silu(gate)*up staging at BK = 128 spills registers, so down projections keep 64-wide steps
+        self.gemm = Kernels(gemm.SOURCE, [gemm.gemm_name(q, a, bk) for q in qts for a, bk in ((0, 64), (0, 128), (1, 64))])
         self.attn = Kernels(attention.SOURCE, [attention.decode_name(h) for h in HEAD_DIMS]
                             + [attention.flash_name(h) for h in HEAD_DIMS])
         self.rows = Kernels(rows.SOURCE, ["rmsnorm"] + [rows.qkv_post_name(h) for h in HEAD_DIMS])
@@ -95,7 +96,7 @@ class Ops:
         r1 = ws[0].rows
         r2 = r1 + (ws[1].rows if len(ws) > 1 else 0)
         data = [v.data for v in ws] + [w.data] * (3 - len(ws))
-        bk = 128 if self.split else 64
+        bk = 128 if self.split and not silu_mul else 64
         gy = grid_rows if tiles is not None else -(-m // gemm.BM)
         args = (data[0], data[1], data[2], i32(r1), i32(r2), i64(w.expert_stride), i64(w.row_bytes), i32(total),
                 i32(k), dev_ptr(a), i32(lda or (2 * k if silu_mul else k)), NULL if a_index is None else a_index,
