@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -23,6 +24,11 @@ class Server:
     url: str
     key: str
     proc: subprocess.Popen[str]
+    log: IO[str]  # the server's stdout and stderr
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=120)
@@ -35,10 +41,11 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(model: Path, *extra: str, key: str = API_KEY) -> Iterator[Server]:
+def running_server(model: Path, *extra: str, key: str | None = API_KEY) -> Iterator[Server]:
+    """key=None starts an open server (no --api-key)."""
     port = free_port()
     cmd = [sys.executable, "-m", "strata", "serve", "--model", str(model), "--port", str(port),
-           "--api-key", key, "--ctx-size", "2048", *extra]
+           *(["--api-key", key] if key else []), "--ctx-size", "2048", *extra]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # A file, not a pipe: nobody drains a pipe during the tests, and a full pipe blocks the server.
     log = tempfile.TemporaryFile(mode="w+")
@@ -57,7 +64,7 @@ def running_server(model: Path, *extra: str, key: str = API_KEY) -> Iterator[Ser
                 time.sleep(0.2)
         else:
             raise RuntimeError("server did not become healthy within 120 s")
-        yield Server(url, key, proc)
+        yield Server(url, key or "", proc, log)
     finally:
         proc.terminate()
         try:
