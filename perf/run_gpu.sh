@@ -37,4 +37,8 @@ case " $STEPS " in *" bench "*)
   if grep -E "^FAILED" "$OUT/tests.log" 2>/dev/null | grep -qE "split|test_gpu_model"; then BENCH_ARGS="${BENCH_ARGS:-} --v1"; fi
   if [ -n "${LLAMA_PID:-}" ]; then wait $LLAMA_PID; tail -3 /tmp/peer.log; LL="--llama-bin /tmp/peer/llama.cpp/build/bin"; fi
   timeout ${BENCH_TIMEOUT:-300} python3 $REPO/perf/bench_gpu.py --model $MODEL $LL --profile --json "$OUT/bench.json" \
-    ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -45 ;; esac
+    ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -45
+  rc=$?; [ -f /tmp/peer.log ] && tail -20 /tmp/peer.log >"$OUT/peer.log"
+  if [ $rc -ne 0 ] && [[ " ${BENCH_ARGS:-} " != *" --v1 "* ]]; then  # Strata side again, first kernel versions
+    timeout 150 python3 $REPO/perf/bench_gpu.py --model $MODEL --v1 --json "$OUT/bench_v1.json" 2>&1 | tail -12
+  fi ;; esac

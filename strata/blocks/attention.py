@@ -19,8 +19,10 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndar
     s_all, n_kv, dv = v.shape
     group = n_head // n_kv
     out = np.empty((t_all, n_head, dv), np.float32)
-    kt = np.ascontiguousarray(k.transpose(1, 2, 0))  # [KV, D, S]
-    vt = np.ascontiguousarray(v.transpose(1, 0, 2))  # [KV, S, Dv]
+    # Strided views, not copies: BLAS takes them as transposed operands, and copying the whole
+    # cache per layer per token would cost more than the attention itself at long context.
+    kt = k.transpose(1, 2, 0)  # [KV, D, S]
+    vt = v.transpose(1, 0, 2)  # [KV, S, Dv]
     for t0 in range(0, t_all, Q_BLOCK):
         t1 = min(t_all, t0 + Q_BLOCK)
         qb = q[t0:t1].reshape(t1 - t0, n_kv, group, d).transpose(1, 2, 0, 3)  # [KV, G, Tb, D]
