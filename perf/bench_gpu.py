@@ -21,7 +21,7 @@ import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -58,7 +58,7 @@ class Profile:
     """GPU time per kernel name, with events around every launch (eager runs only)."""
 
     def __init__(self, cp: Any) -> None:
-        import strata.gpu.ops as ops
+        from strata.gpu import ops
         from strata.gpu.runtime import KERNEL_NAMES
 
         self.cp, self.ops, self.orig = cp, ops, ops.launch
@@ -73,7 +73,7 @@ class Profile:
 
         self.timed = timed
 
-    def __enter__(self) -> Profile:
+    def __enter__(self) -> Self:
         self.events.clear()
         self.ops.launch = self.timed
         return self

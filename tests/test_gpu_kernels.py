@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as Q
-
 from quant_blocks import F16_FIELDS, random_blocks
+
 from strata.blocks.rope import Rope, RopeStyle
 from strata.gpu.kernels import attention, gemm, gemv, moe, rows, sample
 from strata.gpu.weights import DevMatrix
@@ -219,7 +219,7 @@ def test_topk_and_expert_ffn_both_ways(cp, ops):
             x = cp.asarray(x0)
             hd_ = cp.asarray(h)
 
-            def expert(ex: int, xs: np.ndarray) -> np.ndarray:
+            def expert(ex: int, xs: np.ndarray, wg=wg, wu=wu, wd=wd) -> np.ndarray:
                 g, u = xs @ wg[ex].T, xs @ wu[ex].T
                 return (g / (1 + np.exp(-g)) * u) @ wd[ex].T
 

@@ -19,12 +19,12 @@ import gguf
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as Q
+from test_gpu_kernels import weights
 
 from strata.gguf import GGUFFile
 from strata.models import model_class
 from strata.quants import dequantize
 from strata.weights import WeightStore
-from test_gpu_kernels import weights
 
 pytestmark = pytest.mark.gpu
 
@@ -53,7 +53,10 @@ def _tensor(w: gguf.GGUFWriter, name: str, qt: Q, shape: tuple[int, ...], seed: 
 
 def write_tiny(path: Path, arch: str, mix: str) -> Path:
     base, over = MIXES[mix]
-    kind = lambda n: over.get(n, base)  # noqa: E731
+
+    def kind(name: str) -> Q:
+        return over.get(name, base)
+
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(2)
@@ -131,7 +134,7 @@ def test_tiny_model_matches_cpu(tmp_path, arch, mix):
 
 
 def test_graph_replay_equals_eager_and_batch_equals_solo(tmp_path):
-    cpu, gpu = _models(write_tiny(tmp_path / "m.gguf", "qwen3moe", "q4_k_m"))
+    _, gpu = _models(write_tiny(tmp_path / "m.gguf", "qwen3moe", "q4_k_m"))
     rng = np.random.default_rng(2)
     prompts = [rng.integers(0, VOCAB, n) for n in (3, 7, 20)]
 

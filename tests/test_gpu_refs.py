@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as Q
-
 from quant_blocks import random_blocks
+
 from strata.blocks.attention import attend
 from strata.blocks.moe import dispatch, route_softmax_topk
 from strata.blocks.rope import Rope, RopeStyle

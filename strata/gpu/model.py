@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 
 from strata.blocks.rope import RopeStyle
+from strata.errors import ConfigError
 from strata.gguf.names import T, tensor
 from strata.gpu.budget import MIB, Ledger, VramPlan
 from strata.gpu.graphs import DecodeGraphs
 from strata.gpu.kernels.rows import inv_freq
 from strata.gpu.kv import GpuKV
 from strata.gpu.layers import Activations, Dims, LayerWeights, Segment, run_layer
-from strata.errors import ConfigError
 from strata.gpu.ops import HEAD_DIMS, Ops
 from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
@@ -93,7 +93,10 @@ class GpuModel(Model):
 
     def _layer(self, i: int, moe: bool) -> LayerWeights:
         w = self.w
-        opt = lambda k: w.vector(tensor(k, i)) if w.has(tensor(k, i)) else None  # noqa: E731
+
+        def opt(k: T) -> Any:
+            return w.vector(tensor(k, i)) if w.has(tensor(k, i)) else None
+
         names = (T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP) if moe else (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN)
         g, u, dn = (w.matrix(tensor(k, i)) for k in names)
         return LayerWeights(

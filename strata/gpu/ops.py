@@ -11,8 +11,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from strata.gpu.kernels import attention, gemm, gemv, moe, rows, sample
-from strata.gpu.runtime import NULL, Kernels, dev_ptr, f32, i32, i64, launch, ptr
 from strata.gpu.kernels.common import GPU_QTYPES
+from strata.gpu.runtime import NULL, Kernels, dev_ptr, f32, i32, i64, launch, ptr
 from strata.gpu.weights import DevMatrix
 
 GEMV_NT = (1, 4, 8)

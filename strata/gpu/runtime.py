@@ -27,11 +27,11 @@ def available() -> bool:
     """True when cupy imports and sees a CUDA device."""
     try:
         return bool(cupy_module().is_available())
-    except Exception:  # ImportError, or a CUDA driver/runtime error raised by cupy
+    except (ImportError, RuntimeError, OSError):  # no cupy, or a CUDA driver/runtime error raised by it
         return False
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _module(source: str, names: tuple[str, ...]) -> Any:
     cp = cupy_module()
     return cp.RawModule(code=source, options=OPTIONS, name_expressions=list(names))
