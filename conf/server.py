@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from strata.conf.engine import add_backend_flags, check_backend
+from strata.conf.engine import add_backend_flags, check_backend, check_device
 
 from strata.errors import ConfigError
 
@@ -33,6 +33,8 @@ class ServerConfig:
     backend: str = "jit"  # see conf/engine.py: jit (CPU kernels and expert pool) or numpy
     pool_workers: int = 0
     aux_cpus: str = "auto"
+    device: str = "auto"  # see conf/engine.py: auto (cupy GPU when visible), cuda, cpu
+    vram_budget_mib: int = 0  # 0 = the GPU's free memory
     prompt_cache: bool = True
     cache_ram_mib: int = 1024  # prefix cache budget
     test_hooks: bool = False  # exposes POST /debug/fault for the crash-epoch tests
@@ -57,6 +59,7 @@ class ServerConfig:
         if self.weight_cache_mib < 0:
             raise ConfigError("--weight-cache-mib", self.weight_cache_mib, "must be >= 0")
         check_backend(self.backend, self.pool_workers, self.aux_cpus)
+        check_device(self.device, self.vram_budget_mib)
         for k in self.api_keys:
             if not k or any(c.isspace() for c in k):
                 raise ConfigError("--api-key", "***", "keys must be non-empty and contain no whitespace")
@@ -100,6 +103,7 @@ def server_config(args: argparse.Namespace, env: Mapping[str, str] | None = None
         parallel=args.parallel, alias=args.alias, strict_model=args.strict_model,
         queue_limit=args.queue_limit, weight_cache_mib=args.weight_cache_mib, verbose=args.verbose,
         backend=args.backend, pool_workers=args.pool_workers, aux_cpus=args.aux_cpus,
+        device=args.device, vram_budget_mib=args.vram_budget_mib,
         prompt_cache=args.prompt_cache == "on", cache_ram_mib=args.cache_ram_mib, test_hooks=args.test_hooks,
     )
     cfg.validate()

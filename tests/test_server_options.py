@@ -54,3 +54,15 @@ def test_queue_overflow_is_429_or_529_with_retry_after(server: Server) -> None:
     assert over_an.status_code == 529 and over_an.json()["error"]["type"] == "overloaded_error"
     assert "retry-after" in over_an.headers
     assert first.status_code == 200 and second.status_code == 200  # nobody queued was dropped
+
+
+def test_server_flags_are_validated_with_the_flag_name(smollm2_path: Path) -> None:
+    import subprocess
+    import sys
+
+    for flag, value in (("--device", "tpu"), ("--vram-budget-mib", "-1"), ("--parallel", "0"),
+                        ("--backend", "fortran")):
+        out = subprocess.run([sys.executable, "-m", "strata", "serve", "--model", str(smollm2_path), flag, value],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0 and flag in out.stderr, (flag, out.stderr)
+        assert "Traceback" not in out.stderr
