@@ -89,6 +89,99 @@ class Profile:
         return sorted(((k, len(v), sum(v)) for k, v in by.items()), key=lambda r: -r[2])
 
 
+def graph_profile(gpu: Any, b: int = 1, reps: int = 25) -> list[tuple[str, int, float]]:
+    """In-graph time per kernel name: the decode step captured once as is and once per name with every
+    launch of that name repeated, (t_repeated - t_base) / launches. Unlike the eager profile this has
+    no Python launch gap in it, so it is the time the graph actually spends in each kernel."""
+    import cupy as cp
+
+    from strata.gpu import ops as ops_mod
+    from strata.gpu.runtime import KERNEL_NAMES
+
+    g, st = gpu.graphs, gpu.stream
+    states = [gpu.new_state() for _ in range(b)]
+    g.greedy_loop(list(range(1, b + 1)), states, 1)  # buffers and the graph's functions loaded
+    g._load(list(range(1, b + 1)), states, extra=64)  # positions are put back before every replay
+    orig = ops_mod.launch
+    counts: dict[str, int] = defaultdict(int)
+
+    def capture(target: str | None) -> Any:
+        def lw(fn: Any, grid: Any, block: Any, args: Any, smem: int = 0) -> None:
+            orig(fn, grid, block, args, smem)
+            name = KERNEL_NAMES.get(id(fn), "?")
+            if target is None:
+                counts[name] += 1
+            elif name == target:
+                orig(fn, grid, block, args, smem)
+
+        ops_mod.launch = lw
+        try:
+            with st:
+                st.begin_capture()
+                try:
+                    g._kernels(b)
+                finally:
+                    graph = st.end_capture()
+        finally:
+            ops_mod.launch = orig
+        return graph
+
+    saved = g.tab[:b].copy()
+
+    def timed(graph: Any) -> float:
+        """Median over replays, each at the same positions (decode attention grows with the position)."""
+        ts = []
+        with st:
+            for k in range(reps + 2):
+                g.tab[:b] = saved
+                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                e0.record(st)
+                graph.launch(st)
+                e1.record(st)
+                e1.synchronize()
+                if k >= 2:
+                    ts.append(cp.cuda.get_elapsed_time(e0, e1))
+        return statistics.median(ts)
+
+    base = timed(capture(None))
+    out = [("(whole step)", 1, base)]
+    for name, n in sorted(counts.items()):
+        if name.startswith("advance") or name == "?":
+            continue
+        out.append((name, n, (timed(capture(name)) - base) / n * 1e3))  # us per launch
+    return sorted(out, key=lambda r: -r[1] * r[2] if r[0] != "(whole step)" else -1e18)
+
+
+def sweep(gpu: Any, batches: list[int], gen: int = 64) -> dict[str, float]:
+    """Decode tok/s per split-K target (gemv.WARPS_IN_FLIGHT), graphs recaptured for each."""
+    from strata.gpu.kernels import gemv
+
+    keep = gemv.WARPS_IN_FLIGHT
+    out: dict[str, float] = {}
+    try:
+        for target in (4096, 8192, 16384, 32768):
+            gemv.WARPS_IN_FLIGHT = target
+            gpu.graphs._graphs.clear()
+            for b in batches:
+                gpu.graphs.greedy_loop(list(range(1, b + 1)), [gpu.new_state() for _ in range(b)], 2)
+                states = [gpu.new_state() for _ in range(b)]
+                gpu.stream.synchronize()
+                t = time.perf_counter()
+                gpu.graphs.greedy_loop(list(range(1, b + 1)), states, gen)
+                out[f"{target}_b{b}"] = b * gen / (time.perf_counter() - t)
+            print("sweep warps in flight " + str(target) + ": " +
+                  ", ".join(f"b={b} {out[f'{target}_b{b}']:.1f}" for b in batches), flush=True)
+    finally:
+        gemv.WARPS_IN_FLIGHT = keep
+        gpu.graphs._graphs.clear()
+    return out
+
+
+# llama.cpp CUDA on the same machine kind and file, from perf/README.md (2026-11-30, H200): --llama-published
+LLAMA_PUBLISHED = {"pp512": 9972.0, "pp4096": 10690.0, "pp16384": 8971.0, "tg128_b1": 314.2, "batched_tg128_b4": 667.3,
+                   "batched_tg128_b1": 287.9, "published": True}
+
+
 def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     import cupy as cp
 
@@ -134,7 +227,13 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     for i in range(64):  # the engine's own path: logits come back to the host every step
         gpu.forward_batch([np.array([i + 2])], [s])
     res["tg_api_b1"] = 64 / (time.perf_counter() - t)
+    if a.sweep:
+        res["sweep"] = sweep(gpu, a.batches)
     if a.profile:
+        try:
+            res["graph_profile_b1"] = graph_profile(gpu)
+        except Exception as e:  # noqa: BLE001 - a measurement aid: never lose the run for it
+            print(f"graph profile failed: {e!r}", flush=True)
         gpu.graphs.use_graphs = False
         with Profile(cp) as prof:
             gpu.graphs.greedy_loop([1], [gpu.new_state()], 8)
@@ -176,9 +275,13 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=4096, help="Strata prefill rows per pass")
     ap.add_argument("--v1", action="store_true", help="the first kernel versions (GpuOptions(split=False))")
     ap.add_argument("--profile", action="store_true", help="GPU time per kernel (eager decode and pp512)")
+    ap.add_argument("--sweep", action="store_true", help="decode tok/s per split-K target (warps in flight)")
+    ap.add_argument("--llama-published", action="store_true",
+                    help="no llama.cpp run: compare with the H200 numbers recorded in perf/README.md")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
-    out: dict[str, Any] = {"model": str(a.model), "llama.cpp": llama(a.model, a) if a.llama_bin else {}}
+    ll0 = llama(a.model, a) if a.llama_bin else (dict(LLAMA_PUBLISHED) if a.llama_published else {})
+    out: dict[str, Any] = {"model": str(a.model), "llama.cpp": ll0}
     ll = out["llama.cpp"]
     print(f"llama.cpp: {ll}", flush=True)
     if a.json:
@@ -186,6 +289,13 @@ def main() -> None:
     s = out["strata"] = strata(a.model, a)
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
+    if "graph_profile_b1" in s:
+        print("\ngraph_profile_b1 (in-graph, batch 1): kernel, launches per step, us per launch, us per step")
+        for name, n, us in s["graph_profile_b1"]:
+            if name == "(whole step)":
+                print(f"  {name:<60}{n:>6}{us * 1e3:>10.1f}")
+            else:
+                print(f"  {name[:60]:<60}{n:>6}{us:>10.2f}{us * n:>10.1f}")
     for key in ("profile_decode_b1_8steps", "profile_pp512"):
         if key in s:
             print(f"\n{key}: kernel, launches, ms")

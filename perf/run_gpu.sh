@@ -2,6 +2,8 @@
 # One session on the GPU machine (the device tool's `run`): GPU tests, then the benchmark against
 # llama.cpp CUDA on a synthetic Qwen3-30B-A3B-shaped Q4_K file written there. Run from the repo root.
 #   perf/run_gpu.sh [tests] [llama] [bench]     (default: all three; output under ${OUT:-/tmp/out})
+# Without the llama step the table compares with the published llama.cpp numbers (bench --llama-published);
+# BENCH_ARGS adds bench_gpu.py options (e.g. "--prompts 512,4096 --sweep").
 # Carried in (git-ignored): .whl/ (gguf wheel), .gpu_fixtures/ (tiny qwen3moe Q8_0 fixture, Qwen3
 # tokenizer.json.gz for the synth writer), .peer/ (shared/peer/pack-src.sh's llama-src.tgz and
 # a copy of shared/peer/build-cuda.sh: ../shared does not travel).
@@ -32,9 +34,10 @@ case " $STEPS " in *" tests "*)
   echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|rel |prompt\(|mixed|batch vs|oracle" "$OUT/tests.log" | tail -60 ;; esac
 case " $STEPS " in *" bench "*)
   wait $SYNTH_PID; tail -2 "$OUT/synth.log"
-  LL=""
+  LL="--llama-published"  # no llama step: compare with the llama.cpp numbers recorded in perf/README.md
   # the split-K kernels are new: if their tests failed, benchmark the first versions instead
-  if grep -E "^FAILED" "$OUT/tests.log" 2>/dev/null | grep -qE "split|test_gpu_model"; then BENCH_ARGS="${BENCH_ARGS:-} --v1"; fi
+  if [ -z "${NO_V1_FALLBACK:-}" ] && grep -E "^FAILED" "$OUT/tests.log" 2>/dev/null | grep -qE "split|test_gpu_model"; then
+    BENCH_ARGS="${BENCH_ARGS:-} --v1"; fi
   if [ -n "${LLAMA_PID:-}" ]; then wait $LLAMA_PID; tail -3 /tmp/peer.log; LL="--llama-bin /tmp/peer/llama.cpp/build/bin"; fi
   timeout ${BENCH_TIMEOUT:-300} python3 $REPO/perf/bench_gpu.py --model $MODEL $LL --profile --json "$OUT/bench.json" \
     ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -45

@@ -119,15 +119,19 @@ def test_gemm_matches_twin(cp, ops, qt):
     raw = weights(qt, rows_, cols, seed=2)
     w16 = dequantize(raw, qt).astype(np.float16).astype(np.float64)
     m = dev(cp, raw, qt, rows_, cols)
-    for mrows, amode in ((100, 0), (9, 0), (70, 1)):
+    for mrows, amode, bk in ((100, 0, 64), (100, 0, 128), (9, 0, 128), (70, 1, 64)):
         a = rng.standard_normal((mrows, cols * (1 + amode))).astype(np.float32)
         c = cp.full((mrows, rows_), cp.nan, cp.float32)
-        ops.matmul(m, cp.asarray(a), mrows, c, silu_mul=amode == 1)
+        keep, ops.gemm_bk = ops.gemm_bk, bk  # both K steps (silu_mul staging always takes 64)
+        try:
+            ops.matmul(m, cp.asarray(a), mrows, c, silu_mul=amode == 1)
+        finally:
+            ops.gemm_bk = keep
         ref = gemm.ref_gemm(raw, qt, a, amode).astype(np.float64)
         a16 = np.abs(gemm.ref_gemm(np.eye(cols, dtype=np.float32).view(np.uint8), Q.F32, a, amode))  # |fp16(a)|
         # amode 1: expf may differ from numpy's exp by an ulp, which can flip one input's fp16 rounding
         tol = 1e-4 if amode == 0 else 5e-4
-        check(c.get(), ref, a16.astype(np.float64) @ np.abs(w16).T, tol, f"{qt.name} m={mrows} amode={amode}")
+        check(c.get(), ref, a16.astype(np.float64) @ np.abs(w16).T, tol, f"{qt.name} m={mrows} amode={amode} bk={bk}")
 
 
 def test_rmsnorm_and_qkv_post(cp, ops):
@@ -196,6 +200,52 @@ def test_attention_decode_and_flash(cp, ops, hd):
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3
 
 
+@pytest.mark.parametrize("hd", HDS)
+def test_attention_decode_fused_with_qkv_post(cp, ops, hd):
+    """attn_decode_qkv (q/k norm, RoPE, cache write and decode attention in one launch) against qkv_post then
+    attn_decode on a copy of the same caches, and against the numpy twins; one cache per row."""
+    rng = np.random.default_rng(50 + hd)
+    h, kv, layer = 8, 2, 1
+    rope = Rope(n_rot=hd, base=1e6, style=RopeStyle.NEOX)
+    qn, kn = rng.uniform(0.5, 1.5, hd).astype(np.float32), rng.uniform(0.5, 1.5, hd).astype(np.float32)
+    pos = np.array([0, 37, 300])
+    n = pos.size
+    qkv = rng.standard_normal((n, (h + 2 * kv) * hd)).astype(np.float32)
+    caches, tabs = [], []
+    for _ in range(2):  # [0]: the two-launch path, [1]: the fused kernel
+        rows_, cs = [], []
+        for p in pos:
+            k = rng.standard_normal((p + 1, kv, hd)).astype(np.float32)
+            kc, vc = _cache(cp, k, k[::-1].copy(), layer, p + 5)
+            cs.append((kc, vc))
+            rows_.append([kc.data.ptr, vc.data.ptr, p + 5, p, 0])
+        caches.append(cs)
+        tabs.append(cp.asarray(np.array(rows_, np.int64)))
+    for r in range(n):  # the same past keys in both copies
+        caches[1][r][0][...] = caches[0][r][0]
+        caches[1][r][1][...] = caches[0][r][1]
+    args = (cp.asarray(qn), cp.asarray(kn), 1e-6, cp.asarray(rows.inv_freq(rope)), hd, True, rope.scale)
+    scale = 1 / np.sqrt(hd)
+    q = cp.empty((n, h * hd), cp.float32)
+    want = cp.full((n, h * hd), cp.nan, cp.float32)
+    ops.qkv_post(cp.asarray(qkv), n, h, kv, hd, *args, tabs[0], 5, layer, q)
+    ops.attn_decode(q, tabs[0], 5, layer, n, h, kv, hd, scale, want)
+    got = cp.full((n, h * hd), cp.nan, cp.float32)
+    ops.attn_decode_qkv(cp.asarray(qkv), tabs[1], 5, layer, n, h, kv, hd, *args, scale, got)
+    np.testing.assert_allclose(got.get(), want.get(), rtol=2e-4, atol=2e-4)  # an fp16 ulp of a key at most
+    rq, rk, rv = rows.ref_qkv_post(qkv, h, kv, hd, rope, pos, qn, kn, 1e-6)
+    for r, p in enumerate(pos):
+        (k0, v0), (k1, v1) = caches[0][r], caches[1][r]
+        np.testing.assert_allclose(k1.get().astype(np.float32), k0.get().astype(np.float32), rtol=2e-3, atol=2e-3)
+        np.testing.assert_array_equal(v1.get(), v0.get())
+        kk = k1.get()[layer][:, : p + 1].transpose(1, 0, 2).astype(np.float32)
+        vv = v1.get()[layer][:, : p + 1].transpose(1, 0, 2).astype(np.float32)
+        np.testing.assert_array_equal(vv[p], rv[r].astype(np.float32))
+        np.testing.assert_allclose(kk[p], rk[r].astype(np.float32), rtol=2e-3, atol=2e-3)  # 1 fp16 ulp
+        ref = attention.ref_attention(rq[r][None], kk, vv, scale)
+        np.testing.assert_allclose(got.get()[r].reshape(1, h, hd), ref, rtol=1e-4, atol=1e-5)
+
+
 def test_topk_and_expert_ffn_both_ways(cp, ops):
     """Routing, the per-pair gemv FFN (decode) and the grouped tensor-core FFN (prefill) vs dispatch."""
     from strata.gpu.layers import GEMV_ROWS
@@ -252,6 +302,41 @@ def test_topk_and_expert_ffn_both_ways(cp, ops):
             got = x.get()
             err = np.linalg.norm(got - ref) / np.linalg.norm(ref - x0)
             assert err < tol, f"{qg},{qu},{qd} n={n}: relative error {err:.3g} of the FFN output"
+
+
+@pytest.mark.parametrize("qt", [Q.F32, Q.Q8_0, Q.Q4_K], ids=lambda q: q.name)
+def test_router_topk_equals_matvec_then_topk(cp, ops, qt):
+    """The fused decode router (norm-fused gemv, then the last block routes) against matvec + topk, bit for bit,
+    repeated so the launch's block counter is seen to reset."""
+    rng = np.random.default_rng(60 + int(qt))
+    e, a, cols = 128, 8, _cols(qt) * 4
+    raw = weights(qt, e, cols, seed=6)
+    m = dev(cp, raw, qt, e, cols)
+    # norm weights scaled so the logits have std ~2: routing decided by probabilities, not by which of
+    # several underflowed (flushed) ones has the lowest id
+    probe = cp.empty((1, e), cp.float32)
+    ops.matvec([m], cp.asarray(rng.standard_normal((1, cols)).astype(np.float32)), 1, probe,
+               norm=cp.ones(cols, cp.float32), eps=1e-6)
+    nw = cp.asarray((rng.uniform(0.5, 1.5, cols) * 2 / float(probe.std())).astype(np.float32))
+    counter = cp.zeros(1, cp.int32)
+    for n in (1, 3, 8, 1):
+        x = cp.asarray(rng.standard_normal((n, cols)).astype(np.float32))
+        lg0, lg1 = cp.full((n, e), cp.nan, cp.float32), cp.full((n, e), cp.nan, cp.float32)
+        h0, h1 = cp.zeros((n, cols), cp.float32), cp.zeros((n, cols), cp.float32)
+        ids0, ids1 = cp.full(n * a, -1, cp.int32), cp.full(n * a, -1, cp.int32)
+        w0, w1 = cp.zeros(n * a, cp.float32), cp.zeros(n * a, cp.float32)
+        ops.matvec([m], x, n, lg0, norm=nw, eps=1e-6, h_out=h0)
+        ops.topk(lg0, n, e, a, True, ids0, w0)
+        ops.router_topk(m, x, n, lg1, nw, 1e-6, h1, a, True, ids1, w1, counter)
+        rid, rw = moe.ref_topk(lg1.get(), a, True)
+        np.testing.assert_array_equal(ids1.get().reshape(n, a), rid)
+        np.testing.assert_allclose(w1.get().reshape(n, a), rw, rtol=1e-5)
+        if ops.split:  # same gemv body as matvec's: identical logits, routing and normed rows
+            np.testing.assert_array_equal(lg1.get(), lg0.get())
+            np.testing.assert_array_equal(h1.get(), h0.get())
+            np.testing.assert_array_equal(ids1.get(), ids0.get())
+            np.testing.assert_array_equal(w1.get(), w0.get())
+        assert int(counter.get()[0]) == 0
 
 
 def test_argmax_and_sampler(cp, ops):

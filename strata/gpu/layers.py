@@ -2,7 +2,8 @@
 
 `LayerWeights` holds one layer's device tensors; `Activations` the device buffers one forward
 pass writes. `run_layer` launches a layer over n rows: with few rows (decode, up to GEMV_ROWS)
-every projection is a gemv with the RMSNorm fused into its input staging; with many (prefill)
+every projection is a gemv with the RMSNorm fused into its input staging, routing runs inside the
+router's launch and the q/k epilogue inside the attention's (6 launches a MoE layer); with many (prefill)
 projections are tensor-core GEMMs and MoE tokens are grouped by expert. Nothing here allocates,
 so the decode form of it can be captured into a CUDA graph.
 
@@ -76,6 +77,7 @@ class Activations:
         if dims.n_expert:
             e = dims.n_expert
             self.router = cp.empty((n, e), f32)
+            self.counter = cp.zeros(1, cp.int32)  # router_topk's blocks-done count, 0 between launches
             self.ids = cp.empty(p, cp.int32)
             self.wts = cp.empty(p, f32)
             self.gu = cp.empty((p, 2 * dims.ffn), f32)  # gate|up outputs (GEMM) or silu(g)*u (gemv, first F)
@@ -128,9 +130,13 @@ def run_layer(ops: Ops, i: int, w: LayerWeights, dm: Dims, act: Activations, n: 
             else:
                 ops.matmul(ms, h, n, out, ldc=dm.qkv_cols)
             col += sum(m.rows for m in ms)
-    ops.qkv_post(act.qkv, n, dm.n_head, dm.n_kv, dm.hd, w.q_norm, w.k_norm, dm.eps, inv_freq, dm.n_rot, dm.neox,
-                 dm.pos_scale, tab, 5, i, act.q)
-    _attention(ops, i, dm, act, n, tab, segments)
+    if ops.split and (segments is None or all(s.n == 1 for s in segments)):  # decode rows only: one launch
+        ops.attn_decode_qkv(act.qkv, tab, 5, i, n, dm.n_head, dm.n_kv, dm.hd, w.q_norm, w.k_norm, dm.eps, inv_freq,
+                            dm.n_rot, dm.neox, dm.pos_scale, dm.scale, act.att)
+    else:
+        ops.qkv_post(act.qkv, n, dm.n_head, dm.n_kv, dm.hd, w.q_norm, w.k_norm, dm.eps, inv_freq, dm.n_rot, dm.neox,
+                     dm.pos_scale, tab, 5, i, act.q)
+        _attention(ops, i, dm, act, n, tab, segments)
     if small:
         ops.matvec([w.o], act.att, n, x, accumulate=True)
     else:
@@ -165,8 +171,12 @@ def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
     x, h, a, e = act.x, act.h, dm.top_k, dm.n_expert
     assert w.router is not None
     # the router stays a gemv at any n: fp32 logits, so expert choice matches the CPU path
-    ops.matvec([w.router], x, n, act.router, norm=w.ffn_norm, eps=dm.eps, h_out=h)
-    ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
+    if ops.split and n <= GEMV_ROWS:  # routing in the router's own launch
+        ops.router_topk(w.router, x, n, act.router, w.ffn_norm, dm.eps, h, a, dm.norm_topk, act.ids, act.wts,
+                        act.counter)
+    else:
+        ops.matvec([w.router], x, n, act.router, norm=w.ffn_norm, eps=dm.eps, h_out=h)
+        ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
     pairs = n * a
     if n <= GEMV_ROWS:
         ops.moe_gate_up(w.gate, w.up, act.ids, a, h, pairs, act.gu)

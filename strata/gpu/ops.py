@@ -30,19 +30,25 @@ class Ops:
     """Compiles every source for every GPU weight type and head size, whatever the model: one NVRTC
     build per machine (cupy caches it on disk), shared by every model and test in a process.
 
-    `split=True` (the default) launches the split-K decode kernels and 128-wide GEMM K steps;
-    False, the first versions (staged inputs, one warp per row, 64-wide steps), kept to compare.
+    `split=True` (the default) launches the split-K decode kernels and the fused decode launches
+    (router + top-k, q/k/v epilogue + attention); False, the first versions (staged inputs, one warp
+    per row, separate launches), kept to compare. GEMMs take 64-wide K steps either way (`gemm_bk`).
     """
 
     def __init__(self, moe_types: Iterable[tuple[int, int, int]] = (), split: bool = True) -> None:
         self.split = split
+        # GEMM K step (the 128-wide instance stays compiled and tested): 64 measured faster on the H200,
+        # pp512 7,462 vs 6,654 tok/s, qgemm 39.5 vs 48.8 ms per pp512 pass (perf/README.md)
+        self.gemm_bk = 64
         qts = sorted(int(q) for q in GPU_QTYPES)
         self.gemv = Kernels(gemv.SOURCE, [gemv.gemv_name(q, nt, p) for q in qts for nt in GEMV_NT for p in (0, 1, 2)]
                             + [gemv.gemv_split_name(q, nt, p) for q in qts for nt in GEMV_NT for p in (0, 1)]
+                            + [gemv.router_topk_name(q, nt) for q in qts for nt in GEMV_NT]
                             + [gemv.get_rows_name(q) for q in qts])
         # silu(gate)*up staging at BK = 128 spills registers, so down projections keep 64-wide steps
         self.gemm = Kernels(gemm.SOURCE, [gemm.gemm_name(q, a, bk) for q in qts for a, bk in ((0, 64), (0, 128), (1, 64))])
         self.attn = Kernels(attention.SOURCE, [attention.decode_name(h) for h in HEAD_DIMS]
+                            + [attention.decode_qkv_name(h) for h in HEAD_DIMS]
                             + [attention.flash_name(h) for h in HEAD_DIMS])
         self.rows = Kernels(rows.SOURCE, ["rmsnorm"] + [rows.qkv_post_name(h) for h in HEAD_DIMS])
         pairs = sorted({(q, q) for q in qts} | {(g, u) for g, u, _ in moe_types})  # gate and up differ only in odd files
@@ -79,6 +85,19 @@ class Ops:
         grid = (min(-(-total // gemv.WARPS), MAX_GEMV_GRID), -(-n // nt))
         launch(fn, grid, 32 * gemv.WARPS, head, smem=nt * k * 4)
 
+    def router_topk(self, w: DevMatrix, x: Any, n: int, logits: Any, norm: Any, eps: float, h_out: Any, a: int,
+                    norm_topk: bool, ids: Any, wts: Any, counter: Any) -> None:
+        """matvec([w], x, n, logits, norm=norm, h_out=h_out) then topk(logits, ...) in one launch, for up to
+        GEMV_NT[-1] * a few rows (the last block routes every row). counter: int32 [1], zero."""
+        k, e = w.cols, w.rows
+        s = gemv.split_for(e, k)
+        blocks = min(-(-e * s // gemv.WARPS), MAX_GEMV_GRID)
+        nt = gemv_nt(n)
+        launch(self.gemv[gemv.router_topk_name(w.qtype, nt)], (blocks, -(-n // nt)), 32 * gemv.WARPS,
+               (w.data, w.data, w.data, i32(e), i32(e), i64(w.row_bytes), i32(e), i32(k), dev_ptr(x), i32(k), i32(n),
+                norm, f32(eps), NULL if h_out is None else h_out, i32(k), dev_ptr(logits), i32(e), i32(0), i32(s),
+                counter, i32(a), i32(int(norm_topk)), ids, wts), smem=gemv.WARPS * e * 4)
+
     def embed(self, w: DevMatrix, ids: Any, n: int, out: Any, id_stride: int = 1) -> None:
         """out[:n] = rows ids (int64, every id_stride-th element) of w, as float32."""
         launch(self.gemv[gemv.get_rows_name(w.qtype)], (n,), 128,
@@ -96,7 +115,7 @@ class Ops:
         r1 = ws[0].rows
         r2 = r1 + (ws[1].rows if len(ws) > 1 else 0)
         data = [v.data for v in ws] + [w.data] * (3 - len(ws))
-        bk = 128 if self.split and not silu_mul else 64
+        bk = self.gemm_bk if not silu_mul else 64
         gy = grid_rows if tiles is not None else -(-m // gemm.BM)
         args = (data[0], data[1], data[2], i32(r1), i32(r2), i64(w.expert_stride), i64(w.row_bytes), i32(total),
                 i32(k), dev_ptr(a), i32(lda or (2 * k if silu_mul else k)), NULL if a_index is None else a_index,
@@ -122,6 +141,15 @@ class Ops:
                     scale: float, out: Any) -> None:
         launch(self.attn[attention.decode_name(hd)], (h, n), 128,
                (dev_ptr(q), dev_ptr(tab), i32(tab_stride), i32(layer), i32(h), i32(kv), f32(scale), dev_ptr(out)))
+
+    def attn_decode_qkv(self, qkv: Any, tab: Any, tab_stride: int, layer: int, n: int, h: int, kv: int, hd: int,
+                        q_norm: Any, k_norm: Any, eps: float, inv_freq: Any, n_rot: int, neox: bool,
+                        pos_scale: float, scale: float, out: Any) -> None:
+        """qkv_post then attn_decode in one launch, for rows that are all single decode tokens."""
+        launch(self.attn[attention.decode_qkv_name(hd)], (h, n), 128,
+               (dev_ptr(qkv), dev_ptr(tab), i32(tab_stride), i32(layer), i32(h), i32(kv),
+                NULL if q_norm is None else q_norm, NULL if k_norm is None else k_norm, f32(eps), inv_freq,
+                i32(n_rot), i32(int(neox)), f32(pos_scale), f32(scale), dev_ptr(out)))
 
     def flash(self, q: Any, k_layer: Any, v_layer: Any, head_stride: int, t: int, n_past: int, h: int, kv: int,
               hd: int, scale: float, out: Any) -> None:
@@ -149,7 +177,7 @@ class Ops:
         args = (dw.data, i64(dw.expert_stride), i64(dw.row_bytes), ids, wts, i32(a), act, i32(d), i32(f), x)
         if self.split:
             s = 1
-            while s < min(8, a) and d * n * s * 2 <= 16384:  # warps share a row's experts
+            while s < min(8, a) and d * n * s * 2 <= gemv.WARPS_IN_FLIGHT:  # warps share a row's experts
                 s *= 2
             launch(self.moe[moe.down_split_name(dw.qtype)], (-(-d * s // 8), n), 256, args + (i32(s),))
             return

@@ -6,7 +6,9 @@ serves whichever sequences sit in its slots: only the table changes between repl
 
 - `attn_decode`: one query per row (decode). Block (head, row), 4 warps; each warp scores 32 keys
   at a time (a lane per key), keeps a running max/sum (online softmax) and accumulates V with the
-  lanes over head dims; the 4 partial results merge in shared memory. fp32 math throughout.
+  lanes over head dims (each lane a contiguous run of HD/32, several keys' V loads in flight); the
+  4 partial results merge in shared memory. fp32 math throughout. `attn_decode_qkv` is the same
+  with rows.py's q/k/v epilogue (`head_post`) in front, so a decode layer needs no qkv_post launch.
 - `flash_attn`: T queries of one sequence (prefill), tiled 64 queries x 64 keys with
   `mma.sync` (fp16 operands, fp32 accumulators) and an online softmax, so no T x S score matrix
   is built whatever the prompt length. Key tiles past the block's last query are never loaded.
@@ -20,25 +22,19 @@ import numpy as np
 
 from strata.blocks.attention import attend
 from strata.gpu.kernels.common import HEADER
+from strata.gpu.kernels.rows import HEAD_POST
 
-SOURCE = HEADER + r"""
+SOURCE = HEADER + HEAD_POST + r"""
 // ---- decode: q [rows, H*HD] fp32, out [rows, H*HD] fp32 ----
+// One head of one row against keys 0..S-1 of its cache (kc, vc: [cap, HD] of its kv head); the last
+// key's K and V rows are read from klast, vlast (the cache itself, or shared memory when the fused
+// kernel below has just computed them). qs: the query, in shared memory; o: the head's HD outputs.
 template <int HD>
-__global__ void __launch_bounds__(128) attn_decode(
-    const float* __restrict__ q, const i64* __restrict__ tab, int tab_stride, int layer,
-    int H, int KV, float scale, float* __restrict__ out) {
+__device__ __forceinline__ void decode_core(const float* qs, const u16* kc, const u16* vc, int S, const u16* klast,
+                                            const u16* vlast, float scale, float* __restrict__ o_out) {
   constexpr int PER = HD >= 32 ? HD / 32 : 1;  // head dims per lane
-  __shared__ float qs[HD];
   __shared__ float pm[4], pl[4];
   __shared__ float pacc[4][HD];
-  const int h = blockIdx.x, row = blockIdx.y, kvh = h / (H / KV);
-  const i64* tr = tab + (i64)row * tab_stride;
-  const i64 cap = tr[2];
-  const int S = (int)tr[3] + 1;  // keys 0..pos, this token's included
-  const u16* kc = (const u16*)tr[0] + ((i64)layer * KV + kvh) * cap * HD;
-  const u16* vc = (const u16*)tr[1] + ((i64)layer * KV + kvh) * cap * HD;
-  for (int d = threadIdx.x; d < HD; d += blockDim.x) qs[d] = q[(i64)row * H * HD + h * HD + d];
-  __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float m = -INFINITY, l = 0.0f, acc[PER];
 #pragma unroll
@@ -47,7 +43,7 @@ __global__ void __launch_bounds__(128) attn_decode(
     const int key = base + lane;
     float s = -INFINITY;
     if (key < S) {
-      const uint4* kp = (const uint4*)(kc + (i64)key * HD);
+      const uint4* kp = (const uint4*)(key == S - 1 ? klast : kc + (i64)key * HD);
       float dot = 0.0f;
 #pragma unroll
       for (int c = 0; c < HD / 8; c++) {
@@ -67,14 +63,27 @@ __global__ void __launch_bounds__(128) attn_decode(
     l = l * alpha + p;
 #pragma unroll
     for (int i = 0; i < PER; i++) acc[i] *= alpha;
+    // lane owns dims PER*lane .. +PER-1 (one 2/4/8-byte load per key); unrolled so several keys' V
+    // loads are in flight at once instead of one dependent L2 round trip per key
     const int nk = min(32, S - base);
+#pragma unroll 8
     for (int j = 0; j < nk; j++) {
       const float pj = __shfl_sync(0xffffffffu, p, j);
-      const u16* vr = vc + (i64)(base + j) * HD;
+      const u16* vr = (base + j == S - 1 ? vlast : vc + (i64)(base + j) * HD) + PER * lane;
+      if (PER * lane < HD) {
+        float vv[PER];
+        if (PER == 4) {
+          const uint2 w = *(const uint2*)vr;
+          vv[0] = h2f(w.x & 0xFFFF); vv[1 % PER] = h2f(w.x >> 16); vv[2 % PER] = h2f(w.y & 0xFFFF); vv[3 % PER] = h2f(w.y >> 16);
+        } else if (PER == 2) {
+          const u32 w = *(const u32*)vr;
+          vv[0] = h2f(w & 0xFFFF); vv[1 % PER] = h2f(w >> 16);
+        } else {
 #pragma unroll
-      for (int i = 0; i < PER; i++) {
-        const int d = lane + 32 * i;
-        if (d < HD) acc[i] = fmaf(pj, h2f(vr[d]), acc[i]);
+          for (int i = 0; i < PER; i++) vv[i] = h2f(vr[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < PER; i++) acc[i] = fmaf(pj, vv[i], acc[i]);
       }
     }
     m = mnew;
@@ -83,7 +92,7 @@ __global__ void __launch_bounds__(128) attn_decode(
   if (lane == 0) { pm[warp] = m; pl[warp] = l; }
 #pragma unroll
   for (int i = 0; i < PER; i++) {
-    const int d = lane + 32 * i;
+    const int d = PER * lane + i;
     if (d < HD) pacc[warp][d] = acc[i];
   }
   __syncthreads();
@@ -95,8 +104,69 @@ __global__ void __launch_bounds__(128) attn_decode(
     float o = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) o += pacc[i][d] * w[i];
-    out[(i64)row * H * HD + h * HD + d] = o / L;
+    o_out[d] = o / L;
   }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(128) attn_decode(
+    const float* __restrict__ q, const i64* __restrict__ tab, int tab_stride, int layer,
+    int H, int KV, float scale, float* __restrict__ out) {
+  __shared__ float qs[HD];
+  const int h = blockIdx.x, row = blockIdx.y, kvh = h / (H / KV);
+  const i64* tr = tab + (i64)row * tab_stride;
+  const i64 cap = tr[2];
+  const int S = (int)tr[3] + 1;  // keys 0..pos, this token's included
+  const u16* kc = (const u16*)tr[0] + ((i64)layer * KV + kvh) * cap * HD;
+  const u16* vc = (const u16*)tr[1] + ((i64)layer * KV + kvh) * cap * HD;
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) qs[d] = q[(i64)row * H * HD + h * HD + d];
+  __syncthreads();
+  decode_core<HD>(qs, kc, vc, S, kc + (i64)(S - 1) * HD, vc + (i64)(S - 1) * HD, scale, out + (i64)row * H * HD + h * HD);
+}
+
+// qkv_post and attn_decode in one launch (decode rows only): warp 0 makes this head's query, warps 1
+// and 2 this row's new K and V rows of the head's kv group (as qkv_post does, fp16-rounded) into
+// shared memory, and the group's first query head also stores them in the cache. Every block takes
+// the new key from its own shared copy, so no block waits for another's cache write.
+template <int HD>
+__global__ void __launch_bounds__(128) attn_decode_qkv(
+    const float* __restrict__ qkv, const i64* __restrict__ tab, int tab_stride, int layer, int H, int KV,
+    const float* __restrict__ qn, const float* __restrict__ kn, float eps, const float* __restrict__ inv_freq,
+    int n_rot, int neox, float pos_scale, float scale, float* __restrict__ out) {
+  constexpr int PER = HD >= 32 ? HD / 32 : 1;
+  __shared__ float qs[HD];
+  __shared__ float scr[3][HD];
+  __shared__ __align__(16) u16 knew[HD > 8 ? HD : 8];
+  __shared__ __align__(16) u16 vnew[HD > 8 ? HD : 8];
+  const int h = blockIdx.x, row = blockIdx.y, group = H / KV, kvh = h / group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const i64* tr = tab + (i64)row * tab_stride;
+  const i64 cap = tr[2], pos = tr[3];
+  const int S = (int)pos + 1;
+  u16* kc = (u16*)tr[0] + ((i64)layer * KV + kvh) * cap * HD;
+  u16* vc = (u16*)tr[1] + ((i64)layer * KV + kvh) * cap * HD;
+  if (warp < 3) {
+    const int hh = warp == 0 ? h : (warp == 1 ? H + kvh : H + KV + kvh);
+    float v[PER];
+    head_post<HD>(qkv + (i64)row * (H + 2 * KV) * HD + hh * HD, warp, warp == 0 ? qn : kn, eps, inv_freq, n_rot,
+                  neox, pos_scale, pos, scr[warp], v);
+    u16* mine = warp == 1 ? knew : vnew;
+    u16* cache = (warp == 1 ? kc : vc) + pos * HD;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+      const int d = lane + 32 * i;
+      if (d >= HD) continue;
+      if (warp == 0) {
+        qs[d] = v[i];
+      } else {
+        const u16 hv = f2h(v[i]);
+        mine[d] = hv;
+        if (h % group == 0) cache[d] = hv;
+      }
+    }
+  }
+  __syncthreads();
+  decode_core<HD>(qs, kc, vc, S, knew, vnew, scale, out + (i64)row * H * HD + h * HD);
 }
 
 // ---- prefill: T queries of one sequence at positions n_past.., keys 0..n_past+T-1 ----
@@ -236,6 +306,10 @@ __global__ void __launch_bounds__(128) flash_attn(
 
 def decode_name(hd: int) -> str:
     return f"attn_decode<{hd}>"
+
+
+def decode_qkv_name(hd: int) -> str:
+    return f"attn_decode_qkv<{hd}>"
 
 
 def flash_name(hd: int) -> str:

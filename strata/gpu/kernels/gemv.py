@@ -16,11 +16,12 @@ import numpy as np
 
 from strata.blocks.norms import rms_norm, silu
 from strata.gpu.kernels.common import HEADER
+from strata.gpu.kernels.moe import TOPK_WARP
 from strata.quants import dequantize
 
 WARPS = 8  # rows per block per pass
 
-SOURCE = HEADER + r"""
+SOURCE = HEADER + TOPK_WARP + r"""
 // Stage NT tokens' inputs [NT][K] into shared memory, transformed by PRO; zero rows past n.
 template <int NT, int PRO>
 __device__ __forceinline__ void stage_x(float* xs, const float* x, int ldx, int n, int K,
@@ -112,30 +113,49 @@ __global__ void __launch_bounds__(256) gemv(
   }
 }
 
-// The decode form: `split` warps share each row (1, 2, 4 or 8), so small matrices still put ~16k warps'
+// The decode form: `split` warps share each row (1, 2, 4 or 8), so small matrices still put ~4k warps'
 // loads in flight, and x is read straight from global memory (L1-resident: every warp of the block
 // reads the same rows) instead of being staged first. PRO 1 folds the norm weight into the decoded
-// weights and scales each dot by 1/rms at the end; warp t computes token t's rms while the other
-// warps start on their rows, and the block barrier that combines the split partials publishes it.
+// weights and scales each dot by 1/rms at the end. The sums of squares are spread over every thread
+// of the block (one float4 in flight per thread and token for K <= 1024, two for K = 2048), so no
+// warp waits on a long serial chain of loads; an extra barrier publishes 1/rms before the rows.
+#define GEMV_SPLIT_ARGS \
+    const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int r1, int r2, \
+    i64 row_bytes, int rows, int K, const float* __restrict__ x, int ldx, int n_tok, \
+    const float* __restrict__ nw, float eps, float* __restrict__ hout, int ldh, \
+    float* __restrict__ y, int ldy, int accumulate, int split
 template <int QT, int NT, int PRO>
-__global__ void __launch_bounds__(256) gemv_split(
-    const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int r1, int r2,
-    i64 row_bytes, int rows, int K, const float* __restrict__ x, int ldx, int n_tok,
-    const float* __restrict__ nw, float eps, float* __restrict__ hout, int ldh,
-    float* __restrict__ y, int ldy, int accumulate, int split) {
+__device__ __forceinline__ void gemv_split_body(GEMV_SPLIT_ARGS) {
   __shared__ float part[8][NT];
   __shared__ float inv[NT];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t0 = blockIdx.y * NT, n = min(NT, n_tok - t0);
   x += (i64)t0 * ldx;
-  if (PRO == 1 && warp < n) {
-    float ss = 0.f;
-    for (int i = 4 * lane; i < K; i += 128) {
-      const float4 a = __ldg((const float4*)(x + (i64)warp * ldx + i));
-      ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+  if (PRO == 1) {
+    float ss[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) ss[t] = 0.f;
+#pragma unroll 4
+    for (int i = 4 * threadIdx.x; i < K; i += 4 * blockDim.x) {
+#pragma unroll
+      for (int t = 0; t < NT; t++)
+        if (t < n) {
+          const float4 a = __ldg((const float4*)(x + (i64)t * ldx + i));
+          ss[t] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        }
     }
-    ss = warp_sum(ss);
-    if (lane == 0) inv[warp] = 1.0f / sqrtf(ss / (float)K + eps);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      const float s = warp_sum(ss[t]);
+      if (lane == 0) part[warp][t] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < n) {
+      float s = 0.f;
+      for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += part[w][threadIdx.x];
+      inv[threadIdx.x] = 1.0f / sqrtf(s / (float)K + eps);
+    }
+    __syncthreads();  // inv is read only after the rows' first barrier, but part is rewritten below
   }
   const int rpb = 8 / split, sub = warp % split, nch = K >> 3;
   for (int base = blockIdx.x * rpb; base < rows; base += gridDim.x * rpb) {  // uniform over the block
@@ -187,6 +207,34 @@ __global__ void __launch_bounds__(256) gemv_split(
       for (int i = threadIdx.x; i < K; i += blockDim.x) hout[(i64)(t0 + t) * ldh + i] = x[(i64)t * ldx + i] * inv[t] * nw[i];
 }
 
+template <int QT, int NT, int PRO>
+__global__ void __launch_bounds__(256) gemv_split(GEMV_SPLIT_ARGS) {
+  gemv_split_body<QT, NT, PRO>(W0, W1, W2, r1, r2, row_bytes, rows, K, x, ldx, n_tok, nw, eps, hout, ldh, y, ldy,
+                               accumulate, split);
+}
+
+// The MoE router of decode rows: gemv_split with the fused RMSNorm (logits y [n_tok, rows = E]), then the
+// last block of the grid to finish routes every token as moe_topk does, so routing needs no launch of
+// its own. counter: one int, 0 between launches (the last block puts it back). Dynamic smem: 8 * E floats.
+template <int QT, int NT>
+__global__ void __launch_bounds__(256) router_topk(GEMV_SPLIT_ARGS, int* __restrict__ counter, int A, int norm_topk,
+                                                   int* __restrict__ ids, float* __restrict__ wts) {
+  extern __shared__ float4 smem4[];
+  __shared__ int last;
+  gemv_split_body<QT, NT, 1>(W0, W1, W2, r1, r2, row_bytes, rows, K, x, ldx, n_tok, nw, eps, hout, ldh, y, ldy,
+                             accumulate, split);
+  __threadfence();  // this block's logits are visible to whichever block finishes last
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1) == (int)(gridDim.x * gridDim.y) - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int warp = threadIdx.x >> 5;
+  for (int t = warp; t < n_tok; t += blockDim.x >> 5)
+    topk_warp(y + (i64)t * ldy, rows, A, norm_topk, (float*)smem4 + warp * rows, ids + t * A, wts + t * A);
+  if (threadIdx.x == 0) *counter = 0;
+}
+
 // Whole rows of a matrix as float32 (embedding lookup; also the dequantization test)
 template <int QT>
 __global__ void __launch_bounds__(128) get_rows(const u8* __restrict__ W, i64 row_bytes, const i64* __restrict__ ids,
@@ -211,12 +259,23 @@ def gemv_split_name(qt: int, nt: int, pro: int) -> str:
     return f"gemv_split<{qt},{nt},{pro}>"
 
 
+# The split-K target: rows * split warps. On the H200 (132 SMs, ~40 resident warps each at these
+# kernels' 48-64 registers) 4096 keeps each gemv in about one wave: decode b=1 263 tok/s against 249 at
+# 16384 and 237 at 32768, b=4 487 against 480 (perf/bench_gpu.py --sweep). Module-level so --sweep can
+# retune it; the graphs capture whatever it is when they are built.
+WARPS_IN_FLIGHT = 4096
+
+
 def split_for(rows: int, k: int, cap: int = 8) -> int:
-    """Warps per row: enough that ~16k warps are in flight, while every lane keeps at least a chunk."""
+    """Warps per row: enough that ~WARPS_IN_FLIGHT warps are in flight, while every lane keeps at least a chunk."""
     s = 1
-    while s < cap and rows * s * 2 <= 16384 and k // 8 >= 32 * s * 2:
+    while s < cap and rows * s * 2 <= WARPS_IN_FLIGHT and k // 8 >= 32 * s * 2:
         s *= 2
     return s
+
+
+def router_topk_name(qt: int, nt: int) -> str:
+    return f"router_topk<{qt},{nt}>"
 
 
 def get_rows_name(qt: int) -> str:

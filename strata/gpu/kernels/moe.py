@@ -3,8 +3,9 @@
 Legend: T = tokens, D = hidden size, F = expert width, E = experts, A = active experts per token,
 P = T * A (token, slot) pairs.
 
-- `moe_topk`: one warp per token: softmax over E logits, then A rounds of warp argmax (ties to the
-  lower expert id, as a stable argsort does), weights renormalised when the model asks.
+- `moe_topk`: one warp per token (`topk_warp`): softmax over E logits, then A rounds of warp argmax
+  (ties to the lower expert id, as a stable argsort does), weights renormalised when the model asks.
+  Decode rows route inside the router gemv instead (gemv.py `router_topk`, same `topk_warp`).
 - Few tokens (decode): `moe_gate_up` and `moe_down` read each pair's expert straight from the ids,
   one warp per weight row as in gemv; `moe_down` also sums the A slots and adds into the residual.
 - Many tokens (prefill): grouped by expert on the GPU. `moe_count` histograms the ids,
@@ -27,22 +28,17 @@ from strata.gpu.kernels.common import HEADER
 
 TILE = 64  # rows per grouped-GEMM tile; equals gemm.BM
 
-SOURCE = HEADER + r"""
-#define TILE 64
-
-// logits [T, E] -> ids [T, A] int32, w [T, A]; block = 4 warps, one token each; smem 4*E floats
-__global__ void __launch_bounds__(128) moe_topk(const float* __restrict__ logits, int T, int E, int A, int norm,
-                                                int* __restrict__ ids, float* __restrict__ w) {
-  extern __shared__ float sp[];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.x * 4 + warp;
-  if (t >= T) return;
-  float* p = sp + warp * E;
-  const float* l = logits + (i64)t * E;
+TOPK_WARP = r"""
+// One warp routes one token: softmax over its E logits l (read through L2, as another block of the same
+// launch may have just written them), then A rounds of warp argmax (ties to the lower expert id, as a
+// stable argsort does); p: E floats of shared scratch. ids, w: the token's A slots.
+__device__ __forceinline__ void topk_warp(const float* l, int E, int A, int norm, float* p, int* ids, float* w) {
+  const int lane = threadIdx.x & 31;
   float mx = -INFINITY;
-  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, __ldcg(l + e));
   mx = warp_max(mx);
   float sum = 0.f;
-  for (int e = lane; e < E; e += 32) { const float v = expf(l[e] - mx); p[e] = v; sum += v; }
+  for (int e = lane; e < E; e += 32) { const float v = expf(__ldcg(l + e) - mx); p[e] = v; sum += v; }
   sum = warp_sum(sum);
   for (int e = lane; e < E; e += 32) p[e] = p[e] / sum;
   __syncwarp();
@@ -59,10 +55,23 @@ __global__ void __launch_bounds__(128) moe_topk(const float* __restrict__ logits
     }
     if (lane == a) chosen = best;
     total += best;
-    if (lane == 0) { ids[t * A + a] = bi; p[bi] = -2.f; }
+    if (lane == 0) { ids[a] = bi; p[bi] = -2.f; }
     __syncwarp();
   }
-  if (lane < A) w[t * A + lane] = norm ? chosen / total : chosen;
+  if (lane < A) w[lane] = norm ? chosen / total : chosen;
+}
+"""
+
+SOURCE = HEADER + TOPK_WARP + r"""
+#define TILE 64
+
+// logits [T, E] -> ids [T, A] int32, w [T, A]; block = 4 warps, one token each; smem 4*E floats
+__global__ void __launch_bounds__(128) moe_topk(const float* __restrict__ logits, int T, int E, int A, int norm,
+                                                int* __restrict__ ids, float* __restrict__ w) {
+  extern __shared__ float sp[];
+  const int warp = threadIdx.x >> 5, t = blockIdx.x * 4 + warp;
+  if (t >= T) return;
+  topk_warp(logits + (i64)t * E, E, A, norm, sp + warp * E, ids + t * A, w + t * A);
 }
 
 // act[p, j] = silu(gate_e[j] . h[p / A]) * (up_e[j] . h[p / A]) for e = ids[p]; grid (row blocks, P)

@@ -17,7 +17,48 @@ from strata.blocks.norms import rms_norm
 from strata.blocks.rope import Rope
 from strata.gpu.kernels.common import HEADER
 
-SOURCE = HEADER + r"""
+HEAD_POST = r"""
+// One warp's q/k/v epilogue for one head of a fused q|k|v row (src: its HD values): q and k (kind 0, 1)
+// get RMSNorm by nw (when given) and RoPE at pos, v (kind 2) is taken as is. v[i] = dim lane + 32 i.
+// xs: HD floats of shared scratch for the rotation's partner lookups.
+template <int HD>
+__device__ __forceinline__ void head_post(const float* __restrict__ src, int kind, const float* __restrict__ nw,
+                                          float eps, const float* __restrict__ inv_freq, int n_rot, int neox,
+                                          float pos_scale, i64 pos, float* xs, float* v) {
+  constexpr int PER = HD >= 32 ? HD / 32 : 1;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < PER; i++) { const int d = lane + 32 * i; v[i] = d < HD ? src[d] : 0.f; }
+  if (kind < 2 && nw != nullptr) {
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER; i++) s += v[i] * v[i];
+    const float den = sqrtf(warp_sum(s) / (float)HD + eps);
+#pragma unroll
+    for (int i = 0; i < PER; i++) { const int d = lane + 32 * i; if (d < HD) v[i] = (v[i] / den) * nw[d]; }
+  }
+  if (kind < 2) {
+#pragma unroll
+    for (int i = 0; i < PER; i++) { const int d = lane + 32 * i; if (d < HD) xs[d] = v[i]; }
+    __syncwarp();
+    const float p = (float)pos / pos_scale;
+    const int half = n_rot / 2;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+      const int d = lane + 32 * i;
+      if (d >= n_rot || d >= HD) continue;
+      int f, ia, ib; bool first;
+      if (neox) { f = d % half; ia = f; ib = f + half; first = d < half; }
+      else { f = d / 2; ia = 2 * f; ib = 2 * f + 1; first = (d & 1) == 0; }
+      const float ang = p * inv_freq[f];
+      const float c = cosf(ang), s = sinf(ang), a = xs[ia], b = xs[ib];
+      v[i] = first ? a * c - b * s : b * c + a * s;
+    }
+  }
+}
+"""
+
+SOURCE = HEADER + HEAD_POST + r"""
 __global__ void __launch_bounds__(256) rmsnorm(const float* __restrict__ x, int ldx, const float* __restrict__ w,
                                                float eps, int D, float* __restrict__ out, int ldo) {
   __shared__ float red[32];
@@ -48,38 +89,10 @@ __global__ void __launch_bounds__(32) qkv_post(
   const int row = blockIdx.x, hh = blockIdx.y, lane = threadIdx.x;
   const int kind = hh < H ? 0 : (hh < H + KV ? 1 : 2);  // q, k, v
   const float* src = qkv + (i64)row * (H + 2 * KV) * HD + hh * HD;
-  float v[PER];
-#pragma unroll
-  for (int i = 0; i < PER; i++) { const int d = lane + 32 * i; v[i] = d < HD ? src[d] : 0.f; }
-  const float* nw = kind == 0 ? qn : kn;
-  if (kind < 2 && nw != nullptr) {
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < PER; i++) s += v[i] * v[i];
-    const float den = sqrtf(warp_sum(s) / (float)HD + eps);
-#pragma unroll
-    for (int i = 0; i < PER; i++) { const int d = lane + 32 * i; if (d < HD) v[i] = (v[i] / den) * nw[d]; }
-  }
   const i64* tr = tab + (i64)row * tab_stride;
   const i64 pos = tr[3];
-  if (kind < 2) {
-#pragma unroll
-    for (int i = 0; i < PER; i++) { const int d = lane + 32 * i; if (d < HD) xs[d] = v[i]; }
-    __syncwarp();
-    const float p = (float)pos / pos_scale;
-    const int half = n_rot / 2;
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-      const int d = lane + 32 * i;
-      if (d >= n_rot || d >= HD) continue;
-      int f, ia, ib; bool first;
-      if (neox) { f = d % half; ia = f; ib = f + half; first = d < half; }
-      else { f = d / 2; ia = 2 * f; ib = 2 * f + 1; first = (d & 1) == 0; }
-      const float ang = p * inv_freq[f];
-      const float c = cosf(ang), s = sinf(ang), a = xs[ia], b = xs[ib];
-      v[i] = first ? a * c - b * s : b * c + a * s;
-    }
-  }
+  float v[PER];
+  head_post<HD>(src, kind, kind == 0 ? qn : kn, eps, inv_freq, n_rot, neox, pos_scale, pos, xs, v);
   if (kind == 0) {
 #pragma unroll
     for (int i = 0; i < PER; i++) { const int d = lane + 32 * i; if (d < HD) qout[(i64)row * H * HD + hh * HD + d] = v[i]; }
