@@ -1,7 +1,9 @@
 """The JIT backend as the engine sees it: dense matmuls and MoE experts on quantized weights.
 
 WeightStore.matmul asks `matmul` first and falls back to numpy when it returns None (a quant type
-without a kernel); MoE models hand whole expert windows to `moe`. Built once per engine from its
+without a kernel); `matmul_cat` does the same for matrices that share an input (q/k/v, gate/up),
+whose rows it packs once into one matrix so a decode step makes one kernel call for them, not
+three. MoE models hand whole expert windows to `moe`. Built once per engine from its
 options (`start`), so configuration is read at load time and nowhere deeper.
 """
 
@@ -31,6 +33,9 @@ class JitBackend:
         self.kernels = pool.kernels
         self._experts: dict[str, ExpertWeights] = {}
         self._dense: dict[str, tuple[np.ndarray | None, GGMLQuantizationType, int]] = {}  # per tensor, once
+        # Matrices multiplied by the same x (q/k/v, gate/up), their quantized rows copied together
+        # once so one kernel call covers them all; None where their types or widths differ.
+        self._packed: dict[tuple[str, ...], tuple[np.ndarray, GGMLQuantizationType] | None] = {}
 
     def close(self) -> None:
         self.pool.close()
@@ -51,6 +56,29 @@ class JitBackend:
         if raw is None:
             return None
         raw = raw[expert] if expert >= 0 else raw.reshape(-1, row_bytes)
+        return self._sliced(raw, qtype, x)
+
+    def matmul_cat(self, x: np.ndarray, names: tuple[str, ...]) -> np.ndarray | None:
+        """x [T, cols] . [W_0; W_1; ...]^T -> [T, sum rows] in one kernel call per token slice, or
+        None when the matrices cannot share one (the caller then multiplies them one by one)."""
+        if names not in self._packed:
+            self._packed[names] = self._pack(names)
+        hit = self._packed[names]
+        if hit is None:
+            return None
+        raw, qtype = hit
+        return self._sliced(raw, qtype, x)
+
+    def _pack(self, names: tuple[str, ...]) -> tuple[np.ndarray, GGMLQuantizationType] | None:
+        infos = [self.gguf.tensors[n] for n in names]
+        first = infos[0]
+        if any(len(i.shape) != 2 or i.qtype != first.qtype or i.row_bytes != first.row_bytes or not self._fits(i)
+               for i in infos):
+            return None
+        rows = [self.gguf.raw(n).reshape(-1, first.row_bytes) for n in names]
+        return np.concatenate(rows, axis=0), first.qtype  # uint8 [sum rows, row_bytes], a copy
+
+    def _sliced(self, raw: np.ndarray, qtype: GGMLQuantizationType, x: np.ndarray) -> np.ndarray:
         if x.shape[0] <= MAX_TOKENS:
             return self.pool.matmul(raw, qtype, x)
         return np.concatenate([self.pool.matmul(raw, qtype, x[i : i + MAX_TOKENS])

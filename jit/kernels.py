@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as T
-from strata.jit import expert_ir
+from strata.jit import expert_ir, spin
 from strata.jit import formats_k as _k  # noqa: F401  (registers the K-quant and IQ4 decoders)
 from strata.jit.compiler import Compiler
 from strata.jit.formats import FORMAT_F16, FORMATS, Format
@@ -41,6 +41,7 @@ class Kernels:
             self._formats[T.F16] = FORMAT_F16
         self._fns: dict[T, ctypes._CFuncPtr] = {}
         self._expert: ctypes._CFuncPtr | None = None
+        self._spin: tuple[int, int] | None = None
         self._lock = threading.Lock()
 
     def supports(self, qtype: T | int) -> bool:
@@ -68,6 +69,15 @@ class Kernels:
                 syms = self.compiler.symbols("expert", "", lambda: expert_ir.build(self.host), ("expert",))
                 self._expert = EXPERT(syms["expert"])
             return self._expert
+
+    def spin(self) -> tuple[int, int]:
+        """Addresses of the helper-thread loop and its claim function (spin.py), compiled on first use."""
+        with self._lock:
+            if self._spin is None:
+                names = ("spin_worker", "spin_claim")
+                syms = self.compiler.symbols("spin", spin.LAYOUT, lambda: spin.build(self.host), names)
+                self._spin = (syms["spin_worker"], syms["spin_claim"])
+            return self._spin
 
     def _address(self, fmt: Format) -> int:
         name = f"qmm_{fmt.qtype.name.lower()}"

@@ -77,6 +77,17 @@ class WeightStore:
             out[:, r0:r1] = x @ dequantize(raw[r0:r1], info.qtype, info.shape[-1]).T
         return out
 
+    def matmul_cat(self, x: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
+        """x [T, cols] times several matrices sharing `cols`, outputs side by side: [T, sum rows].
+
+        The JIT backend runs them as one kernel call over rows packed together once (when their
+        quant types match); otherwise each is one `matmul`, so the values are the same either way.
+        """
+        if self.jit is not None and (y := self.jit.matmul_cat(x, names)) is not None:
+            return y
+        parts = [self.matmul(x, n) for n in names]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+
     def rows(self, name: str, ids: np.ndarray) -> np.ndarray:
         """Rows `ids` of a 2-D tensor as f32 [len(ids), cols], reading only those rows' bytes."""
         hit = self._cache.get((name, -1))

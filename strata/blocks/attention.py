@@ -23,6 +23,11 @@ def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndar
     # cache per layer per token would cost more than the attention itself at long context.
     kt = k.transpose(1, 2, 0)  # [KV, D, S]
     vt = v.transpose(1, 0, 2)  # [KV, S, Dv]
+    if t_all == 1:  # a decode step: its one query sees every key, so no mask (same products)
+        qb = q.reshape(1, n_kv, group, d).transpose(1, 2, 0, 3)  # [KV, G, 1, D]
+        scores = np.matmul(qb, kt[:, None, :, :]) * np.float32(scale)  # [KV, G, 1, S]
+        ob = np.matmul(softmax(scores, axis=-1), vt[:, None, :, :])  # [KV, G, 1, Dv]
+        return ob.reshape(1, n_head, dv)
     for t0 in range(0, t_all, Q_BLOCK):
         t1 = min(t_all, t0 + Q_BLOCK)
         qb = q[t0:t1].reshape(t1 - t0, n_kv, group, d).transpose(1, 2, 0, 3)  # [KV, G, Tb, D]

@@ -8,8 +8,11 @@ import numpy as np
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """RMSNorm over the last axis: x / sqrt(mean(x^2) + eps) * weight."""
     x = x.astype(np.float32, copy=False)
-    var = np.mean(x * x, axis=-1, keepdims=True)
-    return (x / np.sqrt(var + np.float32(eps))) * weight
+    # np.mean without its Python wrapper: the same float32 pairwise sum, then / n (exact either way)
+    var = np.add.reduce(x * x, axis=-1, keepdims=True)  # [..., 1]
+    var /= np.float32(x.shape[-1])
+    var += np.float32(eps)
+    return (x / np.sqrt(var, out=var)) * weight
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -24,6 +27,7 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    m = np.max(x, axis=axis, keepdims=True)
+    m = np.maximum.reduce(x, axis=axis, keepdims=True)
     e = np.exp(x - m)
-    return e / np.sum(e, axis=axis, keepdims=True)
+    e /= np.add.reduce(e, axis=axis, keepdims=True)
+    return e

@@ -36,14 +36,21 @@ class Rope:
     def apply(self, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         """Rotate x [T, H, D] in place-free fashion; returns a new array."""
         r = self.n_rot
-        out = x.copy()
+        out = np.empty(x.shape, x.dtype)
+        if r < x.shape[-1]:
+            out[..., r:] = x[..., r:]
         c, s = cos[:, None, :], sin[:, None, :]  # [T, 1, r/2]
         if self.style is RopeStyle.NEOX:
-            a, b = x[..., : r // 2], x[..., r // 2 : r]
-            out[..., : r // 2] = a * c - b * s
-            out[..., r // 2 : r] = b * c + a * s
+            a, b, oa, ob = x[..., : r // 2], x[..., r // 2 : r], out[..., : r // 2], out[..., r // 2 : r]
         else:
-            a, b = x[..., 0:r:2], x[..., 1:r:2]
-            out[..., 0:r:2] = a * c - b * s
-            out[..., 1:r:2] = b * c + a * s
+            a, b, oa, ob = x[..., 0:r:2], x[..., 1:r:2], out[..., 0:r:2], out[..., 1:r:2]
+        if x.dtype != np.float32:  # e.g. fp16 in: compute in float32, round once on the way out
+            oa[...] = a * c - b * s
+            ob[...] = b * c + a * s
+            return out
+        # written straight into out's halves, rounding exactly as a * c - b * s and b * c + a * s
+        np.multiply(a, c, out=oa)
+        oa -= b * s
+        np.multiply(b, c, out=ob)
+        ob += a * s
         return out

@@ -31,10 +31,31 @@ class AttnParams:
         return 1.0 / float(np.sqrt(self.head_dim))
 
 
+@dataclass(frozen=True, slots=True)
+class AttnNames:
+    """One layer's attention tensor names, built once at load rather than formatted per token."""
+
+    layer: int
+    qkv: tuple[str, str, str]
+    out: str
+    q_norm: str
+    k_norm: str
+
+    @classmethod
+    def of(cls, layer: int) -> AttnNames:
+        return cls(
+            layer=layer,
+            qkv=(tensor(T.ATTN_Q, layer), tensor(T.ATTN_K, layer), tensor(T.ATTN_V, layer)),
+            out=tensor(T.ATTN_OUT, layer),
+            q_norm=tensor(T.ATTN_Q_NORM, layer),
+            k_norm=tensor(T.ATTN_K_NORM, layer),
+        )
+
+
 def self_attention(
     h: np.ndarray,
     w: WeightStore,
-    layer: int,
+    names: AttnNames,
     p: AttnParams,
     rope: Rope,
     cos_sin: tuple[np.ndarray, np.ndarray],
@@ -45,17 +66,22 @@ def self_attention(
     The rows of h belong to several sequences: segments[j] = (start, end, that sequence's cache).
     Projections run once over all rows; each sequence attends only to its own cache.
     """
-    t = h.shape[0]
-    q = w.matmul(h, tensor(T.ATTN_Q, layer)).reshape(t, p.n_head, p.head_dim)
-    k = w.matmul(h, tensor(T.ATTN_K, layer)).reshape(t, p.n_kv, p.head_dim)
-    v = w.matmul(h, tensor(T.ATTN_V, layer)).reshape(t, p.n_kv, p.head_dim)
+    t, nh, nkv = h.shape[0], p.n_head, p.n_kv
+    qkv = w.matmul_cat(h, names.qkv).reshape(t, nh + 2 * nkv, p.head_dim)  # [N, H + 2 KV, hd]
+    v = qkv[:, nh + nkv :]
     if p.qk_norm:
-        q = rms_norm(q, w.vector(tensor(T.ATTN_Q_NORM, layer)), p.eps)
-        k = rms_norm(k, w.vector(tensor(T.ATTN_K_NORM, layer)), p.eps)
-    q = rope.apply(q, *cos_sin)
-    k = rope.apply(k, *cos_sin)
-    a = np.empty_like(q)  # [N, H, D]
-    for start, end, kv in segments:
-        keys, values = kv.append(layer, k[start:end], v[start:end])
-        a[start:end] = attend(q[start:end], keys, values, p.scale)
-    return w.matmul(a.reshape(t, p.n_head * p.head_dim), tensor(T.ATTN_OUT, layer))
+        q = rope.apply(rms_norm(qkv[:, :nh], w.vector(names.q_norm), p.eps), *cos_sin)
+        k = rope.apply(rms_norm(qkv[:, nh : nh + nkv], w.vector(names.k_norm), p.eps), *cos_sin)
+    else:  # q and k heads rotate alike: one pass over both
+        qk = rope.apply(qkv[:, : nh + nkv], *cos_sin)  # [N, H + KV, hd]
+        q, k = qk[:, :nh], qk[:, nh:]
+    if len(segments) == 1:  # one sequence (every solo decode step): no scatter into a copy
+        _, _, kv = segments[0]
+        keys, values = kv.append(names.layer, k, v)
+        a = attend(q, keys, values, p.scale)
+    else:
+        a = np.empty(q.shape, np.float32)  # [N, H, D]
+        for start, end, kv in segments:
+            keys, values = kv.append(names.layer, k[start:end], v[start:end])
+            a[start:end] = attend(q[start:end], keys, values, p.scale)
+    return w.matmul(a.reshape(t, nh * p.head_dim), names.out)

@@ -14,7 +14,7 @@ import numpy as np
 
 from strata.blocks.norms import rms_norm
 from strata.blocks.rope import Rope, RopeStyle
-from strata.blocks.self_attn import AttnParams, self_attention
+from strata.blocks.self_attn import AttnNames, AttnParams, self_attention
 from strata.errors import GGUFError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, tensor
@@ -80,6 +80,28 @@ class DecoderParams:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class LayerNames:
+    """One decoder layer's tensor names, built once at load (formatting them per token showed up
+    in decode profiles). `gate_up` and `down` are the dense SwiGLU FFN's; MoE files lack them."""
+
+    attn_norm: str
+    ffn_norm: str
+    attn: AttnNames
+    gate_up: tuple[str, str]
+    down: str
+
+    @classmethod
+    def of(cls, layer: int) -> LayerNames:
+        return cls(
+            attn_norm=tensor(T.ATTN_NORM, layer),
+            ffn_norm=tensor(T.FFN_NORM, layer),
+            attn=AttnNames.of(layer),
+            gate_up=(tensor(T.FFN_GATE, layer), tensor(T.FFN_UP, layer)),
+            down=tensor(T.FFN_DOWN, layer),
+        )
+
+
 class Model(ABC):
     """Interface the engine drives: fresh per-sequence state and a forward over new tokens."""
 
@@ -115,6 +137,7 @@ class DecoderLM(Model):
         self.params = DecoderParams.from_gguf(gguf, self.rope_style, self.qk_norm)
         out = tensor(T.OUTPUT)
         self.head = out if weights.has(out) else tensor(T.TOKEN_EMBD)  # tied embeddings
+        self.names = [LayerNames.of(i) for i in range(self.params.n_layer)]
 
     def new_state(self) -> SequenceState:
         p = self.params
@@ -147,10 +170,10 @@ class DecoderLM(Model):
         cos_sin = p.rope.tables(positions)
         bounds = np.cumsum([0] + [len(t) for t in tokens])
         segments = [(int(a), int(b), s.kv) for a, b, s in zip(bounds[:-1], bounds[1:], states)]
-        for i in range(p.n_layer):
-            h = rms_norm(x, w.vector(tensor(T.ATTN_NORM, i)), p.eps)
-            x = x + self_attention(h, w, i, p.attn, p.rope, cos_sin, segments)
-            h = rms_norm(x, w.vector(tensor(T.FFN_NORM, i)), p.eps)
+        for i, names in enumerate(self.names):
+            h = rms_norm(x, w.vector(names.attn_norm), p.eps)
+            x = x + self_attention(h, w, names.attn, p.attn, p.rope, cos_sin, segments)
+            h = rms_norm(x, w.vector(names.ffn_norm), p.eps)
             x = x + self.ffn(i, h)
         for t, s in zip(tokens, states):
             s.n_past += len(t)

@@ -9,7 +9,6 @@ import numpy as np
 
 from strata.blocks.norms import silu
 from strata.blocks.rope import RopeStyle
-from strata.gguf.names import T, tensor
 from strata.models.base import DecoderLM, register
 
 
@@ -19,7 +18,7 @@ class Llama(DecoderLM):
     qk_norm = False
 
     def ffn(self, layer: int, h: np.ndarray) -> np.ndarray:
-        w = self.w
-        gate = w.matmul(h, tensor(T.FFN_GATE, layer))  # [T, F]
-        up = w.matmul(h, tensor(T.FFN_UP, layer))  # [T, F]
-        return w.matmul(silu(gate) * up, tensor(T.FFN_DOWN, layer))  # [T, D]
+        w, names = self.w, self.names[layer]
+        gate_up = w.matmul_cat(h, names.gate_up)  # [T, 2F]: gate then up
+        f = gate_up.shape[1] // 2
+        return w.matmul(silu(gate_up[:, :f]) * gate_up[:, f:], names.down)  # [T, D]

@@ -30,12 +30,15 @@ class Qwen3Moe(DecoderLM):
         # The converter does not write norm_topk_prob for qwen3moe and llama.cpp always
         # renormalises; Qwen3 configs ship True. A file may still say otherwise explicitly.
         self.norm_topk = bool(gguf.arch_get(Keys.EXPERT_WEIGHTS_NORM, True))
+        # per layer: router, then the gate/up/down expert tensors (built once, not per token)
+        kinds = (T.FFN_GATE_INP, T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP)
+        self.moe_names = [tuple(tensor(k, i) for k in kinds) for i in range(self.params.n_layer)]
 
     def ffn(self, layer: int, h: np.ndarray) -> np.ndarray:
         w = self.w
-        router = w.matmul(h, tensor(T.FFN_GATE_INP, layer))  # [T, E]
+        router_n, gate_n, up_n, down_n = self.moe_names[layer]
+        router = w.matmul(h, router_n)  # [T, E]
         ids, weights = route_softmax_topk(router, self.top_k, self.norm_topk)  # [T, A] x2
-        gate_n, up_n, down_n = (tensor(k, layer) for k in (T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP))
         if w.jit is not None:  # CPU mode: fused experts on the pool, each expert's weights read once
             out = w.jit.moe(h, ids, weights, gate_n, up_n, down_n)
             if out is not None:
