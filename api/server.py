@@ -44,6 +44,7 @@ def serve(cfg: ServerConfig) -> int:
     print(f"strata: serving {state.alias} ({state.engine.arch}, ctx {state.engine.n_ctx}) at {url}", flush=True)
     print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
           f"""-d '{{"messages":[{{"role":"user","content":"Hello!"}}]}}'""", flush=True)
+    state.engine.pin_helper_thread()  # uvicorn runs the loop on this thread
     uvicorn.run(app, host=cfg.host, port=cfg.port, loop="uvloop", http="h11",
                 log_level="info" if cfg.verbose else "warning", timeout_graceful_shutdown=5)
     return 0

@@ -13,7 +13,7 @@ import numpy as np
 
 from strata.chat_template import ChatTemplate
 from strata.conf import EngineOptions
-from strata.errors import ConfigError, ContextOverflowError
+from strata.errors import ContextOverflowError
 from strata.gguf import GGUFFile
 from strata.models import Model, model_class
 from strata.sampling import SamplingParams
@@ -43,13 +43,10 @@ class Generation:
 
 
 def _device(opts: EngineOptions, arch: str) -> str:
-    """Where the model runs: the jit backend is a CPU backend, so it keeps auto on the CPU."""
+    """Where the model runs. `backend` only picks the CPU path (numpy or jit), so `python -m strata`
+    with its jit default still takes the GPU when auto finds one."""
     from strata.gpu import resolve_device
 
-    if opts.backend == "jit":
-        if opts.device == "cuda":
-            raise ConfigError("device", opts.device, "backend=jit runs on the CPU; use backend=numpy with the GPU")
-        return "cpu"
     return resolve_device(opts.device, arch)
 
 
@@ -89,6 +86,12 @@ class Engine:
     @property
     def arch(self) -> str:
         return self.gguf.architecture
+
+    def pin_helper_thread(self) -> None:
+        """Keep the calling thread (the HTTP loop) on the --aux-cpus, off the CPU pool's workers."""
+        backend = getattr(getattr(self.model, "w", None), "jit", None)
+        if backend is not None:
+            backend.pool.pin_helper()
 
     def new_state(self) -> SequenceState:
         return self.model.new_state()

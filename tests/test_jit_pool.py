@@ -166,3 +166,23 @@ def test_blas_is_held_to_one_thread_under_the_pool() -> None:
     finally:
         limit_blas_threads(before)
     assert blas_threads() == before
+
+
+def test_engine_pins_helper_thread_to_aux_cpus(smollm2_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import threading
+
+    from strata.engine import Engine
+
+    first = min(os.sched_getaffinity(0))
+    eng = Engine.load(smollm2_path, backend="jit", aux_cpus=str(first), pool_workers=1)
+    seen: list[set[int]] = []
+
+    def helper() -> None:  # a thread of its own, so the test runner's affinity is untouched
+        eng.pin_helper_thread()
+        seen.append(os.sched_getaffinity(0))
+
+    t = threading.Thread(target=helper)
+    t.start()
+    t.join()
+    assert seen == [{first}]
