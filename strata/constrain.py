@@ -9,13 +9,11 @@ values, and the object must close once its required keys are written.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from strata import json_guard, json_schema_guard
-from strata.json_guard import JsonPrefix, TokenTexts
+from strata.json_guard import JsonPrefix, PrefixValidator, allowed_token_mask
 from strata.json_schema_guard import SchemaPrefix
 from strata.tokenizer import Tokenizer
 
@@ -41,27 +39,22 @@ class _TokenTexts:
         return self._tok.vocab_size
 
 
-class _Prefix(Protocol):
-    @property
-    def complete(self) -> bool: ...
-
+class _Prefix(PrefixValidator, Protocol):
     def feed(self, text: str) -> bool: ...
 
 
 P = TypeVar("P", bound=_Prefix)
-MaskFn = Callable[[P, Iterable[int], TokenTexts, Collection[int]], list[int]]
 
 
 class PrefixConstraint(Generic[P]):
     """Masks logits to the tokens a prefix validator accepts (a sequence.Constraint)."""
 
-    def __init__(self, tokenizer: Tokenizer, prefix: P, allowed: MaskFn[P], seed: str) -> None:
+    def __init__(self, tokenizer: Tokenizer, prefix: P, seed: str) -> None:
         """`seed` is text already in the prompt (a forced tool call's opening); the output
         continues it, so it must itself be a valid prefix."""
         if seed and not prefix.feed(seed):
             raise ValueError(f"JSON seed {seed!r} is not a valid prefix for this constraint")
         self.prefix = prefix
-        self._allowed = allowed
         self._texts = _TokenTexts(tokenizer)
         self._eos = tokenizer.eot_ids
 
@@ -76,7 +69,7 @@ class PrefixConstraint(Generic[P]):
             # Only the set matters (survivors keep their logits), so the top `width` need no sort:
             # argpartition is ~10x cheaper than argsort over a 50k-260k vocabulary.
             top = np.argpartition(-logits, width - 1)[:width] if width < logits.size else np.arange(width)
-            allowed = self._allowed(self.prefix, top.tolist(), self._texts, self._eos)
+            allowed = allowed_token_mask(self.prefix, top.tolist(), self._texts, self._eos)
             if allowed:
                 break
         out = np.full_like(logits, -np.inf)
@@ -91,11 +84,11 @@ class JsonConstraint(PrefixConstraint[JsonPrefix]):
     """response_format json_object: any JSON object."""
 
     def __init__(self, tokenizer: Tokenizer, seed: str = "") -> None:
-        super().__init__(tokenizer, JsonPrefix(), json_guard.allowed_token_mask, seed)
+        super().__init__(tokenizer, JsonPrefix(), seed)
 
 
 class SchemaConstraint(PrefixConstraint[SchemaPrefix]):
     """An instance of one JSON Schema (see json_schema for the supported subset)."""
 
     def __init__(self, tokenizer: Tokenizer, schema: Any, seed: str = "") -> None:
-        super().__init__(tokenizer, SchemaPrefix(schema), json_schema_guard.allowed_token_mask, seed)
+        super().__init__(tokenizer, SchemaPrefix(schema), seed)

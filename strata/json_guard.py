@@ -199,15 +199,23 @@ class TokenTexts(Protocol):
     def __getitem__(self, tid: int, /) -> str: ...
 
 
-def allowed_token_mask(state: JsonPrefix, candidate_ids: Iterable[int], token_texts: TokenTexts,
+class PrefixValidator(Protocol):
+    """What allowed_token_mask needs: JsonPrefix here, SchemaPrefix in json_schema_guard."""
+
+    @property
+    def complete(self) -> bool: ...
+
+    def accepts(self, text: str) -> bool: ...
+
+
+def allowed_token_mask(state: PrefixValidator, candidate_ids: Iterable[int], token_texts: TokenTexts,
                        eos_ids: Collection[int] = ()) -> list[int]:
     """The candidate ids, in the given order, whose text keeps the prefix valid.
 
-    token_texts[id] is the token's decoded text. An end-of-sequence id passes only once the object
+    token_texts[id] is the token's decoded text. An end-of-sequence id passes only once the value
     is complete; any other token with empty text is refused, since it would make no progress.
     """
-    st = state.state
-    done = st[0] == _DONE
+    done, accepts = state.complete, state.accepts
     out: list[int] = []
     for tid in candidate_ids:
         if tid in eos_ids:
@@ -215,7 +223,7 @@ def allowed_token_mask(state: JsonPrefix, candidate_ids: Iterable[int], token_te
                 out.append(tid)
             continue
         text = token_texts[tid]
-        if text and advance(st, text) is not None:
+        if text and accepts(text):
             out.append(tid)
     return out
 

@@ -13,7 +13,6 @@ The supported schema subset is described in json_schema.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
 from typing import Any
 
 # The number grammar and the plain-string-run pattern are json_guard's, shared on purpose: both
@@ -28,7 +27,7 @@ from strata.json_guard import (
     _PLAIN_RUN,
     _SIMPLE_ESCAPES,
     _WS,
-    TokenTexts,
+    allowed_token_mask,  # re-exported: one mask serves both validators
 )
 from strata.json_schema import (
     Alt,
@@ -302,26 +301,6 @@ class SchemaPrefix:
         twin = SchemaPrefix.__new__(SchemaPrefix)
         twin._states = self._states
         return twin
-
-
-def allowed_token_mask(state: SchemaPrefix, candidate_ids: Iterable[int], token_texts: TokenTexts,
-                       eos_ids: Collection[int] = ()) -> list[int]:
-    """The candidate ids, in the given order, whose text keeps the prefix an instance prefix.
-
-    As json_guard.allowed_token_mask: end-of-sequence only once complete, empty texts never.
-    """
-    states = state.state
-    done = state.complete
-    out: list[int] = []
-    for tid in candidate_ids:
-        if tid in eos_ids:
-            if done:
-                out.append(tid)
-            continue
-        text = token_texts[tid]
-        if text and advance(states, text) is not None:
-            out.append(tid)
-    return out
 
 
 def closing_suffix(state: SchemaPrefix) -> str:
