@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from strata.api.errors import bad_request
 from strata.api.schemas import MessagesRequest, SamplingFields
+
 from strata.sampling import SamplingError, SamplingParams
 
 # llama-server's defaults: the clients we serve were tuned against them.
@@ -18,26 +21,19 @@ def _checked(p: SamplingParams) -> SamplingParams:
     return p
 
 
+def _given(body: object, names: tuple[str, ...]) -> dict[str, object]:
+    return {n: v for n in names if (v := getattr(body, n, None)) is not None}
+
+
 def openai_params(b: SamplingFields) -> SamplingParams:
-    d = DEFAULTS
-    return _checked(SamplingParams(
-        temperature=d.temperature if b.temperature is None else b.temperature,
-        top_k=d.top_k if b.top_k is None else b.top_k,
-        top_p=d.top_p if b.top_p is None else b.top_p,
-        min_p=d.min_p if b.min_p is None else b.min_p,
-        repeat_penalty=1.0 if b.repeat_penalty is None else b.repeat_penalty,
-        presence_penalty=b.presence_penalty or 0.0,
-        frequency_penalty=b.frequency_penalty or 0.0,
-        seed=b.seed,
-    ))
+    names = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+             "frequency_penalty", "seed")
+    return _checked(dataclasses.replace(DEFAULTS, **_given(b, names)))
 
 
 def anthropic_params(b: MessagesRequest) -> SamplingParams:
-    d = DEFAULTS
-    return _checked(SamplingParams(
-        temperature=d.temperature if b.temperature is None else b.temperature,
-        top_k=d.top_k if b.top_k is None else b.top_k,
-        top_p=d.top_p if b.top_p is None else b.top_p,
-        min_p=d.min_p,
-        seed=(b.metadata or {}).get("seed") if isinstance((b.metadata or {}).get("seed"), int) else None,
-    ))
+    given = _given(b, ("temperature", "top_k", "top_p"))
+    seed = (b.metadata or {}).get("seed")
+    if isinstance(seed, int):
+        given["seed"] = seed
+    return _checked(dataclasses.replace(DEFAULTS, **given))
