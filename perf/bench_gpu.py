@@ -153,14 +153,16 @@ def graph_profile(gpu: Any, b: int = 1, reps: int = 25) -> list[tuple[str, int, 
 
 
 def sweep(gpu: Any, batches: list[int], gen: int = 64) -> dict[str, float]:
-    """Decode tok/s per split-K target (gemv.WARPS_IN_FLIGHT), graphs recaptured for each."""
-    from strata.gpu.kernels import gemv
+    """Decode tok/s per decode-kernel setting, graphs recaptured for each: fp32-input gemvs against the
+    int8-input ones (mmvq) at several grid caps (ops.MMVQ_GRID)."""
+    from strata.gpu import ops as ops_mod
 
-    keep = gemv.WARPS_IN_FLIGHT
+    keep = ops_mod.MMVQ_GRID, gpu.ops.q8
+    settings = [("fp32 gemv", False, keep[0])] + [(f"q8 grid {g}", True, g) for g in (256, 512, 1024)]
     out: dict[str, float] = {}
     try:
-        for target in (4096, 8192, 16384, 32768):
-            gemv.WARPS_IN_FLIGHT = target
+        for label, q8, grid in settings:
+            gpu.ops.q8, ops_mod.MMVQ_GRID = q8, grid
             gpu.graphs._graphs.clear()
             for b in batches:
                 gpu.graphs.greedy_loop(list(range(1, b + 1)), [gpu.new_state() for _ in range(b)], 2)
@@ -168,11 +170,10 @@ def sweep(gpu: Any, batches: list[int], gen: int = 64) -> dict[str, float]:
                 gpu.stream.synchronize()
                 t = time.perf_counter()
                 gpu.graphs.greedy_loop(list(range(1, b + 1)), states, gen)
-                out[f"{target}_b{b}"] = b * gen / (time.perf_counter() - t)
-            print("sweep warps in flight " + str(target) + ": " +
-                  ", ".join(f"b={b} {out[f'{target}_b{b}']:.1f}" for b in batches), flush=True)
+                out[f"{label} b{b}"] = b * gen / (time.perf_counter() - t)
+            print(f"sweep {label}: " + ", ".join(f"b={b} {out[f'{label} b{b}']:.1f}" for b in batches), flush=True)
     finally:
-        gemv.WARPS_IN_FLIGHT = keep
+        ops_mod.MMVQ_GRID, gpu.ops.q8 = keep
         gpu.graphs._graphs.clear()
     return out
 
@@ -194,8 +195,9 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     cpu = model_class(g)(g, WeightStore(g, 0))
     t0 = time.perf_counter()
     gpu = GpuModel(cpu, GpuOptions(chunk=a.chunk, n_ctx=max(a.prompts) + a.gen + 64, max_batch=max(a.batches),
-                                   split=not a.v1))
-    res: dict[str, Any] = {"load_s": time.perf_counter() - t0, "chunk": a.chunk, "kernels": "v1" if a.v1 else "split"}
+                                   split=not a.v1, q8=not a.no_q8))
+    res: dict[str, Any] = {"load_s": time.perf_counter() - t0, "chunk": a.chunk,
+                           "kernels": "v1" if a.v1 else ("split" if a.no_q8 else "split+q8")}
     rng = np.random.default_rng(0)
     vocab = gpu.params.vocab
     gpu.forward(rng.integers(0, vocab, 600), gpu.new_state(), all_logits=False)  # warm: modules, pool
@@ -275,7 +277,8 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=4096, help="Strata prefill rows per pass")
     ap.add_argument("--v1", action="store_true", help="the first kernel versions (GpuOptions(split=False))")
     ap.add_argument("--profile", action="store_true", help="GPU time per kernel (eager decode and pp512)")
-    ap.add_argument("--sweep", action="store_true", help="decode tok/s per split-K target (warps in flight)")
+    ap.add_argument("--sweep", action="store_true", help="decode tok/s per decode-kernel setting (fp32 / int8 inputs)")
+    ap.add_argument("--no-q8", action="store_true", help="decode products on fp32 inputs (GpuOptions(q8=False))")
     ap.add_argument("--llama-published", action="store_true",
                     help="no llama.cpp run: compare with the H200 numbers recorded in perf/README.md")
     ap.add_argument("--json", type=Path, default=None)

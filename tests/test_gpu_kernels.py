@@ -15,8 +15,9 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as Q
 from quant_blocks import F16_FIELDS, random_blocks
 
+from strata.blocks.norms import rms_norm
 from strata.blocks.rope import Rope, RopeStyle
-from strata.gpu.kernels import attention, gemm, gemv, moe, rows, sample
+from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
 from strata.gpu.weights import DevMatrix
 from strata.quants import dequantize
 from strata.sampling import SamplingParams
@@ -35,12 +36,14 @@ def cp():
     return cupy
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["split", "v1"])
+@pytest.fixture(scope="module", params=[(True, True), (True, False), (False, False)], ids=["q8", "split", "v1"])
 def ops(cp, request):
-    """Both kernel generations: split-K decode / 128-wide GEMM steps, and the first versions."""
+    """Every kernel generation: int8-input decode products (mmvq, with split-K fp32 kernels for the other
+    types), split-K decode on fp32 inputs, and the first versions."""
     from strata.gpu.ops import Ops
 
-    return Ops(split=request.param)
+    split, q8 = request.param
+    return Ops(moe_types=MOE_TYPES, split=split, q8=q8)
 
 
 def _cols(qt: Q) -> int:
@@ -109,7 +112,34 @@ def test_gemv_matches_twin(cp, ops, qt):
                        eps=1e-6, h_out=h if pro == 1 else None, silu_mul=pro == 2)
             ref = gemv.ref_gemv(raw, qt, xin, pro, nw, 1e-6).astype(np.float64) + y0
             xt = xin if pro == 0 else (h.get() if pro == 1 else xin[:, :cols] / (1 + np.exp(-xin[:, :cols])) * xin[:, cols:])
-            check(y.get(), ref, np.abs(xt) @ np.abs(w).T + np.abs(y0), 1e-5, f"{qt.name} n={n} pro={pro}")
+            if pro != 1 and ops.takes_q8(parts[0]):  # int8 inputs: the twin quantizes them the same way
+                ref = mmvq.ref_mmvq(raw, qt, xin, pro).astype(np.float64) + y0
+                xt = np.abs(mmvq.dequantize_q8(np.asarray(xt, np.float32)))
+            check(y.get(), ref, np.abs(xt) @ np.abs(w).T + np.abs(y0), 1e-5 if pro == 0 else 2e-4,
+                  f"{qt.name} n={n} pro={pro}")
+
+
+@pytest.mark.parametrize("qt", sorted(mmvq.MMVQ_TYPES), ids=lambda q: Q(q).name)
+def test_mmvq_with_fused_norm_matches_twin(cp, ops, qt):
+    """The int8-input product with RMSNorm folded into its staging (no normed rows written), for the
+    row counts that pick different split-K factors and tokens past one block's NT."""
+    if not ops.q8:
+        pytest.skip("int8-input products are the q8 generation's")
+    qt = Q(qt)
+    rng = np.random.default_rng(70 + int(qt))
+    cols = 2048 if qt != Q.Q8_0 else 1024
+    for rows_, n in ((40, 1), (700, 4), (300, 11)):
+        raw = weights(qt, rows_, cols, seed=rows_)
+        w = dequantize(raw, qt).astype(np.float64)
+        m = dev(cp, raw, qt, rows_, cols)
+        nw = rng.uniform(0.5, 1.5, cols).astype(np.float32)
+        x = (rng.standard_normal((n, cols)) * 3).astype(np.float32)
+        y = cp.full((n, rows_), cp.nan, cp.float32)
+        ops.matvec([m], cp.asarray(x), n, y, norm=cp.asarray(nw), eps=1e-6)
+        ref = mmvq.ref_mmvq(raw, qt, x, 1, nw, 1e-6).astype(np.float64)
+        xt = np.abs(mmvq.dequantize_q8(rms_norm(x, nw, 1e-6).astype(np.float32)))
+        # a normed input a rounding step away from a code boundary may take the other code: 2e-4 of the bound
+        check(y.get(), ref, xt @ np.abs(w).T, 2e-4, f"{qt.name} rows={rows_} n={n}")
 
 
 @pytest.mark.parametrize("qt", QTYPES, ids=lambda q: q.name)
@@ -274,7 +304,17 @@ def test_topk_and_expert_ffn_both_ways(cp, ops):
                 return (g / (1 + np.exp(-g)) * u) @ wd[ex].T
 
             ref = x0 + moe.ref_moe(h.astype(np.float64), rid, rw.astype(np.float64), expert)
-            if n <= GEMV_ROWS:
+            if n <= GEMV_ROWS and ops.takes_q8(G, U, Dn):
+                hq, hds = _q8_rows(cp, h)
+                aq, ads = cp.empty((n * a, f), cp.int8), cp.empty((n * a, f // 16), cp.float32)
+                ops.moe_q8(G, U, Dn, ids, wts, a, hq, hds, n, aq, ads, x)
+                twin = x0 + mmvq.ref_moe_q8(h, rid, rw.astype(np.float64), wg.__getitem__, wu.__getitem__,
+                                            wd.__getitem__)
+                err = np.linalg.norm(x.get() - twin) / np.linalg.norm(twin - x0)
+                # an activation a rounding step from a code boundary may take the other code
+                assert err < 1e-3, f"{qg},{qu},{qd} n={n}: int8 FFN off its twin by {err:.3g}"
+                tol = 3e-2  # against fp32 inputs: the int8 rounding of h and of the activations
+            elif n <= GEMV_ROWS:
                 act = cp.empty((n * a, f), cp.float32)
                 ops.moe_gate_up(G, U, ids, a, hd_, n * a, act)
                 ops.moe_down(Dn, ids, wts, a, act, n, x)
@@ -304,6 +344,13 @@ def test_topk_and_expert_ffn_both_ways(cp, ops):
             assert err < tol, f"{qg},{qu},{qd} n={n}: relative error {err:.3g} of the FFN output"
 
 
+def _q8_rows(cp, h: np.ndarray):
+    """h quantized on the host as the kernels lay it out: codes [n, K], (d, d * sum) pairs [n, K / 16]."""
+    q, d = mmvq.quantize_q8(h)
+    s = d * q.reshape(q.shape[0], -1, 32).sum(-1).astype(np.float32)
+    return cp.asarray(q), cp.asarray(np.stack([d, s], -1).reshape(q.shape[0], -1).astype(np.float32))
+
+
 @pytest.mark.parametrize("qt", [Q.F32, Q.Q8_0, Q.Q4_K], ids=lambda q: q.name)
 def test_router_topk_equals_matvec_then_topk(cp, ops, qt):
     """The fused decode router (norm-fused gemv, then the last block routes) against matvec + topk, bit for bit,
@@ -327,7 +374,12 @@ def test_router_topk_equals_matvec_then_topk(cp, ops, qt):
         w0, w1 = cp.zeros(n * a, cp.float32), cp.zeros(n * a, cp.float32)
         ops.matvec([m], x, n, lg0, norm=nw, eps=1e-6, h_out=h0)
         ops.topk(lg0, n, e, a, True, ids0, w0)
-        ops.router_topk(m, x, n, lg1, nw, 1e-6, h1, a, True, ids1, w1, counter)
+        hq, hds = cp.zeros((n, cols), cp.int8), cp.zeros((n, cols // 16), cp.float32)
+        ops.router_topk(m, x, n, lg1, nw, 1e-6, h1, a, True, ids1, w1, counter, hq, hds)
+        if ops.split:  # the experts' int8 inputs are the normed rows quantized, exactly as the twin does
+            want_q, want_ds = _q8_rows(cp, h1.get())
+            np.testing.assert_array_equal(hq.get(), want_q.get())
+            np.testing.assert_array_equal(hds.get(), want_ds.get())
         rid, rw = moe.ref_topk(lg1.get(), a, True)
         np.testing.assert_array_equal(ids1.get().reshape(n, a), rid)
         np.testing.assert_allclose(w1.get().reshape(n, a), rw, rtol=1e-5)

@@ -2,8 +2,10 @@
 
 Tolerances (relative L2 norm of the logits difference): 5e-3 where the GPU reads weights through
 fp32 gemv (decode, and prompts of at most 8 tokens), the rest of the difference being the fp16 KV
-cache; 2e-2 where prompts go through the fp16 tensor-core GEMMs. Greedy tokens must be identical on
-the tiny oracle fixture. Every number is printed, so the run log records the margins.
+cache; 2e-2 where prompts go through the fp16 tensor-core GEMMs, and where decode products take int8
+inputs (mmvq, the default for Q4_K/Q6_K/Q8_0 weights: inputs rounded to 1/254 of each 32-value
+group's largest, as llama.cpp's q8_1). Greedy tokens must be identical on the tiny oracle fixture.
+Every number is printed, so the run log records the margins.
 
 Models: tiny random llama and qwen3moe files written here in several quant mixes (vocab 1000), and
 the tiny qwen3moe oracle fixture (Q8_0, its real 151k tokenizer; an F32 copy is derived from it).
@@ -12,6 +14,7 @@ Invariants: graph replay == eager launches (bit for bit), batch == solo, mixed w
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -101,35 +104,69 @@ def write_tiny(path: Path, arch: str, mix: str) -> Path:
     return path
 
 
-def _models(path: Path, chunk: int = 16):
+def _models(path: Path, chunk: int = 16, q8: bool = True):
     from strata.gpu.model import GpuModel, GpuOptions
 
     g = GGUFFile(path)
     cpu = model_class(g)(g, WeightStore(g, 1 << 30))
-    return cpu, GpuModel(cpu, GpuOptions(chunk=chunk))
+    return cpu, GpuModel(cpu, GpuOptions(chunk=chunk, q8=q8))
+
+
+@contextlib.contextmanager
+def int8_inputs():
+    """The CPU engine with every input the GPU's int8 decode products quantize quantized the same way
+    (mmvq.quantize_q8): products on Q4_K/Q6_K/Q8_0 weights, the router excepted (it stays fp32 on the GPU
+    so expert choice matches). The oracle for the int8 path: what is left is fp32 and fp16-KV rounding."""
+    from strata.gpu.kernels import mmvq
+    from strata.weights import WeightStore as WS
+
+    plain = WS.matmul
+
+    def matmul(self: WS, x: np.ndarray, name: str, expert: int = -1) -> np.ndarray:
+        k = x.shape[-1]
+        if (self.gguf.tensors[name].qtype in mmvq.MMVQ_TYPES and "ffn_gate_inp" not in name and k % 32 == 0
+                and k <= mmvq.MAX_K):
+            x = mmvq.dequantize_q8(np.asarray(x, np.float32)).astype(np.float32)
+        return plain(self, x, name, expert)
+
+    WS.matmul = matmul  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        WS.matmul = plain  # type: ignore[method-assign]
 
 
 def rel(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(got.astype(np.float64) - ref) / np.linalg.norm(ref.astype(np.float64)))
 
 
+@pytest.mark.parametrize("q8", [True, False], ids=["q8", "fp32"])
 @pytest.mark.parametrize("mix", list(MIXES))
 @pytest.mark.parametrize("arch", ["qwen3moe", "llama"])
-def test_tiny_model_matches_cpu(tmp_path, arch, mix):
-    cpu, gpu = _models(write_tiny(tmp_path / f"{arch}-{mix}.gguf", arch, mix))
+def test_tiny_model_matches_cpu(tmp_path, arch, mix, q8):
+    """Short prompts and decode against the CPU engine (with int8 inputs where the GPU takes them), the
+    41-token prompt (tensor-core GEMMs; its last rows' head is a gemv) against the plain CPU engine."""
+    cpu, gpu = _models(write_tiny(tmp_path / f"{arch}-{mix}.gguf", arch, mix), q8=q8)
     rng = np.random.default_rng(1)
     short, long = rng.integers(0, VOCAB, 6), rng.integers(0, VOCAB, 41)
-    e_short = rel(gpu.forward(short, gpu.new_state()), cpu.forward(short, cpu.new_state()))
+    oracle = int8_inputs() if q8 else contextlib.nullcontext()
+    plain_short = cpu.forward(short, cpu.new_state())
+    with oracle:
+        want_short = cpu.forward(short, cpu.new_state())
+    e_short = rel(gpu.forward(short, gpu.new_state()), want_short)
     e_long = rel(gpu.forward(long, gpu.new_state()), cpu.forward(long, cpu.new_state()))  # 3 chunks of 16
     sg, sc = gpu.new_state(), cpu.new_state()
     gpu.forward(short, sg, all_logits=False)
-    cpu.forward(short, sc, all_logits=False)
+    with oracle:
+        cpu.forward(short, sc, all_logits=False)
     e_dec = []
     for tok in rng.integers(0, VOCAB, 5):  # one-token windows replay the captured graph
         got = gpu.forward_batch([np.array([tok])], [sg])[0]
-        e_dec.append(rel(got, cpu.forward(np.array([tok]), sc, all_logits=False)[-1]))
-    print(f"\n{arch}/{mix}: prompt(6, gemv) {e_short:.2e}  prompt(41, gemm+flash) {e_long:.2e}  "
-          f"decode max {max(e_dec):.2e}")
+        with oracle:
+            e_dec.append(rel(got, cpu.forward(np.array([tok]), sc, all_logits=False)[-1]))
+    print(f"\n{arch}/{mix}/{'q8' if q8 else 'fp32'}: prompt(6, gemv) {e_short:.2e}  prompt(41, gemm+flash) "
+          f"{e_long:.2e}  decode max {max(e_dec):.2e}  (int8 inputs themselves, on the CPU: "
+          f"{rel(want_short, plain_short):.2e})")
     assert e_short < 5e-3 and max(e_dec) < 5e-3 and e_long < 2e-2
 
 

@@ -17,7 +17,7 @@ from strata.blocks.rope import Rope, RopeStyle
 from strata.errors import ConfigError
 from strata.gpu import resolve_device
 from strata.gpu.budget import MIB, Ledger, VramBudgetError, VramPlan
-from strata.gpu.kernels import attention, gemm, gemv, moe, rows, sample
+from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
 from strata.quants import dequantize
 from strata.sampling import SamplingParams
 
@@ -61,6 +61,53 @@ def test_gemv_twin_prologues():
     xn = x[:, :64] / np.sqrt(np.mean(x[:, :64] ** 2, axis=1, keepdims=True) + 1e-6) * nw
     np.testing.assert_allclose(gemv.ref_gemv(raw, Q.Q8_0, x[:, :64], pro=1, norm_w=nw), xn @ w.T, rtol=1e-4,
                                atol=1e-4)
+
+
+def test_q8_twin_rounds_each_input_to_its_nearest_code():
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((5, 256)) * rng.uniform(0.01, 100, (5, 1))).astype(np.float32)
+    x[1, 32:64] = 0  # an all-zero group: scale 0, codes 0
+    q, d = mmvq.quantize_q8(x)
+    assert q.dtype == np.int8 and np.abs(q.astype(int)).max() <= 127
+    g = np.abs(x).reshape(5, 8, 32)
+    top = np.take_along_axis(np.abs(q.astype(int)).reshape(5, 8, 32), g.argmax(-1)[..., None], -1)[..., 0]
+    assert ((top == 127) | (d == 0)).all()  # each group's largest input takes the largest code
+    dq = mmvq.dequantize_q8(x)
+    half = np.repeat(d.astype(np.float64), 32, axis=1) / 2
+    assert (np.abs(dq - x) <= half * (1 + 1e-6)).all()
+    assert (d[1, 1] == 0) and (q[1, 32:64] == 0).all()
+
+
+def test_mmvq_twins_are_the_fp32_products_within_the_input_rounding():
+    """ref_mmvq differs from ref_gemv only by each input's rounding to its code: at most sum |w| d / 2."""
+    rng = np.random.default_rng(8)
+    for qt in sorted(mmvq.MMVQ_TYPES):
+        raw = random_blocks(Q(qt), 16, 512, seed=qt)
+        w = dequantize(raw, Q(qt)).astype(np.float64)
+        ok = np.isfinite(w).all(axis=1) & (np.abs(w).max(axis=1) < 1e6)
+        raw, w = raw[ok], w[ok]
+        x = rng.standard_normal((3, 1024)).astype(np.float32)
+        for pro, xin in ((0, x[:, :512]), (2, x)):
+            xt = xin if pro == 0 else (xin[:, :512] / (1 + np.exp(-xin[:, :512])) * xin[:, 512:]).astype(np.float32)
+            _, d = mmvq.quantize_q8(np.ascontiguousarray(xt))
+            bound = (np.repeat(d.astype(np.float64), 32, axis=1) / 2) @ np.abs(w).T
+            diff = np.abs(mmvq.ref_mmvq(raw, qt, np.ascontiguousarray(xin), pro).astype(np.float64)
+                          - gemv.ref_gemv(raw, qt, np.ascontiguousarray(xin), pro).astype(np.float64))
+            scale = np.abs(xt) @ np.abs(w).T
+            assert (diff <= bound * (1 + 1e-4) + 1e-6 * scale).all(), (Q(qt).name, pro)
+    # the expert FFN twin: the same dispatch with both quantizations, close to the fp32 one
+    e, a, d_, f = 6, 2, 64, 96
+    wg, wu, wd = (rng.standard_normal(s) * 0.2 for s in ((e, f, d_), (e, f, d_), (e, d_, f)))
+    h = rng.standard_normal((4, d_)).astype(np.float32)
+    ids, wts = route_softmax_topk(rng.standard_normal((4, e)).astype(np.float32), a, True)
+
+    def expert(k: int, xs: np.ndarray) -> np.ndarray:
+        g, u = xs @ wg[k].T, xs @ wu[k].T
+        return (g / (1 + np.exp(-g)) * u) @ wd[k].T
+
+    exact = dispatch(h.astype(np.float64), ids, wts.astype(np.float64), expert)
+    got = mmvq.ref_moe_q8(h, ids, wts.astype(np.float64), wg.__getitem__, wu.__getitem__, wd.__getitem__)
+    assert 0 < _rel(got, exact) < 2e-2
 
 
 def test_grouped_moe_twin_equals_dispatch():

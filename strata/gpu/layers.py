@@ -89,6 +89,12 @@ class Activations:
             self.rows = cp.empty(p, cp.int32)
             self.tok_of_row = cp.empty(p, cp.int32)
             self.y = cp.empty((p, dims.d), f32) if n > GEMV_ROWS else None
+            # decode rows' int8 codes and per-32 (d, d * sum) scales: normed inputs and expert activations
+            nq = min(n, GEMV_ROWS)
+            self.hq = cp.empty((nq, dims.d), cp.int8)
+            self.hds = cp.empty((nq, dims.d // 16), f32)
+            self.aq = cp.empty((nq * a, dims.ffn), cp.int8)
+            self.ads = cp.empty((nq * a, dims.ffn // 16), f32)
         else:
             self.gu = cp.empty((n, 2 * dims.ffn), f32)
 
@@ -97,7 +103,7 @@ class Activations:
         a = max(dims.top_k, 1)
         per = 4 * (2 * dims.d + dims.qkv_cols + 2 * dims.n_head * dims.hd)
         if dims.n_expert:
-            return per + 4 * (dims.n_expert + a * (2 * dims.ffn + dims.d + 6))
+            return per + 4 * (dims.n_expert + a * (2 * dims.ffn + dims.d + 6)) + dims.d + a * dims.ffn  # + int8 codes
         return per + 4 * 2 * dims.ffn
 
 
@@ -171,13 +177,17 @@ def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
     x, h, a, e = act.x, act.h, dm.top_k, dm.n_expert
     assert w.router is not None
     # the router stays a gemv at any n: fp32 logits, so expert choice matches the CPU path
+    q8 = n <= GEMV_ROWS and ops.takes_q8(w.gate, w.up, w.down) and dm.ffn % 32 == 0
     if ops.split and n <= GEMV_ROWS:  # routing in the router's own launch
         ops.router_topk(w.router, x, n, act.router, w.ffn_norm, dm.eps, h, a, dm.norm_topk, act.ids, act.wts,
-                        act.counter)
+                        act.counter, act.hq if q8 else None, act.hds if q8 else None)
     else:
         ops.matvec([w.router], x, n, act.router, norm=w.ffn_norm, eps=dm.eps, h_out=h)
         ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
     pairs = n * a
+    if q8:
+        ops.moe_q8(w.gate, w.up, w.down, act.ids, act.wts, a, act.hq, act.hds, n, act.aq, act.ads, x)
+        return
     if n <= GEMV_ROWS:
         ops.moe_gate_up(w.gate, w.up, act.ids, a, h, pairs, act.gu)
         ops.moe_down(w.down, act.ids, act.wts, a, act.gu, n, x)
@@ -197,8 +207,11 @@ def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
 def _dense(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
     x, h, f = act.x, act.h, dm.ffn
     if n <= GEMV_ROWS:
-        ops.matvec([w.gate], x, n, act.gu, ldy=2 * f, norm=w.ffn_norm, eps=dm.eps, h_out=h)
-        ops.matvec([w.up], h, n, ptr(act.gu, 4 * f), ldy=2 * f)
+        if _same_kind([w.gate, w.up]) and ops.takes_q8(w.gate, w.up):  # gate|up: one product, norm in its staging
+            ops.matvec([w.gate, w.up], x, n, act.gu, norm=w.ffn_norm, eps=dm.eps)
+        else:
+            ops.matvec([w.gate], x, n, act.gu, ldy=2 * f, norm=w.ffn_norm, eps=dm.eps, h_out=h)
+            ops.matvec([w.up], h, n, ptr(act.gu, 4 * f), ldy=2 * f)
         ops.matvec([w.down], act.gu, n, x, accumulate=True, silu_mul=True)
         return
     ops.rmsnorm(x, w.ffn_norm, dm.eps, n, dm.d, h)

@@ -38,6 +38,7 @@ class GpuOptions:
     chunk: int = 512  # rows per eager pass
     max_batch: int = 8  # decode windows up to this many sequences replay a graph
     split: bool = True  # split-K decode kernels and 128-wide GEMM steps (False: the first versions)
+    q8: bool = True  # decode products on int8 inputs where the weight type allows (mmvq.py)
 
 
 class GpuModel(Model):
@@ -74,7 +75,8 @@ class GpuModel(Model):
             self.out_norm = self.w.vector(tensor(T.OUTPUT_NORM))
             self.inv_freq = cp.asarray(inv_freq(p.rope))
             self.stream.synchronize()
-        self.ops = Ops({(L.gate.qtype, L.up.qtype, L.down.qtype) for L in self.layers} if moe else set(), opts.split)
+        self.ops = Ops({(L.gate.qtype, L.up.qtype, L.down.qtype) for L in self.layers} if moe else set(), opts.split,
+                       opts.q8)
         self.graphs = DecodeGraphs(self, opts.max_batch)
 
     def plan(self, gguf: Any, opts: GpuOptions) -> VramPlan:

@@ -10,13 +10,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from strata.gpu.kernels import attention, gemm, gemv, moe, rows, sample
+from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
 from strata.gpu.kernels.common import GPU_QTYPES
 from strata.gpu.runtime import NULL, Kernels, dev_ptr, f32, i32, i64, launch, ptr
 from strata.gpu.weights import DevMatrix
 
 GEMV_NT = (1, 4, 8)
 MAX_GEMV_GRID = 2048  # row blocks; past this, warps loop over rows (and stage x fewer times)
+# mmvq blocks each quantize their inputs first, so past this many blocks warps loop over rows instead: decode
+# tok/s on the H200 (30b-a3b Q4_K, perf/bench_gpu.py --sweep) b=1 345.9 / 340.0 / 339.4 at 512 / 1024 / 2048
+# blocks, b=4 777.4 / 732.7 / 729.9. Module-level so --sweep can retune it.
+MMVQ_GRID = 512
 
 
 def gemv_nt(n: int) -> int:
@@ -33,10 +37,13 @@ class Ops:
     `split=True` (the default) launches the split-K decode kernels and the fused decode launches
     (router + top-k, q/k/v epilogue + attention); False, the first versions (staged inputs, one warp
     per row, separate launches), kept to compare. GEMMs take 64-wide K steps either way (`gemm_bk`).
+    `q8=True` (the default, with split) runs decode products on int8 inputs (mmvq.py) for the types
+    it reads; False keeps them on fp32 inputs.
     """
 
-    def __init__(self, moe_types: Iterable[tuple[int, int, int]] = (), split: bool = True) -> None:
+    def __init__(self, moe_types: Iterable[tuple[int, int, int]] = (), split: bool = True, q8: bool = True) -> None:
         self.split = split
+        self.q8 = q8 and split
         # GEMM K step (the 128-wide instance stays compiled and tested): 64 measured faster on the H200,
         # pp512 7,462 vs 6,654 tok/s, qgemm 39.5 vs 48.8 ms per pp512 pass (perf/README.md)
         self.gemm_bk = 64
@@ -56,6 +63,14 @@ class Ops:
                            + [moe.gate_up_name(g, u) for g, u in pairs] + [moe.down_name(q) for q in qts]
                            + [moe.gate_up_split_name(g, u) for g, u in pairs] + [moe.down_split_name(q) for q in qts])
         self.sample = Kernels(sample.SOURCE, ["argmax_rows", "advance"])
+        q8t = sorted(mmvq.MMVQ_TYPES)
+        q8pairs = sorted({(q, q) for q in q8t} | {(g, u) for g, u, _ in moe_types if g in q8t and u in q8t})
+        self.mmvq = Kernels(mmvq.SOURCE, [mmvq.mmvq_name(q, nt, p) for q in q8t for nt in GEMV_NT for p in (0, 1, 2)]
+                            + [mmvq.gate_up_q8_name(g, u) for g, u in q8pairs] + [mmvq.down_q8_name(q) for q in q8t])
+
+    def takes_q8(self, *ws: DevMatrix) -> bool:
+        """Whether decode products on these matrices run on int8 inputs."""
+        return self.q8 and all(w.qtype in mmvq.MMVQ_TYPES and w.cols <= mmvq.MAX_K for w in ws)
 
     # ---- matrices ----
     def matvec(self, ws: Sequence[DevMatrix], x: Any, n: int, y: Any, *, ldx: int = 0, ldy: int = 0,
@@ -71,6 +86,14 @@ class Ops:
         data = [w.data for w in ws] + [w0.data] * (3 - len(ws))
         pro = 2 if silu_mul else (1 if norm is not None else 0)
         nt = gemv_nt(n)
+        if h_out is None and self.takes_q8(w0):
+            s = gemv.split_for(total, k)
+            launch(self.mmvq[mmvq.mmvq_name(w0.qtype, nt, pro)], (min(-(-total * s // gemv.WARPS), MMVQ_GRID), -(-n // nt)),
+                   32 * gemv.WARPS, (data[0], data[1], data[2], i32(r1), i32(r2), i64(w0.row_bytes), i32(total), i32(k),
+                                     dev_ptr(x), i32(ldx or (2 * k if silu_mul else k)), i32(n),
+                                     NULL if norm is None else norm, f32(eps), dev_ptr(y), i32(ldy or total),
+                                     i32(int(accumulate)), i32(s)), smem=mmvq.smem_bytes(nt, k))
+            return
         head = (data[0], data[1], data[2], i32(r1), i32(r2), i64(w0.row_bytes), i32(total), i32(k),
                 dev_ptr(x), i32(ldx or (2 * k if silu_mul else k)), i32(n),
                 NULL if norm is None else norm, f32(eps), NULL if h_out is None else h_out, i32(k),
@@ -86,9 +109,10 @@ class Ops:
         launch(fn, grid, 32 * gemv.WARPS, head, smem=nt * k * 4)
 
     def router_topk(self, w: DevMatrix, x: Any, n: int, logits: Any, norm: Any, eps: float, h_out: Any, a: int,
-                    norm_topk: bool, ids: Any, wts: Any, counter: Any) -> None:
+                    norm_topk: bool, ids: Any, wts: Any, counter: Any, hq: Any = None, hds: Any = None) -> None:
         """matvec([w], x, n, logits, norm=norm, h_out=h_out) then topk(logits, ...) in one launch, for up to
-        GEMV_NT[-1] * a few rows (the last block routes every row). counter: int32 [1], zero."""
+        GEMV_NT[-1] * a few rows (the last block routes every row). counter: int32 [1], zero. hq, hds: also
+        h_out as int8 codes and scales, for `moe_gate_up_q8`."""
         k, e = w.cols, w.rows
         s = gemv.split_for(e, k)
         blocks = min(-(-e * s // gemv.WARPS), MAX_GEMV_GRID)
@@ -96,7 +120,8 @@ class Ops:
         launch(self.gemv[gemv.router_topk_name(w.qtype, nt)], (blocks, -(-n // nt)), 32 * gemv.WARPS,
                (w.data, w.data, w.data, i32(e), i32(e), i64(w.row_bytes), i32(e), i32(k), dev_ptr(x), i32(k), i32(n),
                 norm, f32(eps), NULL if h_out is None else h_out, i32(k), dev_ptr(logits), i32(e), i32(0), i32(s),
-                counter, i32(a), i32(int(norm_topk)), ids, wts), smem=gemv.WARPS * e * 4)
+                counter, i32(a), i32(int(norm_topk)), ids, wts, NULL if hq is None else hq,
+                NULL if hds is None else hds), smem=gemv.WARPS * e * 4)
 
     def embed(self, w: DevMatrix, ids: Any, n: int, out: Any, id_stride: int = 1) -> None:
         """out[:n] = rows ids (int64, every id_stride-th element) of w, as float32."""
@@ -182,6 +207,18 @@ class Ops:
             launch(self.moe[moe.down_split_name(dw.qtype)], (-(-d * s // 8), n), 256, args + (i32(s),))
             return
         launch(self.moe[moe.down_name(dw.qtype)], (-(-d // 8), n), 256, args, smem=a * f * 4)
+
+    def moe_q8(self, g: DevMatrix, u: DevMatrix, dw: DevMatrix, ids: Any, wts: Any, a: int, hq: Any, hds: Any,
+               n: int, aq: Any, ads: Any, x: Any) -> None:
+        """The decode expert FFN on int8 inputs: x[:n] += sum_a w * down(silu(gate . h) * (up . h)), with h
+        quantized by router_topk (hq, hds) and the activations by the gate|up launch (aq, ads)."""
+        f, d = g.rows, g.cols
+        assert f % mmvq.ROWS_PER_GATE_UP_BLOCK == 0
+        launch(self.mmvq[mmvq.gate_up_q8_name(g.qtype, u.qtype)], (f // mmvq.ROWS_PER_GATE_UP_BLOCK, n * a), 256,
+               (g.data, u.data, i64(g.expert_stride), i64(u.expert_stride), i64(g.row_bytes), i64(u.row_bytes),
+                ids, i32(a), hq, hds, i32(d), i32(f), aq, ads))
+        launch(self.mmvq[mmvq.down_q8_name(dw.qtype)], (-(-dw.rows // gemv.WARPS), n), 256,
+               (dw.data, i64(dw.expert_stride), i64(dw.row_bytes), ids, wts, i32(a), aq, ads, i32(dw.rows), i32(f), x))
 
     def moe_group(self, ids: Any, pairs: int, a: int, e: int, counts: Any, offsets: Any, cursor: Any,
                   tiles: Any, n_tiles: Any, rows_of_pair: Any, tok_of_row: Any) -> None:

@@ -49,6 +49,40 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
+typedef signed char i8;
+// sum of the four signed byte products of a and b, plus c
+__device__ __forceinline__ int dp4a(int a, int b, int c) {
+  int d; asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
+
+// Inputs as int8 codes per group of 32 (mmvq.py): 4 consecutive lanes hold a group, 8 values each (lane & 3
+// says which 8). Writes this lane's 8 codes at q (8-aligned) and, from the group's first lane, (d, d * sum of
+// the codes) at ds, with d = max|v| / 127 and code = rint(v / d). q == nullptr: takes part in the shuffles and
+// writes nothing. Every lane of the warp must call it.
+__device__ __forceinline__ void q8_store(const float* v, u32* q, float2* ds) {
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(v[i]));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  const float d = amax / 127.0f;
+  u32 w0 = 0u, w1 = 0u;
+  int sum = 0;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    const int c = amax > 0.f ? __float2int_rn(v[i] / d) : 0;
+    sum += c;
+    if (i < 4) w0 |= (u32)(c & 0xFF) << (8 * i); else w1 |= (u32)(c & 0xFF) << (8 * (i - 4));
+  }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  if (q != nullptr) {
+    *(uint2*)q = make_uint2(w0, w1);
+    if ((threadIdx.x & 3) == 0) *ds = make_float2(d, d * (float)sum);
+  }
+}
+
 // scale = d * code and value = scale * q (- min), each rounded once, as the numpy reference does
 __device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
 

@@ -216,13 +216,28 @@ __global__ void __launch_bounds__(256) gemv_split(GEMV_SPLIT_ARGS) {
 // The MoE router of decode rows: gemv_split with the fused RMSNorm (logits y [n_tok, rows = E]), then the
 // last block of the grid to finish routes every token as moe_topk does, so routing needs no launch of
 // its own. counter: one int, 0 between launches (the last block puts it back). Dynamic smem: 8 * E floats.
+// hq != null: block 0 also writes the normed rows it wrote to hout as int8 codes (hq [n, K], hds [n, K / 32])
+// for the experts' int8 kernels (mmvq.py).
 template <int QT, int NT>
 __global__ void __launch_bounds__(256) router_topk(GEMV_SPLIT_ARGS, int* __restrict__ counter, int A, int norm_topk,
-                                                   int* __restrict__ ids, float* __restrict__ wts) {
+                                                   int* __restrict__ ids, float* __restrict__ wts,
+                                                   i8* __restrict__ hq, float2* __restrict__ hds) {
   extern __shared__ float4 smem4[];
   __shared__ int last;
   gemv_split_body<QT, NT, 1>(W0, W1, W2, r1, r2, row_bytes, rows, K, x, ldx, n_tok, nw, eps, hout, ldh, y, ldy,
                              accumulate, split);
+  if (hq != nullptr && blockIdx.x == 0) {
+    __syncthreads();  // this block's hout writes are visible to all its threads
+    const int t0 = blockIdx.y * NT, n = min(NT, n_tok - t0), nc = K >> 3;
+    for (int t = t0; t < t0 + n; t++)
+      for (int c0 = 0; c0 < nc; c0 += blockDim.x) {
+        const int c = c0 + threadIdx.x;
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) v[i] = c < nc ? hout[(i64)t * ldh + 8 * c + i] : 0.f;
+        q8_store(v, c < nc ? (u32*)(hq + (i64)t * K + 8 * c) : nullptr, hds + (i64)t * (K >> 5) + (c >> 2));
+      }
+  }
   __threadfence();  // this block's logits are visible to whichever block finishes last
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(counter, 1) == (int)(gridDim.x * gridDim.y) - 1;
