@@ -164,6 +164,19 @@ def test_gemm_matches_twin(cp, ops, qt):
         check(c.get(), ref, a16.astype(np.float64) @ np.abs(w16).T, tol, f"{qt.name} m={mrows} amode={amode} bk={bk}")
 
 
+def test_router_sgemm_matches_twin(cp, ops):
+    """The fp32 router GEMM of prefill rows: partial tiles on both sides, a row stride past K."""
+    rng = np.random.default_rng(12)
+    m, n, k, lda = 300, 130, 512, 520
+    a = rng.standard_normal((m, lda)).astype(np.float32)
+    b = rng.standard_normal((n, k)).astype(np.float32)
+    c = cp.full((m, n + 3), cp.nan, cp.float32)
+    ops.sgemm_nt(cp.asarray(a), lda, cp.asarray(b), m, n, k, c, n + 3)
+    ref = a[:, :k].astype(np.float64) @ b.T.astype(np.float64)
+    check(c.get()[:, :n], ref, np.abs(a[:, :k]) @ np.abs(b).T, 1e-5, "sgemm_nt")
+    assert np.isnan(c.get()[:, n:]).all()
+
+
 def test_rmsnorm_and_qkv_post(cp, ops):
     rng = np.random.default_rng(7)
     x = rng.standard_normal((5, 96)).astype(np.float32) * 3

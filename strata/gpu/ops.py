@@ -53,7 +53,8 @@ class Ops:
                             + [gemv.router_topk_name(q, nt) for q in qts for nt in GEMV_NT]
                             + [gemv.get_rows_name(q) for q in qts])
         # silu(gate)*up staging at BK = 128 spills registers, so down projections keep 64-wide steps
-        self.gemm = Kernels(gemm.SOURCE, [gemm.gemm_name(q, a, bk) for q in qts for a, bk in ((0, 64), (0, 128), (1, 64))])
+        self.gemm = Kernels(gemm.SOURCE, [gemm.gemm_name(q, a, bk) for q in qts for a, bk in ((0, 64), (0, 128), (1, 64))]
+                            + ["sgemm_nt"])
         self.attn = Kernels(attention.SOURCE, [attention.decode_name(h) for h in HEAD_DIMS]
                             + [attention.decode_qkv_name(h) for h in HEAD_DIMS]
                             + [attention.flash_name(h) for h in HEAD_DIMS])
@@ -148,6 +149,12 @@ class Ops:
                 NULL if tiles is None else tiles, NULL if n_tiles is None else n_tiles, i32(m))
         launch(self.gemm[gemm.gemm_name(w.qtype, int(silu_mul), bk)], (-(-total // gemm.BN), gy), 256, args,
                smem=gemm.smem_bytes(bk))
+
+    def sgemm_nt(self, a: Any, lda: int, b: Any, m: int, n: int, k: int, c: Any, ldc: int) -> None:
+        """c[:m, :n] = a[:m, :k] @ b[:n, :k].T in fp32 (k % 16 == 0): the router of prefill rows."""
+        assert k % 16 == 0
+        launch(self.gemm["sgemm_nt"], (-(-n // 64), -(-m // 64)), 256,
+               (dev_ptr(a), i32(lda), dev_ptr(b), i32(m), i32(n), i32(k), dev_ptr(c), i32(ldc)))
 
     # ---- rows ----
     def rmsnorm(self, x: Any, w: Any, eps: float, n: int, d: int, out: Any) -> None:

@@ -3,15 +3,18 @@
 C[rows, N] (+)= A[rows, K] @ W[N, K]^T where W stays in its GGUF blocks. Each 256-thread block
 computes a 64 x 128 tile: per K step (64 or 128 wide) it converts A to fp16 and decodes 128 weight rows
 (`Q<QT>::deq8`) into shared memory, then 8 warps run `mma.sync.m16n8k16` (fp16 in, fp32
-accumulate). The decode happens once per 64 tokens, so the weight bytes and the decoding work are
-amortised over the tile; nothing the size of a dequantized matrix ever exists.
+accumulate); two shared-memory stages let the next step's loads and decoding overlap the MMAs. The
+decode happens once per 64 tokens, so the weight bytes and the decoding work are amortised over the
+tile; nothing the size of a dequantized matrix ever exists.
 
 Grouped (MoE) mode: `tiles` lists (expert, first row, row count) for each 64-row tile of the rows
 sorted by expert, `a_index` maps each sorted row to its token; a block past `*n_tiles` exits, so
 the grid can be sized from an upper bound without reading the counts back. AMODE 1 stages
 silu(A[:, :K]) * A[:, K:] (the gate|up product feeding a down projection).
 
-Numpy twin: `ref_gemm` (both operands rounded to fp16, products in float64).
+`sgemm_nt`: a plain fp32 product for the MoE router of prefill rows.
+
+Numpy twins: `ref_gemm` (both operands rounded to fp16, products in float64); `sgemm_nt`'s is a @ b.T.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ BKS = (64, 128)  # K step: 128 halves the barrier-separated rounds per tile (the
 
 
 def smem_bytes(bk: int) -> int:
-    return (BM + BN) * (bk + 8) * 2
+    return 2 * (BM + BN) * (bk + 8) * 2  # two stages
 
 SOURCE = HEADER + r"""
 #define BM 64
@@ -39,8 +42,8 @@ __device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
 }
 
 // Rows past r1 / r2 of the output columns come from W1 / W2 (q|k|v as one product), as in gemv.
-// Dynamic shared memory: (BM + BN) * (BK + 8) halves; rows padded by 16 bytes so that fragment
-// loads hit 32 distinct banks.
+// Dynamic shared memory: two stages of (BM + BN) * (BK + 8) halves; rows padded by 16 bytes so that
+// fragment loads hit 32 distinct banks.
 template <int QT, int AMODE, int BK>
 __global__ void __launch_bounds__(256, 2) qgemm(
     const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int r1, int r2,
@@ -81,20 +84,25 @@ __global__ void __launch_bounds__(256, 2) qgemm(
 #pragma unroll
       for (int k = 0; k < 4; k++) acc[i][j][k] = 0.0f;
 
-  for (int k0 = 0; k0 < K; k0 += BK) {
-    float4 av[AF4];  // A's loads go out first, W's decoding overlaps them
+  // Two stages of shared memory: while the warps multiply stage k, the next K step's A loads are already
+  // out and its weights are decoded into the other stage right after the MMAs are issued, so memory
+  // latency and decoding overlap the tensor cores; one barrier per K step.
+  float4 av[AF4];
+  auto load_a = [&](int k0) {
     const int kc = k0 + ac;
 #pragma unroll
     for (int q = 0; q < AF4; q++) {
       av[q] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (arow != nullptr && kc + 4 * q < K) {
         av[q] = *(const float4*)(arow + kc + 4 * q);
-        if (AMODE == 1) {  // gate|up -> silu(gate) * up now: holding both would spill at BK = 128
+        if (AMODE == 1) {  // gate|up -> silu(gate) * up now: holding both would spill
           const float4 u = *(const float4*)(arow + K + kc + 4 * q), v = av[q];
           av[q] = make_float4(silu(v.x) * u.x, silu(v.y) * u.y, silu(v.z) * u.z, silu(v.w) * u.w);
         }
       }
     }
+  };
+  auto stage = [&](int k0, u16* as, u16* ws) {  // decode W's K step k0 into ws, store the loaded A into as
 #pragma unroll
     for (int j = 0; j < WCH; j++) {
       const int id = tid + 256 * j, r = id / CPR, cc = id % CPR;
@@ -106,20 +114,30 @@ __global__ void __launch_bounds__(256, 2) qgemm(
 #pragma unroll
         for (int i = 0; i < 4; i++) h[i] = pack2(v[2 * i], v[2 * i + 1]);
       }
-      *(uint4*)(Ws + r * LDS + cc * 8) = make_uint4(h[0], h[1], h[2], h[3]);
+      *(uint4*)(ws + r * LDS + cc * 8) = make_uint4(h[0], h[1], h[2], h[3]);
     }
 #pragma unroll
     for (int q = 0; q < AF4; q += 2) {
       const float4 v0 = av[q], v1 = av[q + 1];
-      *(uint4*)(As + ar * LDS + ac + 4 * q) = make_uint4(pack2(v0.x, v0.y), pack2(v0.z, v0.w), pack2(v1.x, v1.y), pack2(v1.z, v1.w));
+      *(uint4*)(as + ar * LDS + ac + 4 * q) = make_uint4(pack2(v0.x, v0.y), pack2(v0.z, v0.w), pack2(v1.x, v1.y), pack2(v1.z, v1.w));
     }
-    __syncthreads();
+  };
+  constexpr int STAGE = (BM + BN) * LDS;  // halves per stage: A tile, then W tile
+  load_a(0);
+  stage(0, As, Ws);
+  __syncthreads();
+  int cur = 0;
+  for (int k0 = 0; k0 < K; k0 += BK) {
+    const bool more = k0 + BK < K;
+    if (more) load_a(k0 + BK);
+    const u16* as = As + cur * STAGE;
+    const u16* ws = Ws + cur * STAGE;
 #pragma unroll
     for (int ks = 0; ks < BK; ks += 16) {
       u32 af[2][4], bf[4][2];
 #pragma unroll
       for (int mi = 0; mi < 2; mi++) {
-        const u16* p = As + (wm * 32 + mi * 16 + g) * LDS + ks + 2 * t4;
+        const u16* p = as + (wm * 32 + mi * 16 + g) * LDS + ks + 2 * t4;
         af[mi][0] = *(const u32*)p;
         af[mi][1] = *(const u32*)(p + 8 * LDS);
         af[mi][2] = *(const u32*)(p + 8);
@@ -127,7 +145,7 @@ __global__ void __launch_bounds__(256, 2) qgemm(
       }
 #pragma unroll
       for (int ni = 0; ni < 4; ni++) {
-        const u16* p = Ws + (wn * 32 + ni * 8 + g) * LDS + ks + 2 * t4;
+        const u16* p = ws + (wn * 32 + ni * 8 + g) * LDS + ks + 2 * t4;
         bf[ni][0] = *(const u32*)p;
         bf[ni][1] = *(const u32*)(p + 8);
       }
@@ -136,7 +154,9 @@ __global__ void __launch_bounds__(256, 2) qgemm(
 #pragma unroll
         for (int ni = 0; ni < 4; ni++) mma16816(acc[mi][ni], af[mi], bf[ni]);
     }
-    __syncthreads();
+    if (more) stage(k0 + BK, As + (cur ^ 1) * STAGE, Ws + (cur ^ 1) * STAGE);
+    __syncthreads();  // the next stage is written; this one may be overwritten from the next step on
+    cur ^= 1;
   }
 #pragma unroll
   for (int mi = 0; mi < 2; mi++)
@@ -152,6 +172,49 @@ __global__ void __launch_bounds__(256, 2) qgemm(
         for (int e = 0; e < 2; e++)
           if (col + e < N) o[e] = accumulate ? o[e] + acc[mi][ni][2 * h + e] : acc[mi][ni][2 * h + e];
       }
+}
+
+// C[M, N] = A[M, K] . B[N, K]^T in fp32 on the CUDA cores: the MoE router of prefill rows, whose logits
+// decide routing, so no fp16 rounding (a gemv would read the router once per 8 rows). 64 x 64 tile per
+// 256-thread block, thread (ty, tx) owns rows ty + 16i and columns tx + 16j, K in steps of 16 through
+// shared memory. K % 16 == 0.
+__global__ void __launch_bounds__(256) sgemm_nt(const float* __restrict__ A, int lda, const float* __restrict__ B,
+                                                int M, int N, int K, float* __restrict__ C, int ldc) {
+  __shared__ float As[16][64 + 1], Bs[16][64 + 1];
+  const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+  const int m0 = blockIdx.y * 64, n0 = blockIdx.x * 64;
+  const int lr = threadIdx.x >> 2, lk = (threadIdx.x & 3) * 4;  // staging: one float4 of a row per operand
+  float acc[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 a = m0 + lr < M ? *(const float4*)(A + (i64)(m0 + lr) * lda + k0 + lk) : z;
+    const float4 b = n0 + lr < N ? *(const float4*)(B + (i64)(n0 + lr) * K + k0 + lk) : z;
+    As[lk][lr] = a.x; As[lk + 1][lr] = a.y; As[lk + 2][lr] = a.z; As[lk + 3][lr] = a.w;
+    Bs[lk][lr] = b.x; Bs[lk + 1][lr] = b.y; Bs[lk + 2][lr] = b.z; Bs[lk + 3][lr] = b.w;
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < 16; kk++) {
+      float ar[4], br[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) { ar[i] = As[kk][ty + 16 * i]; br[i] = Bs[kk][tx + 16 * i]; }
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = fmaf(ar[i], br[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
+      if (m < M && n < N) C[(i64)m * ldc + n] = acc[i][j];
+    }
 }
 """
 
