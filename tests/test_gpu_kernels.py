@@ -164,17 +164,17 @@ def test_gemm_matches_twin(cp, ops, qt):
         check(c.get(), ref, a16.astype(np.float64) @ np.abs(w16).T, tol, f"{qt.name} m={mrows} amode={amode} bk={bk}")
 
 
-def test_router_sgemm_matches_twin(cp, ops):
-    """The fp32 router GEMM of prefill rows: partial tiles on both sides, a row stride past K."""
+def test_router_logits_are_the_fp32_product(cp, ops):
+    """The prefill router (cuBLAS SGEMM into the activation buffer): fp32, so to 1e-5 of the bound."""
     rng = np.random.default_rng(12)
-    m, n, k, lda = 300, 130, 512, 520
-    a = rng.standard_normal((m, lda)).astype(np.float32)
-    b = rng.standard_normal((n, k)).astype(np.float32)
-    c = cp.full((m, n + 3), cp.nan, cp.float32)
-    ops.sgemm_nt(cp.asarray(a), lda, cp.asarray(b), m, n, k, c, n + 3)
-    ref = a[:, :k].astype(np.float64) @ b.T.astype(np.float64)
-    check(c.get()[:, :n], ref, np.abs(a[:, :k]) @ np.abs(b).T, 1e-5, "sgemm_nt")
-    assert np.isnan(c.get()[:, n:]).all()
+    m, e, k = 300, 130, 512
+    raw = weights(Q.F32, e, k, seed=12)
+    h = rng.standard_normal((m + 5, k)).astype(np.float32)
+    out = cp.full((m + 5, e), cp.nan, cp.float32)
+    ops.router_logits(cp.asarray(h), m, dev(cp, raw, Q.F32, e, k), out)
+    w = raw.view(np.float32).astype(np.float64)
+    check(out.get()[:m], h[:m].astype(np.float64) @ w.T, np.abs(h[:m]) @ np.abs(w).T, 1e-5, "router logits")
+    assert np.isnan(out.get()[m:]).all()
 
 
 def test_rmsnorm_and_qkv_post(cp, ops):

@@ -149,20 +149,20 @@ def test_tiny_model_matches_cpu(tmp_path, arch, mix, q8):
     cpu, gpu = _models(write_tiny(tmp_path / f"{arch}-{mix}.gguf", arch, mix), q8=q8)
     rng = np.random.default_rng(1)
     short, long = rng.integers(0, VOCAB, 6), rng.integers(0, VOCAB, 41)
-    oracle = int8_inputs() if q8 else contextlib.nullcontext()
+    oracle = int8_inputs if q8 else contextlib.nullcontext
     plain_short = cpu.forward(short, cpu.new_state())
-    with oracle:
+    with oracle():
         want_short = cpu.forward(short, cpu.new_state())
     e_short = rel(gpu.forward(short, gpu.new_state()), want_short)
     e_long = rel(gpu.forward(long, gpu.new_state()), cpu.forward(long, cpu.new_state()))  # 3 chunks of 16
     sg, sc = gpu.new_state(), cpu.new_state()
     gpu.forward(short, sg, all_logits=False)
-    with oracle:
+    with oracle():
         cpu.forward(short, sc, all_logits=False)
     e_dec = []
     for tok in rng.integers(0, VOCAB, 5):  # one-token windows replay the captured graph
         got = gpu.forward_batch([np.array([tok])], [sg])[0]
-        with oracle:
+        with oracle():
             e_dec.append(rel(got, cpu.forward(np.array([tok]), sc, all_logits=False)[-1]))
     print(f"\n{arch}/{mix}/{'q8' if q8 else 'fp32'}: prompt(6, gemv) {e_short:.2e}  prompt(41, gemm+flash) "
           f"{e_long:.2e}  decode max {max(e_dec):.2e}  (int8 inputs themselves, on the CPU: "

@@ -181,9 +181,9 @@ def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
     if ops.split and n <= GEMV_ROWS:  # routing in the router's own launch
         ops.router_topk(w.router, x, n, act.router, w.ffn_norm, dm.eps, h, a, dm.norm_topk, act.ids, act.wts,
                         act.counter, act.hq if q8 else None, act.hds if q8 else None)
-    elif n > GEMV_ROWS and w.router.qtype == 0 and dm.d % 16 == 0:  # prefill: norm once, fp32 router GEMM
+    elif n > GEMV_ROWS and w.router.qtype == 0:  # prefill: norm once, then the router as one fp32 GEMM
         ops.rmsnorm(x, w.ffn_norm, dm.eps, n, dm.d, h)
-        ops.sgemm_nt(h, dm.d, w.router.data, n, e, dm.d, act.router, e)
+        ops.router_logits(h, n, w.router, act.router)
         ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
     else:
         ops.matvec([w.router], x, n, act.router, norm=w.ffn_norm, eps=dm.eps, h_out=h)

@@ -11,7 +11,8 @@ serves whichever sequences sit in its slots: only the table changes between repl
   with rows.py's q/k/v epilogue (`head_post`) in front, so a decode layer needs no qkv_post launch.
 - `flash_attn`: T queries of one sequence (prefill), tiled 64 queries x 64 keys with
   `mma.sync` (fp16 operands, fp32 accumulators) and an online softmax, so no T x S score matrix
-  is built whatever the prompt length. Key tiles past the block's last query are never loaded.
+  is built whatever the prompt length. Key tiles past the block's last query are never loaded; the
+  next tile streams into a second shared-memory stage (cp.async) while this one is multiplied.
 
 Numpy twin: `ref_attention` (strata.blocks.attention.attend on fp16-rounded keys and values).
 """
@@ -23,6 +24,13 @@ import numpy as np
 from strata.blocks.attention import attend
 from strata.gpu.kernels.common import HEADER
 from strata.gpu.kernels.rows import HEAD_POST
+
+FLASH_KT = 64  # keys per tile
+
+
+def flash_smem(hd: int) -> int:
+    """flash_attn's dynamic shared memory: two stages of K and V tiles, rows padded by 16 bytes."""
+    return 2 * 2 * FLASH_KT * (hd + 8) * 2
 
 SOURCE = HEADER + HEAD_POST + r"""
 // ---- decode: q [rows, H*HD] fp32, out [rows, H*HD] fp32 ----
@@ -176,13 +184,31 @@ __device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  unsigned long long a; asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p)); return (u32)a;
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
+// Two 8x8 b16 matrices transposed: rows (keys) from lanes 0-7 and 8-15, so lane l gets the column (dim) l / 4
+// at keys 2 (l % 4), +1 of each: the B fragment of m16n8k16 from a [key][dim] tile
+__device__ __forceinline__ void ldsm_x2_trans(u32* r, const u16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(p)));
+}
+
+// Dynamic shared memory: flash_smem(HD) bytes = two stages of K and V tiles [KT][HD + 8] halves. The next
+// tile's K and V stream in by cp.async while this one is multiplied; V stays [key][dim] and its P.V
+// fragments come through ldmatrix .trans.
 template <int HD>
 __global__ void __launch_bounds__(128) flash_attn(
     const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc, i64 head_stride,
     int T, int n_past, int H, int KV, float scale_log2, float* __restrict__ out) {
-  constexpr int KT = 64, LK = HD + 8, LV = KT + 8;
-  __shared__ __align__(16) u16 Ks[KT * LK];   // [key][dim]
-  __shared__ __align__(16) u16 Vt[HD * LV];   // [dim][key]: V transposed, so P.V fragments are 32-bit loads
+  constexpr int KT = 64, LK = HD + 8, TILE = KT * LK;
+  extern __shared__ uint4 fsm[];
+  u16* Ks = (u16*)fsm;        // [2][KT][LK]
+  u16* Vs = Ks + 2 * TILE;    // [2][KT][LK]
   const int h = blockIdx.y, kvh = h / (H / KV);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
   const int q0 = blockIdx.x * 64 + warp * 16;  // this warp's first query row
@@ -208,80 +234,91 @@ __global__ void __launch_bounds__(128) flash_attn(
   for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
   const int last = min(S, n_past + (int)blockIdx.x * 64 + 64);  // keys this block can see
-  for (int j0 = 0; j0 < last; j0 += KT) {
-    __syncthreads();
+  auto load_tile = [&](int j0, int st) {
     for (int i = threadIdx.x; i < KT * HD / 8; i += blockDim.x) {
       const int key = i / (HD / 8), d = (i % (HD / 8)) * 8;
-      uint4 kw = make_uint4(0, 0, 0, 0), vw = make_uint4(0, 0, 0, 0);
+      u16* kd = Ks + st * TILE + key * LK + d;
+      u16* vd = Vs + st * TILE + key * LK + d;
       if (j0 + key < S) {
-        kw = *(const uint4*)(kb + (i64)(j0 + key) * HD + d);
-        vw = *(const uint4*)(vb + (i64)(j0 + key) * HD + d);
-      }
-      *(uint4*)(Ks + key * LK + d) = kw;
-      const u32 vs[4] = {vw.x, vw.y, vw.z, vw.w};
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        Vt[(d + 2 * e) * LV + key] = (u16)(vs[e] & 0xFFFF);
-        Vt[(d + 2 * e + 1) * LV + key] = (u16)(vs[e] >> 16);
+        cp_async16(kd, kb + (i64)(j0 + key) * HD + d);
+        cp_async16(vd, vb + (i64)(j0 + key) * HD + d);
+      } else {
+        *(uint4*)kd = make_uint4(0, 0, 0, 0);
+        *(uint4*)vd = make_uint4(0, 0, 0, 0);
       }
     }
-    __syncthreads();
-    if (q0 >= T) continue;  // a warp with no live query still helps load tiles
-    float s[KT / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < KT / 8; nt++) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-      for (int ks = 0; ks < HD / 16; ks++) {
-        const u16* p = Ks + (nt * 8 + g) * LK + ks * 16 + 2 * t4;
-        const u32 b[2] = {*(const u32*)p, *(const u32*)(p + 8)};
-        mma16816(s[nt], qa[ks], b);
-      }
+    cp_async_commit();
+  };
+  load_tile(0, 0);
+  int st = 0;
+  for (int j0 = 0; j0 < last; j0 += KT, st ^= 1) {
+    if (j0 + KT < last) {  // the other stage was released by the barrier that ended the last step
+      load_tile(j0 + KT, st ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
     }
-    float mx[2] = {-INFINITY, -INFINITY};
+    __syncthreads();  // stage st complete for every thread
+    if (q0 < T) {  // a warp with no live query still helps load tiles
+      const u16* ks_ = Ks + st * TILE;
+      const u16* vs_ = Vs + st * TILE;
+      float s[KT / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < KT / 8; nt++)
+      for (int nt = 0; nt < KT / 8; nt++) {
+        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int key = j0 + nt * 8 + 2 * t4 + (e & 1);
-        const int qpos = n_past + q0 + g + 8 * (e >> 1);
-        if (key > qpos) s[nt][e] = -INFINITY;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+        for (int ks = 0; ks < HD / 16; ks++) {
+          const u16* p = ks_ + (nt * 8 + g) * LK + ks * 16 + 2 * t4;
+          const u32 b[2] = {*(const u32*)p, *(const u32*)(p + 8)};
+          mma16816(s[nt], qa[ks], b);
+        }
       }
-    float alpha[2];
+      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mnew = fmaxf(mrow[r], mx[r]);
-      alpha[r] = mnew == -INFINITY ? 1.f : exp2f(mrow[r] - mnew);
-      mrow[r] = mnew;
-      lrow[r] *= alpha[r];
-    }
+      for (int nt = 0; nt < KT / 8; nt++)
 #pragma unroll
-    for (int nt = 0; nt < KT / 8; nt++)
+        for (int e = 0; e < 4; e++) {
+          const int key = j0 + nt * 8 + 2 * t4 + (e & 1);
+          const int qpos = n_past + q0 + g + 8 * (e >> 1);
+          if (key > qpos) s[nt][e] = -INFINITY;
+          mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+        }
+      float alpha[2];
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const float mr = mrow[e >> 1];
-        const float p = mr == -INFINITY ? 0.f : exp2f(s[nt][e] - mr);
-        s[nt][e] = p;
-        lrow[e >> 1] += p;
+      for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float mnew = fmaxf(mrow[r], mx[r]);
+        alpha[r] = mnew == -INFINITY ? 1.f : exp2f(mrow[r] - mnew);
+        mrow[r] = mnew;
+        lrow[r] *= alpha[r];
       }
 #pragma unroll
-    for (int dt = 0; dt < HD / 8; dt++) {
-      o[dt][0] *= alpha[0]; o[dt][1] *= alpha[0]; o[dt][2] *= alpha[1]; o[dt][3] *= alpha[1];
-    }
+      for (int nt = 0; nt < KT / 8; nt++)
 #pragma unroll
-    for (int kk = 0; kk < KT / 16; kk++) {
-      const u32 pa[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
-                         pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        for (int e = 0; e < 4; e++) {
+          const float mr = mrow[e >> 1];
+          const float p = mr == -INFINITY ? 0.f : exp2f(s[nt][e] - mr);
+          s[nt][e] = p;
+          lrow[e >> 1] += p;
+        }
 #pragma unroll
       for (int dt = 0; dt < HD / 8; dt++) {
-        const u16* p = Vt + (dt * 8 + g) * LV + kk * 16 + 2 * t4;
-        const u32 b[2] = {*(const u32*)p, *(const u32*)(p + 8)};
-        mma16816(o[dt], pa, b);
+        o[dt][0] *= alpha[0]; o[dt][1] *= alpha[0]; o[dt][2] *= alpha[1]; o[dt][3] *= alpha[1];
+      }
+#pragma unroll
+      for (int kk = 0; kk < KT / 16; kk++) {
+        const u32 pa[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
+                           pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; dt++) {
+          u32 b[2];
+          ldsm_x2_trans(b, vs_ + (kk * 16 + (lane & 15)) * LK + dt * 8);
+          mma16816(o[dt], pa, b);
+        }
       }
     }
+    __syncthreads();  // every warp is done with stage st before the next step refills it
   }
   if (q0 >= T) return;
 #pragma unroll

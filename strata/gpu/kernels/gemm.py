@@ -12,9 +12,7 @@ sorted by expert, `a_index` maps each sorted row to its token; a block past `*n_
 the grid can be sized from an upper bound without reading the counts back. AMODE 1 stages
 silu(A[:, :K]) * A[:, K:] (the gate|up product feeding a down projection).
 
-`sgemm_nt`: a plain fp32 product for the MoE router of prefill rows.
-
-Numpy twins: `ref_gemm` (both operands rounded to fp16, products in float64); `sgemm_nt`'s is a @ b.T.
+Numpy twin: `ref_gemm` (both operands rounded to fp16, products in float64).
 """
 
 from __future__ import annotations
@@ -174,48 +172,6 @@ __global__ void __launch_bounds__(256, 2) qgemm(
       }
 }
 
-// C[M, N] = A[M, K] . B[N, K]^T in fp32 on the CUDA cores: the MoE router of prefill rows, whose logits
-// decide routing, so no fp16 rounding (a gemv would read the router once per 8 rows). 64 x 64 tile per
-// 256-thread block, thread (ty, tx) owns rows ty + 16i and columns tx + 16j, K in steps of 16 through
-// shared memory. K % 16 == 0.
-__global__ void __launch_bounds__(256) sgemm_nt(const float* __restrict__ A, int lda, const float* __restrict__ B,
-                                                int M, int N, int K, float* __restrict__ C, int ldc) {
-  __shared__ float As[16][64 + 1], Bs[16][64 + 1];
-  const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
-  const int m0 = blockIdx.y * 64, n0 = blockIdx.x * 64;
-  const int lr = threadIdx.x >> 2, lk = (threadIdx.x & 3) * 4;  // staging: one float4 of a row per operand
-  float acc[4][4];
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
-  for (int k0 = 0; k0 < K; k0 += 16) {
-    const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
-    const float4 a = m0 + lr < M ? *(const float4*)(A + (i64)(m0 + lr) * lda + k0 + lk) : z;
-    const float4 b = n0 + lr < N ? *(const float4*)(B + (i64)(n0 + lr) * K + k0 + lk) : z;
-    As[lk][lr] = a.x; As[lk + 1][lr] = a.y; As[lk + 2][lr] = a.z; As[lk + 3][lr] = a.w;
-    Bs[lk][lr] = b.x; Bs[lk + 1][lr] = b.y; Bs[lk + 2][lr] = b.z; Bs[lk + 3][lr] = b.w;
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < 16; kk++) {
-      float ar[4], br[4];
-#pragma unroll
-      for (int i = 0; i < 4; i++) { ar[i] = As[kk][ty + 16 * i]; br[i] = Bs[kk][tx + 16 * i]; }
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) acc[i][j] = fmaf(ar[i], br[j], acc[i][j]);
-    }
-    __syncthreads();
-  }
-#pragma unroll
-  for (int i = 0; i < 4; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
-      if (m < M && n < N) C[(i64)m * ldc + n] = acc[i][j];
-    }
-}
 """
 
 
