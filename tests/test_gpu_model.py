@@ -164,10 +164,15 @@ def test_tiny_model_matches_cpu(tmp_path, arch, mix, q8):
         got = gpu.forward_batch([np.array([tok])], [sg])[0]
         with oracle():
             e_dec.append(rel(got, cpu.forward(np.array([tok]), sc, all_logits=False)[-1]))
+    own = rel(want_short, plain_short)  # what rounding the inputs to int8 does, on the CPU alone
     print(f"\n{arch}/{mix}/{'q8' if q8 else 'fp32'}: prompt(6, gemv) {e_short:.2e}  prompt(41, gemm+flash) "
-          f"{e_long:.2e}  decode max {max(e_dec):.2e}  (int8 inputs themselves, on the CPU: "
-          f"{rel(want_short, plain_short):.2e})")
-    assert e_short < 5e-3 and max(e_dec) < 5e-3 and e_long < 2e-2
+          f"{e_long:.2e}  decode max {max(e_dec):.2e}  (int8 inputs themselves, on the CPU: {own:.2e})")
+    # With int8 inputs the GPU and the oracle round the same values only where their inputs agree to well
+    # under a code step: the fp16 KV cache and fp32 summation order upstream move some inputs across a
+    # rounding boundary, so a share of the codes differ by one step. The stated bound: 1.5x the rounding's
+    # own effect on top of the fp32 path's 5e-3 (H200, 30b-a3b-shaped mixes: at most 0.99x of it plus 2e-4).
+    bound = 5e-3 + 1.5 * own
+    assert e_short < bound and max(e_dec) < bound and e_long < 2e-2
 
 
 def test_graph_replay_equals_eager_and_batch_equals_solo(tmp_path):
