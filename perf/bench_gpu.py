@@ -179,8 +179,8 @@ def sweep(gpu: Any, batches: list[int], gen: int = 64) -> dict[str, float]:
 
 
 # llama.cpp CUDA on the same machine kind and file, from perf/README.md (2026-11-30, H200): --llama-published
-LLAMA_PUBLISHED = {"pp512": 9972.0, "pp4096": 10690.0, "pp16384": 8971.0, "tg128_b1": 314.2, "batched_tg128_b4": 667.3,
-                   "batched_tg128_b1": 287.9, "published": True}
+LLAMA_PUBLISHED = {"pp512": 10152.9, "pp4096": 10746.4, "pp16384": 9031.0, "tg128_b1": 314.3, "batched_tg128_b4": 672.7,
+                   "batched_tg128_b1": 296.1, "published": True}
 
 
 def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
