@@ -2,10 +2,11 @@
 
 `LayerWeights` holds one layer's device tensors; `Activations` the device buffers one forward
 pass writes. `run_layer` launches a layer over n rows: with few rows (decode, up to GEMV_ROWS)
-every projection is a gemv with the RMSNorm fused into its input staging, routing runs inside the
-router's launch and the q/k epilogue inside the attention's (6 launches a MoE layer); with many (prefill)
-projections are tensor-core GEMMs and MoE tokens are grouped by expert. Nothing here allocates,
-so the decode form of it can be captured into a CUDA graph.
+every projection is a gemv with the RMSNorm fused into its input staging (on int8 inputs for the
+types mmvq.py reads), routing runs inside the router's launch and the q/k epilogue inside the
+attention's (6 launches a MoE layer); with many (prefill) projections are tensor-core GEMMs, the
+router one fp32 GEMM, and MoE tokens are grouped by expert. Nothing here allocates, so the decode
+form of it can be captured into a CUDA graph.
 
 Legend: N = rows (tokens), D = hidden, H/KV = query/key heads, HD = head dim, E = experts,
 A = active experts, F = expert (or FFN) width, P = N * A.
