@@ -49,6 +49,35 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
+// Row r of W0 | W1 | W2 read as one matrix (q|k|v): rows below r1 from W0, below r2 from W1, the rest from W2
+__device__ __forceinline__ const u8* cat_row(const u8* W0, const u8* W1, const u8* W2, int r1, int r2, i64 row_bytes,
+                                             int r) {
+  return r < r1 ? W0 + (i64)r * row_bytes : r < r2 ? W1 + (i64)(r - r1) * row_bytes : W2 + (i64)(r - r2) * row_bytes;
+}
+
+// The split-K epilogue of the decode products (8 warps, `split` of them per row r): each warp's partial
+// dots for its NT tokens meet in part, and the row's first warp writes y[t0 + t, r] (+)= sum (* scale[t]).
+// Every thread of the block calls it (two barriers).
+template <int NT>
+__device__ __forceinline__ void split_store(const float* acc, float (*part)[NT], int split, int r, int rows, int n,
+                                            const float* scale, float* y, int t0, int ldy, int accumulate) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int t = 0; t < NT; t++) {
+    const float s = warp_sum(acc[t]);
+    if (lane == 0) part[warp][t] = s;
+  }
+  __syncthreads();
+  if (warp % split == 0 && lane < n && r < rows) {
+    float s = 0.f;
+    for (int j = 0; j < split; j++) s += part[warp + j][lane];
+    if (scale != nullptr) s *= scale[lane];
+    float* o = y + (i64)(t0 + lane) * ldy + r;
+    *o = accumulate ? *o + s : s;
+  }
+  __syncthreads();
+}
+
 typedef signed char i8;
 // sum of the four signed byte products of a and b, plus c
 __device__ __forceinline__ int dp4a(int a, int b, int c) {

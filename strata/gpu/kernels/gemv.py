@@ -96,8 +96,7 @@ __global__ void __launch_bounds__(256) gemv(
   stage_x<NT, PRO>(xs, x + (i64)t0 * ldx, ldx, n, K, nw, eps, hout == nullptr ? nullptr : hout + (i64)t0 * ldh, ldh);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int r = blockIdx.x * (blockDim.x >> 5) + warp; r < rows; r += gridDim.x * (blockDim.x >> 5)) {
-    const u8* row = r < r1 ? W0 + (i64)r * row_bytes
-                  : r < r2 ? W1 + (i64)(r - r1) * row_bytes : W2 + (i64)(r - r2) * row_bytes;
+    const u8* row = cat_row(W0, W1, W2, r1, r2, row_bytes, r);
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
@@ -164,8 +163,7 @@ __device__ __forceinline__ void gemv_split_body(GEMV_SPLIT_ARGS) {
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
     if (r < rows) {
-      const u8* row = r < r1 ? W0 + (i64)r * row_bytes
-                    : r < r2 ? W1 + (i64)(r - r1) * row_bytes : W2 + (i64)(r - r2) * row_bytes;
+      const u8* row = cat_row(W0, W1, W2, r1, r2, row_bytes, r);
 #pragma unroll 2
       for (int c = sub * 32 + lane; c < nch; c += 32 * split) {
         float v[8];
@@ -187,20 +185,7 @@ __device__ __forceinline__ void gemv_split_body(GEMV_SPLIT_ARGS) {
         }
       }
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-      const float s = warp_sum(acc[t]);
-      if (lane == 0) part[warp][t] = s;
-    }
-    __syncthreads();
-    if (sub == 0 && lane < n && r < rows) {
-      float s = 0.f;
-      for (int j = 0; j < split; j++) s += part[warp + j][lane];
-      if (PRO == 1) s *= inv[lane];
-      float* o = y + (i64)(t0 + lane) * ldy + r;
-      *o = accumulate ? *o + s : s;
-    }
-    __syncthreads();
+    split_store<NT>(acc, part, split, r, rows, n, PRO == 1 ? inv : nullptr, y, t0, ldy, accumulate);
   }
   if (PRO == 1 && hout != nullptr && blockIdx.x == 0)  // block 0 ran the loop, so inv is published
     for (int t = 0; t < n; t++)

@@ -191,8 +191,7 @@ __global__ void __launch_bounds__(256) mmvq(
   {  // start this warp's first row towards L2 while the inputs are staged
     const int r = blockIdx.x * rpb + warp / split;
     if (r < rows) {
-      const u8* row = r < r1 ? W0 + (i64)r * row_bytes
-                    : r < r2 ? W1 + (i64)(r - r1) * row_bytes : W2 + (i64)(r - r2) * row_bytes;
+      const u8* row = cat_row(W0, W1, W2, r1, r2, row_bytes, r);
       for (i64 o = 128 * (i64)(sub * 32 + lane); o < row_bytes; o += 128 * 32 * split) prefetch_l2(row + o);
     }
   }
@@ -205,24 +204,11 @@ __global__ void __launch_bounds__(256) mmvq(
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
     if (r < rows) {
-      const u8* row = r < r1 ? W0 + (i64)r * row_bytes
-                    : r < r2 ? W1 + (i64)(r - r1) * row_bytes : W2 + (i64)(r - r2) * row_bytes;
+      const u8* row = cat_row(W0, W1, W2, r1, r2, row_bytes, r);
 #pragma unroll 2
       for (int u = sub * 32 + lane; u < nu; u += 32 * split) V<QT>::template dot<NT>(row, u, xq, xds, K, n, acc);
     }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-      const float s = warp_sum(acc[t]);
-      if (lane == 0) part[warp][t] = s;
-    }
-    __syncthreads();
-    if (sub == 0 && lane < n && r < rows) {
-      float s = 0.f;
-      for (int j = 0; j < split; j++) s += part[warp + j][lane];
-      float* o = y + (i64)(t0 + lane) * ldy + r;
-      *o = accumulate ? *o + s : s;
-    }
-    __syncthreads();
+    split_store<NT>(acc, part, split, r, rows, n, nullptr, y, t0, ldy, accumulate);
   }
 }
 
