@@ -152,23 +152,9 @@ def graph_profile(gpu: Any, b: int = 1, reps: int = 25) -> list[tuple[str, int, 
     return sorted(out, key=lambda r: -r[1] * r[2] if r[0] != "(whole step)" else -1e18)
 
 
-def prefill_rate(gpu: Any, p: int, rng: np.random.Generator) -> float:
-    """Prompt tok/s: forward() of p random tokens over a fresh sequence, median of 3 (2 past 8k)."""
-    times = []
-    for _ in range(2 if p > 8192 else 3):
-        s = gpu.new_state()
-        ids = rng.integers(0, gpu.params.vocab, p)
-        t = time.perf_counter()
-        gpu.forward(ids, s, all_logits=False)
-        times.append(time.perf_counter() - t)
-        del s
-    return p / statistics.median(times)
-
-
 def sweep(gpu: Any, batches: list[int], gen: int = 64) -> dict[str, float]:
     """Decode tok/s per decode-kernel setting, graphs recaptured for each: fp32-input gemvs against the
-    int8-input ones (mmvq) at several grid caps (ops.MMVQ_GRID); then prefill tok/s with qgemm's L1
-    prefetch of the next K step's weights off and on (ops.gemm_prefetch)."""
+    int8-input ones (mmvq) at several grid caps (ops.MMVQ_GRID)."""
     from strata.gpu import ops as ops_mod
 
     keep = ops_mod.MMVQ_GRID, gpu.ops.q8
@@ -189,17 +175,6 @@ def sweep(gpu: Any, batches: list[int], gen: int = 64) -> dict[str, float]:
     finally:
         ops_mod.MMVQ_GRID, gpu.ops.q8 = keep
         gpu.graphs._graphs.clear()
-    rng = np.random.default_rng(1)
-    keep_pf = gpu.ops.gemm_prefetch
-    try:
-        for pf in (False, True):
-            gpu.ops.gemm_prefetch = pf
-            for p in (512, 4096):
-                out[f"prefetch {pf} pp{p}"] = prefill_rate(gpu, p, rng)
-            print(f"sweep qgemm prefetch {pf}: " + ", ".join(f"pp{p} {out[f'prefetch {pf} pp{p}']:.0f}"
-                                                           for p in (512, 4096)), flush=True)
-    finally:
-        gpu.ops.gemm_prefetch = keep_pf
     return out
 
 
@@ -227,7 +202,15 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     vocab = gpu.params.vocab
     gpu.forward(rng.integers(0, vocab, 600), gpu.new_state(), all_logits=False)  # warm: modules, pool
     for p in a.prompts:
-        res[f"pp{p}"] = prefill_rate(gpu, p, rng)
+        times = []
+        for _ in range(2 if p > 8192 else 3):
+            s = gpu.new_state()
+            ids = rng.integers(0, vocab, p)
+            t = time.perf_counter()
+            gpu.forward(ids, s, all_logits=False)
+            times.append(time.perf_counter() - t)
+            del s
+        res[f"pp{p}"] = p / statistics.median(times)
         print(f"strata pp{p}: {res[f'pp{p}']:.0f} tok/s", flush=True)
     for b in a.batches:
         warm = [gpu.new_state() for _ in range(b)]

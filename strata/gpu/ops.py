@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
 from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
 from strata.gpu.kernels.common import GPU_QTYPES
 from strata.gpu.runtime import NULL, Kernels, cupy_module, dev_ptr, f32, i32, i64, launch, ptr
@@ -49,9 +47,6 @@ class Ops:
         # GEMM K step (the 128-wide instance stays compiled and tested): 64 measured faster on the H200,
         # pp512 7,462 vs 6,654 tok/s, qgemm 39.5 vs 48.8 ms per pp512 pass (perf/README.md)
         self.gemm_bk = 64
-        # qgemm prefetches each next K step's weight bytes to L1 before its MMAs (False: it does not; A/B in
-        # perf/bench_gpu.py --sweep)
-        self.gemm_prefetch = True
         qts = sorted(int(q) for q in GPU_QTYPES)
         self.gemv = Kernels(gemv.SOURCE, [gemv.gemv_name(q, nt, p) for q in qts for nt in GEMV_NT for p in (0, 1, 2)]
                             + [gemv.gemv_split_name(q, nt, p) for q in qts for nt in GEMV_NT for p in (0, 1)]
@@ -150,8 +145,7 @@ class Ops:
         args = (data[0], data[1], data[2], i32(r1), i32(r2), i64(w.expert_stride), i64(w.row_bytes), i32(total),
                 i32(k), dev_ptr(a), i32(lda or (2 * k if silu_mul else k)), NULL if a_index is None else a_index,
                 dev_ptr(c), i32(ldc or total), i32(int(accumulate)),
-                NULL if tiles is None else tiles, NULL if n_tiles is None else n_tiles, i32(m),
-                i32(GGML_QUANT_SIZES[GGMLQuantizationType(w.qtype)][0] if self.gemm_prefetch else 0))
+                NULL if tiles is None else tiles, NULL if n_tiles is None else n_tiles, i32(m))
         launch(self.gemm[gemm.gemm_name(w.qtype, int(silu_mul), bk)], (-(-total // gemm.BN), gy), 256, args,
                smem=gemm.smem_bytes(bk))
 

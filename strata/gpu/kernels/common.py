@@ -92,7 +92,6 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) {
   int d; asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
 }
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" :: "l"(p)); }
 
 // Inputs as int8 codes per group of 32 (mmvq.py): 4 consecutive lanes hold a group, 8 values each (lane & 3
 // says which 8). Writes this lane's 8 codes at q (8-aligned) and, from the group's first lane, (d, d * sum of

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(256, 2) qgemm(
     i64 expert_stride, i64 row_bytes, int N, int K,
     const float* __restrict__ A, int lda, const int* __restrict__ a_index,
     float* __restrict__ C, int ldc, int accumulate,
-    const int* __restrict__ tiles, const int* __restrict__ n_tiles, int M, int qk) {
+    const int* __restrict__ tiles, const int* __restrict__ n_tiles, int M) {
   constexpr int LDS = BK + 8, CPR = BK / 8, AF4 = BK / 16, WCH = BN * CPR / 256;
   extern __shared__ uint4 smem_u4[];
   u16* As = (u16*)smem_u4;
@@ -127,18 +127,7 @@ __global__ void __launch_bounds__(256, 2) qgemm(
   int cur = 0;
   for (int k0 = 0; k0 < K; k0 += BK) {
     const bool more = k0 + BK < K;
-    if (more) {
-      load_a(k0 + BK);
-      if (qk > 0)  // the next step's weight bytes towards L1 now, so its decoding after the MMAs finds them there
-#pragma unroll
-        for (int j = 0; j < WCH; j++) {
-          const int e = k0 + BK + ((tid + 256 * j) % CPR) * 8;  // this thread's next chunk, in elements
-          if (wrow[j] != nullptr && e < K) {
-            prefetch_l1(wrow[j] + (i64)e * row_bytes / K);  // its codes, proportionally placed in the row
-            prefetch_l1(wrow[j] + (i64)(e / qk) * qk * row_bytes / K);  // its block's scales
-          }
-        }
-    }
+    if (more) load_a(k0 + BK);
     const u16* as = As + cur * STAGE;
     const u16* ws = Ws + cur * STAGE;
 #pragma unroll
