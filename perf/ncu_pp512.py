@@ -3,6 +3,8 @@
     python perf/ncu_pp512.py MODEL.gguf
 """
 
+from __future__ import annotations
+
 import sys
 
 import numpy as np
@@ -11,9 +13,15 @@ from strata.gguf import GGUFFile
 from strata.gpu.model import GpuModel, GpuOptions
 from strata.models import model_class
 from strata.weights import WeightStore
-g = GGUFFile(sys.argv[1])
-gpu = GpuModel(model_class(g)(g, WeightStore(g, 0)), GpuOptions(chunk=4096, n_ctx=1024))
-ids = np.random.default_rng(0).integers(0, gpu.params.vocab, 512)
-gpu.forward(ids, gpu.new_state(), all_logits=False)
-gpu.stream.synchronize()
-print("done")
+
+
+def main() -> None:
+    g = GGUFFile(sys.argv[1])
+    gpu = GpuModel(model_class(g)(g, WeightStore(g, 0)), GpuOptions(chunk=4096, n_ctx=1024))
+    ids = np.random.default_rng(0).integers(0, gpu.params.vocab, 512)
+    gpu.forward(ids, gpu.new_state(), all_logits=False)
+    gpu.stream.synchronize()
+
+
+if __name__ == "__main__":
+    main()
