@@ -39,6 +39,24 @@ __device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Q4_K scale / min pair j from the 12 scale bytes held in a block header's words y, z, w (scale_min_k4)
+__device__ __forceinline__ u32 hdr_byte(const uint4& hd, int k) {
+  const u32 w = k < 4 ? hd.y : (k < 8 ? hd.z : hd.w);
+  return (w >> (8 * (k & 3))) & 0xFFu;
+}
+__device__ __forceinline__ void scale_min_hdr(const uint4& hd, int j, float* sc, float* mn) {
+  if (j < 4) { *sc = (float)(hdr_byte(hd, j) & 63); *mn = (float)(hdr_byte(hd, j + 4) & 63); }
+  else {
+    *sc = (float)((hdr_byte(hd, j + 4) & 0xF) | ((hdr_byte(hd, j - 4) >> 6) << 4));
+    *mn = (float)((hdr_byte(hd, j + 4) >> 4) | ((hdr_byte(hd, j) >> 6) << 4));
+  }
+}
+// 4 codes (bytes of c) as fp16 pairs of dl * q - ml, rounded as deq8 rounds them
+__device__ __forceinline__ uint2 q4k_pairs(u32 c, float dl, float ml) {
+  return make_uint2(pack2(__fsub_rn(mul(byte_f(c, 0), dl), ml), __fsub_rn(mul(byte_f(c, 1), dl), ml)),
+                    pack2(__fsub_rn(mul(byte_f(c, 2), dl), ml), __fsub_rn(mul(byte_f(c, 3), dl), ml)));
+}
+
 // Rows past r1 / r2 of the output columns come from W1 / W2 (q|k|v as one product), as in gemv.
 // Dynamic shared memory: two stages of (BM + BN) * (BK + 8) halves; rows padded by 16 bytes so that
 // fragment loads hit 32 distinct banks.
@@ -74,6 +92,17 @@ __global__ void __launch_bounds__(256, 2) qgemm(
     wrow[j] = n >= N ? nullptr : n < r1 ? Wb + (i64)n * row_bytes
             : n < r2 ? W1 + (i64)(n - r1) * row_bytes : W2 + (i64)(n - r2) * row_bytes;
   }
+  // Q4_K with 64-wide K steps (one 64-value group of a super-block per step): thread -> (row tid / 2, half
+  // tid % 2) takes its 16 bytes of codes and the 16-byte block header in two loads, where deq8 would issue
+  // ~7 small loads per 8 values, each repeated by the tile's other threads: those loads bound the GEMM
+  // through L1 (perf/README.md, Nsight Compute).
+  constexpr bool WIDE = QT == 12 && BK == 64;
+  const u8* qrow = nullptr;
+  if (WIDE) {
+    const int n = n0 + (tid >> 1);
+    qrow = n >= N ? nullptr : n < r1 ? Wb + (i64)n * row_bytes
+         : n < r2 ? W1 + (i64)(n - r1) * row_bytes : W2 + (i64)(n - r2) * row_bytes;
+  }
   float acc[2][4][4];
 #pragma unroll
   for (int i = 0; i < 2; i++)
@@ -101,6 +130,34 @@ __global__ void __launch_bounds__(256, 2) qgemm(
     }
   };
   auto stage = [&](int k0, u16* as, u16* ws) {  // decode W's K step k0 into ws, store the loaded A into as
+    if constexpr (WIDE) {
+      const int hh = tid & 1;
+      uint2 lo[4], hi[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) lo[i] = hi[i] = make_uint2(0u, 0u);
+      if (qrow != nullptr) {
+        const u8* b = qrow + (k0 >> 8) * 144;
+        const int g = (k0 >> 6) & 3;
+        const uint4 hd = *(const uint4*)b;  // d | dmin | scales[12]
+        const uint4 q = *(const uint4*)(b + 16 + 32 * g + 16 * hh);
+        float sc0, m0, sc1, m1;
+        scale_min_hdr(hd, 2 * g, &sc0, &m0);
+        scale_min_hdr(hd, 2 * g + 1, &sc1, &m1);
+        const float d = h2f(hd.x & 0xFFFF), dmin = h2f(hd.x >> 16);
+        const float dl0 = mul(d, sc0), ml0 = mul(dmin, m0), dl1 = mul(d, sc1), ml1 = mul(dmin, m1);
+        const u32 w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {  // low nibbles: sub-block 2g, step positions 16hh + 4i..; high: 32 + that
+          lo[i] = q4k_pairs(w[i] & 0x0F0F0F0Fu, dl0, ml0);
+          hi[i] = q4k_pairs((w[i] >> 4) & 0x0F0F0F0Fu, dl1, ml1);
+        }
+      }
+      u16* wr = ws + (tid >> 1) * LDS + 16 * hh;
+      *(uint4*)wr = make_uint4(lo[0].x, lo[0].y, lo[1].x, lo[1].y);
+      *(uint4*)(wr + 8) = make_uint4(lo[2].x, lo[2].y, lo[3].x, lo[3].y);
+      *(uint4*)(wr + 32) = make_uint4(hi[0].x, hi[0].y, hi[1].x, hi[1].y);
+      *(uint4*)(wr + 40) = make_uint4(hi[2].x, hi[2].y, hi[3].x, hi[3].y);
+    } else {
 #pragma unroll
     for (int j = 0; j < WCH; j++) {
       const int id = tid + 256 * j, r = id / CPR, cc = id % CPR;
@@ -113,6 +170,7 @@ __global__ void __launch_bounds__(256, 2) qgemm(
         for (int i = 0; i < 4; i++) h[i] = pack2(v[2 * i], v[2 * i + 1]);
       }
       *(uint4*)(ws + r * LDS + cc * 8) = make_uint4(h[0], h[1], h[2], h[3]);
+    }
     }
 #pragma unroll
     for (int q = 0; q < AF4; q += 2) {
