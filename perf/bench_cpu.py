@@ -2,8 +2,8 @@
 same GGUF with the same thread count, measured in one run. Not a test: prints a table and the
 Strata/llama.cpp ratios, with the load average before and after (the machine may be shared).
 
-Models: SmolLM2-135M-Instruct Q4_1 (dense) and a random ~1.2B qwen3moe-shaped Q4_K model written
-by perf/synth_qwen3moe.py (cached under ~/.cache/strata/bench).
+Models: SmolLM2-135M-Instruct Q4_1 (dense) and a random ~1.2B qwen3moe-shaped Q4_K model (Q6_K head)
+written by the `strata synth` writer at the BENCH_MOE shape (cached under ~/.cache/strata/bench).
 
     python perf/bench_cpu.py [--model PATH ...] [--threads N] [--prompt 128] [--gen 32] [--reps 3]
                              [--engines numpy,jit,llama] [--llama-bench PATH]
@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def strata_speed(model: Path, n_prompt: int, n_gen: int, reps: int, **options: object) -> tuple[float, float]:
@@ -62,12 +61,28 @@ def llama_speed(bench: Path, model: Path, threads: int, n_prompt: int, n_gen: in
     return float(pp), float(tg)
 
 
+def bench_moe(root: Path) -> Path:
+    """The ~1.2B qwen3moe benchmark file: Qwen3-30B-A3B's layout at half its width and 8 layers, 64
+    experts, written on first use by the synthetic writer (valid random blocks, router skew 1)."""
+    from gguf.constants import GGMLQuantizationType as Q
+    from oracle import assets
+
+    from strata.synth.shapes import QWEN3MOE, Shape
+    from strata.synth.writer import write_synth
+
+    shape = Shape(QWEN3MOE, "bench-1b", n_layer=8, d_model=1024, n_head=16, n_kv=4, head_dim=128, n_expert=64,
+                  top_k=8, expert_ff=512, dense_ff=4096, n_ctx=32768, rope_base=1e6)
+    path = root / "synth-qwen3moe-bench-1b-q4_k.gguf"
+    if not path.is_file():  # the writer renames a finished file into place
+        root.mkdir(parents=True, exist_ok=True)
+        write_synth(path, shape, Q.Q4_K, Q.Q6_K, 1.0, assets.qwen3_tokenizer_dir())
+    return path
+
+
 def default_models() -> list[Path]:
     from oracle import assets
-    from synth_qwen3moe import Shape, synth_path
 
-    moe = synth_path(Path.home() / ".cache/strata/bench", Shape(), assets.tiny_qwen3moe()["q8_0"])
-    return [assets.smollm2_gguf(), moe]
+    return [assets.smollm2_gguf(), bench_moe(Path.home() / ".cache/strata/bench")]
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ prefill and decode tok/s, the per-sequence state size, and the PLE table traffic
 
     python perf/bench_flagship.py [--prompt 128] [--gen 16] [--layers 4] [--experts 64]
                                   [--ple-base 250000] [--skip-mid] [--cache-mib 12000]
+                                  [--backend numpy|jit|both] [--workers 2]
 
 Small GEMMs with a multi-threaded BLAS collapse when other processes hold the cores (threads spin
 on each other): on a shared machine run with OPENBLAS_NUM_THREADS=1 for stable numbers.
@@ -27,10 +28,15 @@ from strata.models import model_class
 from strata.weights import WeightStore
 
 
-def bench(path: Path, n_prompt: int, n_gen: int, cache_mib: int) -> dict[str, float]:
+def bench(path: Path, n_prompt: int, n_gen: int, cache_mib: int, backend: str, workers: int) -> dict[str, float]:
     g = GGUFFile(path)
     t0 = time.perf_counter()
-    model = model_class(g)(g, WeightStore(g, cache_mib << 20))
+    weights = WeightStore(g, cache_mib << 20)
+    if backend == "jit":  # fused kernels for the projections, routed experts on the CPU pool
+        from strata.jit.backend import start
+
+        weights.jit = start(g, None, workers, "auto")
+    model = model_class(g)(g, weights)
     rng = np.random.default_rng(0)
     ids = rng.integers(100, min(model.params.vocab, 150_000), size=n_prompt)
     model.forward(ids[:4], model.new_state(), all_logits=False)  # dequantize weights into the cache first
@@ -64,6 +70,8 @@ def main() -> int:
     ap.add_argument("--ple-base", type=int, default=250_000)
     ap.add_argument("--cache-mib", type=int, default=12_000)
     ap.add_argument("--skip-mid", action="store_true")
+    ap.add_argument("--backend", choices=["numpy", "jit", "both"], default="both")
+    ap.add_argument("--workers", type=int, default=2, help="jit expert-pool workers")
     args = ap.parse_args()
 
     from oracle import flagship
@@ -79,9 +87,10 @@ def main() -> int:
         t0 = time.perf_counter()
         models[f"mid qwen4exp {s.tag()}"] = synth_path(cache_root() / "bench", s)
         print(f"synthetic file ready in {time.perf_counter() - t0:.1f}s: {models[f'mid qwen4exp {s.tag()}']}")
-    for name, path in models.items():
-        r = bench(Path(path), args.prompt, args.gen, args.cache_mib)
-        line = (f"{name:<34} prefill {r['prefill_tok_s']:8.1f} tok/s  decode {r['decode_tok_s']:7.2f} tok/s  "
+    backends = ["numpy", "jit"] if args.backend == "both" else [args.backend]
+    for (name, path), backend in ((m, b) for m in models.items() for b in backends):
+        r = bench(Path(path), args.prompt, args.gen, args.cache_mib, backend, args.workers)
+        line = (f"{name + ' ' + backend:<40} prefill {r['prefill_tok_s']:8.1f} tok/s  decode {r['decode_tok_s']:7.2f} tok/s  "
                 f"state {r['state_kib']:8.1f} KiB  (load+warm {r['load_warm_s']:.1f}s)")
         if "ple_bytes_per_tok" in r:
             line += (f"  PLE {r['ple_rows_per_tok']:.0f} rows = {r['ple_bytes_per_tok']:,.0f} B/token"

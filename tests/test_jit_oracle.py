@@ -65,3 +65,22 @@ def test_moe_layers_run_on_the_pool(tiny_qwen3moe: dict, jit_cache: Path) -> Non
     pool.moe = lambda *a: calls.append(1) or real(*a)  # type: ignore[method-assign]
     engine.logits([1, 2, 3])
     assert len(calls) == engine.model.params.n_layer
+
+
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen4exp"])
+def test_flagship_experts_run_on_the_pool(arch: str, jit_cache: Path) -> None:
+    """qwen3next / qwen4exp with backend="jit": routed experts on the pool (one call per MoE layer),
+    logits and greedy tokens against transformers as tight as the numpy path's."""
+    from flagship_checks import build, check_greedy, check_prompt_logits
+    from oracle import assets, flagship
+
+    fixture = build({"qwen3next": flagship.tiny_qwen3next, "qwen4exp": flagship.tiny_qwen4exp}[arch])
+    ref = assets.load_npz(fixture["oracle"])
+    engine = Engine.load(fixture["f32"], backend="jit", pool_workers=2, jit_cache=str(jit_cache))
+    calls = []
+    pool = engine.model.w.jit.pool
+    real = pool.moe
+    pool.moe = lambda *a: calls.append(1) or real(*a)  # type: ignore[method-assign]
+    check_prompt_logits(engine, ref)
+    assert len(calls) == engine.model.params.n_layer
+    check_greedy(engine, ref)

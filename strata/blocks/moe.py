@@ -7,10 +7,14 @@ Tokens are grouped by expert so each expert's weights are touched once per forwa
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from strata.blocks.norms import softmax
+from strata.blocks.norms import silu, softmax
+
+if TYPE_CHECKING:
+    from strata.weights import WeightStore
 
 ExpertFn = Callable[[int, np.ndarray], np.ndarray]  # (expert id, x [n, D]) -> [n, D]
 
@@ -42,3 +46,19 @@ def dispatch(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, expert: Expert
         # top-k picks distinct experts, so a token appears at most once per group: += is safe.
         out[tok] += y * weights.reshape(-1)[group][:, None]
     return out
+
+
+def swiglu_experts(h: np.ndarray, ids: np.ndarray, weights: np.ndarray, w: WeightStore, gate: str, up: str,
+                   down: str) -> np.ndarray:
+    """sum_a weights[t, a] * down_e(silu(gate_e h_t) * up_e h_t) over the routed experts (3-D tensors
+    [E, out, in]): fused on the JIT expert pool when the store has one and it reads these types (each
+    used expert's weights read once per call), else one numpy dispatch per used expert."""
+    if w.jit is not None:
+        out = w.jit.moe(h, ids, weights, gate, up, down)
+        if out is not None:
+            return out
+
+    def expert(e: int, xs: np.ndarray) -> np.ndarray:  # xs [n, D] -> [n, D]
+        return w.matmul(silu(w.matmul(xs, gate, e)) * w.matmul(xs, up, e), down, e)
+
+    return dispatch(h, ids, weights, expert)

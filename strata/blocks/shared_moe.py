@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.blocks.moe import dispatch, route_softmax_topk
+from strata.blocks.moe import route_softmax_topk, swiglu_experts
 from strata.blocks.norms import sigmoid, silu
 from strata.gguf.names import T, tensor
 from strata.weights import WeightStore
@@ -20,11 +20,7 @@ def routed_experts(h: np.ndarray, w: WeightStore, layer: int, top_k: int, normal
     router = w.matmul(h, tensor(T.FFN_GATE_INP, layer))  # [T, E]
     ids, weights = route_softmax_topk(router, top_k, normalize)  # [T, A] x2
     gate_n, up_n, down_n = (tensor(k, layer) for k in (T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP))
-
-    def expert(e: int, xs: np.ndarray) -> np.ndarray:  # xs [n, D] -> [n, D]
-        return w.matmul(silu(w.matmul(xs, gate_n, e)) * w.matmul(xs, up_n, e), down_n, e)
-
-    return dispatch(h, ids, weights, expert)
+    return swiglu_experts(h, ids, weights, w, gate_n, up_n, down_n)
 
 
 def shared_expert(h: np.ndarray, w: WeightStore, layer: int) -> np.ndarray:

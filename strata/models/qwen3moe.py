@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.blocks.moe import dispatch, route_softmax_topk
-from strata.blocks.norms import silu
+from strata.blocks.moe import route_softmax_topk, swiglu_experts
 from strata.blocks.rope import RopeStyle
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, tensor
@@ -39,13 +38,4 @@ class Qwen3Moe(DecoderLM):
         router_n, gate_n, up_n, down_n = self.moe_names[layer]
         router = w.matmul(h, router_n)  # [T, E]
         ids, weights = route_softmax_topk(router, self.top_k, self.norm_topk)  # [T, A] x2
-        if w.jit is not None:  # CPU mode: fused experts on the pool, each expert's weights read once
-            out = w.jit.moe(h, ids, weights, gate_n, up_n, down_n)
-            if out is not None:
-                return out
-
-        def expert(e: int, xs: np.ndarray) -> np.ndarray:  # xs [n, D] -> [n, D]
-            act = silu(w.matmul(xs, gate_n, e)) * w.matmul(xs, up_n, e)  # [n, F]
-            return w.matmul(act, down_n, e)
-
-        return dispatch(h, ids, weights, expert)
+        return swiglu_experts(h, ids, weights, w, gate_n, up_n, down_n)
