@@ -20,6 +20,8 @@ from quant_blocks import F16_FIELDS, random_blocks
 from strata.blocks.norms import rms_norm
 from strata.blocks.rope import Rope, RopeStyle
 from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
+from strata.gpu.kernels import deltanet as dk
+from strata.gpu.runtime import i32, i64, launch, ptr
 from strata.gpu.weights import DevMatrix
 from strata.quants import dequantize
 from strata.sampling import SamplingParams
@@ -27,7 +29,7 @@ from strata.sampling import SamplingParams
 pytestmark = pytest.mark.gpu
 
 QTYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
-HDS = [16, 64, 128]
+HDS = [16, 64, 128, 256]
 MOE_TYPES = [(int(Q.Q4_K), int(Q.Q4_K), int(Q.Q6_K)), (int(Q.Q8_0), int(Q.Q8_0), int(Q.Q8_0))]
 
 
@@ -186,7 +188,8 @@ def test_rmsnorm_and_qkv_post(cp, ops):
     out = cp.empty_like(cp.asarray(x))
     ops.rmsnorm(cp.asarray(x), cp.asarray(w), 1e-6, 5, 96, out)
     np.testing.assert_allclose(out.get(), rows.ref_rmsnorm(x, w, 1e-6), rtol=2e-6, atol=1e-6)
-    for hd, n_rot, style, qk in [(64, 64, RopeStyle.NEOX, True), (128, 64, RopeStyle.NORM, False), (16, 16, RopeStyle.NEOX, True)]:
+    for hd, n_rot, style, qk in [(64, 64, RopeStyle.NEOX, True), (128, 64, RopeStyle.NORM, False), (16, 16, RopeStyle.NEOX, True),
+                                  (256, 64, RopeStyle.NEOX, True)]:  # the last: Qwen3-Next's partial rotary
         h, kv, n, layer, cap = 4, 2, 6, 1, 40
         rope = Rope(n_rot=n_rot, base=1e6, style=style, scale=2.0 if style is RopeStyle.NORM else 1.0)
         qkv = rng.standard_normal((n, (h + 2 * kv) * hd)).astype(np.float32)
@@ -421,3 +424,82 @@ def test_argmax_and_sampler(cp, ops):
             same += sample.sample_gpu(cp.asarray(row), [1, 2, 3], params, 99, pos) == want
             total += 1
     assert same >= total - 1, f"GPU sampler agreed with the CPU sampler on {same} of {total} draws"
+
+
+@pytest.mark.parametrize("kd", dk.KEY_DIMS)
+def test_deltanet_kernels_match_twins(cp, ops, kd):
+    """dn_conv, dn_recur and dn_gated_norm against ref_conv / ref_recur / ref_gated_norm: a 37-token segment
+    (prefill: one launch runs its tokens in order) and then 3 decode rows of 3 sequences in one launch, each
+    finding its own state through its table row; both b/a layouts and head orders. fp32 throughout: 1e-5
+    of each output's magnitude (the recurrence's sums are reordered, not rounded differently)."""
+    rng = np.random.default_rng(kd)
+    for n_k, n_v, v, fused, tiled, width in [(2, 4, 40, True, False, 4), (1, 3, kd, False, True, 3)]:
+        _deltanet_case(cp, ops, rng, kd, n_k, n_v, v, fused, tiled, width)
+
+
+def _deltanet_case(cp, ops, rng, kd, n_k, n_v, v, fused, tiled, width) -> None:
+    c, inner = (2 * n_k * kd + n_v * v), n_v * v
+    ld = c + inner + 2 * n_v
+    fused_r = n_v // n_k if fused else 0
+    conv_w = (rng.standard_normal((c, width)) * 0.5).astype(np.float32)
+    a_coef = -np.exp(rng.standard_normal(n_v) * 0.5).astype(np.float32)
+    dt = rng.standard_normal(n_v).astype(np.float32)
+    norm_w = rng.uniform(0.5, 1.5, v).astype(np.float32)
+    n_layer, layer = 2, 1  # state of the second DeltaNet layer
+    nc, ns = (width - 1) * c, n_v * kd * v
+    states = [(rng.standard_normal(n_layer * nc).astype(np.float32),
+               (rng.standard_normal(n_layer * ns) * 0.1).astype(np.float32)) for _ in range(3)]
+    dev_states = [(cp.asarray(a), cp.asarray(b)) for a, b in states]
+
+    def run(mix, seqs, t, count):
+        m, o = cp.asarray(mix), cp.zeros((mix.shape[0], inner), cp.float32)
+        tab = cp.asarray(np.array([[0, 0, 0, 0, 0, dev_states[j][0].data.ptr, dev_states[j][1].data.ptr]
+                                   for j in seqs], np.int64))
+        launch(ops.dn[dk.conv_name(width)], (-(-c // 128), count), 128,
+               (m, i32(ld), i32(c), i32(t), tab, i32(7), i64(layer * nc), cp.asarray(conv_w)))
+        launch(ops.dn[dk.recur_name(kd)], (n_v, -(-v // 32), count), 32,
+               (m, i32(ld), i32(c + inner), i32(t), tab, i32(7), i64(layer * ns), i32(n_k), i32(n_v), i32(v),
+                i32(int(tiled)), i32(fused_r), cp.asarray(a_coef), cp.asarray(dt), o, i32(inner)))
+        raw = o.get()
+        launch(ops.dn["dn_gated_norm"], (n_v, mix.shape[0]), 32,
+               (o, i32(inner), ptr(m, 4 * c), i32(ld), cp.asarray(norm_w), i32(v), np.float32(1e-6)))
+        return m.get(), raw, o.get()
+
+    def ref(mix, j):
+        window = states[j][0][layer * nc : (layer + 1) * nc].reshape(width - 1, c)
+        ssm = states[j][1][layer * ns : (layer + 1) * ns].reshape(n_v, kd, v)
+        mix, window = dk.ref_conv(mix, c, window, conv_w)
+        o, ssm = dk.ref_recur(mix, n_k, n_v, kd, v, c + inner, fused_r, tiled, a_coef, dt, ssm)
+        states[j][0][layer * nc : (layer + 1) * nc] = window.reshape(-1)
+        states[j][1][layer * ns : (layer + 1) * ns] = ssm.reshape(-1)
+        return mix, o, dk.ref_gated_norm(o, mix[:, c : c + inner], norm_w, n_v, 1e-6)
+
+    def close(got, want, what):
+        err = np.abs(got - want).max() / (np.abs(want).max() + 1e-30)
+        assert err < 1e-5, f"{what} (K={kd}, fused={fused}): worst {err:.2e}"
+
+    prompt = rng.standard_normal((37, ld)).astype(np.float32)
+    got, want = run(prompt, [0], 37, 1), ref(prompt, 0)
+    for g, w_, what in zip(got, want, ("conv", "recurrence", "gated norm")):
+        close(g, w_, f"prefill {what}")
+    for _ in range(2):
+        rows_ = rng.standard_normal((3, ld)).astype(np.float32)
+        got = run(rows_, [0, 1, 2], 1, 3)
+        want = [ref(rows_[j : j + 1], j) for j in range(3)]
+        for i, what in enumerate(("conv", "recurrence", "gated norm")):
+            close(got[i], np.concatenate([w_[i] for w_ in want]), f"decode {what}")
+    for j in range(3):
+        close(dev_states[j][0].get(), states[j][0], "conv state")
+        close(dev_states[j][1].get(), states[j][1], "recurrent state")
+
+
+def test_gate_kernels(cp, ops):
+    rng = np.random.default_rng(11)
+    x, g, y = (rng.standard_normal((6, 200)).astype(np.float32) for _ in range(3))
+    s = rng.standard_normal((6, 1)).astype(np.float32)
+    dx = cp.asarray(x)
+    ops.gate_mul(dx, cp.asarray(g), 6, 200)
+    np.testing.assert_allclose(dx.get(), rows.ref_gate_mul(x, g), rtol=1e-6, atol=1e-7)
+    dx = cp.asarray(x)
+    ops.gated_add(dx, cp.asarray(y), cp.asarray(s), 6, 200)
+    np.testing.assert_allclose(dx.get(), rows.ref_gated_add(x, y, s[:, 0]), rtol=1e-6, atol=1e-6)

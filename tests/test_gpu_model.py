@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import gguf
@@ -27,6 +28,8 @@ from test_gpu_kernels import weights
 from strata.gguf import GGUFFile
 from strata.models import model_class
 from strata.quants import dequantize
+from strata.synth.shapes import SHAPES
+from strata.synth.writer import write_synth
 from strata.weights import WeightStore
 
 pytestmark = pytest.mark.gpu
@@ -144,9 +147,13 @@ def rel(got: np.ndarray, ref: np.ndarray) -> float:
 @pytest.mark.parametrize("mix", list(MIXES))
 @pytest.mark.parametrize("arch", ["qwen3moe", "llama"])
 def test_tiny_model_matches_cpu(tmp_path, arch, mix, q8):
+    _compare(*_models(write_tiny(tmp_path / f"{arch}-{mix}.gguf", arch, mix), q8=q8), q8, f"{arch}/{mix}")
+
+
+def _compare(cpu, gpu, q8: bool, label: str) -> None:
     """Short prompts and decode against the CPU engine (with int8 inputs where the GPU takes them), the
-    41-token prompt (tensor-core GEMMs; its last rows' head is a gemv) against the plain CPU engine."""
-    cpu, gpu = _models(write_tiny(tmp_path / f"{arch}-{mix}.gguf", arch, mix), q8=q8)
+    41-token prompt (tensor-core GEMMs in 16-token chunks; its last rows' head is a gemv) against the plain
+    CPU engine."""
     rng = np.random.default_rng(1)
     short, long = rng.integers(0, VOCAB, 6), rng.integers(0, VOCAB, 41)
     oracle = int8_inputs if q8 else contextlib.nullcontext
@@ -165,7 +172,7 @@ def test_tiny_model_matches_cpu(tmp_path, arch, mix, q8):
         with oracle():
             e_dec.append(rel(got, cpu.forward(np.array([tok]), sc, all_logits=False)[-1]))
     own = rel(want_short, plain_short)  # what rounding the inputs to int8 does, on the CPU alone
-    print(f"\n{arch}/{mix}/{'q8' if q8 else 'fp32'}: prompt(6, gemv) {e_short:.2e}  prompt(41, gemm+flash) "
+    print(f"\n{label}/{'q8' if q8 else 'fp32'}: prompt(6, gemv) {e_short:.2e}  prompt(41, gemm+flash) "
           f"{e_long:.2e}  decode max {max(e_dec):.2e}  (int8 inputs themselves, on the CPU: {own:.2e})")
     # With int8 inputs the GPU and the oracle round the same values only where their inputs agree to well
     # under a code step: the fp16 KV cache and fp32 summation order upstream move some inputs across a
@@ -175,8 +182,39 @@ def test_tiny_model_matches_cpu(tmp_path, arch, mix, q8):
     assert e_short < bound and max(e_dec) < bound and e_long < 2e-2
 
 
-def test_graph_replay_equals_eager_and_batch_equals_solo(tmp_path):
-    _, gpu = _models(write_tiny(tmp_path / "m.gguf", "qwen3moe", "q4_k_m"))
+def _tokenizer_root() -> Path:
+    root = Path(os.environ.get("STRATA_FIXTURES", Path.home() / ".cache/strata/fixtures"))
+    if not (root / "qwen3_tokenizer/package/models/tokenizer.json").exists():
+        pytest.skip("the synth writer needs the Qwen3 tokenizer fixture")
+    return root / "qwen3_tokenizer/package/models"
+
+
+# Qwen3-Next shapes written by the synth writer: its tiny shape, and one with Qwen3-Next-80B-A3B's head sizes
+# (attention head dim 256 with 64 rotary dims, DeltaNet key/value heads of 128) at a few layers' cost
+NEXT_SHAPES = {"tiny": SHAPES[("qwen3next", "tiny")],
+               "wide": replace(SHAPES[("qwen3next", "tiny")], name="wide", n_head=4, n_kv=2, head_dim=256,
+                               lin_k_heads=2, lin_v_heads=4, lin_head_dim=128)}
+
+
+def write_next(tmp_path: Path, shape: str, quant: Q) -> Path:
+    path = tmp_path / f"qwen3next-{shape}-{quant.name}.gguf"
+    write_synth(path, NEXT_SHAPES[shape], quant, Q.Q6_K if quant == Q.Q4_K else quant, 0.0, _tokenizer_root())
+    return path
+
+
+@pytest.mark.parametrize("q8", [True, False], ids=["q8", "fp32"])
+@pytest.mark.parametrize("quant", [Q.Q4_K, Q.Q8_0], ids=lambda q: q.name)
+@pytest.mark.parametrize("shape", list(NEXT_SHAPES))
+def test_qwen3next_matches_cpu(tmp_path, shape, quant, q8):
+    """Gated DeltaNet, gated attention and the shared expert: prompts across chunk boundaries carry the
+    recurrent state, decode replays the graph."""
+    _compare(*_models(write_next(tmp_path, shape, quant), q8=q8), q8, f"qwen3next {shape}/{quant.name}")
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
+def test_graph_replay_equals_eager_and_batch_equals_solo(tmp_path, arch):
+    path = write_tiny(tmp_path / "m.gguf", arch, "q4_k_m") if arch == "qwen3moe" else write_next(tmp_path, "tiny", Q.Q4_K)
+    _, gpu = _models(path)
     rng = np.random.default_rng(2)
     prompts = [rng.integers(0, VOCAB, n) for n in (3, 7, 20)]
 
@@ -198,12 +236,14 @@ def test_graph_replay_equals_eager_and_batch_equals_solo(tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(graph, eager)), "graph replay differs from eager launches"
     solo = run(True, False)
     worst = max(rel(a, b) for a, b in zip(graph, solo))
-    print(f"\nbatch vs solo: worst relative difference {worst:.2e}")
+    print(f"\n{arch} batch vs solo: worst relative difference {worst:.2e}")
     assert worst < 1e-6
 
 
-def test_mixed_window_and_checkpoint(tmp_path):
-    cpu, gpu = _models(write_tiny(tmp_path / "m.gguf", "llama", "q8_0"))
+@pytest.mark.parametrize("arch", ["llama", "qwen3next"])
+def test_mixed_window_and_checkpoint(tmp_path, arch):
+    path = write_tiny(tmp_path / "m.gguf", "llama", "q8_0") if arch == "llama" else write_next(tmp_path, "tiny", Q.Q8_0)
+    cpu, gpu = _models(path)
     rng = np.random.default_rng(3)
     a, b, c = (rng.integers(0, VOCAB, n) for n in (12, 5, 9))
     gs, cs = [gpu.new_state() for _ in range(3)], [cpu.new_state() for _ in range(3)]
@@ -214,7 +254,7 @@ def test_mixed_window_and_checkpoint(tmp_path):
     toks = [a, np.array([4]), np.array([9])]  # one prefill chunk and two decode rows in one window
     got, want = gpu.forward_batch(toks, gs), cpu.forward_batch(toks, cs)
     errs = [rel(x, y) for x, y in zip(got, want)]
-    print(f"\nmixed window: {', '.join(f'{e:.2e}' for e in errs)}")
+    print(f"\n{arch} mixed window: {', '.join(f'{e:.2e}' for e in errs)}")
     assert max(errs) < 2e-2
     snap = gs[1].checkpoint()  # the scheduler's prefix cache copies states like this
     after = gpu.forward(np.array([11]), gs[1], all_logits=False)
@@ -223,9 +263,12 @@ def test_mixed_window_and_checkpoint(tmp_path):
     np.testing.assert_array_equal(after, again)
 
 
-def _fixture() -> Path:
+FIXTURES = {"qwen3moe": "tiny_qwen3moe/tiny-q8_0.gguf", "qwen3next": "tiny_qwen3next/strata-tiny-qwen3next-q8_0.gguf"}
+
+
+def _fixture(arch: str = "qwen3moe") -> Path:
     root = Path(os.environ.get("STRATA_FIXTURES", Path.home() / ".cache/strata/fixtures"))
-    path = root / "tiny_qwen3moe" / "tiny-q8_0.gguf"
+    path = root / FIXTURES[arch]
     if not path.exists():
         pytest.skip(f"{path} not found (build the oracle fixtures, or carry it to the GPU machine)")
     return path
@@ -251,11 +294,12 @@ def _f32_copy(src: Path, dst: Path) -> Path:
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "f32"])
-def test_oracle_fixture_engine_matches_cpu(tmp_path, kind):
+@pytest.mark.parametrize("arch", list(FIXTURES))
+def test_oracle_fixture_engine_matches_cpu(tmp_path, arch, kind):
     from strata.engine import Engine
     from strata.sampling import SamplingParams
 
-    path = _fixture() if kind == "q8_0" else _f32_copy(_fixture(), tmp_path / "tiny-f32.gguf")
+    path = _fixture(arch) if kind == "q8_0" else _f32_copy(_fixture(arch), tmp_path / "tiny-f32.gguf")
     gpu, cpu = Engine.load(path, device="cuda"), Engine.load(path, device="cpu")
     assert type(gpu.model).__name__ == "GpuModel" and type(cpu.model).__name__ != "GpuModel"
     prompt = "Strata loads GGUF files and runs mixture-of-experts models on small GPUs.\ndef add(a, b):"
@@ -264,7 +308,7 @@ def test_oracle_fixture_engine_matches_cpu(tmp_path, kind):
     greedy = SamplingParams(temperature=0.0)
     tg = gpu.generate(ids, max_tokens=16, params=greedy, ignore_eos=True).run()
     tc = cpu.generate(ids, max_tokens=16, params=greedy, ignore_eos=True).run()
-    print(f"\noracle fixture {kind}: {len(ids)}-token prompt logits rel {e:.2e}; greedy gpu {tg.tokens} cpu {tc.tokens}")
+    print(f"\noracle fixture {arch} {kind}: {len(ids)}-token prompt logits rel {e:.2e}; greedy gpu {tg.tokens} cpu {tc.tokens}")
     assert e < 2e-2
     assert tg.tokens == tc.tokens
 
@@ -289,9 +333,7 @@ def test_synth_tiny_matches_cpu(tmp_path):
     from strata.engine import Engine
     from strata.sampling import SamplingParams
 
-    root = Path(os.environ.get("STRATA_FIXTURES", Path.home() / ".cache/strata/fixtures"))
-    if not (root / "qwen3_tokenizer/package/models/tokenizer.json").exists():
-        pytest.skip("the synth writer needs the Qwen3 tokenizer fixture")
+    _tokenizer_root()
     path = tmp_path / "synth-tiny.gguf"
     subprocess.run([sys.executable, "-m", "strata", "synth", "--arch", "qwen3moe", "--shape", "tiny", "--quant", "q4_k",
                     "--output-quant", "q6_k", "-o", str(path)], check=True, capture_output=True)

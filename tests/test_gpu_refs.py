@@ -12,12 +12,15 @@ from gguf.constants import GGMLQuantizationType as Q
 from quant_blocks import random_blocks
 
 from strata.blocks.attention import attend
+from strata.blocks.linear_attn import DeltaNetParams, DeltaNetState, HeadOrder, deltanet
 from strata.blocks.moe import dispatch, route_softmax_topk
 from strata.blocks.rope import Rope, RopeStyle
 from strata.errors import ConfigError
+from strata.gguf.names import T, tensor
 from strata.gpu import resolve_device
 from strata.gpu.budget import MIB, Ledger, VramBudgetError, VramPlan
 from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
+from strata.gpu.kernels import deltanet as dk
 from strata.quants import dequantize
 from strata.sampling import SamplingParams
 
@@ -169,6 +172,85 @@ def test_sampler_twin_picks_the_cpu_token(params):
         assert sample.sample_with(np, logits, history, params, 1234, pos) == want
 
 
+class _Store:
+    """The WeightStore calls the DeltaNet block makes, over random float32 tensors."""
+
+    def __init__(self, tensors: dict[str, np.ndarray]) -> None:
+        self.t = tensors
+
+    def matmul(self, x: np.ndarray, name: str, expert: int = -1) -> np.ndarray:
+        return x @ self.t[name].T
+
+    def vector(self, name: str) -> np.ndarray:
+        return self.t[name].reshape(-1)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.t[name].shape
+
+
+def _deltanet_store(p: DeltaNetParams, d: int, seed: int) -> _Store:
+    rng = np.random.default_rng(seed)
+    c, inner = p.conv_channels, p.n_v_heads * p.v_dim
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) * cols ** -0.5).astype(np.float32)
+
+    t = {tensor(T.ATTN_QKV, 0): mat(c, d), tensor(T.ATTN_GATE, 0): mat(inner, d), tensor(T.SSM_OUT, 0): mat(d, inner),
+         tensor(T.SSM_CONV1D, 0): (rng.standard_normal((c, p.conv_kernel)) * 0.5).astype(np.float32),
+         tensor(T.SSM_A, 0, ""): -np.exp(rng.standard_normal(p.n_v_heads) * 0.5).astype(np.float32),
+         tensor(T.SSM_DT, 0, "bias"): rng.standard_normal(p.n_v_heads).astype(np.float32),
+         tensor(T.SSM_NORM, 0): rng.uniform(0.5, 1.5, p.v_dim).astype(np.float32)}
+    if p.fused_ba:
+        t[tensor(T.SSM_BETA_ALPHA, 0)] = mat(2 * p.n_v_heads, d)
+    else:
+        t[tensor(T.SSM_BETA, 0)], t[tensor(T.SSM_ALPHA, 0)] = mat(p.n_v_heads, d), mat(p.n_v_heads, d)
+    return _Store(t)
+
+
+@pytest.mark.parametrize("order,fused", [(HeadOrder.GROUPED, True), (HeadOrder.TILED, False)],
+                         ids=["qwen3next", "qwen4exp"])
+def test_deltanet_twins_compose_to_the_cpu_sublayer(order, fused):
+    """mix projections -> ref_conv -> ref_recur -> ref_gated_norm -> ssm_out, on the kernels' column layout
+    and state layout, equals strata.blocks.linear_attn.deltanet (whose prefill is the chunked form) over a
+    37-token prompt and 3 decode tokens carried on the state."""
+    p = DeltaNetParams(n_k_heads=2, n_v_heads=6, k_dim=16, v_dim=24, conv_kernel=4, eps=1e-6, order=order,
+                       fused_ba=fused)
+    d = 48
+    w = _deltanet_store(p, d, 5)
+    rng = np.random.default_rng(6)
+    h = rng.standard_normal((40, d)).astype(np.float32)
+    ref_state = DeltaNetState.empty(p)
+    ref = np.concatenate([deltanet(h[:37], w, 0, p, ref_state)] + [deltanet(h[j : j + 1], w, 0, p, ref_state)
+                                                                   for j in range(37, 40)])
+    ba = [tensor(T.SSM_BETA_ALPHA, 0)] if fused else [tensor(T.SSM_BETA, 0), tensor(T.SSM_ALPHA, 0)]
+    names = [tensor(T.ATTN_QKV, 0), tensor(T.ATTN_GATE, 0), *ba]
+    c, inner = p.conv_channels, p.n_v_heads * p.v_dim
+    window, ssm = np.zeros((p.conv_kernel - 1, c), np.float32), np.zeros((p.n_v_heads, p.k_dim, p.v_dim), np.float32)
+    fused_r = p.n_v_heads // p.n_k_heads if fused else 0
+    got = []
+    for lo, hi in ((0, 37), (37, 38), (38, 39), (39, 40)):
+        mix = np.concatenate([w.matmul(h[lo:hi], n) for n in names], axis=1)
+        mix, window = dk.ref_conv(mix, c, window, w.t[tensor(T.SSM_CONV1D, 0)])
+        o, ssm = dk.ref_recur(mix, p.n_k_heads, p.n_v_heads, p.k_dim, p.v_dim, c + inner, fused_r,
+                              order is HeadOrder.TILED, w.vector(tensor(T.SSM_A, 0, "")),
+                              w.vector(tensor(T.SSM_DT, 0, "bias")), ssm)
+        o = dk.ref_gated_norm(o, mix[:, c : c + inner], w.vector(tensor(T.SSM_NORM, 0)), p.n_v_heads, p.eps)
+        got.append(w.matmul(o, tensor(T.SSM_OUT, 0)))
+    err = _rel(np.concatenate(got), ref)
+    print(f"\n{order.value}: twin chain vs deltanet() rel {err:.2e}")
+    assert err < 1e-5
+    np.testing.assert_allclose(ssm, ref_state.ssm, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(window, ref_state.conv)
+
+
+def test_gate_twins():
+    rng = np.random.default_rng(7)
+    x, g, y = (rng.standard_normal((5, 12)).astype(np.float32) for _ in range(3))
+    s = rng.standard_normal(5).astype(np.float32)
+    np.testing.assert_allclose(rows.ref_gate_mul(x, g), x / (1 + np.exp(-g)), rtol=1e-6)
+    np.testing.assert_allclose(rows.ref_gated_add(x, y, s), x + y / (1 + np.exp(-s[:, None])), rtol=1e-6, atol=1e-7)
+
+
 def test_plan_refuses_with_every_component_named():
     plan = VramPlan(24 * 1024 * MIB, {"weights: experts": 30 * 1024 * MIB, "KV cache": 4 * 1024 * MIB})
     with pytest.raises(ConfigError) as err:
@@ -193,5 +275,5 @@ def test_device_selection_names_the_option():
     with pytest.raises(ConfigError, match="^device='gpu'"):
         resolve_device("gpu", "llama")
     with pytest.raises(ConfigError, match="^device='cuda'"):
-        resolve_device("cuda", "qwen3next")  # no GPU path (or no GPU at all): an error, never a silent CPU run
-    assert resolve_device("auto", "qwen3next") == "cpu"
+        resolve_device("cuda", "qwen4exp")  # no GPU path (or no GPU at all): an error, never a silent CPU run
+    assert resolve_device("auto", "qwen4exp") == "cpu"

@@ -2,7 +2,7 @@
 
 A Python kernel launch costs ~7 us; replayed from a graph, ~1 us, and a decode step is ~300
 launches (6 per MoE layer). The graph reads everything it varies from static buffers: `tab` holds per
-slot (k address, v address, cap, position, token), so which sequences sit in the slots, where their
+slot (k address, v address, cap, position, token, DeltaNet state addresses), so which sequences sit in the slots, where their
 caches live and how long they are change by a host write of B rows, not by a new capture.
 
 The captured step ends with greedy argmax into the token column and `advance` (position + 1), so
@@ -16,14 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from strata.gpu.layers import Activations, run_layer
+from strata.gpu.deltanet import RECURRENT
+from strata.gpu.layers import TAB, Activations, run_layer
 from strata.gpu.runtime import cupy_module, ptr
 from strata.state import SequenceState
 
 if TYPE_CHECKING:
     from strata.gpu.model import GpuModel
-
-TAB = 5  # int64 columns per slot: k ptr, v ptr, cap, position, token
 
 
 class DecodeGraphs:
@@ -33,6 +32,7 @@ class DecodeGraphs:
         self._graphs: dict[int, Any] = {}
         self._act: Activations | None = None
         self.tab: Any = None
+        self._recurrent: list[Any] = []  # the loaded slots' DeltaNet states (RecurrentState), if any
         self.use_graphs = True  # False: launch the same kernels eagerly (tests compare the two)
 
     def _buffers(self) -> Activations:
@@ -63,9 +63,13 @@ class DecodeGraphs:
             # One eager run first loads every function and sets its shared-memory limit, which a
             # capture cannot do. It rewrites this step's own KV rows with the same values, and the
             # table it advanced is put back, so the captured run below repeats it exactly.
+            # DeltaNet states are not rewritten but advanced, so they are put back too.
             saved = self.tab[:b].copy()
+            recurrent = [(r, r.conv.copy(), r.ssm.copy()) for r in self._recurrent]
             self._kernels(b)
             self.tab[:b] = saved
+            for r, conv, ssm in recurrent:
+                r.conv[...], r.ssm[...] = conv, ssm
             s = self.model.stream
             s.begin_capture()
             try:
@@ -77,9 +81,10 @@ class DecodeGraphs:
 
     def _load(self, tokens: list[int], states: list[SequenceState], extra: int = 1) -> None:
         rows = []
+        self._recurrent = [s.layers[RECURRENT] for s in states if RECURRENT in s.layers]
         for t, s in zip(tokens, states):
             s.kv.reserve(s.n_past + extra)  # type: ignore[attr-defined]
-            rows.append(s.kv.table_row(s.n_past) + [t])  # type: ignore[attr-defined]
+            rows.append(self.model.table_row(s, s.n_past, t))
         self.tab[: len(rows)].set(np.asarray(rows, np.int64))
 
     def step(self, tokens: list[int], states: list[SequenceState]) -> np.ndarray:

@@ -10,6 +10,10 @@ form of it can be captured into a CUDA graph.
 
 Legend: N = rows (tokens), D = hidden, H/KV = query/key heads, HD = head dim, E = experts,
 A = active experts, F = expert (or FFN) width, P = N * A.
+
+Qwen3-Next layers add three things, each optional here: a DeltaNet sublayer in place of attention
+(deltanet.py), an output gate on attention (sigmoid of a second half of q_proj, `attn_gate`), and a
+shared expert behind a sigmoid gate after the routed ones.
 """
 
 from __future__ import annotations
@@ -17,12 +21,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from strata.gpu.deltanet import DeltaNetWeights, DNDims, run_deltanet
 from strata.gpu.kernels import moe
 from strata.gpu.ops import Ops
 from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.weights import DevMatrix
 
 GEMV_ROWS = 8  # up to this many rows, projections read weights once through gemv
+# int64 columns per row of the table kernels read: k ptr, v ptr, cap, position, token, and the DeltaNet
+# state's conv and ssm addresses (0 for models without it)
+TAB = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +48,9 @@ class Dims:
     top_k: int = 0
     norm_topk: bool = True
     ffn: int = 0  # expert width (MoE) or FFN width (dense)
+    gated: bool = False  # attention output gate (Qwen3-Next)
+    shared_ff: int = 0  # shared expert width, 0: none
+    dn: DNDims | None = None  # DeltaNet layers' shape, None: attention only
 
     @property
     def qkv_cols(self) -> int:
@@ -47,10 +58,17 @@ class Dims:
 
 
 @dataclass(slots=True)
+class SharedExpert:
+    gate_up: list[DevMatrix]  # gate, up [F, D]
+    down: DevMatrix  # [D, F]
+    gate_inp: DevMatrix  # [1, D]: the sigmoid gate's logit
+
+
+@dataclass(slots=True)
 class LayerWeights:
-    attn_norm: Any
-    qkv: list[DevMatrix]  # q, k, v
-    o: DevMatrix
+    attn_norm: Any  # the mixer's input norm (attention or DeltaNet)
+    qkv: list[DevMatrix]  # q, k, v (empty in a DeltaNet layer)
+    o: DevMatrix | None
     q_norm: Any  # None without Qwen3's per-head norms
     k_norm: Any
     ffn_norm: Any
@@ -58,6 +76,11 @@ class LayerWeights:
     up: DevMatrix
     down: DevMatrix
     router: DevMatrix | None = None
+    attn_gate: DevMatrix | None = None  # gated attention: sigmoid(h @ attn_gate.T) scales the heads' output
+    shared: SharedExpert | None = None
+    dn: DeltaNetWeights | None = None  # set: the mixer is DeltaNet
+    kv_layer: int = 0  # this attention layer's index in the KV cache
+    dn_layer: int = 0  # this DeltaNet layer's index in the recurrent state
 
 
 class Activations:
@@ -98,11 +121,22 @@ class Activations:
             self.ads = cp.empty((nq * a, dims.ffn // 16), f32)
         else:
             self.gu = cp.empty((n, 2 * dims.ffn), f32)
+        if dims.gated:
+            self.gate = cp.empty((n, dims.n_head * dims.hd), f32)
+        if dims.shared_ff:
+            self.sgu = cp.empty((n, 2 * dims.shared_ff), f32)
+            self.sy = cp.empty((n, dims.d), f32)
+            self.sg = cp.empty((n, 1), f32)
+        if dims.dn is not None:
+            self.dn_mix = cp.empty((n, dims.dn.mix_cols), f32)
+            self.dn_o = cp.empty((n, dims.dn.inner), f32)
 
     @staticmethod
     def bytes_per_row(dims: Dims) -> int:
         a = max(dims.top_k, 1)
         per = 4 * (2 * dims.d + dims.qkv_cols + 2 * dims.n_head * dims.hd)
+        per += 4 * ((dims.n_head * dims.hd if dims.gated else 0) + (2 * dims.shared_ff + dims.d + 1 if dims.shared_ff else 0)
+                    + (dims.dn.mix_cols + dims.dn.inner if dims.dn is not None else 0))
         if dims.n_expert:
             return per + 4 * (dims.n_expert + a * (2 * dims.ffn + dims.d + 6)) + dims.d + a * dims.ffn  # + int8 codes
         return per + 4 * 2 * dims.ffn
@@ -120,12 +154,31 @@ class Segment:
 
 def run_layer(ops: Ops, i: int, w: LayerWeights, dm: Dims, act: Activations, n: int, tab: Any,
               segments: list[Segment] | None, inv_freq: Any) -> None:
-    """x[:n] += attention(norm(x)); x[:n] += ffn(norm(x)) for layer i. segments=None: every row is a
+    """x[:n] += mixer(norm(x)); x[:n] += ffn(norm(x)) for layer i. segments=None: every row is a
     decode row whose position and cache come from `tab` (the graph case)."""
     small = n <= GEMV_ROWS
-    x, h = act.x, act.h
+    if w.dn is not None:
+        assert dm.dn is not None
+        runs = None if segments is None or all(s.n == 1 for s in segments) else [(s.start, s.n) for s in segments]
+        run_deltanet(ops, w.dn_layer, w.dn, dm.dn, w.attn_norm, dm.eps, act, n, tab, TAB, runs, small)
+    else:
+        _attention_block(ops, w, dm, act, n, tab, segments, inv_freq, small)
+    if dm.n_expert:
+        _moe(ops, w, dm, act, n)
+    else:
+        _dense(ops, w, dm, act, n)
+    if w.shared is not None:
+        _shared(ops, w.shared, dm, act, n, small)
+
+
+def _attention_block(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int, tab: Any,
+                     segments: list[Segment] | None, inv_freq: Any, small: bool) -> None:
+    x, h, layer = act.x, act.h, w.kv_layer
+    assert w.o is not None
     if small and _same_kind(w.qkv):
         ops.matvec(w.qkv, x, n, act.qkv, norm=w.attn_norm, eps=dm.eps)
+        if w.attn_gate is not None:
+            ops.matvec([w.attn_gate], x, n, act.gate, norm=w.attn_norm, eps=dm.eps)
     else:  # normalise once, then q|k|v as one product where their types agree, else one each
         ops.rmsnorm(x, w.attn_norm, dm.eps, n, dm.d, h)
         groups = [w.qkv] if _same_kind(w.qkv) else [[m] for m in w.qkv]
@@ -137,21 +190,43 @@ def run_layer(ops: Ops, i: int, w: LayerWeights, dm: Dims, act: Activations, n: 
             else:
                 ops.matmul(ms, h, n, out, ldc=dm.qkv_cols)
             col += sum(m.rows for m in ms)
+        if w.attn_gate is not None:
+            if small:
+                ops.matvec([w.attn_gate], h, n, act.gate)
+            else:
+                ops.matmul(w.attn_gate, h, n, act.gate)
     if ops.split and (segments is None or all(s.n == 1 for s in segments)):  # decode rows only: one launch
-        ops.attn_decode_qkv(act.qkv, tab, 5, i, n, dm.n_head, dm.n_kv, dm.hd, w.q_norm, w.k_norm, dm.eps, inv_freq,
-                            dm.n_rot, dm.neox, dm.pos_scale, dm.scale, act.att)
+        ops.attn_decode_qkv(act.qkv, tab, TAB, layer, n, dm.n_head, dm.n_kv, dm.hd, w.q_norm, w.k_norm, dm.eps,
+                            inv_freq, dm.n_rot, dm.neox, dm.pos_scale, dm.scale, act.att)
     else:
         ops.qkv_post(act.qkv, n, dm.n_head, dm.n_kv, dm.hd, w.q_norm, w.k_norm, dm.eps, inv_freq, dm.n_rot, dm.neox,
-                     dm.pos_scale, tab, 5, i, act.q)
-        _attention(ops, i, dm, act, n, tab, segments)
+                     dm.pos_scale, tab, TAB, layer, act.q)
+        _attention(ops, layer, dm, act, n, tab, segments)
+    if w.attn_gate is not None:
+        ops.gate_mul(act.att, act.gate, n, dm.n_head * dm.hd)
     if small:
         ops.matvec([w.o], act.att, n, x, accumulate=True)
     else:
         ops.matmul(w.o, act.att, n, x, accumulate=True)
-    if dm.n_expert:
-        _moe(ops, w, dm, act, n)
+
+
+def _shared(ops: Ops, s: SharedExpert, dm: Dims, act: Activations, n: int, small: bool) -> None:
+    """x[:n] += sigmoid(h . gate_inp) * down(silu(gate . h) * (up . h)); h = the FFN's normed input, which the
+    routed step left in act.h."""
+    f, h = dm.shared_ff, act.h
+    groups = [s.gate_up] if _same_kind(s.gate_up) else [[m] for m in s.gate_up]
+    for j, ms in enumerate(groups):
+        out = ptr(act.sgu, 4 * f * j)
+        if small:
+            ops.matvec(ms, h, n, out, ldy=2 * f)
+        else:
+            ops.matmul(ms, h, n, out, ldc=2 * f)
+    if small:
+        ops.matvec([s.down], act.sgu, n, act.sy, silu_mul=True)
     else:
-        _dense(ops, w, dm, act, n)
+        ops.matmul(s.down, act.sgu, n, act.sy, silu_mul=True)
+    ops.matvec([s.gate_inp], h, n, act.sg)
+    ops.gated_add(act.x, act.sy, act.sg, n, dm.d)
 
 
 def _same_kind(ms: list[DevMatrix]) -> bool:
@@ -160,12 +235,12 @@ def _same_kind(ms: list[DevMatrix]) -> bool:
 
 def _attention(ops: Ops, i: int, dm: Dims, act: Activations, n: int, tab: Any, segments: list[Segment] | None) -> None:
     if segments is None or all(s.n == 1 for s in segments):
-        ops.attn_decode(act.q, tab, 5, i, n, dm.n_head, dm.n_kv, dm.hd, dm.scale, act.att)
+        ops.attn_decode(act.q, tab, TAB, i, n, dm.n_head, dm.n_kv, dm.hd, dm.scale, act.att)
         return
     row_bytes = 4 * dm.n_head * dm.hd
     for s in segments:
         if s.n == 1:
-            ops.attn_decode(ptr(act.q, s.start * row_bytes), ptr(tab, s.start * 40), 5, i, 1, dm.n_head, dm.n_kv,
+            ops.attn_decode(ptr(act.q, s.start * row_bytes), ptr(tab, s.start * 8 * TAB), TAB, i, 1, dm.n_head, dm.n_kv,
                             dm.hd, dm.scale, ptr(act.att, s.start * row_bytes))
             continue
         kv = s.kv

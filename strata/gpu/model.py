@@ -1,4 +1,5 @@
-"""GpuModel: the llama / qwen3moe decoder with weights, KV cache and every kernel on the GPU.
+"""GpuModel: the llama / qwen3moe / qwen3next decoder with weights, KV cache, recurrent state and every
+kernel on the GPU.
 
 It implements the same Model interface as the numpy DecoderLM it is built from (same params, same
 tensor names), so the engine and the scheduler drive it unchanged. forward() runs eagerly (prefill
@@ -17,18 +18,18 @@ from strata.blocks.rope import RopeStyle
 from strata.errors import ConfigError
 from strata.gguf.names import T, tensor
 from strata.gpu.budget import MIB, Ledger, VramPlan
+from strata.gpu.deltanet import RECURRENT, DeltaNetWeights, DNDims, RecurrentState
 from strata.gpu.graphs import DecodeGraphs
 from strata.gpu.kernels.rows import inv_freq
 from strata.gpu.kv import GpuKV
-from strata.gpu.layers import Activations, Dims, LayerWeights, Segment, run_layer
+from strata.gpu.layers import TAB, Activations, Dims, LayerWeights, Segment, SharedExpert, run_layer
 from strata.gpu.ops import HEAD_DIMS, Ops
 from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
-from strata.models.base import DecoderLM, Model
+from strata.models.base import Model
 from strata.models.qwen3moe import Qwen3Moe
+from strata.models.qwen3next import Qwen3Next
 from strata.state import SequenceState
-
-SUPPORTED_ARCHS = ("llama", "qwen3moe")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,33 +43,41 @@ class GpuOptions:
 
 
 class GpuModel(Model):
-    def __init__(self, cpu: DecoderLM, opts: GpuOptions) -> None:
+    def __init__(self, cpu: Model, opts: GpuOptions) -> None:
         cp = cupy_module()
         self.arch = cpu.arch
-        self.params = p = cpu.params
+        self.params = p = cpu.params  # type: ignore[attr-defined]
         self.opts = opts
-        gguf = cpu.gguf
+        gguf = cpu.gguf  # type: ignore[attr-defined]
         check_gpu_types(gguf)
         if p.attn.head_dim not in HEAD_DIMS:
             raise ConfigError("device", "cuda", f"head_dim {p.attn.head_dim} has no GPU attention kernel "
                               f"(have {', '.join(map(str, HEAD_DIMS))}); use device=cpu")
-        moe = isinstance(cpu, Qwen3Moe)
+        hybrid = isinstance(cpu, Qwen3Next)
+        moe = hybrid or isinstance(cpu, Qwen3Moe)
+        # per layer: True where the mixer is DeltaNet (Qwen3-Next), else attention
+        self.linear: list[bool] = list(cpu.linear) if hybrid else [False] * p.n_layer
         gate = tensor(T.FFN_GATE_EXP if moe else T.FFN_GATE, 0)
+        shared = tensor(T.FFN_GATE_SHEXP, 0)
         a = p.attn
         self.dims = Dims(
             d=p.d_model, n_head=a.n_head, n_kv=a.n_kv, hd=a.head_dim, eps=p.eps, n_rot=p.rope.n_rot,
             neox=p.rope.style is RopeStyle.NEOX, pos_scale=p.rope.scale, scale=a.scale,
-            n_expert=cpu.n_expert if moe else 0, top_k=cpu.top_k if moe else 0,
-            norm_topk=cpu.norm_topk if moe else True, ffn=gguf.tensors[gate].shape[-2])
+            n_expert=gguf.tensors[gate].shape[0] if moe else 0, top_k=cpu.top_k if moe else 0,  # type: ignore[attr-defined]
+            norm_topk=cpu.norm_topk if moe else True, ffn=gguf.tensors[gate].shape[-2],  # type: ignore[attr-defined]
+            gated=hybrid, shared_ff=gguf.tensors[shared].shape[-2] if shared in gguf.tensors else 0,
+            dn=DNDims.of(cpu.dn) if hybrid else None)  # type: ignore[attr-defined]
         self.n_ctx = opts.n_ctx or p.n_ctx_train
         self.chunk = max(1, opts.chunk)
+        self.n_attn = self.linear.count(False)
         plan = self.plan(gguf, opts)
         plan.check()
-        self.ledger = Ledger(plan.budget, plan.total - plan.parts["KV cache (one full-context sequence)"])
+        self.ledger = Ledger(plan.budget, plan.total - plan.parts["KV cache (one full-context sequence)"]
+                             - plan.parts.get("DeltaNet state (one sequence)", 0))
         self.stream = cp.cuda.Stream(non_blocking=True)
         with self.stream:
             self.w = GpuWeights(gguf)
-            self.layers = [self._layer(i, moe) for i in range(p.n_layer)]
+            self.layers = [self._layer(i, moe, hybrid) for i in range(p.n_layer)]
             out = tensor(T.OUTPUT)
             self.embd = self.w.matrix(tensor(T.TOKEN_EMBD))
             self.head = self.w.matrix(out) if self.w.has(out) else self.embd  # tied embeddings
@@ -85,7 +94,9 @@ class GpuModel(Model):
         budget = opts.budget_mib * MIB if opts.budget_mib else int(cp.cuda.runtime.memGetInfo()[0] * 0.95)
         plan = VramPlan(budget, {f"weights: {k}": v for k, v in weight_bytes(gguf).items()})
         d = self.dims
-        plan.parts["KV cache (one full-context sequence)"] = 2 * self.params.n_layer * d.n_kv * d.hd * 2 * self.n_ctx
+        plan.parts["KV cache (one full-context sequence)"] = 2 * self.n_attn * d.n_kv * d.hd * 2 * self.n_ctx
+        if d.dn is not None:
+            plan.parts["DeltaNet state (one sequence)"] = 4 * (len(self.linear) - self.n_attn) * sum(d.dn.state_floats())
         vocab = self.params.vocab
         rows = Activations.bytes_per_row(d)
         plan.parts[f"activations ({self.chunk}-token chunks)"] = rows * self.chunk + 4 * vocab * opts.max_batch
@@ -93,25 +104,49 @@ class GpuModel(Model):
             rows * opts.max_batch + 4 * vocab * opts.max_batch)
         return plan
 
-    def _layer(self, i: int, moe: bool) -> LayerWeights:
-        w = self.w
+    def _layer(self, i: int, moe: bool, hybrid: bool) -> LayerWeights:
+        w, d = self.w, self.dims
 
         def opt(k: T) -> Any:
             return w.vector(tensor(k, i)) if w.has(tensor(k, i)) else None
 
         names = (T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP) if moe else (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN)
         g, u, dn = (w.matrix(tensor(k, i)) for k in names)
+        shared = None
+        if d.shared_ff:
+            shared = SharedExpert([w.matrix(tensor(T.FFN_GATE_SHEXP, i)), w.matrix(tensor(T.FFN_UP_SHEXP, i))],
+                                  w.matrix(tensor(T.FFN_DOWN_SHEXP, i)), w.matrix(tensor(T.FFN_GATE_INP_SHEXP, i)))
+        ffn_norm = w.vector(tensor(T.ATTN_POST_NORM if hybrid else T.FFN_NORM, i))
+        router = w.matrix(tensor(T.FFN_GATE_INP, i)) if moe else None
+        if self.linear[i]:
+            return LayerWeights(
+                attn_norm=w.vector(tensor(T.ATTN_NORM, i)), qkv=[], o=None, q_norm=None, k_norm=None,
+                ffn_norm=ffn_norm, gate=g, up=u, down=dn, router=router, shared=shared,
+                dn=DeltaNetWeights.load(w, i, d.dn is not None and d.dn.fused_r > 0), dn_layer=self.linear[:i].count(True))
+        if hybrid:  # gated attention: q_proj rows are per head [query | gate]
+            q, attn_gate = w.query_and_gate(tensor(T.ATTN_Q, i), d.n_head, d.hd)
+        else:
+            q, attn_gate = w.matrix(tensor(T.ATTN_Q, i)), None
         return LayerWeights(
             attn_norm=w.vector(tensor(T.ATTN_NORM, i)),
-            qkv=[w.matrix(tensor(k, i)) for k in (T.ATTN_Q, T.ATTN_K, T.ATTN_V)],
+            qkv=[q] + [w.matrix(tensor(k, i)) for k in (T.ATTN_K, T.ATTN_V)],
             o=w.matrix(tensor(T.ATTN_OUT, i)), q_norm=opt(T.ATTN_Q_NORM), k_norm=opt(T.ATTN_K_NORM),
-            ffn_norm=w.vector(tensor(T.FFN_NORM, i)), gate=g, up=u, down=dn,
-            router=w.matrix(tensor(T.FFN_GATE_INP, i)) if moe else None)
+            ffn_norm=ffn_norm, gate=g, up=u, down=dn, router=router, attn_gate=attn_gate, shared=shared,
+            kv_layer=self.linear[:i].count(False))
 
     # ---- Model interface ----
     def new_state(self) -> SequenceState:
         d = self.dims
-        return SequenceState(GpuKV(self.ledger, self.params.n_layer, d.n_kv, d.hd, self.n_ctx))  # type: ignore[arg-type]
+        st = SequenceState(GpuKV(self.ledger, self.n_attn, d.n_kv, d.hd, self.n_ctx))  # type: ignore[arg-type]
+        if d.dn is not None:
+            st.layers[RECURRENT] = RecurrentState(self.ledger, d.dn, len(self.linear) - self.n_attn)
+        return st
+
+    @staticmethod
+    def table_row(state: SequenceState, pos: int, token: int) -> list[int]:
+        """The kernels' row (layers.TAB columns) for `state` at position pos."""
+        rec = state.layers.get(RECURRENT)
+        return state.kv.table_row(pos) + [token] + (rec.table_cols() if rec is not None else [0, 0])  # type: ignore[attr-defined]
 
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
@@ -141,11 +176,11 @@ class GpuModel(Model):
                 kv: GpuKV = s.kv  # type: ignore[assignment]
                 kv.reserve(s.n_past + len(t))
                 segs.append(Segment(start, len(t), s.n_past, kv))
-                tab_rows += [kv.table_row(s.n_past + j) + [int(tok)] for j, tok in enumerate(t)]
+                tab_rows += [self.table_row(s, s.n_past + j, int(tok)) for j, tok in enumerate(t)]
                 start += len(t)
             tab = cp.asarray(np.asarray(tab_rows, np.int64))
             act = Activations(self.dims, n, 0, 0)
-            self.ops.embed(self.embd, ptr(tab, 32), n, act.x, id_stride=5)
+            self.ops.embed(self.embd, ptr(tab, 32), n, act.x, id_stride=TAB)
             for i, layer in enumerate(self.layers):
                 run_layer(self.ops, i, layer, self.dims, act, n, tab, segs, self.inv_freq)
             for t, s, g in zip(tokens, states, segs):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
+from strata.gpu.kernels import attention, deltanet, gemm, gemv, mmvq, moe, rows, sample
 from strata.gpu.kernels.common import GPU_QTYPES
 from strata.gpu.runtime import NULL, Kernels, cupy_module, dev_ptr, f32, i32, i64, launch, ptr
 from strata.gpu.weights import DevMatrix
@@ -27,7 +27,8 @@ def gemv_nt(n: int) -> int:
     return next(nt for nt in GEMV_NT if n <= nt) if n <= GEMV_NT[-1] else GEMV_NT[-1]
 
 
-HEAD_DIMS = (16, 32, 64, 128)  # flash_attn: two stages of 64-key K and V tiles in shared memory (68 KiB at 128)
+# flash_attn: two stages of 64-key K and V tiles in shared memory (68 KiB at 128, 132 KiB at 256: Qwen3-Next)
+HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
 class Ops:
@@ -57,7 +58,8 @@ class Ops:
         self.attn = Kernels(attention.SOURCE, [attention.decode_name(h) for h in HEAD_DIMS]
                             + [attention.decode_qkv_name(h) for h in HEAD_DIMS]
                             + [attention.flash_name(h) for h in HEAD_DIMS])
-        self.rows = Kernels(rows.SOURCE, ["rmsnorm"] + [rows.qkv_post_name(h) for h in HEAD_DIMS])
+        self.rows = Kernels(rows.SOURCE, ["rmsnorm", "gate_mul", "gated_add"] + [rows.qkv_post_name(h) for h in HEAD_DIMS])
+        self.dn = Kernels(deltanet.SOURCE, deltanet.kernel_names())
         pairs = sorted({(q, q) for q in qts} | {(g, u) for g, u, _ in moe_types})  # gate and up differ only in odd files
         self.moe = Kernels(moe.SOURCE, ["moe_topk", "moe_count", "moe_plan", "moe_scatter", "moe_combine"]
                            + [moe.gate_up_name(g, u) for g, u in pairs] + [moe.down_name(q) for q in qts]
@@ -161,6 +163,14 @@ class Ops:
     # ---- rows ----
     def rmsnorm(self, x: Any, w: Any, eps: float, n: int, d: int, out: Any) -> None:
         launch(self.rows["rmsnorm"], (n,), 256, (x, i32(d), w, f32(eps), i32(d), out, i32(d)))
+
+    def gate_mul(self, x: Any, g: Any, n: int, cols: int) -> None:
+        """x[:n, :cols] *= sigmoid(g[:n, :cols]) (both contiguous rows of `cols`)."""
+        launch(self.rows["gate_mul"], (n,), 256, (x, i32(cols), g, i32(cols), i32(cols)))
+
+    def gated_add(self, x: Any, y: Any, s: Any, n: int, d: int) -> None:
+        """x[:n] += sigmoid(s[:n]) * y[:n] (rows of d; s one value per row)."""
+        launch(self.rows["gated_add"], (n,), 256, (x, i32(d), y, i32(d), s, i32(d)))
 
     def qkv_post(self, qkv: Any, n: int, h: int, kv: int, hd: int, q_norm: Any, k_norm: Any, eps: float,
                  inv_freq: Any, n_rot: int, neox: bool, pos_scale: float, tab: Any, tab_stride: int,

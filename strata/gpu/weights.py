@@ -44,6 +44,8 @@ def role(name: str) -> str:
         return "embeddings"
     if name.startswith("output"):
         return "output head"
+    if ".ssm_" in name:
+        return "DeltaNet"
     if ".attn_" in name:
         return "attention"
     return "dense FFN, router and norms"
@@ -61,6 +63,8 @@ def weight_bytes(gguf: GGUFFile) -> dict[str, int]:
 def check_gpu_types(gguf: GGUFFile) -> None:
     """Refuse at load, naming the tensor, a type the GPU kernels cannot read."""
     for t in gguf.tensors.values():
+        if ".ssm_conv1d" in t.name:  # DeltaNet's conv kernel [C, W] is read as a float vector, not a matrix
+            continue
         if len(t.shape) > 1 and t.qtype not in GPU_QTYPES:
             names = ", ".join(sorted(GGMLQuantizationType(q).name for q in GPU_QTYPES))
             raise UnknownQuantTypeError(gguf.path, f"tensor {t.name!r} is {t.qtype.name}, which the GPU kernels "
@@ -93,8 +97,22 @@ class GpuWeights:
             self._mats[name] = hit
         return hit
 
+    def query_and_gate(self, name: str, n_head: int, head_dim: int) -> tuple[DevMatrix, DevMatrix]:
+        """Gated attention's q_proj, whose rows are per head [query (hd) | gate (hd)], uploaded with the rows
+        reordered to [every query | every gate] and returned as those two matrices: the query product then
+        lands where the q|k|v kernels expect it, and the gate is a product of its own."""
+        info = self.gguf.tensors[name]
+        raw = self.gguf.raw(name).reshape(n_head, 2, head_dim, info.row_bytes).transpose(1, 0, 2, 3)
+        dev = cupy_module().asarray(np.ascontiguousarray(raw).reshape(-1))
+        rows = n_head * head_dim
+        half = rows * info.row_bytes
+        q, g = (DevMatrix(f"{name}[{part}]", int(info.qtype), rows, info.shape[-1], 1, info.row_bytes, buf)
+                for part, buf in (("query", dev[:half]), ("gate", dev[half:])))
+        self._mats[q.name], self._mats[g.name] = q, g
+        return q, g
+
     def vector(self, name: str) -> Any:
-        """A 1-D tensor (norm weights) as float32 on the device."""
+        """A 1-D tensor (norm weights; DeltaNet's small conv kernel, flattened) as float32 on the device."""
         hit = self._vecs.get(name)
         if hit is None:
             info = self.gguf.tensors[name]

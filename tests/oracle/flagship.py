@@ -91,13 +91,13 @@ def _randomize(model, centred_norms: tuple[str, ...]) -> None:
                 p.copy_(0.1 * noise)
 
 
-def _convert(hf_dir: Path, out: Path, name: str, *extra: str) -> Path:
+def _convert(hf_dir: Path, out: Path, name: str, *extra: str, outtype: str = "f32") -> Path:
     # The converter needs the sdist's own gguf-py (it knows qwen4exp), so it goes first on PYTHONPATH.
     src = llama_cpp_src()
     path = [str(src / "gguf-py")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     _run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(hf_dir), "--outfile", str(out),
-          "--outtype", "f32", "--model-name", name, *extra], env=env)
+          "--outtype", outtype, "--model-name", name, *extra], env=env)
     return out
 
 
@@ -178,8 +178,11 @@ def tiny_qwen3next() -> dict[str, Path]:
         _randomize(model, ("layernorm.weight", "q_norm.weight", "k_norm.weight", "model.norm.weight"))
         # The tiny checkpoint has no MTP block; --no-mtp stops the converter from looking for one.
         _build(tmp, model, "strata-tiny-qwen3next", config, ("--no-mtp",))
+        # the converter's q8_0 as well: small enough to carry to the GPU machine (tests/test_gpu_model.py)
+        _convert(tmp / "hf", tmp / "strata-tiny-qwen3next-q8_0.gguf", "strata-tiny-qwen3next", "--no-mtp", outtype="q8_0")
 
-    return _paths(_cached("tiny_qwen3next", _key(config), build), "strata-tiny-qwen3next")
+    paths = _paths(_cached("tiny_qwen3next", _key(config), build), "strata-tiny-qwen3next")
+    return dict(paths, q8_0=paths["f32"].with_name("strata-tiny-qwen3next-q8_0.gguf"))
 
 
 def tiny_qwen4exp() -> dict[str, Path]:

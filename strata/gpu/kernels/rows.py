@@ -1,4 +1,5 @@
-"""Per-row kernels: RMSNorm, and the q/k/v epilogue of the attention projections.
+"""Per-row kernels: RMSNorm, the q/k/v epilogue of the attention projections, and two sigmoid gates
+(gated attention's output gate, the shared expert's scale).
 
 `qkv_post` takes the fused projection output [rows, (H + 2 KV) * HD] and, one warp per (row, head):
 q heads get their RMSNorm (Qwen3) and RoPE and stay fp32 for attention; k heads get the same and
@@ -6,14 +7,14 @@ land in the fp16 cache at the row's position; v heads are copied to the cache. R
 pos * inv_freq with inv_freq computed on the host exactly as `Rope.tables` does; n_rot < HD leaves
 the tail dimensions as they are (partial rotary). NEOX rotates halves, NORM adjacent pairs.
 
-Numpy twins: `ref_rmsnorm` and `ref_qkv_post` (built from strata.blocks norms and rope).
+Numpy twins: `ref_rmsnorm`, `ref_qkv_post`, `ref_gate_mul`, `ref_gated_add` (built from strata.blocks norms and rope).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from strata.blocks.norms import rms_norm
+from strata.blocks.norms import rms_norm, sigmoid
 from strata.blocks.rope import Rope
 from strata.gpu.kernels.common import HEADER
 
@@ -78,6 +79,22 @@ __global__ void __launch_bounds__(256) rmsnorm(const float* __restrict__ x, int 
   for (int i = threadIdx.x; i < D; i += blockDim.x) out[(i64)blockIdx.x * ldo + i] = (r[i] / den) * w[i];
 }
 
+// Gated attention's output gate: x[row, :cols] *= sigmoid(g[row, :cols]). grid (rows), block 256
+__global__ void __launch_bounds__(256) gate_mul(float* __restrict__ x, int ldx, const float* __restrict__ g, int ldg,
+                                                int cols) {
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+    float* p = x + (i64)blockIdx.x * ldx + i;
+    *p = *p * (1.0f / (1.0f + expf(-g[(i64)blockIdx.x * ldg + i])));
+  }
+}
+
+// A shared expert behind a sigmoid gate: x[row, :cols] += sigmoid(s[row]) * y[row, :cols]. grid (rows), block 256
+__global__ void __launch_bounds__(256) gated_add(float* __restrict__ x, int ldx, const float* __restrict__ y, int ldy,
+                                                 const float* __restrict__ s, int cols) {
+  const float gate = 1.0f / (1.0f + expf(-s[blockIdx.x]));
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) x[(i64)blockIdx.x * ldx + i] += y[(i64)blockIdx.x * ldy + i] * gate;
+}
+
 // grid (rows, H + 2*KV), block 32
 template <int HD>
 __global__ void __launch_bounds__(32) qkv_post(
@@ -126,6 +143,15 @@ def ref_qkv_post(qkv: np.ndarray, n_head: int, n_kv: int, hd: int, rope: Rope, p
         q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
     cos_sin = rope.tables(positions)
     return rope.apply(q, *cos_sin), rope.apply(k, *cos_sin).astype(np.float16), v.astype(np.float16)
+
+
+def ref_gate_mul(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    return x * sigmoid(g)
+
+
+def ref_gated_add(x: np.ndarray, y: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """x [N, D] + sigmoid(s [N]) * y [N, D]."""
+    return x + y * sigmoid(s)[:, None]
 
 
 def inv_freq(rope: Rope) -> np.ndarray:
