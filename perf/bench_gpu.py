@@ -44,9 +44,11 @@ def step_bytes(gpu: Any, b: int) -> float:
     d = gpu.dims
     total = gpu.head.data.nbytes + b * gpu.embd.row_bytes
     for L in gpu.layers:
-        total += sum(m.data.nbytes for m in (*L.qkv, L.o))
+        dense = [*L.qkv, L.o, L.attn_gate, L.router]  # Qwen3-Next: a DeltaNet layer's projections, the shared expert
+        dense += [*L.dn.proj, L.dn.out] if L.dn is not None else []
+        dense += [*L.shared.gate_up, L.shared.down, L.shared.gate_inp] if L.shared is not None else []
+        total += sum(m.data.nbytes for m in dense if m is not None)
         if d.n_expert:
-            total += L.router.data.nbytes
             experts = d.n_expert * (1 - (1 - d.top_k / d.n_expert) ** b)
             total += experts * sum(m.expert_stride for m in (L.gate, L.up, L.down))
         else:
