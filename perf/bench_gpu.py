@@ -283,18 +283,22 @@ def main() -> None:
     ap.add_argument("--no-q8", action="store_true", help="decode products on fp32 inputs (GpuOptions(q8=False))")
     ap.add_argument("--llama-published", action="store_true",
                     help="no llama.cpp run: compare with the H200 numbers recorded in perf/README.md")
+    ap.add_argument("--strata-json", type=Path, default=None,
+                    help="take Strata's numbers from this earlier --json output instead of measuring (llama.cpp only)")
+    ap.add_argument("--no-table", action="store_true", help="measure and save, but print no comparison table")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
+    earlier = json.loads(a.strata_json.read_text())["strata"] if a.strata_json else None
     ll0 = llama(a.model, a) if a.llama_bin else (dict(LLAMA_PUBLISHED) if a.llama_published else {})
     out: dict[str, Any] = {"model": str(a.model), "llama.cpp": ll0}
     ll = out["llama.cpp"]
     print(f"llama.cpp: {ll}", flush=True)
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
-    s = out["strata"] = strata(a.model, a)
+    s = out["strata"] = earlier if earlier is not None else strata(a.model, a)
     if a.json:
         a.json.write_text(json.dumps(out, indent=1))
-    if "graph_profile_b1" in s:
+    if "graph_profile_b1" in s and earlier is None:
         print("\ngraph_profile_b1 (in-graph, batch 1): kernel, launches per step, us per launch, us per step")
         for name, n, us in s["graph_profile_b1"]:
             if name == "(whole step)":
@@ -302,10 +306,12 @@ def main() -> None:
             else:
                 print(f"  {name[:60]:<60}{n:>6}{us:>10.2f}{us * n:>10.1f}")
     for key in ("profile_decode_b1_8steps", "profile_pp512"):
-        if key in s:
+        if key in s and earlier is None:
             print(f"\n{key}: kernel, launches, ms")
             for name, n, ms in s[key][:14]:
                 print(f"  {name[:60]:<60}{n:>6}{ms:>10.3f}")
+    if a.no_table:
+        return
     bw = s["copy_bw"]
     print(f"\nmodel {a.model.name}; Strata loaded in {s['load_s']:.1f} s; copy bandwidth {bw / 1e12:.2f} TB/s")
     print(f"{'test':<14}{'strata tok/s':>14}{'llama.cpp':>12}{'ratio':>8}{'GB/token':>10}{'% of copy bw':>14}")
