@@ -21,7 +21,7 @@ from strata.blocks.norms import rms_norm
 from strata.blocks.rope import Rope, RopeStyle
 from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
 from strata.gpu.kernels import deltanet as dk
-from strata.gpu.runtime import i32, i64, launch, ptr
+from strata.gpu.runtime import ptr
 from strata.gpu.weights import DevMatrix
 from strata.quants import dequantize
 from strata.sampling import SamplingParams
@@ -429,8 +429,9 @@ def test_argmax_and_sampler(cp, ops):
 @pytest.mark.parametrize("kd", dk.KEY_DIMS)
 def test_deltanet_kernels_match_twins(cp, ops, kd):
     """dn_conv, dn_recur and dn_gated_norm against ref_conv / ref_recur / ref_gated_norm: a 37-token segment
-    (prefill: one launch runs its tokens in order) and then 3 decode rows of 3 sequences in one launch, each
-    finding its own state through its table row; both b/a layouts and head orders. fp32 throughout: 1e-5
+    (prefill: conv in 16-token chunks, the recurrence in order in one launch), a 2-token one (shorter than the
+    conv window), then 3 decode rows of 3 sequences in one launch, each finding its own state through its
+    table row; both b/a layouts and head orders. fp32 throughout: 1e-5
     of each output's magnitude (the recurrence's sums are reordered, not rounded differently)."""
     rng = np.random.default_rng(kd)
     for n_k, n_v, v, fused, tiled, width in [(2, 4, 40, True, False, 4), (1, 3, kd, False, True, 3)]:
@@ -452,36 +453,35 @@ def _deltanet_case(cp, ops, rng, kd, n_k, n_v, v, fused, tiled, width) -> None:
     dev_states = [(cp.asarray(a), cp.asarray(b)) for a, b in states]
 
     def run(mix, seqs, t, count):
-        m, o = cp.asarray(mix), cp.zeros((mix.shape[0], inner), cp.float32)
+        m = cp.asarray(mix)
+        y, o = cp.full((mix.shape[0], c), cp.nan, cp.float32), cp.full((mix.shape[0], inner), cp.nan, cp.float32)
         tab = cp.asarray(np.array([[0, 0, 0, 0, 0, dev_states[j][0].data.ptr, dev_states[j][1].data.ptr]
                                    for j in seqs], np.int64))
-        launch(ops.dn[dk.conv_name(width)], (-(-c // 128), count), 128,
-               (m, i32(ld), i32(c), i32(t), tab, i32(7), i64(layer * nc), cp.asarray(conv_w)))
-        launch(ops.dn[dk.recur_name(kd)], (n_v, -(-v // 32), count), 32,
-               (m, i32(ld), i32(c + inner), i32(t), tab, i32(7), i64(layer * ns), i32(n_k), i32(n_v), i32(v),
-                i32(int(tiled)), i32(fused_r), cp.asarray(a_coef), cp.asarray(dt), o, i32(inner)))
+        ops.dn_conv(width, m, ld, c, t, count, tab, 7, layer * nc, cp.asarray(conv_w), y, c)
+        ops.dn_recur(kd, y, c, ptr(m, 4 * (c + inner)), ld, t, count, tab, 7, layer * ns, n_k, n_v, v, tiled, fused_r,
+                     cp.asarray(a_coef), cp.asarray(dt), o, inner)
         raw = o.get()
-        launch(ops.dn["dn_gated_norm"], (n_v, mix.shape[0]), 32,
-               (o, i32(inner), ptr(m, 4 * c), i32(ld), cp.asarray(norm_w), i32(v), np.float32(1e-6)))
-        return m.get(), raw, o.get()
+        ops.dn_gated_norm(o, inner, ptr(m, 4 * c), ld, cp.asarray(norm_w), n_v, v, 1e-6, mix.shape[0])
+        return y.get(), raw, o.get()
 
     def ref(mix, j):
         window = states[j][0][layer * nc : (layer + 1) * nc].reshape(width - 1, c)
         ssm = states[j][1][layer * ns : (layer + 1) * ns].reshape(n_v, kd, v)
-        mix, window = dk.ref_conv(mix, c, window, conv_w)
-        o, ssm = dk.ref_recur(mix, n_k, n_v, kd, v, c + inner, fused_r, tiled, a_coef, dt, ssm)
+        y, window = dk.ref_conv(mix, c, window, conv_w)
+        o, ssm = dk.ref_recur(y, mix[:, c + inner :], n_k, n_v, kd, v, fused_r, tiled, a_coef, dt, ssm)
         states[j][0][layer * nc : (layer + 1) * nc] = window.reshape(-1)
         states[j][1][layer * ns : (layer + 1) * ns] = ssm.reshape(-1)
-        return mix, o, dk.ref_gated_norm(o, mix[:, c : c + inner], norm_w, n_v, 1e-6)
+        return y, o, dk.ref_gated_norm(o, mix[:, c : c + inner], norm_w, n_v, 1e-6)
 
     def close(got, want, what):
         err = np.abs(got - want).max() / (np.abs(want).max() + 1e-30)
         assert err < 1e-5, f"{what} (K={kd}, fused={fused}): worst {err:.2e}"
 
-    prompt = rng.standard_normal((37, ld)).astype(np.float32)
-    got, want = run(prompt, [0], 37, 1), ref(prompt, 0)
-    for g, w_, what in zip(got, want, ("conv", "recurrence", "gated norm")):
-        close(g, w_, f"prefill {what}")
+    for t in (37, 2):
+        prompt = rng.standard_normal((t, ld)).astype(np.float32)
+        got, want = run(prompt, [0], t, 1), ref(prompt, 0)
+        for g, w_, what in zip(got, want, ("conv", "recurrence", "gated norm")):
+            close(g, w_, f"prefill({t}) {what}")
     for _ in range(2):
         rows_ = rng.standard_normal((3, ld)).astype(np.float32)
         got = run(rows_, [0, 1, 2], 1, 3)

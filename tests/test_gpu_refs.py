@@ -230,8 +230,8 @@ def test_deltanet_twins_compose_to_the_cpu_sublayer(order, fused):
     got = []
     for lo, hi in ((0, 37), (37, 38), (38, 39), (39, 40)):
         mix = np.concatenate([w.matmul(h[lo:hi], n) for n in names], axis=1)
-        mix, window = dk.ref_conv(mix, c, window, w.t[tensor(T.SSM_CONV1D, 0)])
-        o, ssm = dk.ref_recur(mix, p.n_k_heads, p.n_v_heads, p.k_dim, p.v_dim, c + inner, fused_r,
+        y, window = dk.ref_conv(mix, c, window, w.t[tensor(T.SSM_CONV1D, 0)])
+        o, ssm = dk.ref_recur(y, mix[:, c + inner :], p.n_k_heads, p.n_v_heads, p.k_dim, p.v_dim, fused_r,
                               order is HeadOrder.TILED, w.vector(tensor(T.SSM_A, 0, "")),
                               w.vector(tensor(T.SSM_DT, 0, "bias")), ssm)
         o = dk.ref_gated_norm(o, mix[:, c : c + inner], w.vector(tensor(T.SSM_NORM, 0)), p.n_v_heads, p.eps)

@@ -1,7 +1,8 @@
 """The Gated DeltaNet sublayer on the GPU (Qwen3-Next's recurrent layers), and its per-sequence state.
 
 One sublayer is: input projections into the `mix` row (kernels/deltanet.py gives its layout), the
-causal conv, the gated delta rule, the gated RMSNorm and the output projection accumulated into x.
+causal conv into `dn_y`, the gated delta rule into `dn_o`, the gated RMSNorm (in place) and the output
+projection accumulated into x.
 Decode rows (all single tokens, the graph case) take one launch per kernel for every row; prefill
 takes one conv and one recurrence launch per sequence segment, each running its tokens in order.
 """
@@ -16,7 +17,7 @@ from strata.errors import ConfigError
 from strata.gguf.names import T, tensor
 from strata.gpu.budget import Ledger
 from strata.gpu.kernels import deltanet as dk
-from strata.gpu.runtime import cupy_module, f32, i32, i64, launch, ptr
+from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.weights import DevMatrix, GpuWeights
 
 RECURRENT = ("gpu_deltanet", 0)  # SequenceState.layers key of a hybrid model's RecurrentState
@@ -123,15 +124,13 @@ def run_deltanet(ops: Any, j: int, w: DeltaNetWeights, dn: DNDims, norm: Any, ep
     nc, ns = dn.state_floats()
     runs = [(0, 1, n)] if segments is None else [(s, t, 1) for s, t in segments]
     for start, t, count in runs:  # decode: every row its own segment of 1; prefill: one launch per sequence
-        rows_tab = ptr(tab, 8 * tab_stride * start)
-        launch(ops.dn[dk.conv_name(dn.width)], (-(-c // 128), count), 128,
-               (ptr(mix, 4 * ld * start), i32(ld), i32(c), i32(t), rows_tab, i32(tab_stride), i64(j * nc), w.conv))
-        launch(ops.dn[dk.recur_name(dn.k)], (dn.n_v, -(-dn.v // 32), count), 32,
-               (ptr(mix, 4 * ld * start), i32(ld), i32(c + dn.inner), i32(t), rows_tab, i32(tab_stride), i64(j * ns),
-                i32(dn.n_k), i32(dn.n_v), i32(dn.v), i32(int(dn.tiled)), i32(dn.fused_r), w.a, w.dt_bias,
-                ptr(act.dn_o, 4 * dn.inner * start), i32(dn.inner)))
-    launch(ops.dn["dn_gated_norm"], (dn.n_v, n), 32,
-           (act.dn_o, i32(dn.inner), ptr(mix, 4 * c), i32(ld), w.norm, i32(dn.v), f32(dn.eps)))
+        rows = ptr(tab, 8 * tab_stride * start)
+        y = ptr(act.dn_y, 4 * c * start)
+        ops.dn_conv(dn.width, ptr(mix, 4 * ld * start), ld, c, t, count, rows, tab_stride, j * nc, w.conv, y, c)
+        ops.dn_recur(dn.k, y, c, ptr(mix, 4 * (ld * start + c + dn.inner)), ld, t, count, rows, tab_stride, j * ns,
+                     dn.n_k, dn.n_v, dn.v, dn.tiled, dn.fused_r, w.a, w.dt_bias, ptr(act.dn_o, 4 * dn.inner * start),
+                     dn.inner)
+    ops.dn_gated_norm(act.dn_o, dn.inner, ptr(mix, 4 * c), ld, w.norm, dn.n_v, dn.v, dn.eps, n)
     if small:
         ops.matvec([w.out], act.dn_o, n, act.x, accumulate=True)
     else:

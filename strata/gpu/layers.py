@@ -129,6 +129,7 @@ class Activations:
             self.sg = cp.empty((n, 1), f32)
         if dims.dn is not None:
             self.dn_mix = cp.empty((n, dims.dn.mix_cols), f32)
+            self.dn_y = cp.empty((n, dims.dn.conv_channels), f32)
             self.dn_o = cp.empty((n, dims.dn.inner), f32)
 
     @staticmethod
@@ -136,7 +137,7 @@ class Activations:
         a = max(dims.top_k, 1)
         per = 4 * (2 * dims.d + dims.qkv_cols + 2 * dims.n_head * dims.hd)
         per += 4 * ((dims.n_head * dims.hd if dims.gated else 0) + (2 * dims.shared_ff + dims.d + 1 if dims.shared_ff else 0)
-                    + (dims.dn.mix_cols + dims.dn.inner if dims.dn is not None else 0))
+                    + (dims.dn.mix_cols + dims.dn.conv_channels + dims.dn.inner if dims.dn is not None else 0))
         if dims.n_expert:
             return per + 4 * (dims.n_expert + a * (2 * dims.ffn + dims.d + 6)) + dims.d + a * dims.ffn  # + int8 codes
         return per + 4 * 2 * dims.ffn

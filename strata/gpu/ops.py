@@ -180,6 +180,28 @@ class Ops:
                 f32(eps), inv_freq, i32(n_rot), i32(int(neox)), f32(pos_scale), tab, i32(tab_stride),
                 i32(layer), q_out))
 
+    # ---- Gated DeltaNet (kernels/deltanet.py) ----
+    def dn_conv(self, width: int, mix: Any, ld: int, c: int, t: int, segments: int, tab: Any, tab_stride: int,
+                state_off: int, weight: Any, out: Any, ldo: int) -> None:
+        """silu(causal conv) of `segments` runs of t rows (each continuing its own state) into out."""
+        launch(self.dn[deltanet.conv_name(width)], (-(-c // 128), -(-t // deltanet.CONV_T), segments), 128,
+               (dev_ptr(mix), i32(ld), i32(c), i32(t), dev_ptr(tab), i32(tab_stride), i64(state_off), weight,
+                dev_ptr(out), i32(ldo)))
+
+    def dn_recur(self, kd: int, y: Any, ldy: int, ba: Any, ldba: int, t: int, segments: int, tab: Any,
+                 tab_stride: int, state_off: int, n_k: int, n_v: int, v: int, tiled: bool, fused_r: int, a: Any,
+                 dt_bias: Any, out: Any, ldo: int) -> None:
+        """The gated delta rule over `segments` runs of t rows, each on its own recurrent state."""
+        launch(self.dn[deltanet.recur_name(kd)], (n_v, -(-v // 8), segments), 32,
+               (dev_ptr(y), i32(ldy), dev_ptr(ba), i32(ldba), i32(t), dev_ptr(tab), i32(tab_stride),
+                i64(state_off), i32(n_k), i32(n_v), i32(v), i32(int(tiled)), i32(fused_r), a, dt_bias,
+                dev_ptr(out), i32(ldo)))
+
+    def dn_gated_norm(self, o: Any, ldo: int, z: Any, ldz: int, w: Any, n_v: int, v: int, eps: float, n: int) -> None:
+        """o[:n] = rmsnorm(o) * w * silu(z) per value head, in place."""
+        launch(self.dn["dn_gated_norm"], (n_v, n), 32,
+               (dev_ptr(o), i32(ldo), dev_ptr(z), i32(ldz), w, i32(v), f32(eps)))
+
     # ---- attention ----
     def attn_decode(self, q: Any, tab: Any, tab_stride: int, layer: int, n: int, h: int, kv: int, hd: int,
                     scale: float, out: Any) -> None:

@@ -10,14 +10,14 @@ graph serves whichever sequences sit in its slots:
     conv  [L_dn, W-1, C]  the last W-1 pre-conv inputs of each DeltaNet layer
     ssm   [L_dn, H, K, V] the recurrent matrix S of each head (keys -> values)
 
-- `dn_conv`: one thread per channel carries the W-1 window through the tokens of its segment,
-  writing silu(conv) over the q|k|v columns in place and the window back to the state.
-- `dn_recur`: one warp per (head, 32 value columns); lane v holds column v of S in registers for the
-  whole segment. Per token it L2-normalises q and k (shared memory, warp sums), computes
-  beta = sigmoid(b) and the decay exp(A * softplus(a + dt_bias)), and applies
+- `dn_conv`: one thread per (channel, 16 tokens) writes silu(conv) of the q|k|v columns into a
+  separate buffer y (the inputs stay, so token chunks run in parallel) and the window back to the state.
+- `dn_recur`: one warp per (head, 8 value columns), four lanes per column, each holding a quarter of
+  the column of S in registers for the whole segment. Per token it L2-normalises q and k (shared
+  memory, warp sums), computes beta = sigmoid(b) and the decay exp(A * softplus(a + dt_bias)), and applies
       S <- decay S;  S <- S + k (beta (v - S^T k))^T;  o = S^T q
-  with every product in the lane's own registers. Tokens run one after another (the recurrent form);
-  prefill chunks take T steps per launch.
+  with the products in registers and two shuffles per dot product. Tokens run one after another (the
+  recurrent form); prefill chunks take T steps per launch.
 - `dn_gated_norm`: one warp per (row, head): o = rmsnorm(o) * w * silu(z), in place.
 
 Numpy twins: `ref_conv`, `ref_recur`, `ref_gated_norm` (built from strata.blocks.deltanet on the
@@ -38,29 +38,38 @@ from strata.blocks.deltanet import (
 from strata.blocks.norms import sigmoid, silu
 from strata.gpu.kernels.common import HEADER
 
-KEY_DIMS = (16, 32, 64, 128)  # dn_recur keeps a K-long column of S per lane in registers
+KEY_DIMS = (16, 32, 64, 128)  # dn_recur keeps a quarter of a K-long column of S per lane in registers
+CONV_T = 16  # tokens per dn_conv thread (the kernel's constant)
 CONV_WIDTHS = (2, 3, 4)
 TAB_CONV, TAB_SSM = 5, 6  # row-table columns of the state buffers
 
 SOURCE = HEADER + r"""
-// grid (ceil(C / 128), segments), block 128. Segment s is rows s*T .. s*T+T-1 of mix; its state comes
-// from the table row of its first row. w: the conv kernel [C, W], tap W-1 on the newest input.
+// grid (ceil(C / 128), ceil(T / CONV_T), segments), block 128. Segment s is rows s*T .. s*T+T-1 of mix; its
+// state comes from the table row of its first row. w: the conv kernel [C, W], tap W-1 on the newest input.
+// Thread (channel c, token chunk) writes silu(conv) of tokens t0 .. t0+CONV_T-1 to out; the inputs stay
+// untouched, so chunks run in parallel, each taking the W-1 inputs before t0 from mix (or, for chunk 0,
+// from the state). Chunk 0 alone writes the new window (the segment's last W-1 inputs), after reading the old.
 template <int W>
-__global__ void __launch_bounds__(128) dn_conv(float* __restrict__ mix, int ld, int C, int T,
+__global__ void __launch_bounds__(128) dn_conv(const float* __restrict__ mix, int ld, int C, int T,
                                                const i64* __restrict__ tab, int tab_stride, i64 state_off,
-                                               const float* __restrict__ w) {
-  const int c = blockIdx.x * 128 + threadIdx.x;
-  if (c >= C) return;
-  const i64 row0 = (i64)blockIdx.y * T;
+                                               const float* __restrict__ w, float* __restrict__ out, int ldo) {
+  constexpr int CONV_T = 16;
+  const int c = blockIdx.x * 128 + threadIdx.x, t0 = blockIdx.y * CONV_T;
+  if (c >= C || t0 >= T) return;
+  const i64 row0 = (i64)blockIdx.z * T;
   float* st = (float*)tab[row0 * tab_stride + 5] + state_off;
+  const float* x = mix + row0 * ld + c;
   float win[W - 1], wt[W];
 #pragma unroll
-  for (int j = 0; j < W - 1; j++) win[j] = st[(i64)j * C + c];
+  for (int j = 0; j < W - 1; j++) {
+    const int t = t0 - (W - 1) + j;  // times -(W-1) .. -1 are rows 0 .. W-2 of the state
+    win[j] = t >= 0 ? x[(i64)t * ld] : st[(i64)(t + W - 1) * C + c];
+  }
 #pragma unroll
   for (int j = 0; j < W; j++) wt[j] = w[(i64)c * W + j];
-  for (int t = 0; t < T; t++) {
-    float* p = mix + (row0 + t) * ld + c;
-    const float xin = *p;
+  const int t1 = min(T, t0 + CONV_T);
+  for (int t = t0; t < t1; t++) {
+    const float xin = x[(i64)t * ld];
     float y = 0.f;
 #pragma unroll
     for (int j = 0; j < W - 1; j++) y = fmaf(win[j], wt[j], y);
@@ -68,35 +77,48 @@ __global__ void __launch_bounds__(128) dn_conv(float* __restrict__ mix, int ld, 
 #pragma unroll
     for (int j = 0; j < W - 2; j++) win[j] = win[j + 1];
     win[W - 2] = xin;
-    *p = silu(y);
+    out[(row0 + t) * ldo + c] = silu(y);
   }
+  if (blockIdx.y == 0) {
+    float nw[W - 1];
 #pragma unroll
-  for (int j = 0; j < W - 1; j++) st[(i64)j * C + c] = win[j];
+    for (int j = 0; j < W - 1; j++) {
+      const int t = T - (W - 1) + j;
+      nw[j] = t >= 0 ? x[(i64)t * ld] : st[(i64)(t + W - 1) * C + c];
+    }
+#pragma unroll
+    for (int j = 0; j < W - 1; j++) st[(i64)j * C + c] = nw[j];
+  }
 }
 
-// grid (H, ceil(V / 32), segments), block 32. Reads q|k|v (after dn_conv) and b/a from mix, writes
+// grid (H, ceil(V / 8), segments), block 32. Reads q|k|v from y (dn_conv's output) and b/a from ba, writes
 // o [rows, H*V] at ldo. fused_r > 0: b/a per key head [b(r) | a(r)] (value head h = kh*r + j), else
 // [beta (H) | alpha (H)]. tiled: value head h reads key head h % Hk, else h / r.
+// Four lanes share a value column v (8 columns a block): lane part p holds rows k = 4i + p of column v of S,
+// KD/4 registers, and each of the column's two dot products is summed over its four lanes by two shuffles:
+// dependent FMA chains of KD/4, and four times the warps of a lane per column.
 template <int KD>
 __global__ void __launch_bounds__(32) dn_recur(
-    const float* __restrict__ mix, int ld, int ba_col, int T, const i64* __restrict__ tab, int tab_stride,
-    i64 state_off, int Hk, int H, int V, int tiled, int fused_r, const float* __restrict__ a_coef,
-    const float* __restrict__ dt_bias, float* __restrict__ out, int ldo) {
+    const float* __restrict__ y, int ldy, const float* __restrict__ ba, int ldba, int T,
+    const i64* __restrict__ tab, int tab_stride, i64 state_off, int Hk, int H, int V, int tiled, int fused_r,
+    const float* __restrict__ a_coef, const float* __restrict__ dt_bias, float* __restrict__ out, int ldo) {
+  constexpr int KS = KD / 4;
   __shared__ float qs[KD], ks[KD];
-  const int h = blockIdx.x, lane = threadIdx.x, v = blockIdx.y * 32 + lane;
+  const int h = blockIdx.x, lane = threadIdx.x, part = lane & 3, v = blockIdx.y * 8 + (lane >> 2);
   const i64 row0 = (i64)blockIdx.z * T;
   const int r = H / Hk, kh = tiled ? h % Hk : h / r;
-  const int bcol = ba_col + (fused_r ? (h / fused_r) * 2 * fused_r + h % fused_r : h);
+  const int bcol = fused_r ? (h / fused_r) * 2 * fused_r + h % fused_r : h;
   const int acol = bcol + (fused_r ? fused_r : H);
   float* S = (float*)tab[row0 * tab_stride + 6] + state_off + (i64)h * KD * V;  // [K, V] of head h
   const bool live = v < V;
-  float s[KD];
+  float s[KS];
 #pragma unroll
-  for (int k = 0; k < KD; k++) s[k] = live ? S[(i64)k * V + v] : 0.f;
+  for (int i = 0; i < KS; i++) s[i] = live ? S[(i64)(4 * i + part) * V + v] : 0.f;
   const float A = a_coef[h], dtb = dt_bias[h];
   const float qk_scale = 1.0f / sqrtf((float)KD);
   for (int t = 0; t < T; t++) {
-    const float* row = mix + (row0 + t) * ld;
+    const float* row = y + (row0 + t) * ldy;
+    const float* brow = ba + (row0 + t) * ldba;
     float sq = 0.f, sk = 0.f;
     for (int i = lane; i < KD; i += 32) {
       const float a = row[kh * KD + i], b = row[(Hk + kh) * KD + i];
@@ -106,23 +128,27 @@ __global__ void __launch_bounds__(32) dn_recur(
     sq = warp_sum(sq); sk = warp_sum(sk);
     __syncwarp();
     const float qn = qk_scale / sqrtf(sq + 1e-6f), kn = 1.0f / sqrtf(sk + 1e-6f);
-    const float beta = 1.0f / (1.0f + expf(-row[bcol]));
-    const float x = row[acol] + dtb;
+    const float beta = 1.0f / (1.0f + expf(-brow[bcol]));
+    const float x = brow[acol] + dtb;
     const float decay = expf(A * (x > 20.f ? x : log1pf(expf(x))));
     const float vt = live ? row[2 * Hk * KD + h * V + v] : 0.f;
     float kv = 0.f;
 #pragma unroll
-    for (int k = 0; k < KD; k++) { s[k] *= decay; kv = fmaf(s[k], ks[k], kv); }
+    for (int i = 0; i < KS; i++) { s[i] *= decay; kv = fmaf(s[i], ks[4 * i + part], kv); }
+    kv += __shfl_xor_sync(0xffffffffu, kv, 1);
+    kv += __shfl_xor_sync(0xffffffffu, kv, 2);
     const float dk = (vt - kv * kn) * beta * kn;  // the rank-1 write's value, with k's norm folded in
     float o = 0.f;
 #pragma unroll
-    for (int k = 0; k < KD; k++) { s[k] = fmaf(ks[k], dk, s[k]); o = fmaf(s[k], qs[k], o); }
-    if (live) out[(row0 + t) * ldo + h * V + v] = o * qn;
+    for (int i = 0; i < KS; i++) { s[i] = fmaf(ks[4 * i + part], dk, s[i]); o = fmaf(s[i], qs[4 * i + part], o); }
+    o += __shfl_xor_sync(0xffffffffu, o, 1);
+    o += __shfl_xor_sync(0xffffffffu, o, 2);
+    if (live && part == 0) out[(row0 + t) * ldo + h * V + v] = o * qn;
     __syncwarp();  // every lane is done with qs/ks before the next token overwrites them
   }
   if (live) {
 #pragma unroll
-    for (int k = 0; k < KD; k++) S[(i64)k * V + v] = s[k];
+    for (int i = 0; i < KS; i++) S[(i64)(4 * i + part) * V + v] = s[i];
   }
 }
 
@@ -153,11 +179,9 @@ def kernel_names() -> list[str]:
 
 
 def ref_conv(mix: np.ndarray, c: int, window: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`dn_conv` on one segment: mix [T, >= C] with silu(conv) over its first c columns, and the new window."""
+    """`dn_conv` on one segment: silu(conv) [T, C] of mix's first c columns, and the new window."""
     y, window = causal_conv1d(mix[:, :c], window, weight)
-    out = mix.astype(np.float32, copy=True)
-    out[:, :c] = silu(y)
-    return out, window
+    return silu(y), window
 
 
 def ba_columns(n_k: int, n_v: int, fused_r: int) -> tuple[np.ndarray, np.ndarray]:
@@ -169,18 +193,19 @@ def ba_columns(n_k: int, n_v: int, fused_r: int) -> tuple[np.ndarray, np.ndarray
     return h, h + n_v
 
 
-def ref_recur(mix: np.ndarray, n_k: int, n_v: int, k: int, v: int, ba_col: int, fused_r: int, tiled: bool,
+def ref_recur(y: np.ndarray, ba: np.ndarray, n_k: int, n_v: int, k: int, v: int, fused_r: int, tiled: bool,
               a_coef: np.ndarray, dt_bias: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`dn_recur` on one segment: mix [T, *] after dn_conv; state [H, K, V]. Returns o [T, H*V] and the state."""
-    t = mix.shape[0]
-    q = mix[:, : n_k * k].reshape(t, n_k, k)
-    kk = mix[:, n_k * k : 2 * n_k * k].reshape(t, n_k, k)
-    vv = mix[:, 2 * n_k * k : 2 * n_k * k + n_v * v].reshape(t, n_v, v)
+    """`dn_recur` on one segment: y [T, C] from dn_conv, ba [T, 2H] the b/a block; state [H, K, V].
+    Returns o [T, H*V] and the state."""
+    t = y.shape[0]
+    q = y[:, : n_k * k].reshape(t, n_k, k)
+    kk = y[:, n_k * k : 2 * n_k * k].reshape(t, n_k, k)
+    vv = y[:, 2 * n_k * k : 2 * n_k * k + n_v * v].reshape(t, n_v, v)
     heads = np.arange(n_v) % n_k if tiled else np.arange(n_v) // (n_v // n_k)
     q, kk = normalize_qk(q[:, heads], kk[:, heads])
     bc, ac = ba_columns(n_k, n_v, fused_r)
-    beta = sigmoid(mix[:, ba_col + bc])
-    g = (a_coef * softplus(mix[:, ba_col + ac] + dt_bias)).astype(np.float32)
+    beta = sigmoid(ba[:, bc])
+    g = (a_coef * softplus(ba[:, ac] + dt_bias)).astype(np.float32)
     o, state = gated_delta_recurrent(q, kk, vv, g, beta, state)
     return o.reshape(t, n_v * v), state
 
