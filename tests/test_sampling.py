@@ -97,3 +97,49 @@ def test_stop_matcher_flushes_held_text_without_stop() -> None:
     m = StopMatcher(["abc"])
     assert m.push("xxab") == ("xx", False)
     assert m.flush() == "ab"
+
+
+def _full_sort_candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.ndarray]:
+    """The definition, by brute force: sort the whole vocabulary, normalise, cut top_k / top_p / min_p."""
+    z = logits.astype(np.float64) / p.temperature
+    ids = np.argsort(-z, kind="stable")
+    if 0 < p.top_k < z.size:
+        ids = ids[: p.top_k]
+    probs = np.exp(z[ids] - z[ids[0]])
+    probs /= probs.sum()
+    if p.top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(probs), p.top_p) + 1)
+        ids, probs = ids[:keep], probs[:keep]
+    if p.min_p > 0.0:
+        keep = probs >= p.min_p * probs[0]
+        ids, probs = ids[keep], probs[keep]
+    return ids, probs / probs.sum()
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),  # the server's defaults
+    SamplingParams(temperature=0.7, top_k=20, top_p=0.8),  # Qwen's recommended
+    SamplingParams(temperature=1.0, top_p=0.9),
+    SamplingParams(temperature=0.6, top_p=0.999),
+    SamplingParams(temperature=1.3, min_p=0.02),
+    SamplingParams(temperature=0.9, top_k=1000, min_p=0.1),
+    SamplingParams(temperature=1.0),
+])
+def test_prefix_selection_equals_a_full_sort(params: SamplingParams) -> None:
+    """candidates() sorts only the prefix of the vocabulary that can survive; the same ids, order and
+    probabilities (to rounding) as sorting all of it, on a 152k vocabulary with peaked and flat logits,
+    masked (-inf) tokens and exact ties."""
+    rng = np.random.default_rng(5)
+    for trial in range(9):
+        scale = (0.3, 3.0, 12.0)[trial % 3]
+        logits = (rng.standard_normal(151_936) * scale).astype(np.float32)
+        logits[rng.integers(0, logits.size, 5000)] = -np.inf
+        logits[rng.integers(0, logits.size, 50)] = logits.max()  # ties at the top
+        ids, probs = candidates(logits, params)
+        ref_ids, ref_probs = _full_sort_candidates(logits, params)
+        assert np.array_equal(ids, ref_ids), f"trial {trial}: {len(ids)} vs {len(ref_ids)} candidates"
+        np.testing.assert_allclose(probs, ref_probs, rtol=1e-12, atol=1e-15)
+        draws = [sample(logits, [], params, 9, pos) for pos in range(20)]
+        assert draws == [int(ref_ids[min(int(np.searchsorted(np.cumsum(ref_probs), uniform(9, pos) * np.cumsum(ref_probs)[-1],
+                                                                        side="right")), len(ref_ids) - 1)])
+                         for pos in range(20)]
