@@ -5,7 +5,7 @@
 # ARCH / SHAPE pick another synth file: ARCH=qwen3next SHAPE=80b-a3b (Qwen3-Next-80B-A3B, 42 GiB).
 # Strata is measured while llama.cpp builds, then llama.cpp, and one table compares them. Without the llama
 # step the 30b-a3b table compares with the published llama.cpp numbers (bench --llama-published);
-# BENCH_ARGS adds bench_gpu.py options (e.g. "--prompts 512,4096 --sweep").
+# BENCH_ARGS adds bench_gpu.py options (e.g. "--prompts 512,4096 --sweep"); TEST_K selects tests (pytest -k).
 # Carried in (git-ignored): .whl/ (gguf wheel), .gpu_fixtures/ (tiny qwen3moe Q8_0 fixture, Qwen3
 # tokenizer.json.gz for the synth writer), .peer/ (shared/peer/pack-src.sh's llama-src.tgz and
 # a copy of shared/peer/build-cuda.sh: ../shared does not travel).
@@ -33,7 +33,8 @@ case " $STEPS " in *" llama "*)  # ~4 min on 16 cores, niced under the tests
   LLAMA_PID=$! ;; esac
 case " $STEPS " in *" tests "*)
   (cd /tmp && timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -rA -s -p no:cacheprovider -W "ignore:::cupy" \
-    $REPO/tests/test_gpu_refs.py $REPO/tests/test_gpu_kernels.py $REPO/tests/test_gpu_model.py >"$OUT/tests.log" 2>&1)
+    ${TEST_K:+-k "$TEST_K"} $REPO/tests/test_gpu_refs.py $REPO/tests/test_gpu_kernels.py $REPO/tests/test_gpu_model.py \
+    >"$OUT/tests.log" 2>&1)
   echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|rel |prompt\(|mixed|batch vs|oracle" "$OUT/tests.log" | tail -60 ;; esac
 case " $STEPS " in *" bench "*)
   wait $SYNTH_PID; tail -2 "$OUT/synth.log"

@@ -116,22 +116,40 @@ __global__ void __launch_bounds__(32) dn_recur(
   for (int i = 0; i < KS; i++) s[i] = live ? S[(i64)(4 * i + part) * V + v] : 0.f;
   const float A = a_coef[h], dtb = dt_bias[h];
   const float qk_scale = 1.0f / sqrtf((float)KD);
-  for (int t = 0; t < T; t++) {
+  // A token's inputs (this lane's share of q and k, its v, b and a) are loaded one token ahead: the loads
+  // for t+1 are in flight while t is computed, so the chain per token is arithmetic, not an L2 round trip.
+  constexpr int PL = (KD + 31) / 32;
+  float nq[PL], nk[PL], nv = 0.f, nb = 0.f, na = 0.f;
+  auto fetch = [&](int t) {
     const float* row = y + (row0 + t) * ldy;
     const float* brow = ba + (row0 + t) * ldba;
-    float sq = 0.f, sk = 0.f;
-    for (int i = lane; i < KD; i += 32) {
-      const float a = row[kh * KD + i], b = row[(Hk + kh) * KD + i];
-      qs[i] = a; ks[i] = b;
-      sq = fmaf(a, a, sq); sk = fmaf(b, b, sk);
+#pragma unroll
+    for (int j = 0; j < PL; j++) {
+      const int i = lane + 32 * j;
+      nq[j] = i < KD ? row[kh * KD + i] : 0.f;
+      nk[j] = i < KD ? row[(Hk + kh) * KD + i] : 0.f;
     }
+    nv = live ? row[2 * Hk * KD + h * V + v] : 0.f;
+    nb = brow[bcol];
+    na = brow[acol];
+  };
+  fetch(0);
+  for (int t = 0; t < T; t++) {
+    float sq = 0.f, sk = 0.f;
+#pragma unroll
+    for (int j = 0; j < PL; j++) {
+      const int i = lane + 32 * j;
+      if (i < KD) { qs[i] = nq[j]; ks[i] = nk[j]; }
+      sq = fmaf(nq[j], nq[j], sq); sk = fmaf(nk[j], nk[j], sk);
+    }
+    const float vt = nv, bl = nb, al = na;
+    if (t + 1 < T) fetch(t + 1);
     sq = warp_sum(sq); sk = warp_sum(sk);
     __syncwarp();
     const float qn = qk_scale / sqrtf(sq + 1e-6f), kn = 1.0f / sqrtf(sk + 1e-6f);
-    const float beta = 1.0f / (1.0f + expf(-brow[bcol]));
-    const float x = brow[acol] + dtb;
+    const float beta = 1.0f / (1.0f + expf(-bl));
+    const float x = al + dtb;
     const float decay = expf(A * (x > 20.f ? x : log1pf(expf(x))));
-    const float vt = live ? row[2 * Hk * KD + h * V + v] : 0.f;
     float kv = 0.f;
 #pragma unroll
     for (int i = 0; i < KS; i++) { s[i] *= decay; kv = fmaf(s[i], ks[4 * i + part], kv); }
