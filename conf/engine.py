@@ -84,7 +84,7 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--aux-cpus", default="auto", help="CPUs for helper threads, kept apart from the "
                    "pool workers: auto or a list like 0,2-3")
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: the GPU through cupy when one is "
-                   "visible (llama, qwen3moe), else the CPU")
+                   "visible (llama, qwen3moe, qwen3next), else the CPU")
     p.add_argument("--vram-budget-mib", type=int, default=0, help="cap on what Strata allocates on the GPU "
                    "(0 = its free memory); start-up fails with a plan when the model does not fit")
 

@@ -1,4 +1,4 @@
-"""The decoder layer as a sequence of kernel launches, for llama and qwen3moe.
+"""The decoder layer as a sequence of kernel launches, for llama, qwen3moe and qwen3next.
 
 `LayerWeights` holds one layer's device tensors; `Activations` the device buffers one forward
 pass writes. `run_layer` launches a layer over n rows: with few rows (decode, up to GEMV_ROWS)
