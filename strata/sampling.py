@@ -134,6 +134,25 @@ def _surviving_prefix(z: np.ndarray, e: np.ndarray, total: float, p: SamplingPar
     return _sorted(z, np.arange(z.size))
 
 
+def _draw_untruncated(logits: np.ndarray, temperature: float, u: float) -> int:
+    """The draw over the whole tempered vocabulary: the first token in sorted order whose cumulative mass
+    passes u. Only the sorted prefix holding that mass is sorted (all of it when u is near 1 or the
+    logits are flat)."""
+    z = logits.astype(np.float64) / temperature
+    e = np.exp(z - z.max())
+    total = e.sum()
+    thr = 0.5
+    while True:
+        cand = np.flatnonzero(e >= thr) if thr > 0.0 else np.arange(z.size)
+        if thr == 0.0 or e[cand].sum() > u * total * (1.0 + 1e-9):
+            break
+        thr = thr / 4.0 if thr > 1e-300 else 0.0
+    ids = _sorted(z, cand)
+    cdf = np.cumsum(e[ids])
+    i = int(np.searchsorted(cdf, u * total, side="right"))
+    return int(ids[min(i, len(ids) - 1)])
+
+
 def uniform(seed: int, position: int) -> float:
     """The counter-based draw in [0, 1) for (seed, position)."""
     bitgen = np.random.Philox(key=[seed & (2**64 - 1), 0], counter=[position, 0, 0, 0])
@@ -145,6 +164,8 @@ def sample(logits: np.ndarray, history: Sequence[int], p: SamplingParams, seed: 
     logits = apply_penalties(logits, history, p)
     if p.greedy:
         return int(np.argmax(logits))
+    if not 0 < p.top_k < logits.size and p.top_p >= 1.0 and p.min_p <= 0.0:
+        return _draw_untruncated(logits, p.temperature, uniform(seed, position))
     ids, probs = candidates(logits, p)
     cdf = np.cumsum(probs)
     i = int(np.searchsorted(cdf, uniform(seed, position) * cdf[-1], side="right"))
