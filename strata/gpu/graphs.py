@@ -2,8 +2,9 @@
 
 A Python kernel launch costs ~7 us; replayed from a graph, ~1 us, and a decode step is ~300
 launches (6 per MoE layer). The graph reads everything it varies from static buffers: `tab` holds per
-slot (k address, v address, cap, position, token, DeltaNet state addresses), so which sequences sit in the slots, where their
-caches live and how long they are change by a host write of B rows, not by a new capture.
+slot (k address, v address, cap, position, token, DeltaNet state addresses), so which sequences sit in
+the slots, where their caches live and how long they are change by a host write of B rows, not by a
+new capture.
 
 The captured step ends with greedy argmax into the token column and `advance` (position + 1), so
 `greedy_loop` can replay it back to back with no host round trip (the benchmark's decode loop);

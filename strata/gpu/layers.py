@@ -136,8 +136,12 @@ class Activations:
     def bytes_per_row(dims: Dims) -> int:
         a = max(dims.top_k, 1)
         per = 4 * (2 * dims.d + dims.qkv_cols + 2 * dims.n_head * dims.hd)
-        per += 4 * ((dims.n_head * dims.hd if dims.gated else 0) + (2 * dims.shared_ff + dims.d + 1 if dims.shared_ff else 0)
-                    + (dims.dn.mix_cols + dims.dn.conv_channels + dims.dn.inner if dims.dn is not None else 0))
+        if dims.gated:
+            per += 4 * dims.n_head * dims.hd
+        if dims.shared_ff:
+            per += 4 * (2 * dims.shared_ff + dims.d + 1)
+        if dims.dn is not None:
+            per += 4 * (dims.dn.mix_cols + dims.dn.conv_channels + dims.dn.inner)
         if dims.n_expert:
             return per + 4 * (dims.n_expert + a * (2 * dims.ffn + dims.d + 6)) + dims.d + a * dims.ffn  # + int8 codes
         return per + 4 * 2 * dims.ffn

@@ -59,14 +59,14 @@ class GpuModel(Model):
         self.linear: list[bool] = list(cpu.linear) if hybrid else [False] * p.n_layer
         gate = tensor(T.FFN_GATE_EXP if moe else T.FFN_GATE, 0)
         shared = tensor(T.FFN_GATE_SHEXP, 0)
-        a = p.attn
+        a, routing = p.attn, cpu if moe else None
         self.dims = Dims(
             d=p.d_model, n_head=a.n_head, n_kv=a.n_kv, hd=a.head_dim, eps=p.eps, n_rot=p.rope.n_rot,
             neox=p.rope.style is RopeStyle.NEOX, pos_scale=p.rope.scale, scale=a.scale,
-            n_expert=gguf.tensors[gate].shape[0] if moe else 0, top_k=cpu.top_k if moe else 0,  # type: ignore[attr-defined]
-            norm_topk=cpu.norm_topk if moe else True, ffn=gguf.tensors[gate].shape[-2],  # type: ignore[attr-defined]
+            n_expert=gguf.tensors[gate].shape[0] if moe else 0, ffn=gguf.tensors[gate].shape[-2],
+            top_k=getattr(routing, "top_k", 0), norm_topk=getattr(routing, "norm_topk", True),
             gated=hybrid, shared_ff=gguf.tensors[shared].shape[-2] if shared in gguf.tensors else 0,
-            dn=DNDims.of(cpu.dn) if hybrid else None)  # type: ignore[attr-defined]
+            dn=DNDims.of(cpu.dn) if isinstance(cpu, Qwen3Next) else None)
         self.n_ctx = opts.n_ctx or p.n_ctx_train
         self.chunk = max(1, opts.chunk)
         self.n_attn = self.linear.count(False)
@@ -96,7 +96,8 @@ class GpuModel(Model):
         d = self.dims
         plan.parts["KV cache (one full-context sequence)"] = 2 * self.n_attn * d.n_kv * d.hd * 2 * self.n_ctx
         if d.dn is not None:
-            plan.parts["DeltaNet state (one sequence)"] = 4 * (len(self.linear) - self.n_attn) * sum(d.dn.state_floats())
+            n_dn = len(self.linear) - self.n_attn
+            plan.parts["DeltaNet state (one sequence)"] = 4 * n_dn * sum(d.dn.state_floats())
         vocab = self.params.vocab
         rows = Activations.bytes_per_row(d)
         plan.parts[f"activations ({self.chunk}-token chunks)"] = rows * self.chunk + 4 * vocab * opts.max_batch
@@ -122,7 +123,8 @@ class GpuModel(Model):
             return LayerWeights(
                 attn_norm=w.vector(tensor(T.ATTN_NORM, i)), qkv=[], o=None, q_norm=None, k_norm=None,
                 ffn_norm=ffn_norm, gate=g, up=u, down=dn, router=router, shared=shared,
-                dn=DeltaNetWeights.load(w, i, d.dn is not None and d.dn.fused_r > 0), dn_layer=self.linear[:i].count(True))
+                dn=DeltaNetWeights.load(w, i, d.dn is not None and d.dn.fused_r > 0),
+                dn_layer=self.linear[:i].count(True))
         if hybrid:  # gated attention: q_proj rows are per head [query | gate]
             q, attn_gate = w.query_and_gate(tensor(T.ATTN_Q, i), d.n_head, d.hd)
         else:
@@ -146,7 +148,8 @@ class GpuModel(Model):
     def table_row(state: SequenceState, pos: int, token: int) -> list[int]:
         """The kernels' row (layers.TAB columns) for `state` at position pos."""
         rec = state.layers.get(RECURRENT)
-        return state.kv.table_row(pos) + [token] + (rec.table_cols() if rec is not None else [0, 0])  # type: ignore[attr-defined]
+        cols = rec.table_cols() if isinstance(rec, RecurrentState) else [0, 0]
+        return state.kv.table_row(pos) + [token] + cols  # type: ignore[attr-defined]
 
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
