@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from dict_weights import DictWeights
 
 from strata.blocks.hyper import HCNames, hc_final, hc_inject, hc_mix
 from strata.blocks.mrope import MRope
@@ -28,19 +29,6 @@ def _config(**kw):  # type: ignore[no-untyped-def]
                 "hc_count": 3, "hc_lowrank": 8, "eos_token_id": 1}
     base.update(kw)
     return Qwen4ExpTextConfig(**base)
-
-
-class _Weights:
-    """The two WeightStore calls the blocks make, over a dict of numpy arrays."""
-
-    def __init__(self, tensors: dict[str, np.ndarray]) -> None:
-        self.t = tensors
-
-    def matmul(self, x: np.ndarray, name: str, expert: int = -1) -> np.ndarray:
-        return x @ self.t[name].T
-
-    def vector(self, name: str) -> np.ndarray:
-        return self.t[name].reshape(-1)
 
 
 def _randomize(module, seed: int) -> None:  # type: ignore[no-untyped-def]
@@ -84,7 +72,7 @@ def test_qsa_selection_matches_indexer(splits: tuple[int, ...]) -> None:
         want = idx(h, emb(h, pos), causal, None)[0, 0].numpy()  # [T, T]
     n_q = cfg.indexer_n_heads * cfg.indexer_head_dim
     w_qk = _np(idx.index_qk_proj.weight)
-    weights = _Weights({
+    weights = DictWeights({
         tensor(X.INDEXER_Q_PROJ, 1): w_qk[:n_q], tensor(X.INDEXER_K_PROJ, 1): w_qk[n_q:],
         tensor(X.INDEXER_Q_NORM, 1): 1 + _np(idx.q_layernorm.weight),  # the converter's +1
         tensor(X.INDEXER_K_NORM, 1): 1 + _np(idx.k_layernorm.weight),
@@ -114,7 +102,7 @@ def test_hyper_connection_mixer_matches_transformers() -> None:
                    "up": _np(hc.input_mix_weight_up.weight)}
         if use_combine:
             tensors["inject"] = _np(hc.block_inject_weight.weight)
-        w, n = _Weights(tensors), cfg.hc_count
+        w, n = DictWeights(tensors), cfg.hc_count
         if not use_combine:
             np.testing.assert_allclose(hc_final(_np(streams), w, names, n, 1e-6), _np(ref), atol=1e-5)  # type: ignore[arg-type]
         else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from dict_weights import DictWeights
 from gguf.constants import GGMLQuantizationType as Q
 from quant_blocks import random_blocks
 
@@ -172,23 +173,7 @@ def test_sampler_twin_picks_the_cpu_token(params):
         assert sample.sample_with(np, logits, history, params, 1234, pos) == want
 
 
-class _Store:
-    """The WeightStore calls the DeltaNet block makes, over random float32 tensors."""
-
-    def __init__(self, tensors: dict[str, np.ndarray]) -> None:
-        self.t = tensors
-
-    def matmul(self, x: np.ndarray, name: str, expert: int = -1) -> np.ndarray:
-        return x @ self.t[name].T
-
-    def vector(self, name: str) -> np.ndarray:
-        return self.t[name].reshape(-1)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self.t[name].shape
-
-
-def _deltanet_store(p: DeltaNetParams, d: int, seed: int) -> _Store:
+def _deltanet_store(p: DeltaNetParams, d: int, seed: int) -> DictWeights:
     rng = np.random.default_rng(seed)
     c, inner = p.conv_channels, p.n_v_heads * p.v_dim
 
@@ -204,7 +189,7 @@ def _deltanet_store(p: DeltaNetParams, d: int, seed: int) -> _Store:
         t[tensor(T.SSM_BETA_ALPHA, 0)] = mat(2 * p.n_v_heads, d)
     else:
         t[tensor(T.SSM_BETA, 0)], t[tensor(T.SSM_ALPHA, 0)] = mat(p.n_v_heads, d), mat(p.n_v_heads, d)
-    return _Store(t)
+    return DictWeights(t)
 
 
 @pytest.mark.parametrize("order,fused", [(HeadOrder.GROUPED, True), (HeadOrder.TILED, False)],
