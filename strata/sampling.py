@@ -87,8 +87,7 @@ def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.nd
         probs = np.exp(z[ids] - z[ids[0]])
         probs /= probs.sum()
     else:
-        e = np.exp(z - z.max())
-        total = e.sum()
+        e, total = _weights(z)
         ids = _surviving_prefix(z, e, total, p)
         probs = e[ids] / total
     if p.top_p < 1.0:
@@ -118,6 +117,24 @@ def _top_k(z: np.ndarray, k: int) -> np.ndarray:
     return _sorted(z, cand)[:k]
 
 
+def _weights(z: np.ndarray) -> tuple[np.ndarray, float]:
+    """exp(z - max z) over the whole vocabulary, and its sum: the unnormalised probabilities."""
+    e = np.exp(z - z.max())
+    return e, float(e.sum())
+
+
+def _prefix_with_mass(z: np.ndarray, e: np.ndarray, mass: float) -> np.ndarray:
+    """The sorted tokens with e above a threshold, lowered (by 4x) until their summed e reaches `mass`:
+    a prefix of the sorted vocabulary holding that much mass (all of it at worst)."""
+    thr = 0.5
+    while thr > 0.0:
+        cand = np.flatnonzero(e >= thr)
+        if e[cand].sum() >= mass:
+            return _sorted(z, cand)
+        thr = thr / 4.0 if thr > 1e-300 else 0.0
+    return _sorted(z, np.arange(z.size))
+
+
 def _surviving_prefix(z: np.ndarray, e: np.ndarray, total: float, p: SamplingParams) -> np.ndarray:
     """A sorted prefix of the vocabulary holding every token top_p / min_p can keep (all of it when
     neither is set). e = exp(z - max z), total = e.sum()."""
@@ -125,13 +142,8 @@ def _surviving_prefix(z: np.ndarray, e: np.ndarray, total: float, p: SamplingPar
         return _sorted(z, np.arange(z.size))
     if p.top_p >= 1.0:  # min_p keeps e >= min_p; half of it leaves room for rounding
         return _sorted(z, np.flatnonzero(e >= p.min_p * 0.5))
-    thr = 0.5
-    while thr > 0.0:  # the nucleus is inside once the prefix's mass passes top_p (with room for rounding)
-        cand = np.flatnonzero(e >= thr)
-        if e[cand].sum() >= p.top_p * total * (1.0 + 1e-9):
-            return _sorted(z, cand)
-        thr = thr / 4.0 if thr > 1e-300 else 0.0
-    return _sorted(z, np.arange(z.size))
+    # the nucleus is inside once the prefix's mass passes top_p (with room for rounding)
+    return _prefix_with_mass(z, e, p.top_p * total * (1.0 + 1e-9))
 
 
 def _draw_untruncated(logits: np.ndarray, temperature: float, u: float) -> int:
@@ -139,17 +151,9 @@ def _draw_untruncated(logits: np.ndarray, temperature: float, u: float) -> int:
     passes u. Only the sorted prefix holding that mass is sorted (all of it when u is near 1 or the
     logits are flat)."""
     z = logits.astype(np.float64) / temperature
-    e = np.exp(z - z.max())
-    total = e.sum()
-    thr = 0.5
-    while True:
-        cand = np.flatnonzero(e >= thr) if thr > 0.0 else np.arange(z.size)
-        if thr == 0.0 or e[cand].sum() > u * total * (1.0 + 1e-9):
-            break
-        thr = thr / 4.0 if thr > 1e-300 else 0.0
-    ids = _sorted(z, cand)
-    cdf = np.cumsum(e[ids])
-    i = int(np.searchsorted(cdf, u * total, side="right"))
+    e, total = _weights(z)
+    ids = _prefix_with_mass(z, e, u * total * (1.0 + 1e-9))
+    i = int(np.searchsorted(np.cumsum(e[ids]), u * total, side="right"))
     return int(ids[min(i, len(ids) - 1)])
 
 
