@@ -33,7 +33,7 @@ case " $STEPS " in *" llama "*)  # ~4 min on 16 cores, niced under the tests
   LLAMA_PID=$! ;; esac
 case " $STEPS " in *" tests "*)
   (cd /tmp && timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -rA -s -p no:cacheprovider -W "ignore:::cupy" \
-    ${TEST_K:+-k "$TEST_K"} $REPO/tests/test_gpu_refs.py $REPO/tests/test_gpu_kernels.py $REPO/tests/test_gpu_model.py \
+    ${TEST_K:+-k "$TEST_K"} $REPO/tests/test_gpu_refs.py $REPO/tests/test_gpu_kernels.py $REPO/tests/test_gpu_deltanet.py $REPO/tests/test_gpu_model.py \
     >"$OUT/tests.log" 2>&1)
   echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|rel |prompt\(|mixed|batch vs|oracle" "$OUT/tests.log" | tail -60 ;; esac
 case " $STEPS " in *" bench "*)

@@ -41,7 +41,6 @@ from strata.gpu.kernels.common import HEADER
 KEY_DIMS = (16, 32, 64, 128)  # dn_recur keeps a quarter of a K-long column of S per lane in registers
 CONV_T = 16  # tokens per dn_conv thread (the kernel's constant)
 CONV_WIDTHS = (2, 3, 4)
-TAB_CONV, TAB_SSM = 5, 6  # row-table columns of the state buffers
 
 SOURCE = HEADER + r"""
 // grid (ceil(C / 128), ceil(T / CONV_T), segments), block 128. Segment s is rows s*T .. s*T+T-1 of mix; its
