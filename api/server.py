@@ -27,7 +27,8 @@ def load_state(cfg: ServerConfig) -> AppState:
     n_ctx = cfg.ctx_size or min(trained, DEFAULT_CTX)
     engine = Engine.load(path, n_ctx=n_ctx, weight_cache_mib=cfg.weight_cache_mib, backend=cfg.backend,
                          pool_workers=cfg.pool_workers, aux_cpus=cfg.aux_cpus, device=cfg.device,
-                         vram_budget_mib=cfg.vram_budget_mib)
+                         vram_budget_mib=cfg.vram_budget_mib, vram_reserve_mib=cfg.vram_reserve_mib,
+                         expert_cache=cfg.expert_cache, prefill_chunk=cfg.prefill_chunk, n_seq=cfg.parallel)
     alias = cfg.alias or path.stem
     cache = PrefixCache(cfg.cache_ram_mib << 20) if cfg.prompt_cache else None
     return AppState(engine, Scheduler(engine, cfg.parallel, cfg.queue_limit, cache), cfg, alias)

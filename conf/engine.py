@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from strata.errors import ConfigError
+from strata.tiers.budget import RESERVE_MIB, check_expert_cache
 
 
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
     n_ctx: int = 0  # 0 = the model's trained context length
     weight_cache_mib: int = 4096  # f32 cache of dequantized weights; beyond it, dequantize per use
-    prefill_chunk: int = 512  # tokens per forward call while reading a prompt
+    prefill_chunk: int = 0  # tokens per forward call while reading a prompt; 0 = 2048 on the GPU, 512 on the CPU
     verify: str | None = None  # expected SHA-256 of the GGUF, checked before use
     backend: str = "numpy"  # "jit": fused llvmlite kernels on quantized weights, MoE experts on the CPU pool
     pool_workers: int = 0  # CPU pool threads; 0 = affinity capped by the cgroup CPU quota
@@ -23,6 +24,9 @@ class EngineOptions:
     jit_cache: str | None = field(default_factory=lambda: str(Path.home() / ".cache/strata/jit"))  # None: off
     device: str = "auto"  # auto: the GPU (cupy) when one is visible and the architecture has a GPU path; cuda; cpu
     vram_budget_mib: int = 0  # cap on what Strata allocates on the GPU; 0 = the device's free memory
+    vram_reserve_mib: int = RESERVE_MIB  # left free for the driver when the budget is the free memory
+    expert_cache: str = "auto"  # auto | off | 6GiB | 4096MiB | 40%: VRAM slots for routed experts (CPU: a stand-in)
+    n_seq: int = 1  # sequences at once (the server's --parallel): the GPU plan keeps KV and state room for them
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> EngineOptions:
@@ -40,12 +44,15 @@ class EngineOptions:
             raise ConfigError("n_ctx", self.n_ctx, "must be >= 0 (0 = model default)")
         if self.weight_cache_mib < 0:
             raise ConfigError("weight_cache_mib", self.weight_cache_mib, "must be >= 0")
-        if self.prefill_chunk < 1:
-            raise ConfigError("prefill_chunk", self.prefill_chunk, "must be >= 1")
+        if self.prefill_chunk < 0:
+            raise ConfigError("prefill_chunk", self.prefill_chunk, "must be >= 1 (0 = 2048 on the GPU, 512 on the CPU)")
         if self.verify is not None and (len(self.verify) != 64 or not _is_hex(self.verify)):
             raise ConfigError("verify", self.verify, "must be a 64-character hex SHA-256")
         check_backend(self.backend, self.pool_workers, self.aux_cpus, ("backend", "pool_workers", "aux_cpus"))
         check_device(self.device, self.vram_budget_mib, ("device", "vram_budget_mib"))
+        check_tiers(self.expert_cache, self.vram_reserve_mib, ("expert_cache", "vram_reserve_mib"))
+        if self.n_seq < 1:
+            raise ConfigError("n_seq", self.n_seq, "must be >= 1")
 
 
 BACKENDS = ("numpy", "jit")
@@ -74,6 +81,13 @@ def check_device(device: str, vram_budget_mib: int, names: tuple[str, str] = ("-
         raise ConfigError(names[1], vram_budget_mib, "must be >= 0 (0 = the GPU's free memory)")
 
 
+def check_tiers(expert_cache: str, reserve_mib: int,
+                names: tuple[str, str] = ("--expert-cache", "--vram-reserve-mib")) -> None:
+    check_expert_cache(expert_cache, names[0])
+    if reserve_mib < 0:
+        raise ConfigError(names[1], reserve_mib, "must be >= 0")
+
+
 def add_backend_flags(p: argparse.ArgumentParser) -> None:
     """--backend, --pool-workers, --aux-cpus: shared by `strata generate` and `strata serve`."""
     # The command line defaults to the fastest CPU path; the library default stays numpy, the reference.
@@ -86,15 +100,27 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=DEVICES, help="auto: the GPU through cupy when one is "
                    "visible (llama, qwen3moe, qwen3next), else the CPU")
     p.add_argument("--vram-budget-mib", type=int, default=0, help="cap on what Strata allocates on the GPU "
-                   "(0 = its free memory); start-up fails with a plan when the model does not fit")
+                   "(0 = its free memory minus --vram-reserve-mib); start-up fails with the plan when the dense "
+                   "part does not fit")
+    p.add_argument("--vram-reserve-mib", type=int, default=RESERVE_MIB, help="VRAM left to the driver when the "
+                   f"budget is the free memory (default {RESERVE_MIB})")
+    p.add_argument("--expert-cache", default="auto", help="VRAM slots for routed experts: auto (what the budget "
+                   "leaves; all of them when they fit), off, or a size such as 6GiB, 4096MiB, 40%% (of all experts); "
+                   "the rest are read from pinned RAM. On the CPU a numpy store stands in for the slots")
+    p.add_argument("--prefill", type=int, default=0, help="tokens per prefill chunk (0 = 2048 on the GPU, 512 "
+                   "on the CPU); chunks of 1024+ stage missing experts through borrowed cache slots")
 
 
 def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     """Engine.load keywords from those flags, checked with errors that name the flag."""
     check_backend(args.backend, args.pool_workers, args.aux_cpus)
     check_device(args.device, args.vram_budget_mib)
+    check_tiers(args.expert_cache, args.vram_reserve_mib)
+    if args.prefill < 0:
+        raise ConfigError("--prefill", args.prefill, "must be >= 1 (0 = 2048 on the GPU, 512 on the CPU)")
     return {"backend": args.backend, "pool_workers": args.pool_workers, "aux_cpus": args.aux_cpus,
-            "device": args.device, "vram_budget_mib": args.vram_budget_mib}
+            "device": args.device, "vram_budget_mib": args.vram_budget_mib, "vram_reserve_mib": args.vram_reserve_mib,
+            "expert_cache": args.expert_cache, "prefill_chunk": args.prefill}
 
 
 def _is_hex(s: str) -> bool:

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from strata.conf.engine import add_backend_flags, check_backend, check_device
+from strata.conf.engine import add_backend_flags, check_backend, check_device, check_tiers
+from strata.tiers.budget import RESERVE_MIB
 
 from strata.errors import ConfigError
 
@@ -35,6 +36,9 @@ class ServerConfig:
     aux_cpus: str = "auto"
     device: str = "auto"  # see conf/engine.py: auto (cupy GPU when visible), cuda, cpu
     vram_budget_mib: int = 0  # 0 = the GPU's free memory
+    vram_reserve_mib: int = RESERVE_MIB  # see conf/engine.py
+    expert_cache: str = "auto"  # see strata.tiers.budget
+    prefill_chunk: int = 0  # 0 = 2048 on the GPU, 512 on the CPU
     prompt_cache: bool = True
     cache_ram_mib: int = 1024  # prefix cache budget
     test_hooks: bool = False  # exposes POST /debug/fault for the crash-epoch tests
@@ -60,6 +64,7 @@ class ServerConfig:
             raise ConfigError("--weight-cache-mib", self.weight_cache_mib, "must be >= 0")
         check_backend(self.backend, self.pool_workers, self.aux_cpus)
         check_device(self.device, self.vram_budget_mib)
+        check_tiers(self.expert_cache, self.vram_reserve_mib)
         for k in self.api_keys:
             if not k or any(c.isspace() for c in k):
                 raise ConfigError("--api-key", "***", "keys must be non-empty and contain no whitespace")
@@ -103,7 +108,8 @@ def server_config(args: argparse.Namespace, env: Mapping[str, str] | None = None
         parallel=args.parallel, alias=args.alias, strict_model=args.strict_model,
         queue_limit=args.queue_limit, weight_cache_mib=args.weight_cache_mib, verbose=args.verbose,
         backend=args.backend, pool_workers=args.pool_workers, aux_cpus=args.aux_cpus,
-        device=args.device, vram_budget_mib=args.vram_budget_mib,
+        device=args.device, vram_budget_mib=args.vram_budget_mib, vram_reserve_mib=args.vram_reserve_mib,
+        expert_cache=args.expert_cache, prefill_chunk=args.prefill,
         prompt_cache=args.prompt_cache == "on", cache_ram_mib=args.cache_ram_mib, test_hooks=args.test_hooks,
     )
     cfg.validate()

@@ -84,14 +84,16 @@ class JitBackend:
         return np.concatenate([self.pool.matmul(raw, qtype, x[i : i + MAX_TOKENS])
                                for i in range(0, x.shape[0], MAX_TOKENS)])
 
-    def experts(self, name: str) -> ExpertWeights | None:
+    def experts(self, name: str, table: np.ndarray | None = None) -> ExpertWeights | None:
+        """The 3-D expert tensor `name` for the pool; `table` [E] gives each expert's address when the
+        experts live in the tiers (a slot or the arena) rather than at their place in the file."""
         w = self._experts.get(name)
         if w is None:
             info = self.gguf.tensors[name]
             if not self._fits(info) or len(info.shape) != 3:
                 return None
             w = self._experts[name] = ExpertWeights(self.gguf.raw(name), info.qtype)
-        return w
+        return w if table is None else ExpertWeights(w.raw, w.qtype, table)
 
     def moe(self, h: np.ndarray, ids: np.ndarray, weights: np.ndarray, gate: str, up: str,
             down: str) -> np.ndarray | None:

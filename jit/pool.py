@@ -42,6 +42,7 @@ class ExpertWeights:
 
     raw: np.ndarray  # uint8 [E, rows, row_bytes], the mmap view
     qtype: T
+    table: np.ndarray | None = None  # int64 [E]: each expert's address, when the tiers place it elsewhere
 
     @property
     def rows(self) -> int:
@@ -52,6 +53,8 @@ class ExpertWeights:
         return int(self.raw.shape[2])
 
     def address(self, e: int) -> int:
+        if self.table is not None:
+            return int(self.table[e])
         return int(self.raw.ctypes.data) + int(e) * self.rows * self.row_bytes
 
 

@@ -197,9 +197,14 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     cpu = model_class(g)(g, WeightStore(g, 0))
     t0 = time.perf_counter()
     gpu = GpuModel(cpu, GpuOptions(chunk=a.chunk, n_ctx=max(a.prompts) + a.gen + 64, max_batch=max(a.batches),
-                                   split=not a.v1, q8=not a.no_q8))
+                                   split=not a.v1, q8=not a.no_q8, budget_mib=a.vram_budget_mib,
+                                   expert_cache=a.expert_cache, seqs=max(a.batches)))
     res: dict[str, Any] = {"load_s": time.perf_counter() - t0, "chunk": a.chunk,
                            "kernels": "v1" if a.v1 else ("split" if a.no_q8 else "split+q8")}
+    cache = gpu.expert_cache
+    if cache is not None:
+        res["tiers"] = {"slots": cache.n_slots, "experts": cache.layout.n_total, "slot_bytes": cache.layout.slot_bytes,
+                        "budget_mib": a.vram_budget_mib}
     rng = np.random.default_rng(0)
     vocab = gpu.params.vocab
     gpu.forward(rng.integers(0, vocab, 600), gpu.new_state(), all_logits=False)  # warm: modules, pool
@@ -214,6 +219,15 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
             del s
         res[f"pp{p}"] = p / statistics.median(times)
         print(f"strata pp{p}: {res[f'pp{p}']:.0f} tok/s", flush=True)
+        if cache is not None and p < cache.borrow_min:  # the same prompt through borrowed slots, to compare
+            cache.borrow_min, keep = p, cache.borrow_min
+            s = gpu.new_state()
+            t = time.perf_counter()
+            gpu.forward(ids, s, all_logits=False)
+            res[f"pp{p}_borrowing"] = p / (time.perf_counter() - t)
+            cache.borrow_min = keep
+            del s
+            print(f"strata pp{p} borrowing slots: {res[f'pp{p}_borrowing']:.0f} tok/s", flush=True)
     for b in a.batches:
         warm = [gpu.new_state() for _ in range(b)]
         gpu.graphs.greedy_loop(list(range(1, b + 1)), warm, 4)  # captures the graph for b
@@ -225,6 +239,13 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
         res[f"tg{a.gen}_b{b}"] = b * a.gen / dt
         res[f"bytes_b{b}"] = step_bytes(gpu, b)
         print(f"strata tg{a.gen} b={b}: {res[f'tg{a.gen}_b{b}']:.1f} tok/s", flush=True)
+        if cache is not None:
+            d = [s.experts.decode for s in states]
+            lk, hits, nb = (sum(getattr(c, k) for c in d) for k in ("lookups", "hits", "pcie_bytes"))
+            res[f"tiers_b{b}"] = {"lookups": lk, "hits": hits, "hit_rate": hits / max(lk, 1),
+                                  "pcie_bytes_per_token": nb / (b * a.gen)}
+            print(f"  decode expert cache hit rate {hits / max(lk, 1):.1%}, "
+                  f"{nb / (b * a.gen) / 1e6:.0f} MB/token over PCIe", flush=True)
     s = gpu.new_state()
     gpu.forward(np.array([1]), s, all_logits=False)
     t = time.perf_counter()
@@ -287,6 +308,8 @@ def main() -> None:
                     help="take Strata's numbers from this earlier --json output instead of measuring (llama.cpp only)")
     ap.add_argument("--no-table", action="store_true", help="measure and save, but print no comparison table")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--vram-budget-mib", type=int, default=0, help="Strata's VRAM budget (0: free memory)")
+    ap.add_argument("--expert-cache", default="auto", help="Strata's --expert-cache")
     a = ap.parse_args()
     earlier = json.loads(a.strata_json.read_text())["strata"] if a.strata_json else None
     ll0 = llama(a.model, a) if a.llama_bin else (dict(LLAMA_PUBLISHED) if a.llama_published else {})

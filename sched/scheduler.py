@@ -119,7 +119,7 @@ class Scheduler:
             cached = self.prefix_cache.lookup(req.prompt_ids, state) if self.prefix_cache else 0
             seq = ActiveSequence(self.engine.tokenizer, state, req.prompt_ids, params=req.params, seed=req.seed,
                                  max_tokens=req.max_tokens, stop=req.stop, ignore_eos=req.ignore_eos,
-                                 constraints=self._constraints(req))
+                                 constraints=self._constraints(req), tiered=self.engine.expert_cache is not None)
             req.state = RequestState.ADMITTING
             self._slots.append(Slot(req, seq, cached))
 

@@ -3,6 +3,7 @@ the CLI and the server use: `Engine.load`, `engine.logits`, `engine.generate`.""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 from collections.abc import Iterator, Sequence
@@ -20,6 +21,7 @@ from strata.sampling import SamplingParams
 from strata.sequence import ActiveSequence, Chunk, Constraint, GenerationResult, Timings
 from strata.state import SequenceState
 from strata.tokenizer import Tokenizer
+from strata.tiers.slots import ExpertCache, cpu_tiers
 from strata.weights import WeightStore, check_supported
 
 
@@ -70,18 +72,29 @@ class Engine:
         model_cls = model_class(gguf)
         check_supported(gguf)
         weights = WeightStore(gguf, opts.weight_cache_mib << 20)
-        if _device(opts, gguf.architecture) == "cuda":
+        device = _device(opts, gguf.architecture)
+        if not opts.prefill_chunk:  # the GPU's passes cost little per token: long chunks amortise each layer
+            opts = dataclasses.replace(opts, prefill_chunk=2048 if device == "cuda" else 512)
+        if device == "cuda":
             from strata.gpu import gpu_model
             from strata.gpu.model import GpuOptions
 
-            gpu_opts = GpuOptions(opts.vram_budget_mib, opts.n_ctx, opts.prefill_chunk)
+            gpu_opts = GpuOptions(opts.vram_budget_mib, opts.n_ctx, opts.prefill_chunk,
+                                  reserve_mib=opts.vram_reserve_mib, expert_cache=opts.expert_cache, seqs=opts.n_seq)
             return cls(gguf, gpu_model(model_cls(gguf, weights), gpu_opts), Tokenizer.from_gguf(gguf), opts)
+        if opts.expert_cache != "auto":
+            weights.tiers = cpu_tiers(gguf, opts.expert_cache)
         if opts.backend == "jit":
             from strata.jit.backend import start
 
             cache = Path(opts.jit_cache) if opts.jit_cache else None
             weights.jit = start(gguf, cache, opts.pool_workers, opts.aux_cpus)
         return cls(gguf, model_cls(gguf, weights), Tokenizer.from_gguf(gguf), opts)
+
+    @property
+    def expert_cache(self) -> ExpertCache | None:
+        """The expert tiers the model reads its experts through (None: every expert resident)."""
+        return getattr(self.model, "expert_cache", None)
 
     @property
     def arch(self) -> str:
@@ -146,7 +159,8 @@ class Engine:
         max_tokens = min(max_tokens, self.n_ctx - len(ids))
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         seq = ActiveSequence(self.tokenizer, self.new_state(), ids, params=params, seed=seed, max_tokens=max_tokens,
-                       stop=stop, ignore_eos=ignore_eos, constraints=constraints)
+                       stop=stop, ignore_eos=ignore_eos, constraints=constraints,
+                       tiered=self.expert_cache is not None)
         return Generation(self._steps(seq), seq.result)
 
     def _steps(self, seq: ActiveSequence) -> Iterator[Chunk]:

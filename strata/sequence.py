@@ -18,6 +18,7 @@ from strata.detok import StreamDecoder
 from strata.sampling import SamplingParams, sample
 from strata.state import SequenceState
 from strata.stops import StopMatcher
+from strata.tiers.telemetry import TierUse
 from strata.tokenizer import Tokenizer
 
 
@@ -46,9 +47,12 @@ class Timings:
     predicted_ms: float = 0.0
     table_rows: int = 0  # PLE lookup-table rows gathered (qwen4exp), when the model has tables
     table_bytes: int = 0
+    experts: TierUse | None = None  # expert-tier counters, when the model routes through the tiers
 
     def to_dict(self) -> dict[str, float]:
         extra = {"table_rows": self.table_rows, "table_bytes": self.table_bytes} if self.table_rows else {}
+        if self.experts is not None:
+            extra.update(self.experts.timings())
         return {**extra,
             "prompt_n": self.prompt_n,
             "prompt_ms": round(self.prompt_ms, 3),
@@ -85,13 +89,15 @@ class GenerationResult:
 class ActiveSequence:
     def __init__(self, tokenizer: Tokenizer, state: SequenceState, prompt_ids: list[int], *,
                  params: SamplingParams, seed: int, max_tokens: int, stop: Seq[str] = (),
-                 ignore_eos: bool = False, constraints: Seq[Constraint] = ()) -> None:
+                 ignore_eos: bool = False, constraints: Seq[Constraint] = (), tiered: bool = False) -> None:
         self.state = state
         self.prompt = list(prompt_ids)
         self.params, self.seed, self.max_tokens = params, seed, max_tokens
         self.constraints = tuple(constraints)
         self.result = GenerationResult(prompt_ids=list(prompt_ids))
         self.result.cached_tokens = state.n_past
+        if tiered:
+            self.result.timings.experts = state.experts
         self._detok, self._stops = StreamDecoder(tokenizer), StopMatcher(stop)
         self._eot = frozenset() if ignore_eos else tokenizer.eot_ids
         self._next: int | None = None  # sampled token not yet fed to the model

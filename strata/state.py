@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from strata.kvcache import KVCache
+from strata.tiers.telemetry import TierUse
 
 
 class LayerState(Protocol):
@@ -31,6 +32,9 @@ class SequenceState:
     n_past: int = 0  # tokens already folded into the state
     tokens: list[int] = field(default_factory=list)  # every token consumed, for penalties and prefix reuse
     layers: dict[tuple[str, int], LayerState] = field(default_factory=dict)  # e.g. ("deltanet", 0)
+    # this sequence's expert-tier counters; not part of checkpoints (a restored prefix keeps the
+    # counters of the request that restores it)
+    experts: TierUse = field(default_factory=TierUse)
 
     def checkpoint(self) -> SequenceState:
         """An independent copy; the original keeps evolving."""

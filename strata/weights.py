@@ -28,6 +28,9 @@ class WeightStore:
         # Fused JIT kernels (strata.jit.backend.JitBackend) when the engine runs with backend="jit":
         # matmuls then read the quantized bytes directly and never fill the f32 cache.
         self.jit: Any = None
+        # The expert tiers (strata.tiers.slots.ExpertCache) when routed experts are read through a slot
+        # cache (--expert-cache on the CPU stand-in) instead of straight from the file.
+        self.tiers: Any = None
 
     def has(self, name: str) -> bool:
         return name in self.gguf.tensors
@@ -76,6 +79,11 @@ class WeightStore:
             r1 = min(rows, r0 + ROW_BLOCK)
             out[:, r0:r1] = x @ dequantize(raw[r0:r1], info.qtype, info.shape[-1]).T
         return out
+
+    @staticmethod
+    def matmul_raw(x: np.ndarray, raw: np.ndarray, qtype: int) -> np.ndarray:
+        """x [T, cols] @ W.T for quantized rows raw [rows, row_bytes] found elsewhere (an expert slot)."""
+        return x @ dequantize(raw, qtype).T
 
     def matmul_cat(self, x: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
         """x [T, cols] times several matrices sharing `cols`, outputs side by side: [T, sum rows].

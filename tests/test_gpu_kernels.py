@@ -20,7 +20,7 @@ from quant_blocks import F16_FIELDS, random_blocks
 from strata.blocks.norms import rms_norm
 from strata.blocks.rope import Rope, RopeStyle
 from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
-from strata.gpu.weights import DevMatrix
+from strata.gpu.weights import DevMatrix, resident
 from strata.quants import dequantize
 from strata.sampling import SamplingParams
 
@@ -73,7 +73,7 @@ def weights(qt: Q, rows_: int, cols: int, seed: int, n_expert: int = 1) -> np.nd
 
 
 def dev(cp, raw: np.ndarray, qt: Q, rows_: int, cols: int, n_expert: int = 1) -> DevMatrix:
-    return DevMatrix("t", int(qt), rows_, cols, n_expert, raw.shape[-1], cp.asarray(raw.reshape(-1)))
+    return resident(DevMatrix("t", int(qt), rows_, cols, n_expert, raw.shape[-1], cp.asarray(raw.reshape(-1))))
 
 
 def check(got: np.ndarray, ref: np.ndarray, bound: np.ndarray, tol: float, what: str) -> None:

@@ -19,7 +19,7 @@ from strata.blocks.rope import Rope, RopeStyle
 from strata.errors import ConfigError
 from strata.gguf.names import T, tensor
 from strata.gpu import resolve_device
-from strata.gpu.budget import MIB, Ledger, VramBudgetError, VramPlan
+from strata.tiers.budget import MIB, Ledger, VramBudgetError, VramPlan
 from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
 from strata.gpu.kernels import deltanet as dk
 from strata.quants import dequantize
@@ -237,13 +237,13 @@ def test_gate_twins():
 
 
 def test_plan_refuses_with_every_component_named():
-    plan = VramPlan(24 * 1024 * MIB, {"weights: experts": 30 * 1024 * MIB, "KV cache": 4 * 1024 * MIB})
+    plan = VramPlan(24 * 1024 * MIB, {"weights: attention": 30 * 1024 * MIB, "KV cache": 4 * 1024 * MIB})
     with pytest.raises(ConfigError) as err:
-        plan.check()
+        plan.size_cache()
     msg = str(err.value)
-    assert msg.startswith("vram_budget_mib=24576") and "weights: experts 30,720 MiB" in msg
-    assert "at least 34816 MiB" in msg and "tiering" in msg
-    VramPlan(64 * 1024 * MIB, dict(plan.parts)).check()
+    assert msg.startswith("vram_budget_mib=24576") and "weights: attention 30,720 MiB" in msg
+    assert "at least 34816 MiB" in msg and "dense part does not fit" in msg
+    VramPlan(64 * 1024 * MIB, dict(plan.parts)).size_cache()
 
 
 def test_ledger_takes_and_gives_back():

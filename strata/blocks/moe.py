@@ -6,7 +6,9 @@ Tokens are grouped by expert so each expert's weights are touched once per forwa
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import ctypes
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -14,6 +16,8 @@ import numpy as np
 from strata.blocks.norms import silu, softmax
 
 if TYPE_CHECKING:
+    from strata.state import SequenceState
+    from strata.tiers.slots import ExpertCache
     from strata.weights import WeightStore
 
 ExpertFn = Callable[[int, np.ndarray], np.ndarray]  # (expert id, x [n, D]) -> [n, D]
@@ -52,7 +56,10 @@ def swiglu_experts(h: np.ndarray, ids: np.ndarray, weights: np.ndarray, w: Weigh
                    down: str) -> np.ndarray:
     """sum_a weights[t, a] * down_e(silu(gate_e h_t) * up_e h_t) over the routed experts (3-D tensors
     [E, out, in]): fused on the JIT expert pool when the store has one and it reads these types (each
-    used expert's weights read once per call), else one numpy dispatch per used expert."""
+    used expert's weights read once per call), else one numpy dispatch per used expert. With expert
+    tiers (w.tiers), each expert is read where the cache says: a slot or the arena."""
+    if w.tiers is not None:
+        return _tiered(h, ids, weights, w, w.tiers, gate)
     if w.jit is not None:
         out = w.jit.moe(h, ids, weights, gate, up, down)
         if out is not None:
@@ -60,5 +67,44 @@ def swiglu_experts(h: np.ndarray, ids: np.ndarray, weights: np.ndarray, w: Weigh
 
     def expert(e: int, xs: np.ndarray) -> np.ndarray:  # xs [n, D] -> [n, D]
         return w.matmul(silu(w.matmul(xs, gate, e)) * w.matmul(xs, up, e), down, e)
+
+    return dispatch(h, ids, weights, expert)
+
+
+@contextmanager
+def expert_pass(w: WeightStore, states: Sequence[SequenceState], lens: Sequence[int]) -> Iterator[None]:
+    """Brackets one forward pass over the states' tokens (lens[i] rows each, in order) when the experts
+    live in tiers: long passes borrow slots, and the pass's counters are credited to each sequence."""
+    cache = w.tiers
+    if cache is None:
+        yield
+        return
+    cache.begin_pass(sum(lens))
+    try:
+        yield
+    finally:
+        cache.end_pass([s.experts for s in states], list(lens))
+
+
+def _tiered(h: np.ndarray, ids: np.ndarray, weights: np.ndarray, w: WeightStore, cache: ExpertCache,
+            gate: str) -> np.ndarray:
+    """The routed experts of one MoE layer, each read at the address the expert cache gives for it."""
+    li = cache.by_name[gate]
+    table = cache.layer_table(li)  # [P, E]
+    cache.count_rows(li, ids)
+    parts = cache.layout.layers[li].parts
+    if w.jit is not None:
+        ws = [w.jit.experts(p.name, table[j]) for j, p in enumerate(parts)]
+        if all(x is not None for x in ws):
+            return w.jit.pool.moe(h, ids, weights, *ws)  # type: ignore[arg-type]
+
+    def matrix(j: int, e: int) -> np.ndarray:  # [rows, row_bytes] at the expert's address
+        p = parts[j]
+        buf = (ctypes.c_uint8 * p.nbytes).from_address(int(table[j, e]))
+        return np.frombuffer(buf, np.uint8).reshape(p.rows, p.row_bytes)
+
+    def expert(e: int, xs: np.ndarray) -> np.ndarray:  # xs [n, D] -> [n, D]
+        g, u = (w.matmul_raw(xs, matrix(j, e), parts[j].qtype) for j in (0, 1))
+        return w.matmul_raw(silu(g) * u, matrix(2, e), parts[2].qtype)
 
     return dispatch(h, ids, weights, expert)

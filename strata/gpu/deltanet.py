@@ -15,7 +15,7 @@ from typing import Any
 from strata.blocks.linear_attn import DeltaNetParams, HeadOrder
 from strata.errors import ConfigError
 from strata.gguf.names import T, tensor
-from strata.gpu.budget import Ledger
+from strata.tiers.budget import Ledger
 from strata.gpu.kernels import deltanet as dk
 from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.weights import DevMatrix, GpuWeights

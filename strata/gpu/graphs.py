@@ -69,6 +69,8 @@ class DecodeGraphs:
             recurrent = [(r, r.conv.copy(), r.ssm.copy()) for r in self._recurrent]
             self._kernels(b)
             self.tab[:b] = saved
+            if self.model.tiers is not None:  # the warm-up's lookups would be counted twice
+                self.model.tiers.counts[:b].fill(0)
             for r, conv, ssm in recurrent:
                 r.conv[...], r.ssm[...] = conv, ssm
             s = self.model.stream
@@ -91,11 +93,16 @@ class DecodeGraphs:
     def step(self, tokens: list[int], states: list[SequenceState]) -> np.ndarray:
         """One decode token for each sequence; returns logits [B, vocab] on the host."""
         b = len(tokens)
+        tiers = self.model.tiers
         with self.model.stream:
             act = self._buffers()
             self._load(tokens, states)
+            if tiers is not None:
+                tiers.publish()
             self._launch(b)
             logits = act.logits[:b].get(stream=self.model.stream)
+            if tiers is not None:
+                tiers.cache.settle(tiers.take_counts(b), 0, [s.experts for s in states], [1] * b)
         for t, s in zip(tokens, states):
             s.n_past += 1
             s.tokens.append(t)
@@ -110,10 +117,15 @@ class DecodeGraphs:
             self._buffers()
             self._load(tokens, states, extra=steps)
             out = cp.empty((steps, b), cp.int64)
+            if self.model.tiers is not None:
+                self.model.tiers.publish()
             for k in range(steps):
                 self._launch(b)
                 out[k] = self.tab[:b, 4]
             chosen = out.get(stream=self.model.stream)
+            if self.model.tiers is not None:  # every row decoded `steps` tokens: decode counters
+                tiers = self.model.tiers
+                tiers.cache.settle(tiers.take_counts(b), 0, [s.experts for s in states], [1] * b)
         for j, s in enumerate(states):
             s.tokens.extend([tokens[j]] + [int(v) for v in chosen[:-1, j]])
             s.n_past += steps

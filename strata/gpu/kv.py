@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from strata.gpu.budget import Ledger
+from strata.tiers.budget import Ledger
 from strata.gpu.runtime import cupy_module
 
 MIN_CAP = 256

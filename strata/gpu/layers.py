@@ -25,6 +25,7 @@ from strata.gpu.deltanet import DeltaNetWeights, DNDims, run_deltanet
 from strata.gpu.kernels import moe
 from strata.gpu.ops import Ops
 from strata.gpu.runtime import cupy_module, ptr
+from strata.gpu.tiers import TierHook
 from strata.gpu.weights import DevMatrix
 
 GEMV_ROWS = 8  # up to this many rows, projections read weights once through gemv
@@ -81,6 +82,7 @@ class LayerWeights:
     dn: DeltaNetWeights | None = None  # set: the mixer is DeltaNet
     kv_layer: int = 0  # this attention layer's index in the KV cache
     dn_layer: int = 0  # this DeltaNet layer's index in the recurrent state
+    tier: TierHook | None = None  # set: the experts live in the tiers; count each routed lookup
 
 
 class Activations:
@@ -270,6 +272,8 @@ def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
         ops.matvec([w.router], x, n, act.router, norm=w.ffn_norm, eps=dm.eps, h_out=h)
         ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
     pairs = n * a
+    if w.tier is not None:
+        ops.tier_count(act.ids, pairs, a, w.tier.where, w.tier.expert_bytes, w.tier.counts)
     if q8:
         ops.moe_q8(w.gate, w.up, w.down, act.ids, act.wts, a, act.hq, act.hds, n, act.aq, act.ads, x)
         return

@@ -9,6 +9,7 @@ chunks, mixed windows); forward_batch() of one token per sequence replays a capt
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ import numpy as np
 from strata.blocks.rope import RopeStyle
 from strata.errors import ConfigError
 from strata.gguf.names import T, tensor
-from strata.gpu.budget import MIB, Ledger, VramPlan
+from strata.tiers.budget import MIB, RESERVE_MIB, Ledger, VramPlan
 from strata.gpu.deltanet import RECURRENT, DeltaNetWeights, DNDims, RecurrentState
 from strata.gpu.graphs import DecodeGraphs
 from strata.gpu.kernels.rows import inv_freq
@@ -25,11 +26,15 @@ from strata.gpu.kv import GpuKV
 from strata.gpu.layers import TAB, Activations, Dims, LayerWeights, Segment, SharedExpert, run_layer
 from strata.gpu.ops import HEAD_DIMS, Ops
 from strata.gpu.runtime import cupy_module, ptr
+from strata.gpu.tiers import GpuTiers
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
 from strata.models.base import Model
 from strata.models.qwen3moe import Qwen3Moe
 from strata.models.qwen3next import Qwen3Next
 from strata.state import SequenceState
+from strata.tiers.layout import ExpertLayout
+from strata.tiers.slots import ExpertCache
+from strata.tiers.telemetry import note
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +45,9 @@ class GpuOptions:
     max_batch: int = 8  # decode windows up to this many sequences replay a graph
     split: bool = True  # split-K decode kernels and 128-wide GEMM steps (False: the first versions)
     q8: bool = True  # decode products on int8 inputs where the weight type allows (mmvq.py)
+    reserve_mib: int = RESERVE_MIB  # VRAM left to the driver when the budget is the free memory
+    expert_cache: str = "auto"  # see strata.tiers.budget
+    seqs: int = 1  # sequences the plan keeps KV and recurrent-state room for (more may fit, drawn from the ledger)
 
 
 class GpuModel(Model):
@@ -71,12 +79,14 @@ class GpuModel(Model):
         self.chunk = max(1, opts.chunk)
         self.n_attn = self.linear.count(False)
         plan = self.plan(gguf, opts)
-        plan.check()
-        self.ledger = Ledger(plan.budget, plan.total - plan.parts["KV cache (one full-context sequence)"]
-                             - plan.parts.get("DeltaNet state (one sequence)", 0))
+        # sequences' KV and recurrent state are taken from the ledger as they grow: the plan only keeps room
+        self.ledger = Ledger(plan.budget, plan.total - plan.parts[self._kv_part] - plan.parts.get(self._dn_part, 0))
         self.stream = cp.cuda.Stream(non_blocking=True)
+        layout = ExpertLayout.from_gguf(gguf)
+        tiered = layout is not None and (opts.expert_cache != "auto" or plan.n_slots < plan.n_total)
         with self.stream:
             self.w = GpuWeights(gguf)
+            self.tiers = GpuTiers(gguf, layout, plan.n_slots, self.chunk + 64) if tiered else None
             self.layers = [self._layer(i, moe, hybrid) for i in range(p.n_layer)]
             out = tensor(T.OUTPUT)
             self.embd = self.w.matrix(tensor(T.TOKEN_EMBD))
@@ -87,22 +97,44 @@ class GpuModel(Model):
         self.ops = Ops({(L.gate.qtype, L.up.qtype, L.down.qtype) for L in self.layers} if moe else set(), opts.split,
                        opts.q8)
         self.graphs = DecodeGraphs(self, opts.max_batch)
+        # with tiers, long prefill chunks read experts through the prefill table (staged, borrowed slots)
+        self._prefill_layers = self.layers if self.tiers is None else [
+            dataclasses.replace(L, **dict(zip(("gate", "up", "down"), self.tiers.matrices(
+                self.tiers.cache.layer_of[i], self.tiers.ptab)))) if i in self.tiers.cache.layer_of else L
+            for i, L in enumerate(self.layers)]
+
+    @property
+    def expert_cache(self) -> ExpertCache | None:
+        return None if self.tiers is None else self.tiers.cache
 
     def plan(self, gguf: Any, opts: GpuOptions) -> VramPlan:
-        """What start-up must fit under the budget: weights by component, KV and activations."""
+        """What start-up must fit under the budget: dense weights by component, KV and activations; the
+        expert cache gets what is left (refused with the plan when the dense part does not fit)."""
         cp = cupy_module()
-        budget = opts.budget_mib * MIB if opts.budget_mib else int(cp.cuda.runtime.memGetInfo()[0] * 0.95)
-        plan = VramPlan(budget, {f"weights: {k}": v for k, v in weight_bytes(gguf).items()})
+        free = int(cp.cuda.runtime.memGetInfo()[0])
+        budget = opts.budget_mib * MIB if opts.budget_mib else free - opts.reserve_mib * MIB
+        plan = VramPlan(budget, {f"weights: {k}": v for k, v in weight_bytes(gguf).items() if k != "experts"})
+        layout = ExpertLayout.from_gguf(gguf)
+        if layout is not None:
+            plan.slot_bytes, plan.n_total = layout.slot_bytes, layout.n_total
+            plan.parts["expert tables and counters"] = 20 * layout.n_total + 24 * (self.chunk + 64)
         d = self.dims
-        plan.parts["KV cache (one full-context sequence)"] = 2 * self.n_attn * d.n_kv * d.hd * 2 * self.n_ctx
+        # room for the sequences that will run at once: the expert cache takes whatever the plan leaves
+        seqs = opts.seqs
+        self._kv_part = f"KV cache ({seqs} x {self.n_ctx:,} positions)"
+        self._dn_part = f"DeltaNet state ({seqs} sequence{'s' if seqs > 1 else ''})"
+        plan.parts[self._kv_part] = seqs * 2 * self.n_attn * d.n_kv * d.hd * 2 * self.n_ctx
         if d.dn is not None:
             n_dn = len(self.linear) - self.n_attn
-            plan.parts["DeltaNet state (one sequence)"] = 4 * n_dn * sum(d.dn.state_floats())
+            plan.parts[self._dn_part] = seqs * 4 * n_dn * sum(d.dn.state_floats())
         vocab = self.params.vocab
         rows = Activations.bytes_per_row(d)
         plan.parts[f"activations ({self.chunk}-token chunks)"] = rows * self.chunk + 4 * vocab * opts.max_batch
         plan.parts[f"decode graph buffers (up to {opts.max_batch} sequences)"] = (
             rows * opts.max_batch + 4 * vocab * opts.max_batch)
+        plan.size_cache(opts.expert_cache)
+        if layout is not None:
+            note(plan.cache_line(free, 0 if opts.budget_mib else opts.reserve_mib * MIB))
         return plan
 
     def _layer(self, i: int, moe: bool, hybrid: bool) -> LayerWeights:
@@ -112,7 +144,13 @@ class GpuModel(Model):
             return w.vector(tensor(k, i)) if w.has(tensor(k, i)) else None
 
         names = (T.FFN_GATE_EXP, T.FFN_UP_EXP, T.FFN_DOWN_EXP) if moe else (T.FFN_GATE, T.FFN_UP, T.FFN_DOWN)
-        g, u, dn = (w.matrix(tensor(k, i)) for k in names)
+        hook = None
+        if self.tiers is not None and i in self.tiers.cache.layer_of:
+            li = self.tiers.cache.layer_of[i]
+            g, u, dn = self.tiers.matrices(li)
+            hook = self.tiers.hook(li)
+        else:
+            g, u, dn = (w.matrix(tensor(k, i)) for k in names)
         shared = None
         if d.shared_ff:
             shared = SharedExpert([w.matrix(tensor(T.FFN_GATE_SHEXP, i)), w.matrix(tensor(T.FFN_UP_SHEXP, i))],
@@ -124,7 +162,7 @@ class GpuModel(Model):
                 attn_norm=w.vector(tensor(T.ATTN_NORM, i)), qkv=[], o=None, q_norm=None, k_norm=None,
                 ffn_norm=ffn_norm, gate=g, up=u, down=dn, router=router, shared=shared,
                 dn=DeltaNetWeights.load(w, i, d.dn is not None and d.dn.fused_r > 0),
-                dn_layer=self.linear[:i].count(True))
+                dn_layer=self.linear[:i].count(True), tier=hook)
         if hybrid:  # gated attention: q_proj rows are per head [query | gate]
             q, attn_gate = w.query_and_gate(tensor(T.ATTN_Q, i), d.n_head, d.hd)
         else:
@@ -134,7 +172,7 @@ class GpuModel(Model):
             qkv=[q] + [w.matrix(tensor(k, i)) for k in (T.ATTN_K, T.ATTN_V)],
             o=w.matrix(tensor(T.ATTN_OUT, i)), q_norm=opt(T.ATTN_Q_NORM), k_norm=opt(T.ATTN_K_NORM),
             ffn_norm=ffn_norm, gate=g, up=u, down=dn, router=router, attn_gate=attn_gate, shared=shared,
-            kv_layer=self.linear[:i].count(False))
+            kv_layer=self.linear[:i].count(False), tier=hook)
 
     # ---- Model interface ----
     def new_state(self) -> SequenceState:
@@ -173,7 +211,14 @@ class GpuModel(Model):
         """Every layer over the concatenated rows; logits of all rows, each sequence's last, or none."""
         cp = cupy_module()
         n = sum(len(t) for t in tokens)
+        tiers = self.tiers
+        assert tiers is None or n <= len(tiers.counts), f"a pass of {n} rows outgrows the tier counters"
+        staging = None
         with self.stream:
+            if tiers is not None:
+                tiers.publish()
+                if n >= tiers.cache.borrow_min:
+                    staging = tiers.begin_staging()
             segs, tab_rows, start = [], [], 0
             for t, s in zip(tokens, states):
                 kv: GpuKV = s.kv  # type: ignore[assignment]
@@ -185,11 +230,22 @@ class GpuModel(Model):
             act = Activations(self.dims, n, 0, 0)
             self.ops.embed(self.embd, ptr(tab, 32), n, act.x, id_stride=TAB)
             for i, layer in enumerate(self.layers):
-                run_layer(self.ops, i, layer, self.dims, act, n, tab, segs, self.inv_freq)
+                if staging is None:
+                    run_layer(self.ops, i, layer, self.dims, act, n, tab, segs, self.inv_freq)
+                    continue
+                assert tiers is not None
+                li = tiers.cache.layer_of[i]
+                tiers.before_layer(li)
+                run_layer(self.ops, i, self._prefill_layers[i], self.dims, act, n, tab, segs, self.inv_freq)
+                tiers.after_layer(staging, li)
+            staged_bytes = tiers.end_staging(staging) if tiers is not None and staging is not None else 0
             for t, s, g in zip(tokens, states, segs):
                 s.n_past += len(t)
                 s.tokens.extend(int(v) for v in t)
                 g.kv.length = s.n_past
+            if tiers is not None:
+                tiers.cache.settle(tiers.take_counts(n), staged_bytes, [s.experts for s in states],
+                                   [len(t) for t in tokens])
             if want == "none":
                 self.stream.synchronize()
                 return np.empty((0, self.params.vocab), np.float32)

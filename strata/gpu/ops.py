@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from strata.gpu.kernels import attention, deltanet, gemm, gemv, mmvq, moe, rows, sample
+from strata.gpu.kernels import attention, deltanet, gemm, gemv, mmvq, moe, rows, sample, tiers
 from strata.gpu.kernels.common import GPU_QTYPES
 from strata.gpu.runtime import NULL, Kernels, cupy_module, dev_ptr, f32, i32, i64, launch, ptr
 from strata.gpu.weights import DevMatrix
@@ -65,6 +65,7 @@ class Ops:
                            + [moe.gate_up_name(g, u) for g, u in pairs] + [moe.down_name(q) for q in qts]
                            + [moe.gate_up_split_name(g, u) for g, u in pairs] + [moe.down_split_name(q) for q in qts])
         self.sample = Kernels(sample.SOURCE, ["argmax_rows", "advance"])
+        self.tiers = Kernels(tiers.SOURCE, tiers.NAMES)
         q8t = sorted(mmvq.MMVQ_TYPES)
         q8pairs = sorted({(q, q) for q in q8t} | {(g, u) for g, u, _ in moe_types if g in q8t and u in q8t})
         self.mmvq = Kernels(mmvq.SOURCE, [mmvq.mmvq_name(q, nt, p) for q in q8t for nt in GEMV_NT for p in (0, 1, 2)]
@@ -141,10 +142,14 @@ class Ops:
         k, total = w.cols, sum(v.rows for v in ws)
         r1 = ws[0].rows
         r2 = r1 + (ws[1].rows if len(ws) > 1 else 0)
-        data = [v.data for v in ws] + [w.data] * (3 - len(ws))
+        if tiles is not None:  # grouped: one expert tensor, read through its address table
+            assert len(ws) == 1 and w.table is not None
+            data, experts = [NULL] * 3, w.table
+        else:
+            data, experts = [v.data for v in ws] + [w.data] * (3 - len(ws)), NULL
         bk = self.gemm_bk if not silu_mul else 64
         gy = grid_rows if tiles is not None else -(-m // gemm.BM)
-        args = (data[0], data[1], data[2], i32(r1), i32(r2), i64(w.expert_stride), i64(w.row_bytes), i32(total),
+        args = (data[0], data[1], data[2], i32(r1), i32(r2), experts, i64(w.row_bytes), i32(total),
                 i32(k), dev_ptr(a), i32(lda or (2 * k if silu_mul else k)), NULL if a_index is None else a_index,
                 dev_ptr(c), i32(ldc or total), i32(int(accumulate)),
                 NULL if tiles is None else tiles, NULL if n_tiles is None else n_tiles, i32(m))
@@ -230,7 +235,7 @@ class Ops:
 
     def moe_gate_up(self, g: DevMatrix, u: DevMatrix, ids: Any, a: int, h: Any, pairs: int, act: Any) -> None:
         f, d = g.rows, g.cols
-        args = (g.data, u.data, i64(g.expert_stride), i64(u.expert_stride), i64(g.row_bytes), i64(u.row_bytes),
+        args = (g.table, u.table, i64(g.row_bytes), i64(u.row_bytes),
                 ids, i32(a), h, i32(d), i32(f), act)
         if self.split:
             s = gemv.split_for(f * pairs, d)
@@ -240,7 +245,7 @@ class Ops:
 
     def moe_down(self, dw: DevMatrix, ids: Any, wts: Any, a: int, act: Any, n: int, x: Any) -> None:
         d, f = dw.rows, dw.cols
-        args = (dw.data, i64(dw.expert_stride), i64(dw.row_bytes), ids, wts, i32(a), act, i32(d), i32(f), x)
+        args = (dw.table, i64(dw.row_bytes), ids, wts, i32(a), act, i32(d), i32(f), x)
         if self.split:
             s = 1
             while s < min(8, a) and d * n * s * 2 <= gemv.WARPS_IN_FLIGHT:  # warps share a row's experts
@@ -256,10 +261,15 @@ class Ops:
         f, d = g.rows, g.cols
         assert f % mmvq.ROWS_PER_GATE_UP_BLOCK == 0
         launch(self.mmvq[mmvq.gate_up_q8_name(g.qtype, u.qtype)], (f // mmvq.ROWS_PER_GATE_UP_BLOCK, n * a), 256,
-               (g.data, u.data, i64(g.expert_stride), i64(u.expert_stride), i64(g.row_bytes), i64(u.row_bytes),
+               (g.table, u.table, i64(g.row_bytes), i64(u.row_bytes),
                 ids, i32(a), hq, hds, i32(d), i32(f), aq, ads))
         launch(self.mmvq[mmvq.down_q8_name(dw.qtype)], (-(-dw.rows // gemv.WARPS), n), 256,
-               (dw.data, i64(dw.expert_stride), i64(dw.row_bytes), ids, wts, i32(a), aq, ads, i32(dw.rows), i32(f), x))
+               (dw.table, i64(dw.row_bytes), ids, wts, i32(a), aq, ads, i32(dw.rows), i32(f), x))
+
+    def tier_count(self, ids: Any, pairs: int, a: int, where: Any, expert_bytes: int, counts: Any) -> None:
+        """counts[row] += (lookups, hits, miss bytes) of one MoE layer's routed ids (a per row)."""
+        launch(self.tiers["tier_count"], (-(-pairs // 128),), 128,
+               (ids, i32(pairs), i32(a), where, i64(expert_bytes), counts))
 
     def moe_group(self, ids: Any, pairs: int, a: int, e: int, counts: Any, offsets: Any, cursor: Any,
                   tiles: Any, n_tiles: Any, rows_of_pair: Any, tok_of_row: Any) -> None:

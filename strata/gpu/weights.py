@@ -29,11 +29,21 @@ class DevMatrix:
     cols: int  # K: the reduction width
     n_expert: int  # 1 for a plain 2-D matrix
     row_bytes: int
-    data: Any  # cupy uint8 [n_expert * rows * row_bytes]
+    data: Any  # cupy uint8 [n_expert * rows * row_bytes]; None for experts that live in the tiers
+    table: Any = None  # experts: device int64 [n_expert], each expert's address (kernels read this)
 
     @property
     def expert_stride(self) -> int:
         return self.rows * self.row_bytes
+
+
+def resident(m: DevMatrix) -> DevMatrix:
+    """An expert tensor uploaded whole, with its address table (expert e at e * expert_stride)."""
+    if m.n_expert == 1:
+        return m
+    cp = cupy_module()
+    table = cp.asarray(m.data.data.ptr + np.arange(m.n_expert, dtype=np.int64) * m.expert_stride)
+    return DevMatrix(m.name, m.qtype, m.rows, m.cols, m.n_expert, m.row_bytes, m.data, table)
 
 
 def role(name: str) -> str:
@@ -92,8 +102,8 @@ class GpuWeights:
             info = self.gguf.tensors[name]
             raw = np.ascontiguousarray(self.gguf.raw(name)).reshape(-1)
             n_expert = info.shape[0] if len(info.shape) == 3 else 1
-            hit = DevMatrix(name, int(info.qtype), info.shape[-2], info.shape[-1], n_expert, info.row_bytes,
-                            cp.asarray(raw))
+            hit = resident(DevMatrix(name, int(info.qtype), info.shape[-2], info.shape[-1], n_expert, info.row_bytes,
+                                     cp.asarray(raw)))
             self._mats[name] = hit
         return hit
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from strata.blocks.moe import expert_pass
 from strata.blocks.norms import rms_norm
 from strata.blocks.rope import Rope, RopeStyle
 from strata.blocks.self_attn import AttnNames, AttnParams, self_attention
@@ -21,6 +22,9 @@ from strata.gguf.names import Keys, T, tensor
 from strata.kvcache import KVCache
 from strata.state import SequenceState
 from strata.weights import WeightStore
+
+if TYPE_CHECKING:
+    from strata.tiers.slots import ExpertCache
 
 _REGISTRY: dict[str, type[Model]] = {}
 
@@ -116,6 +120,12 @@ class Model(ABC):
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
         """Consume `tokens` [T] after `state`; return logits [T, vocab] (or [1, vocab] for the last)."""
 
+    @property
+    def expert_cache(self) -> ExpertCache | None:
+        """The expert tiers this model reads routed experts through; None: all resident."""
+        w = getattr(self, "w", None)
+        return getattr(w, "tiers", None)
+
     def forward_batch(self, tokens: list[np.ndarray], states: list[SequenceState]) -> list[np.ndarray]:
         """One window: each sequence consumes its own tokens; returns each one's last logits [vocab].
 
@@ -170,11 +180,12 @@ class DecoderLM(Model):
         cos_sin = p.rope.tables(positions)
         bounds = np.cumsum([0] + [len(t) for t in tokens])
         segments = [(int(a), int(b), s.kv) for a, b, s in zip(bounds[:-1], bounds[1:], states)]
-        for i, names in enumerate(self.names):
-            h = rms_norm(x, w.vector(names.attn_norm), p.eps)
-            x = x + self_attention(h, w, names.attn, p.attn, p.rope, cos_sin, segments)
-            h = rms_norm(x, w.vector(names.ffn_norm), p.eps)
-            x = x + self.ffn(i, h)
+        with expert_pass(w, states, [len(t) for t in tokens]):
+            for i, names in enumerate(self.names):
+                h = rms_norm(x, w.vector(names.attn_norm), p.eps)
+                x = x + self_attention(h, w, names.attn, p.attn, p.rope, cos_sin, segments)
+                h = rms_norm(x, w.vector(names.ffn_norm), p.eps)
+                x = x + self.ffn(i, h)
         for t, s in zip(tokens, states):
             s.n_past += len(t)
             s.tokens.extend(int(v) for v in t)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata.blocks.gated_attn import gated_attention
+from strata.blocks.moe import expert_pass
 from strata.blocks.linear_attn import DeltaNetParams, DeltaNetState, HeadOrder, deltanet
 from strata.blocks.norms import rms_norm
 from strata.blocks.rope import RopeStyle
@@ -70,14 +71,15 @@ class Qwen3Next(Model):
         tokens = np.asarray(tokens, dtype=np.int64)
         x = w.rows(tensor(T.TOKEN_EMBD), tokens)  # [T, D]
         cos_sin = p.rope.tables(np.arange(state.n_past, state.n_past + len(tokens)))
-        for i in range(p.n_layer):
-            h = rms_norm(x, w.vector(tensor(T.ATTN_NORM, i)), p.eps)
-            if self.linear[i]:
-                x = x + deltanet(h, w, i, self.dn, state.layer("deltanet", i, DeltaNetState))
-            else:
-                x = x + gated_attention(h, w, i, p.attn, p.rope, cos_sin, state.kv)
-            h = rms_norm(x, w.vector(tensor(T.ATTN_POST_NORM, i)), p.eps)
-            x = x + moe_shared(h, w, i, self.top_k, self.norm_topk)
+        with expert_pass(w, [state], [len(tokens)]):
+            for i in range(p.n_layer):
+                h = rms_norm(x, w.vector(tensor(T.ATTN_NORM, i)), p.eps)
+                if self.linear[i]:
+                    x = x + deltanet(h, w, i, self.dn, state.layer("deltanet", i, DeltaNetState))
+                else:
+                    x = x + gated_attention(h, w, i, p.attn, p.rope, cos_sin, state.kv)
+                h = rms_norm(x, w.vector(tensor(T.ATTN_POST_NORM, i)), p.eps)
+                x = x + moe_shared(h, w, i, self.top_k, self.norm_topk)
         state.n_past += len(tokens)
         state.tokens.extend(int(t) for t in tokens)
         if not all_logits:

@@ -26,6 +26,7 @@ from strata.blocks.mrope import MRope
 from strata.blocks.ple import GatherStats, PLEParams, PLEState, ple
 from strata.blocks.qsa import QSAParams, QSAState, qsa_select
 from strata.blocks.rope import RopeStyle
+from strata.blocks.moe import expert_pass
 from strata.blocks.shared_moe import moe_shared
 from strata.errors import GGUFError
 from strata.gguf import GGUFFile
@@ -102,15 +103,16 @@ class Qwen4Exp(Model):
         x = w.rows(tensor(T.TOKEN_EMBD), tokens)  # [T, D]
         cos_sin = self.mrope.tables(np.arange(state.n_past, state.n_past + len(tokens)))
         streams = np.tile(x, (1, n))  # [T, n*D]
-        for i in range(p.n_layer):
-            if i in self.ple_layers:
-                assert self.ple is not None
-                streams = streams + ple(streams, tokens, w, i, self.ple, state.layer("ple", i, PLEState),
-                                        self.ple_stats)
-            h, inject = hc_mix(streams, w, self.hc_attn[i], n, p.eps)  # [T, D], [T, n]
-            streams = hc_inject(streams, self._mixer(i, h, state, cos_sin), inject)
-            h, inject = hc_mix(streams, w, self.hc_ffn[i], n, p.eps)
-            streams = hc_inject(streams, moe_shared(h, w, i, self.top_k, self.norm_topk), inject)
+        with expert_pass(w, [state], [len(tokens)]):
+            for i in range(p.n_layer):
+                if i in self.ple_layers:
+                    assert self.ple is not None
+                    streams = streams + ple(streams, tokens, w, i, self.ple, state.layer("ple", i, PLEState),
+                                            self.ple_stats)
+                h, inject = hc_mix(streams, w, self.hc_attn[i], n, p.eps)  # [T, D], [T, n]
+                streams = hc_inject(streams, self._mixer(i, h, state, cos_sin), inject)
+                h, inject = hc_mix(streams, w, self.hc_ffn[i], n, p.eps)
+                streams = hc_inject(streams, moe_shared(h, w, i, self.top_k, self.norm_topk), inject)
         state.n_past += len(tokens)
         state.tokens.extend(int(t) for t in tokens)
         if not all_logits:

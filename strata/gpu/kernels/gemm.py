@@ -8,7 +8,8 @@ decode happens once per 64 tokens, so the weight bytes and the decoding work are
 tile; nothing the size of a dequantized matrix ever exists.
 
 Grouped (MoE) mode: `tiles` lists (expert, first row, row count) for each 64-row tile of the rows
-sorted by expert, `a_index` maps each sorted row to its token; a block past `*n_tiles` exits, so
+sorted by expert, `experts` gives each expert's weight address (a VRAM slot or pinned RAM, see
+strata.tiers.slots), `a_index` maps each sorted row to its token; a block past `*n_tiles` exits, so
 the grid can be sized from an upper bound without reading the counts back. AMODE 1 stages
 silu(A[:, :K]) * A[:, K:] (the gate|up product feeding a down projection).
 
@@ -63,7 +64,7 @@ __device__ __forceinline__ uint2 q4k_pairs(u32 c, float dl, float ml) {
 template <int QT, int AMODE, int BK>
 __global__ void __launch_bounds__(256, 2) qgemm(
     const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int r1, int r2,
-    i64 expert_stride, i64 row_bytes, int N, int K,
+    const i64* __restrict__ experts, i64 row_bytes, int N, int K,
     const float* __restrict__ A, int lda, const int* __restrict__ a_index,
     float* __restrict__ C, int ldc, int accumulate,
     const int* __restrict__ tiles, const int* __restrict__ n_tiles, int M) {
@@ -77,7 +78,7 @@ __global__ void __launch_bounds__(256, 2) qgemm(
     expert = tiles[3 * blockIdx.y]; row0 = tiles[3 * blockIdx.y + 1]; nrows = tiles[3 * blockIdx.y + 2];
   }
   const int n0 = blockIdx.x * BN;
-  const u8* Wb = W0 + (i64)expert * expert_stride;
+  const u8* Wb = experts != nullptr ? (const u8*)experts[expert] : W0;  // grouped: the expert's address
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int wm = warp >> 2, wn = warp & 3;  // warp tile: rows wm*32..+32, cols wn*32..+32
   // A staging: thread -> (row tid/4, BK/4 columns); its token row is fixed for the whole K loop

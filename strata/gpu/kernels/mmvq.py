@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(256) mmvq(
 // of the quantized inputs (hq, hds), written quantized (aq [P, F], ads [P, F / 32]). Warp w: rows 4w .. 4w + 3.
 template <int QG, int QU>
 __global__ void __launch_bounds__(256) moe_gate_up_q8(
-    const u8* __restrict__ Wg, const u8* __restrict__ Wu, i64 g_stride, i64 u_stride, i64 g_row, i64 u_row,
+    const i64* __restrict__ Tg, const i64* __restrict__ Tu, i64 g_row, i64 u_row,
     const int* __restrict__ ids, int A, const i8* __restrict__ hq, const float2* __restrict__ hds, int D, int F,
     i8* __restrict__ aq, float2* __restrict__ ads) {
   __shared__ float gs[32], us[32];
@@ -224,8 +224,8 @@ __global__ void __launch_bounds__(256) moe_gate_up_q8(
   const int j0 = blockIdx.x * 32 + 4 * warp, nu = D >> 5;
   const i8* xq = hq + (i64)(p / A) * D;
   const float2* xd = hds + (i64)(p / A) * nu;
-  const u8* rg = Wg + e * g_stride + j0 * g_row;
-  const u8* ru = Wu + e * u_stride + j0 * u_row;
+  const u8* rg = (const u8*)Tg[e] + j0 * g_row;
+  const u8* ru = (const u8*)Tu[e] + j0 * u_row;
   float acc[8];
 #pragma unroll
   for (int k = 0; k < 8; k++) acc[k] = 0.f;
@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(256) moe_gate_up_q8(
 // x[t, r] += sum_a w[t, a] * (down_e[r] . act[t * A + a]); one warp per row, grid (D / 8, T)
 template <int QD>
 __global__ void __launch_bounds__(256) moe_down_q8(
-    const u8* __restrict__ Wd, i64 d_stride, i64 d_row, const int* __restrict__ ids, const float* __restrict__ wts,
+    const i64* __restrict__ Td, i64 d_row, const int* __restrict__ ids, const float* __restrict__ wts,
     int A, const i8* __restrict__ aq, const float2* __restrict__ ads, int D, int F, float* __restrict__ x) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.y, r = blockIdx.x * 8 + warp;
   if (r >= D) return;
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(256) moe_down_q8(
   for (int k = lane; k < total; k += 32) {
     const int a = k / nu, u = k - a * nu, p = t * A + a;
     float s = 0.f;
-    V<QD>::template dot<1>(Wd + ids[p] * d_stride + r * d_row, u, aq + (i64)p * F, ads + (i64)p * nu, F, 1, &s);
+    V<QD>::template dot<1>((const u8*)Td[ids[p]] + r * d_row, u, aq + (i64)p * F, ads + (i64)p * nu, F, 1, &s);
     acc = fmaf(wts[p], s, acc);
   }
   acc = warp_sum(acc);

@@ -6,6 +6,10 @@ P = T * A (token, slot) pairs.
 - `moe_topk`: one warp per token (`topk_warp`): softmax over E logits, then A rounds of warp argmax
   (ties to the lower expert id, as a stable argsort does), weights renormalised when the model asks.
   Decode rows route inside the router gemv instead (gemv.py `router_topk`, same `topk_warp`).
+Every expert kernel finds expert e's matrix at the address `T[e]` of its table (a VRAM slot, or
+pinned RAM read over PCIe: strata.tiers.slots), never at a fixed stride, so the expert cache can
+change what is where without touching the kernels or a captured graph.
+
 - Few tokens (decode): `moe_gate_up` and `moe_down` read each pair's expert straight from the ids,
   one warp per weight row as in gemv; `moe_down` also sums the A slots and adds into the residual.
 - Many tokens (prefill): grouped by expert on the GPU. `moe_count` histograms the ids,
@@ -77,7 +81,7 @@ __global__ void __launch_bounds__(128) moe_topk(const float* __restrict__ logits
 // act[p, j] = silu(gate_e[j] . h[p / A]) * (up_e[j] . h[p / A]) for e = ids[p]; grid (row blocks, P)
 template <int QG, int QU>
 __global__ void __launch_bounds__(256) moe_gate_up(
-    const u8* __restrict__ Wg, const u8* __restrict__ Wu, i64 g_stride, i64 u_stride, i64 g_row, i64 u_row,
+    const i64* __restrict__ Tg, const i64* __restrict__ Tu, i64 g_row, i64 u_row,
     const int* __restrict__ ids, int A, const float* __restrict__ h, int D, int F, float* __restrict__ act) {
   extern __shared__ float4 smem4[];
   float* xs = (float*)smem4;
@@ -86,8 +90,8 @@ __global__ void __launch_bounds__(256) moe_gate_up(
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int j = blockIdx.x * 8 + warp; j < F; j += gridDim.x * 8) {
-    const u8* rg = Wg + e * g_stride + j * g_row;
-    const u8* ru = Wu + e * u_stride + j * u_row;
+    const u8* rg = (const u8*)Tg[e] + j * g_row;
+    const u8* ru = (const u8*)Tu[e] + j * u_row;
     float g = 0.f, u = 0.f;
     for (int c = lane; c < (D >> 3); c += 32) {
       float a[8], b[8];
@@ -104,7 +108,7 @@ __global__ void __launch_bounds__(256) moe_gate_up(
 // x[t, r] += sum_a w[t, a] * (down_e[r] . act[t*A + a]); grid (row blocks, T); smem A*F floats
 template <int QD>
 __global__ void __launch_bounds__(256) moe_down(
-    const u8* __restrict__ Wd, i64 d_stride, i64 d_row, const int* __restrict__ ids, const float* __restrict__ wts,
+    const i64* __restrict__ Td, i64 d_row, const int* __restrict__ ids, const float* __restrict__ wts,
     int A, const float* __restrict__ act, int D, int F, float* __restrict__ x) {
   extern __shared__ float4 smem4[];
   float* xs = (float*)smem4;
@@ -118,7 +122,7 @@ __global__ void __launch_bounds__(256) moe_down(
     float total = 0.f;
 #pragma unroll 4
     for (int a = 0; a < A; a++) {
-      const u8* row = Wd + ids[t * A + a] * d_stride + r * d_row;
+      const u8* row = (const u8*)Td[ids[t * A + a]] + r * d_row;
       float s = 0.f;
       for (int c = lane; c < (F >> 3); c += 32) {
         float v[8];
@@ -137,7 +141,7 @@ __global__ void __launch_bounds__(256) moe_down(
 // read straight from global memory. moe_down_split splits a row's A experts over its warps instead.
 template <int QG, int QU>
 __global__ void __launch_bounds__(256) moe_gate_up_split(
-    const u8* __restrict__ Wg, const u8* __restrict__ Wu, i64 g_stride, i64 u_stride, i64 g_row, i64 u_row,
+    const i64* __restrict__ Tg, const i64* __restrict__ Tu, i64 g_row, i64 u_row,
     const int* __restrict__ ids, int A, const float* __restrict__ h, int D, int F, float* __restrict__ act, int split) {
   __shared__ float part[8][2];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, p = blockIdx.y, e = ids[p];
@@ -147,8 +151,8 @@ __global__ void __launch_bounds__(256) moe_gate_up_split(
     const int j = base + warp / split;
     float g = 0.f, u = 0.f;
     if (j < F) {
-      const u8* rg = Wg + e * g_stride + j * g_row;
-      const u8* ru = Wu + e * u_stride + j * u_row;
+      const u8* rg = (const u8*)Tg[e] + j * g_row;
+      const u8* ru = (const u8*)Tu[e] + j * u_row;
 #pragma unroll 2
       for (int c = sub * 32 + lane; c < (D >> 3); c += 32 * split) {
         float a[8], b[8];
@@ -174,7 +178,7 @@ __global__ void __launch_bounds__(256) moe_gate_up_split(
 
 template <int QD>
 __global__ void __launch_bounds__(256) moe_down_split(
-    const u8* __restrict__ Wd, i64 d_stride, i64 d_row, const int* __restrict__ ids, const float* __restrict__ wts,
+    const i64* __restrict__ Td, i64 d_row, const int* __restrict__ ids, const float* __restrict__ wts,
     int A, const float* __restrict__ act, int D, int F, float* __restrict__ x, int split) {
   __shared__ float part[8];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = blockIdx.y;
@@ -184,7 +188,7 @@ __global__ void __launch_bounds__(256) moe_down_split(
     float total = 0.f;
     if (r < D) {
       for (int a = sub; a < A; a += split) {
-        const u8* row = Wd + ids[t * A + a] * d_stride + r * d_row;
+        const u8* row = (const u8*)Td[ids[t * A + a]] + r * d_row;
         const float* xr = act + ((i64)t * A + a) * F;
         float s = 0.f;
 #pragma unroll 2

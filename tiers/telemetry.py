@@ -1,0 +1,67 @@
+"""Expert-tier counters: what every response's timings, the log line, /v1/status and /metrics read.
+
+A lookup is one routed (token, layer, expert) triple. A hit found the expert in a VRAM slot (the
+CPU stand-in's numpy slots); a miss read it from the pinned arena (zero-copy over PCIe), or, in a
+prefill chunk that borrows slots, from the copy staged into a borrowed slot. `pcie_bytes` counts
+expert bytes that crossed from RAM: each miss's three matrices in decode, each staged expert once
+in a borrowing prefill chunk.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+
+def note(msg: str) -> None:
+    """A start-up or status line on stderr, as the server's other lines."""
+    print(f"strata: {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass(slots=True)
+class TierCounts:
+    lookups: int = 0
+    hits: int = 0
+    pcie_bytes: int = 0
+
+    def add(self, lookups: int, hits: int, pcie_bytes: int) -> None:
+        self.lookups += lookups
+        self.hits += hits
+        self.pcie_bytes += pcie_bytes
+
+    def minus(self, other: TierCounts) -> TierCounts:
+        return TierCounts(self.lookups - other.lookups, self.hits - other.hits, self.pcie_bytes - other.pcie_bytes)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+
+@dataclass(slots=True)
+class TierUse:
+    """Counters of one sequence, or of the whole engine: decode and prefill apart."""
+
+    decode: TierCounts = field(default_factory=TierCounts)
+    prefill: TierCounts = field(default_factory=TierCounts)
+
+    def of(self, prefill: bool) -> TierCounts:
+        return self.prefill if prefill else self.decode
+
+    def copy(self) -> TierUse:
+        d, p = self.decode, self.prefill
+        return TierUse(TierCounts(d.lookups, d.hits, d.pcie_bytes), TierCounts(p.lookups, p.hits, p.pcie_bytes))
+
+    def timings(self) -> dict[str, int]:
+        """The fields a response's `timings` carries."""
+        d, p = self.decode, self.prefill
+        return {"expert_lookups": d.lookups, "expert_hits": d.hits, "pcie_bytes": d.pcie_bytes,
+                "prompt_expert_lookups": p.lookups, "prompt_expert_hits": p.hits, "prompt_pcie_bytes": p.pcie_bytes}
+
+
+def hit_rate_line(c: TierCounts, what: str = "decode") -> str:
+    """The seeds' log line: `decode expert cache hit rate: 41.2% (hits / lookups); M more read by the
+    GPU over PCIe (p% of all routed)`."""
+    misses = c.lookups - c.hits
+    share = misses / c.lookups if c.lookups else 0.0
+    return (f"{what} expert cache hit rate: {c.hit_rate:.1%} ({c.hits:,} / {c.lookups:,}); {misses:,} more read "
+            f"over PCIe ({share:.1%} of all routed, {c.pcie_bytes / 2**30:,.2f} GiB)")
