@@ -108,7 +108,7 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
                    "leaves; all of them when they fit), off, or a size such as 6GiB, 4096MiB, 40%% (of all experts); "
                    "the rest are read from pinned RAM. On the CPU a numpy store stands in for the slots")
     p.add_argument("--prefill", type=int, default=0, help="tokens per prefill chunk (0 = 2048 on the GPU, 512 "
-                   "on the CPU); chunks of 1024+ stage missing experts through borrowed cache slots")
+                   "on the CPU); chunks of 256+ tokens stage missing experts through borrowed cache slots")
 
 
 def backend_options(args: argparse.Namespace) -> dict[str, Any]:

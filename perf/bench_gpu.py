@@ -231,6 +231,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     for b in a.batches:
         warm = [gpu.new_state() for _ in range(b)]
         gpu.graphs.greedy_loop(list(range(1, b + 1)), warm, 4)  # captures the graph for b
+        del warm  # their KV and state go back to the ledger (the plan keeps room for b sequences)
         states = [gpu.new_state() for _ in range(b)]
         cp.cuda.Device().synchronize()
         t = time.perf_counter()

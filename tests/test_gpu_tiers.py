@@ -117,7 +117,8 @@ def test_tier_kernels_match_twins():
     np.testing.assert_array_equal(counts.get(), kt.ref_tier_count(ids, 4, where, 1000, 6))
     mem = cp.asarray(rng.integers(0, 256, 1 << 16).astype(np.uint8))
     host = mem.get()
-    src, dst, nb = np.array([0, 5000, 20000]), np.array([40000, 50001, 60000]), np.array([4096, 333, 17])
+    # addresses 16-byte aligned, as every slot and arena row is (ALIGN); lengths need not be
+    src, dst, nb = np.array([0, 5008, 20000]), np.array([40000, 50016, 60000]), np.array([4096, 333, 17])
     rows = cp.asarray(np.stack([src + mem.data.ptr, dst + mem.data.ptr, nb]).astype(np.int64))
     launch(k["gather_rows"], (4, 3), 256, (rows[0], rows[1], rows[2]))
     np.testing.assert_array_equal(mem.get(), kt.ref_gather_rows(host, src, dst, nb))
