@@ -38,7 +38,21 @@ async def status(request: Request) -> Response:
         "prefix_cache": None if sch.prefix_cache is None else {
             "entries": len(sch.prefix_cache), "bytes": sch.prefix_cache.used, "hits": sch.prefix_cache.hits,
             "reused_tokens": sch.prefix_cache.reused_tokens},
+        "expert_cache": _expert_cache(s),
     })
+
+
+def _expert_cache(s: AppState) -> dict[str, object] | None:
+    """The tiers as /v1/status shows them: slots, bytes, and hit rates since start, decode and prefill apart."""
+    cache = s.engine.expert_cache
+    if cache is None:
+        return None
+    out: dict[str, object] = {"slots": cache.n_slots, "experts": cache.layout.n_total,
+                              "slot_bytes": cache.layout.slot_bytes, "bytes": cache.n_slots * cache.layout.slot_bytes}
+    for phase, c in (("decode", cache.use.decode), ("prefill", cache.use.prefill)):
+        out[phase] = {"lookups": c.lookups, "hits": c.hits, "hit_rate": round(c.hit_rate, 4),
+                      "pcie_bytes": c.pcie_bytes}
+    return out
 
 
 async def props(request: Request) -> Response:
@@ -67,6 +81,15 @@ async def metrics(request: Request) -> Response:
         ("strata_slots_total", "gauge", "Configured slots", sch.parallel),
         ("strata_queue_depth", "gauge", "Requests waiting for a slot", sch.queue_depth),
     ]
+    cache = s.engine.expert_cache
+    if cache is not None:
+        rows.append(("strata_expert_cache_slots", "gauge", "Expert cache slots in VRAM", cache.n_slots))
+        for phase, c in (("decode", cache.use.decode), ("prefill", cache.use.prefill)):
+            rows += [
+                (f"strata_{phase}_expert_lookups_total", "counter", f"Routed experts looked up ({phase})", c.lookups),
+                (f"strata_{phase}_expert_hits_total", "counter", f"Routed experts found in a slot ({phase})", c.hits),
+                (f"strata_{phase}_pcie_bytes_total", "counter", f"Expert bytes read from RAM over PCIe ({phase})",
+                 c.pcie_bytes)]
     lines = []
     for name, kind, help_, value in rows:
         lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]

@@ -29,6 +29,7 @@ from strata.sched.request import (
 )
 from strata.sched.slots import Counters, QueueFullError, Slot
 from strata.sequence import ActiveSequence, Constraint
+from strata.tiers.telemetry import hit_rate_line, note
 
 __all__ = ["QueueFullError", "Scheduler"]
 
@@ -174,6 +175,9 @@ class Scheduler:
         req.state, req.finish = RequestState.FINISHED, reason
         self._slots.remove(slot)
         self.counters.finished(r)
+        cache = self.engine.expert_cache
+        if cache is not None and r.timings.experts is not None:  # the seeds' line, per request
+            note(hit_rate_line(r.timings.experts.decode))
         if self.prefix_cache is not None and reason is not FinishReason.CANCELLED:
             self.prefix_cache.store(slot.seq.state)
         req.events.put_nowait(DoneEvent(reason, r.stop_string, len(req.prompt_ids), slot.cached,

@@ -10,6 +10,7 @@ from strata.conf.engine import backend_options
 from strata.engine import Engine
 from strata.errors import ConfigError
 from strata.sampling import SamplingError, SamplingParams
+from strata.tiers.telemetry import hit_rate_line
 
 
 def _params(args: argparse.Namespace) -> SamplingParams:
@@ -52,4 +53,7 @@ def run_generate(args: argparse.Namespace) -> int:
     t = gen.result.timings.to_dict()
     print(f"[prompt {t['prompt_n']} tok, {t['prompt_per_second']} tok/s | "
           f"generated {t['predicted_n']} tok, {t['predicted_per_second']} tok/s]", file=sys.stderr)
+    if (use := gen.result.timings.experts) is not None:
+        print(hit_rate_line(use.prefill, "prefill"), file=sys.stderr)
+        print(hit_rate_line(use.decode, "decode"), file=sys.stderr)
     return 0
