@@ -46,6 +46,13 @@ def _add_synth(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     add_synth_flags(sub.add_parser("synth", help="write a synthetic Qwen3-MoE/Qwen3-Next GGUF (random weights)"))
 
 
+def _add_plan(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from strata.cli_plan import add_plan_flags
+
+    add_plan_flags(sub.add_parser("plan", help="where a model's tensors would live under given budgets, and the "
+                                  "speed that allows (reads only the header)"))
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from strata.conf.server import add_server_flags
 
@@ -61,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_info(sub)
     _add_synth(sub)
+    _add_plan(sub)
     return p
 
 
@@ -88,6 +96,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from strata.cli_info import run_info
 
             return run_info(args)
+        if args.command == "plan":
+            from strata.cli_plan import run_plan
+
+            return run_plan(args)
         if args.command == "synth":
             from strata.cli_synth import run_synth
 

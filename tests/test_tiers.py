@@ -142,3 +142,23 @@ def test_budgets_refuse_with_the_plan():
 def test_expert_cache_on_a_dense_model_is_refused(smollm2_path):
     with pytest.raises(ConfigError, match="no routed experts"):
         Engine.load(smollm2_path, device="cpu", expert_cache="50%")
+
+
+def test_planner_json_and_bytes_per_token_match_the_engine(capsys):
+    import json
+
+    from strata.cli import main
+
+    path = _fixture("qwen3moe")
+    assert main(["plan", str(path), "--vram-gib", "0.1", "--expert-cache", "50%", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert {"expert_slots", "experts_total", "hit_rate_uniform", "routed_bytes_per_token", "pcie_bytes_per_token",
+            "decode_tok_s", "decode_bound_tok_s", "prefill_pcie_bound_tok_s", "parts", "arena_bytes"} <= set(plan)
+    assert plan["expert_slots"] == plan["experts_total"] // 2 and plan["hit_rate_uniform"] == 0.5
+    eng = Engine.load(path, device="cpu", backend="numpy", expert_cache="50%")
+    res = _greedy(eng, list(range(30, 50)), 8)
+    d = res.timings.experts.decode
+    per_token = d.lookups / (len(res.tokens) - 1) * int(eng.expert_cache.expert_bytes[0])
+    assert per_token == plan["routed_bytes_per_token"]
+    assert main(["plan", str(path), "--vram-gib", "0.01"]) == 1  # the dense part does not fit: one line, exit 1
+    assert "dense part does not fit" in capsys.readouterr().err

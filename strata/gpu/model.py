@@ -50,6 +50,51 @@ class GpuOptions:
     seqs: int = 1  # sequences the plan keeps KV and recurrent-state room for (more may fit, drawn from the ledger)
 
 
+GROWING = ("KV cache", "DeltaNet state")  # plan parts that sequences take from the ledger as they come
+
+
+def shape_of(cpu: Model) -> tuple[Dims, list[bool]]:
+    """The kernels' dimensions of a llama / qwen3moe / qwen3next model, and which layers are DeltaNet."""
+    p, gguf = cpu.params, cpu.gguf  # type: ignore[attr-defined]
+    hybrid = isinstance(cpu, Qwen3Next)
+    moe = hybrid or isinstance(cpu, Qwen3Moe)
+    linear = list(cpu.linear) if hybrid else [False] * p.n_layer  # type: ignore[attr-defined]
+    gate = tensor(T.FFN_GATE_EXP if moe else T.FFN_GATE, 0)
+    shared = tensor(T.FFN_GATE_SHEXP, 0)
+    a, routing = p.attn, cpu if moe else None
+    dims = Dims(
+        d=p.d_model, n_head=a.n_head, n_kv=a.n_kv, hd=a.head_dim, eps=p.eps, n_rot=p.rope.n_rot,
+        neox=p.rope.style is RopeStyle.NEOX, pos_scale=p.rope.scale, scale=a.scale,
+        n_expert=gguf.tensors[gate].shape[0] if moe else 0, ffn=gguf.tensors[gate].shape[-2],
+        top_k=getattr(routing, "top_k", 0), norm_topk=getattr(routing, "norm_topk", True),
+        gated=hybrid, shared_ff=gguf.tensors[shared].shape[-2] if shared in gguf.tensors else 0,
+        dn=DNDims.of(cpu.dn) if isinstance(cpu, Qwen3Next) else None)
+    return dims, linear
+
+
+def vram_plan(gguf: Any, d: Dims, linear: list[bool], n_ctx: int, chunk: int, vocab: int, opts: GpuOptions,
+              budget: int) -> VramPlan:
+    """What start-up must fit under the budget: dense weights by component, KV and activations; the expert
+    cache gets what is left (ConfigError with the plan when the dense part does not fit). Reads only the
+    header, so `strata plan` runs the same code without a GPU."""
+    plan = VramPlan(budget, {f"weights: {k}": v for k, v in weight_bytes(gguf).items() if k != "experts"})
+    layout = ExpertLayout.from_gguf(gguf)
+    if layout is not None:
+        plan.slot_bytes, plan.n_total = layout.slot_bytes, layout.n_total
+        plan.parts["expert tables and counters"] = 20 * layout.n_total + 24 * (chunk + 64)
+    n_attn = linear.count(False)
+    seqs = opts.seqs  # room for the sequences that run at once: the expert cache takes what the plan leaves
+    plan.parts[f"KV cache ({seqs} x {n_ctx:,} positions)"] = seqs * 2 * n_attn * d.n_kv * d.hd * 2 * n_ctx
+    if d.dn is not None:
+        plan.parts[f"DeltaNet state ({seqs} x)"] = seqs * 4 * (len(linear) - n_attn) * sum(d.dn.state_floats())
+    rows = Activations.bytes_per_row(d)
+    plan.parts[f"activations ({chunk}-token chunks)"] = rows * chunk + 4 * vocab * opts.max_batch
+    plan.parts[f"decode graph buffers (up to {opts.max_batch} sequences)"] = (
+        rows * opts.max_batch + 4 * vocab * opts.max_batch)
+    plan.size_cache(opts.expert_cache)
+    return plan
+
+
 class GpuModel(Model):
     def __init__(self, cpu: Model, opts: GpuOptions) -> None:
         cp = cupy_module()
@@ -63,24 +108,17 @@ class GpuModel(Model):
                               f"(have {', '.join(map(str, HEAD_DIMS))}); use device=cpu")
         hybrid = isinstance(cpu, Qwen3Next)
         moe = hybrid or isinstance(cpu, Qwen3Moe)
-        # per layer: True where the mixer is DeltaNet (Qwen3-Next), else attention
-        self.linear: list[bool] = list(cpu.linear) if hybrid else [False] * p.n_layer
-        gate = tensor(T.FFN_GATE_EXP if moe else T.FFN_GATE, 0)
-        shared = tensor(T.FFN_GATE_SHEXP, 0)
-        a, routing = p.attn, cpu if moe else None
-        self.dims = Dims(
-            d=p.d_model, n_head=a.n_head, n_kv=a.n_kv, hd=a.head_dim, eps=p.eps, n_rot=p.rope.n_rot,
-            neox=p.rope.style is RopeStyle.NEOX, pos_scale=p.rope.scale, scale=a.scale,
-            n_expert=gguf.tensors[gate].shape[0] if moe else 0, ffn=gguf.tensors[gate].shape[-2],
-            top_k=getattr(routing, "top_k", 0), norm_topk=getattr(routing, "norm_topk", True),
-            gated=hybrid, shared_ff=gguf.tensors[shared].shape[-2] if shared in gguf.tensors else 0,
-            dn=DNDims.of(cpu.dn) if isinstance(cpu, Qwen3Next) else None)
+        self.dims, self.linear = shape_of(cpu)
         self.n_ctx = opts.n_ctx or p.n_ctx_train
         self.chunk = max(1, opts.chunk)
         self.n_attn = self.linear.count(False)
-        plan = self.plan(gguf, opts)
+        free = int(cp.cuda.runtime.memGetInfo()[0])
+        budget = opts.budget_mib * MIB if opts.budget_mib else free - opts.reserve_mib * MIB
+        plan = vram_plan(gguf, self.dims, self.linear, self.n_ctx, self.chunk, p.vocab, opts, budget)
+        if plan.slot_bytes:
+            note(plan.cache_line(free, 0 if opts.budget_mib else opts.reserve_mib * MIB))
         # sequences' KV and recurrent state are taken from the ledger as they grow: the plan only keeps room
-        self.ledger = Ledger(plan.budget, plan.total - plan.parts[self._kv_part] - plan.parts.get(self._dn_part, 0))
+        self.ledger = Ledger(plan.budget, plan.total - sum(v for k, v in plan.parts.items() if k.startswith(GROWING)))
         self.stream = cp.cuda.Stream(non_blocking=True)
         layout = ExpertLayout.from_gguf(gguf)
         tiered = layout is not None and (opts.expert_cache != "auto" or plan.n_slots < plan.n_total)
@@ -106,36 +144,6 @@ class GpuModel(Model):
     @property
     def expert_cache(self) -> ExpertCache | None:
         return None if self.tiers is None else self.tiers.cache
-
-    def plan(self, gguf: Any, opts: GpuOptions) -> VramPlan:
-        """What start-up must fit under the budget: dense weights by component, KV and activations; the
-        expert cache gets what is left (refused with the plan when the dense part does not fit)."""
-        cp = cupy_module()
-        free = int(cp.cuda.runtime.memGetInfo()[0])
-        budget = opts.budget_mib * MIB if opts.budget_mib else free - opts.reserve_mib * MIB
-        plan = VramPlan(budget, {f"weights: {k}": v for k, v in weight_bytes(gguf).items() if k != "experts"})
-        layout = ExpertLayout.from_gguf(gguf)
-        if layout is not None:
-            plan.slot_bytes, plan.n_total = layout.slot_bytes, layout.n_total
-            plan.parts["expert tables and counters"] = 20 * layout.n_total + 24 * (self.chunk + 64)
-        d = self.dims
-        # room for the sequences that will run at once: the expert cache takes whatever the plan leaves
-        seqs = opts.seqs
-        self._kv_part = f"KV cache ({seqs} x {self.n_ctx:,} positions)"
-        self._dn_part = f"DeltaNet state ({seqs} sequence{'s' if seqs > 1 else ''})"
-        plan.parts[self._kv_part] = seqs * 2 * self.n_attn * d.n_kv * d.hd * 2 * self.n_ctx
-        if d.dn is not None:
-            n_dn = len(self.linear) - self.n_attn
-            plan.parts[self._dn_part] = seqs * 4 * n_dn * sum(d.dn.state_floats())
-        vocab = self.params.vocab
-        rows = Activations.bytes_per_row(d)
-        plan.parts[f"activations ({self.chunk}-token chunks)"] = rows * self.chunk + 4 * vocab * opts.max_batch
-        plan.parts[f"decode graph buffers (up to {opts.max_batch} sequences)"] = (
-            rows * opts.max_batch + 4 * vocab * opts.max_batch)
-        plan.size_cache(opts.expert_cache)
-        if layout is not None:
-            note(plan.cache_line(free, 0 if opts.budget_mib else opts.reserve_mib * MIB))
-        return plan
 
     def _layer(self, i: int, moe: bool, hybrid: bool) -> LayerWeights:
         w, d = self.w, self.dims
