@@ -73,6 +73,7 @@ class FakeEngine:
         self.model = FakeModel()
         self.tokenizer = FakeTokenizer()
         self.options = FakeOptions()
+        self.expert_cache = None  # every expert resident: no tier counters
 
     def new_state(self) -> SequenceState:
         return SequenceState(KVCache([0], 1, 1))
