@@ -7,7 +7,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from strata.api.errors import bad_request
+from strata.api.errors import APIError, bad_request, error_response
 from strata.api.schemas import DetokenizeRequest, TokenizeRequest, parse
 from strata.api.state import VERSION, AppState
 
@@ -17,6 +17,12 @@ def _state(request: Request) -> AppState:
 
 
 async def health(request: Request) -> Response:
+    """200 while the scheduler makes progress; 503 (OpenAI error shape) when its loop stopped, has
+    made no progress for --watchdog-s with work waiting, or the server is draining after SIGTERM."""
+    sch = _state(request).scheduler
+    problem = sch.stalled() or ("the server is shutting down" if sch.draining else None)
+    if problem is not None:
+        return error_response(request, APIError(503, problem, code="unhealthy"))
     return JSONResponse({"status": "ok", "loaded": True})
 
 

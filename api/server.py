@@ -12,6 +12,7 @@ from strata.api.app import build_app
 from strata.api.state import AppState
 from strata.conf.server import ServerConfig
 from strata.engine import Engine
+from strata.errors import ConfigError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys
 from strata.sched.prefix_cache import PrefixCache
@@ -24,13 +25,15 @@ DEFAULT_CTX = 8192
 def load_state(cfg: ServerConfig) -> AppState:
     path = Path(cfg.model) if cfg.model else hub.pull()
     trained = int(GGUFFile(path).arch_get(Keys.CONTEXT_LENGTH, DEFAULT_CTX))
+    if cfg.ctx_size > trained:
+        raise ConfigError("--ctx-size", cfg.ctx_size, f"{path.name} was trained for at most {trained} tokens")
     n_ctx = cfg.ctx_size or min(trained, DEFAULT_CTX)
     engine = Engine.load(path, n_ctx=n_ctx, weight_cache_mib=cfg.weight_cache_mib, backend=cfg.backend,
                          pool_workers=cfg.pool_workers, aux_cpus=cfg.aux_cpus, device=cfg.device,
                          vram_budget_mib=cfg.vram_budget_mib)
     alias = cfg.alias or path.stem
     cache = PrefixCache(cfg.cache_ram_mib << 20) if cfg.prompt_cache else None
-    return AppState(engine, Scheduler(engine, cfg.parallel, cfg.queue_limit, cache), cfg, alias)
+    return AppState(engine, Scheduler(engine, cfg.parallel, cfg.queue_limit, cache, cfg.watchdog_s), cfg, alias)
 
 
 def serve(cfg: ServerConfig) -> int:
