@@ -36,6 +36,11 @@ async def _strata_error(request: Request, exc: Exception) -> Response:
     return error_response(request, APIError(400, str(exc)))
 
 
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """A bug: still an answer in the protocol's shape (Starlette logs the traceback)."""
+    return error_response(request, APIError(500, f"internal error: {type(exc).__name__}", code="internal_error"))
+
+
 def build_app(state: AppState) -> Starlette:
     routes = [
         Route("/health", ops.health, methods=["GET"]),
@@ -65,7 +70,8 @@ def build_app(state: AppState) -> Starlette:
     app = Starlette(
         routes=routes,
         middleware=[Middleware(APIKeyMiddleware, keys=state.config.api_keys)],
-        exception_handlers={APIError: _api_error, HTTPException: _http_error, StrataError: _strata_error},
+        exception_handlers={APIError: _api_error, HTTPException: _http_error, StrataError: _strata_error,
+                            Exception: _internal_error},
         lifespan=lifespan,
     )
     app.state.strata = state

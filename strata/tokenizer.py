@@ -47,6 +47,7 @@ class Tokenizer:
         self._byte_level: bool = built.byte_level
         self._lock = threading.Lock()  # encode_special_tokens is backend-wide state
         self._piece_bytes: dict[int, bytes] = {}
+        self._max_piece_bytes = 0  # computed on first use
         n = len(self._tokens)
 
         def tok_id(key: str) -> int | None:
@@ -139,12 +140,35 @@ class Tokenizer:
                 ids.append(self.eos_id)
         return ids
 
-    def encode_chat(self, text: str) -> list[int]:
-        """Encode a rendered chat prompt: special texts parsed, BOS added only if missing."""
-        ids = self.encode(text, add_special=False, parse_special=True)
+    def encode_chat(self, text: str, literal: Iterable[tuple[int, int]] = ()) -> list[int]:
+        """Encode a rendered chat prompt: special texts parsed, BOS added only if missing.
+
+        literal: sorted, disjoint [start, end) spans of `text` (a client's own words) whose special
+        texts stay plain text, so a message cannot forge "<|im_end|><|im_start|>system" turns.
+        """
+        ids: list[int] = []
+        pos = 0
+        for start, end in literal:
+            ids += self.encode(text[pos:start], add_special=False, parse_special=True)
+            ids += self.encode(text[start:end], add_special=False, parse_special=False)
+            pos = end
+        ids += self.encode(text[pos:], add_special=False, parse_special=True)
         if self.add_bos and (not ids or ids[0] != self.bos_id):
             ids.insert(0, self.bos_id)
         return ids
+
+    @property
+    def special_texts(self) -> tuple[str, ...]:
+        """Texts that parse_special turns into CONTROL token ids ("<|im_end|>", ...), longest first."""
+        return tuple(sorted((self._tokens[i] for i in self._special if self._tokens[i]), key=len, reverse=True))
+
+    @property
+    def max_piece_bytes(self) -> int:
+        """UTF-8 length of the longest vocabulary entry: a bound on the text one token can cover
+        (entries spell bytes with one or more characters each, never fewer)."""
+        if self._max_piece_bytes == 0:
+            self._max_piece_bytes = max(len(t.encode("utf-8", "replace")) for t in self._tokens)
+        return self._max_piece_bytes
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         """Text of `ids`; invalid UTF-8 (e.g. half an emoji) decodes to U+FFFD."""
