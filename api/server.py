@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
+from sse_starlette.sse import AppStatus
 
 from strata import hub
 from strata.api.app import build_app
@@ -48,6 +52,34 @@ def serve(cfg: ServerConfig) -> int:
     print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
           f"""-d '{{"messages":[{{"role":"user","content":"Hello!"}}]}}'""", flush=True)
     state.engine.pin_helper_thread()  # uvicorn runs the loop on this thread
-    uvicorn.run(app, host=cfg.host, port=cfg.port, loop="uvloop", http="h11",
-                log_level="info" if cfg.verbose else "warning", timeout_graceful_shutdown=5)
+    # uvicorn waits for open connections a little past the grace: the requests the grace cut short
+    # still send their error events before their connections close
+    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, loop="uvloop", http="h11",
+                            log_level="info" if cfg.verbose else "warning",
+                            timeout_graceful_shutdown=int(cfg.shutdown_grace_s) + 2)
+    DrainingServer(config, state).run()
     return 0
+
+
+class DrainingServer(uvicorn.Server):
+    """SIGTERM / SIGINT: stop admitting (new requests get 503, /health turns 503), let in-flight
+    requests finish for --shutdown-grace-s, fail the rest with a reason, exit. A second signal exits
+    at once."""
+
+    def __init__(self, config: uvicorn.Config, state: AppState) -> None:
+        super().__init__(config)
+        self.state = state
+        # sse-starlette would cut every stream at the first signal; ours end through the scheduler
+        AppStatus.disable_automatic_graceful_drain()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit:
+            print("strata: second signal: exiting now", file=sys.stderr, flush=True)
+            os._exit(1)  # not even the engine thread's current window is waited for
+        grace = self.state.config.shutdown_grace_s
+        print(f"strata: shutting down: finishing in-flight requests (up to {grace:g} s)", file=sys.stderr, flush=True)
+        sch = self.state.scheduler
+        sch.draining = True
+        loop = asyncio.get_event_loop()
+        loop.call_soon_threadsafe(loop.call_later, grace, sch.abort, "the server shut down before this request finished")
+        super().handle_exit(sig, frame)

@@ -81,6 +81,12 @@ class Scheduler:
             self._task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    def abort(self, reason: str) -> None:
+        """Fail every queued and running request with `reason` (shutdown after its grace period)."""
+        while self._queue:
+            self._fail_request(self._queue.popleft(), reason)
+        self._fail_window([(s, None) for s in self._slots], reason)
+
     def submit(self, req: Request) -> None:
         """Queue a request (FIFO); raises QueueFullError when --queue-limit requests are already
         waiting without a slot, ShuttingDownError once draining."""
