@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from strata.api import anthropic_messages, ops, openai_chat, openai_completions
+from strata.api import anthropic_messages, openapi, ops, openai_chat, openai_completions
 from strata.api.auth import APIKeyMiddleware
 from strata.api.errors import APIError, error_response
 from strata.api.state import AppState
@@ -54,6 +54,7 @@ def build_app(state: AppState) -> Starlette:
         Route("/v1/completions", openai_completions.completions, methods=["POST"]),
         Route("/v1/messages", anthropic_messages.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic_messages.count_tokens, methods=["POST"]),
+        Route("/openapi.json", openapi.openapi, methods=["GET"]),
     ]
 
     if state.config.test_hooks:
@@ -75,4 +76,5 @@ def build_app(state: AppState) -> Starlette:
         lifespan=lifespan,
     )
     app.state.strata = state
+    app.state.openapi = openapi.build_spec()
     return app
