@@ -189,7 +189,9 @@ def _draw_untruncated(logits: np.ndarray, temperature: float, u: float) -> int:
 
 def uniform(seed: int, position: int) -> float:
     """The counter-based draw in [0, 1) for (seed, position)."""
-    bitgen = np.random.Philox(key=[seed & (2**64 - 1), 0], counter=[position, 0, 0, 0])
+    # as uint64: a Python list goes through int64, which garbles (and warns on) seeds >= 2**63
+    key = np.array([seed & (2**64 - 1), 0], dtype=np.uint64)
+    bitgen = np.random.Philox(key=key, counter=[position, 0, 0, 0])
     return float(np.random.Generator(bitgen).random())
 
 

@@ -101,3 +101,10 @@ def test_non_finite_parameters_are_out_of_range() -> None:
         for bad in (float("nan"), float("inf")):
             with pytest.raises(SamplingError, match=field):
                 SamplingParams(**{field: bad}).validate()
+
+
+def test_seeds_above_2_63_are_their_own_streams() -> None:
+    from strata.sampling import uniform
+
+    draws = {uniform(s, 5) for s in (2**63 - 1, 2**63, 2**63 + 1, 2**64 - 1)}  # warned and collided before
+    assert len(draws) == 4
