@@ -16,12 +16,16 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from strata.api.body import read_json
 from strata.api.errors import APIError, bad_request
 from strata.api.generation import Delta, Finished, collect, deltas, submit
 from strata.api.output_parser import ContentDelta, ReasoningDelta, ToolCallDelta
-from strata.api.prompt import Chat, ToolMode, build_prompt, reject_images
+from strata.api.prompt import IMAGE_PARTS, Chat, ToolMode, prepare, vision_error
 from strata.api.sampling_args import anthropic_params
-from strata.api.schemas import AnthropicMessage, CountTokensRequest, MessagesRequest, parse
+from strata.api.schemas import parse
+from strata.api.schemas_anthropic import (
+    AnthropicMessage, Block, CountTokensRequest, MessagesRequest, SystemBlock, ToolChoice,
+)
 from strata.api.state import AppState
 from strata.sched.request import ANTHROPIC_STOP, FinishReason
 
@@ -30,24 +34,35 @@ from strata.sched.request import ANTHROPIC_STOP, FinishReason
 SIGNATURE = "strata"
 
 
-def _system_text(system: str | list[dict[str, Any]] | None) -> str | None:
+def _system_text(system: str | list[SystemBlock] | None) -> str | None:
     if system is None or isinstance(system, str):
         return system
-    return "\n".join(b.get("text", "") for b in system if b.get("type") == "text")
+    return "\n".join(b.text for b in system)
 
 
-def _blocks(m: AnthropicMessage, i: int) -> list[dict[str, Any]]:
-    if isinstance(m.content, str):
-        return [{"type": "text", "text": m.content}]
-    reject_images(m.content, f"messages.{i}.content")
-    return m.content
+def _need(value: Any, where: str, field: str) -> Any:
+    if value is None:
+        raise bad_request(f"{where}.{field}: this block needs {field}", param=f"{where}.{field}")
+    return value
 
 
-def _tool_result_text(block: dict[str, Any]) -> str:
-    c = block.get("content")
-    if isinstance(c, list):
-        return "".join(p.get("text", "") for p in c if p.get("type") == "text")
-    return "" if c is None else str(c)
+def _tool_result_text(block: Block, where: str) -> str:
+    c = block.content
+    if c is None or isinstance(c, str):
+        return c or ""
+    out = []
+    for j, p in enumerate(c):
+        if p.type in IMAGE_PARTS:
+            raise vision_error(f"{where}.content.{j}")
+        if p.type != "text":
+            raise bad_request(f"{where}.content.{j}: tool_result parts of type {p.type!r} are not supported",
+                              param=f"{where}.content.{j}.type", code="unsupported_content")
+        out.append(_need(p.text, f"{where}.content.{j}", "text"))
+    return "".join(out)
+
+
+def _blocks(m: AnthropicMessage) -> list[Block]:
+    return [Block(type="text", text=m.content)] if isinstance(m.content, str) else m.content
 
 
 def to_chat(body: MessagesRequest | CountTokensRequest) -> Chat:
@@ -56,20 +71,23 @@ def to_chat(body: MessagesRequest | CountTokensRequest) -> Chat:
         messages.append({"role": "system", "content": sys_text})
     for i, m in enumerate(body.messages):
         text, thinking, calls = [], [], []
-        for b in _blocks(m, i):
-            kind = b.get("type")
-            if kind == "text":
-                text.append(b.get("text", ""))
-            elif kind == "thinking":
-                thinking.append(b.get("thinking", ""))
-            elif kind == "tool_use":
-                calls.append({"id": b.get("id"), "type": "function",
-                              "function": {"name": b.get("name"), "arguments": b.get("input") or {}}})
-            elif kind == "tool_result":
-                messages.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
-                                 "content": _tool_result_text(b)})
-            elif kind not in ("redacted_thinking",):
-                raise bad_request(f"unsupported content block type {kind!r}", param=f"messages.{i}.content")
+        for j, b in enumerate(_blocks(m)):
+            where = f"messages.{i}.content.{j}"
+            if b.type == "text":
+                text.append(_need(b.text, where, "text"))
+            elif b.type == "thinking":
+                thinking.append(_need(b.thinking, where, "thinking"))
+            elif b.type == "tool_use":
+                calls.append({"id": b.id, "type": "function",
+                              "function": {"name": _need(b.name, where, "name"), "arguments": b.input or {}}})
+            elif b.type == "tool_result":
+                messages.append({"role": "tool", "tool_call_id": _need(b.tool_use_id, where, "tool_use_id"),
+                                 "content": _tool_result_text(b, where)})
+            elif b.type in IMAGE_PARTS or b.type == "document":
+                raise vision_error(where)
+            elif b.type != "redacted_thinking":
+                raise bad_request(f"{where}: unsupported content block type {b.type!r}", param=f"{where}.type",
+                                  code="unsupported_content")
         if text or calls or thinking or m.role == "assistant":
             msg: dict[str, Any] = {"role": m.role, "content": "".join(text)}
             if calls:
@@ -79,26 +97,22 @@ def to_chat(body: MessagesRequest | CountTokensRequest) -> Chat:
             messages.append(msg)
     tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
                                                 "parameters": t.input_schema}} for t in body.tools or []]
-    choice = getattr(body, "tool_choice", None) or {"type": "auto"}
-    mode, forced = _tool_choice(choice, tools)
+    mode, forced = _tool_choice(body.tool_choice or ToolChoice(type="auto"), tools)
     thinking_on = body.thinking is not None and body.thinking.type != "disabled"
     return Chat(messages, tools, mode, forced, thinking_on)
 
 
-def _tool_choice(choice: dict[str, Any], tools: list[dict[str, Any]]) -> tuple[ToolMode, str | None]:
-    kind = choice.get("type")
-    if not tools or kind == "none":
+def _tool_choice(choice: ToolChoice, tools: list[dict[str, Any]]) -> tuple[ToolMode, str | None]:
+    if not tools or choice.type == "none":
         return ToolMode.NONE, None
-    if kind == "auto":
+    if choice.type == "auto":
         return ToolMode.AUTO, None
-    if kind == "any":
+    if choice.type == "any":
         return ToolMode.REQUIRED, None
-    if kind == "tool":
-        name = choice.get("name")
-        if name not in {t["function"]["name"] for t in tools}:
-            raise bad_request(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
-        return ToolMode.NAMED, name
-    raise bad_request(f"unsupported tool_choice type {kind!r}", param="tool_choice")
+    name = choice.name  # type "tool"
+    if name not in {t["function"]["name"] for t in tools}:
+        raise bad_request(f"tool_choice names {name!r}, which is not in tools", param="tool_choice.name")
+    return ToolMode.NAMED, name
 
 
 def _usage(f: Finished) -> dict[str, int]:
@@ -131,15 +145,16 @@ def _content(parts: list[Delta]) -> list[dict[str, Any]]:
 
 async def messages(request: Request) -> Response:
     state: AppState = request.app.state.strata
-    body = parse(MessagesRequest, await request.body())
+    body = parse(MessagesRequest, await read_json(request))
     name = state.model_name(body.model)
     chat = to_chat(body)
-    prompt = build_prompt(state.engine, chat)
+    prompt = await prepare(state.engine, chat)
     budget = body.thinking.budget_tokens if (body.thinking and body.thinking.type == "enabled") else None
-    fmt = (body.output_config or {}).get("format") or {}
-    schema = fmt.get("schema") if fmt.get("type") == "json_schema" else None
-    req = submit(state, prompt, anthropic_params(body), body.max_tokens, tuple(body.stop_sequences or ()),
-                 think_budget=budget, json_mode=schema is not None, json_schema=schema)
+    fmt = body.output_config.format if body.output_config else None
+    schema = fmt.schema_ if fmt is not None else None
+    req = await submit(state, prompt, anthropic_params(body), body.max_tokens, tuple(body.stop_sequences or ()),
+                       think_budget=budget, json_mode=schema is not None, json_schema=schema,
+                       schema_param="output_config.format.schema")
     mid = f"msg_{secrets.token_hex(12)}"
     reasoning = bool(chat.thinking)
     if body.stream:
@@ -211,6 +226,6 @@ async def _stream(req: Any, prompt: Any, reasoning: bool, mid: str, name: str) -
 
 async def count_tokens(request: Request) -> Response:
     state: AppState = request.app.state.strata
-    body = parse(CountTokensRequest, await request.body())
-    prompt = build_prompt(state.engine, to_chat(body))
+    body = parse(CountTokensRequest, await read_json(request))
+    prompt = await prepare(state.engine, to_chat(body), count_only=True)  # over-context prompts are counted too
     return JSONResponse({"input_tokens": len(prompt.ids)})

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from strata.api import anthropic_messages, ops, openai_chat, openai_completions
+from strata.api import anthropic_messages, openapi, ops, openai_chat, openai_completions
 from strata.api.auth import APIKeyMiddleware
 from strata.api.errors import APIError, error_response
 from strata.api.state import AppState
@@ -36,6 +36,11 @@ async def _strata_error(request: Request, exc: Exception) -> Response:
     return error_response(request, APIError(400, str(exc)))
 
 
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """A bug: still an answer in the protocol's shape (Starlette logs the traceback)."""
+    return error_response(request, APIError(500, f"internal error: {type(exc).__name__}", code="internal_error"))
+
+
 def build_app(state: AppState) -> Starlette:
     routes = [
         Route("/health", ops.health, methods=["GET"]),
@@ -49,6 +54,7 @@ def build_app(state: AppState) -> Starlette:
         Route("/v1/completions", openai_completions.completions, methods=["POST"]),
         Route("/v1/messages", anthropic_messages.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic_messages.count_tokens, methods=["POST"]),
+        Route("/openapi.json", openapi.openapi, methods=["GET"]),
     ]
 
     if state.config.test_hooks:
@@ -65,8 +71,10 @@ def build_app(state: AppState) -> Starlette:
     app = Starlette(
         routes=routes,
         middleware=[Middleware(APIKeyMiddleware, keys=state.config.api_keys)],
-        exception_handlers={APIError: _api_error, HTTPException: _http_error, StrataError: _strata_error},
+        exception_handlers={APIError: _api_error, HTTPException: _http_error, StrataError: _strata_error,
+                            Exception: _internal_error},
         lifespan=lifespan,
     )
     app.state.strata = state
+    app.state.openapi = openapi.build_spec()
     return app

@@ -17,20 +17,20 @@ class APIKeyMiddleware:
         self.app = app
         self.keys = [k.encode() for k in keys]
 
-    def _ok(self, presented: str | None) -> bool:
+    def _ok(self, presented: bytes | None) -> bool:
         if presented is None:
             return False
-        got = presented.encode()
         # check every key so timing does not reveal which one (or whether any) nearly matched
-        return any([hmac.compare_digest(got, k) for k in self.keys])
+        return any([hmac.compare_digest(presented, k) for k in self.keys])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.keys or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-        auth = headers.get("authorization", "")
-        token = auth[7:].strip() if auth.lower().startswith("bearer ") else headers.get("x-api-key")
+        # compared as bytes, never decoded: a header that is not UTF-8 is just a wrong key (401)
+        headers = {k.lower(): v for k, v in scope["headers"]}
+        auth = headers.get(b"authorization", b"")
+        token = auth[7:].strip() if auth[:7].lower() == b"bearer " else headers.get(b"x-api-key")
         if self._ok(token):
             await self.app(scope, receive, send)
             return

@@ -17,6 +17,7 @@ _TYPES = {
     401: ("authentication_error", "authentication_error"),
     404: ("not_found_error", "not_found_error"),
     413: ("invalid_request_error", "request_too_large"),
+    422: ("invalid_request_error", "invalid_request_error"),
     429: ("rate_limit_error", "rate_limit_error"),
     500: ("server_error", "api_error"),
     503: ("server_error", "api_error"),
@@ -30,6 +31,14 @@ class APIError(StrataError):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers or {}
+
+
+class ClientGone(APIError):
+    """The client disconnected before its answer was ready; the response goes nowhere, and is not
+    an application error worth a traceback."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "client closed the request", code="client_closed_request")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

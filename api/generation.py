@@ -16,15 +16,18 @@ from typing import Any
 
 from starlette.requests import Request as HTTPRequest
 
-from strata.api.errors import APIError
+from strata.api.errors import APIError, ClientGone
 from strata.api.output_parser import ContentDelta, OutputParser, ReasoningDelta, ToolCallDelta, new_call_id
 from strata.api.prompt import Prompt
+from strata.api.schema_check import compiled
 from strata.api.state import AppState
 from strata.json_guard import JsonPrefix, closing_suffix
+from strata.json_schema import Node
 from strata.json_schema_guard import SchemaPrefix
 from strata.json_schema_guard import closing_suffix as schema_closing_suffix
 from strata.sampling import SamplingParams
 from strata.sched.request import DoneEvent, ErrorEvent, FinishReason, Request, TokenEvent
+from strata.sched.scheduler import ShuttingDownError
 from strata.sched.slots import QueueFullError
 
 Delta = ContentDelta | ReasoningDelta | ToolCallDelta
@@ -41,20 +44,25 @@ class EngineFailure(APIError):
         super().__init__(503, f"generation failed: {reason}", code="engine_error")
 
 
-def submit(state: AppState, prompt: Prompt, params: SamplingParams, max_tokens: int,
-           stop: tuple[str, ...], json_mode: bool = False, ignore_eos: bool = False,
-           think_budget: int | None = None, json_schema: dict[str, Any] | None = None) -> Request:
+async def submit(state: AppState, prompt: Prompt, params: SamplingParams, max_tokens: int,
+                 stop: tuple[str, ...], json_mode: bool = False, ignore_eos: bool = False,
+                 think_budget: int | None = None, json_schema: dict[str, Any] | None = None,
+                 schema_param: str = "response_format") -> Request:
+    """Queue the request. The schema (the forced tool call's, else json_schema) is compiled here,
+    off the loop, so a bad one is this request's 400 and never reaches the scheduler."""
     seed = params.seed if params.seed is not None else secrets.randbits(63)
     max_tokens = min(max_tokens, state.engine.n_ctx - len(prompt.ids))
     forced = prompt.json_seed is not None
+    schema = await compiled(prompt.json_schema, "tools") if forced else await compiled(json_schema, schema_param)
     req = Request(prompt.ids, params, max_tokens, seed, stop=stop, ignore_eos=ignore_eos,
                   json_mode=json_mode or forced, json_seed=prompt.json_seed or "", think_budget=think_budget,
-                  json_schema=prompt.json_schema if forced else json_schema,
-                  in_think=prompt.in_reasoning)
+                  json_schema=schema, in_think=prompt.in_reasoning)
     try:
         state.scheduler.submit(req)
     except QueueFullError as e:
         raise APIError(429, str(e), code="queue_full", headers={"Retry-After": str(e.retry_after)}) from None
+    except ShuttingDownError as e:
+        raise APIError(503, str(e), code="shutting_down", headers={"Connection": "close"}) from None
     return req
 
 
@@ -80,7 +88,7 @@ async def deltas(req: Request, prompt: Prompt, reasoning: bool, raw: bool = Fals
                 raise EngineFailure(ev.reason)
             elif isinstance(ev, DoneEvent):
                 if forced:
-                    yield forced_call((prompt.json_seed or "") + "".join(forced_text), prompt.json_schema)
+                    yield forced_call((prompt.json_seed or "") + "".join(forced_text), req.json_schema)
                 for d in [] if (raw or forced) else parser.finish():
                     yield d
                 reason = ev.reason
@@ -92,7 +100,7 @@ async def deltas(req: Request, prompt: Prompt, reasoning: bool, raw: bool = Fals
         req.cancel()  # no-op once finished; otherwise the client left and the slot is freed
 
 
-def forced_call(text: str, schema: dict[str, Any] | None) -> ToolCallDelta:
+def forced_call(text: str, schema: Node | None) -> ToolCallDelta:
     """The tool call a schema-constrained forced turn wrote; one cut short by max_tokens is closed
     with the shortest schema-valid ending, so clients always get parseable arguments."""
     if schema is not None:
@@ -116,8 +124,8 @@ async def collect(http: HTTPRequest, req: Request, prompt: Prompt, reasoning: bo
     watcher = asyncio.ensure_future(_wait_disconnect(http))
     try:
         async for d in stream:
-            if watcher.done():
-                raise asyncio.CancelledError
+            if watcher.done():  # the client left: a typed error, not a CancelledError traceback
+                raise ClientGone()
             if isinstance(d, Finished):
                 return out, d
             out.append(d)

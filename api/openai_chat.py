@@ -15,9 +15,12 @@ from starlette.responses import JSONResponse, Response
 from strata.api.errors import APIError, bad_request
 from strata.api.generation import Finished, collect, deltas, submit
 from strata.api.output_parser import ContentDelta, ReasoningDelta, ToolCallDelta
-from strata.api.prompt import Chat, ToolMode, build_prompt, reject_images
+from strata.api.body import read_json
+from strata.api.prompt import IMAGE_PARTS, Chat, ToolMode, prepare, vision_error
 from strata.api.sampling_args import openai_params
-from strata.api.schemas import ChatCompletionRequest, ChatMessage, parse
+from strata.api.schemas import (
+    REFUSED_CHAT, ChatCompletionRequest, ChatMessage, NamedToolChoice, parse, unsupported,
+)
 from strata.api.state import VERSION, AppState
 from strata.sched.request import OPENAI_FINISH
 
@@ -29,8 +32,18 @@ EFFORT_BUDGET = {"low": 1024, "medium": 4096}
 def _text(m: ChatMessage, i: int) -> str:
     if m.content is None or isinstance(m.content, str):
         return m.content or ""
-    reject_images(m.content, f"messages.{i}.content")
-    return "".join(p.get("text", "") for p in m.content if p.get("type") in ("text", "input_text"))
+    out = []
+    for j, p in enumerate(m.content):
+        where = f"messages.{i}.content.{j}"
+        if p.type in IMAGE_PARTS:
+            raise vision_error(where)
+        if p.type not in ("text", "input_text"):
+            raise bad_request(f"{where}: content parts of type {p.type!r} are not supported (only text)",
+                              param=f"{where}.type", code="unsupported_content")
+        if p.text is None:
+            raise bad_request(f"{where}.text: a text part needs its text", param=f"{where}.text")
+        out.append(p.text)
+    return "".join(out)
 
 
 def _tool_calls(m: ChatMessage) -> list[dict[str, Any]] | None:
@@ -38,13 +51,13 @@ def _tool_calls(m: ChatMessage) -> list[dict[str, Any]] | None:
         return None
     out = []
     for c in m.tool_calls:
-        fn = dict(c.get("function") or {})
-        if isinstance(fn.get("arguments"), str):
+        args: Any = c.function.arguments
+        if isinstance(args, str):
             try:
-                fn["arguments"] = json.loads(fn["arguments"] or "{}")
-            except json.JSONDecodeError:
+                args = json.loads(args or "{}")
+            except (json.JSONDecodeError, RecursionError):
                 pass  # keep the client's text; the template shows it as given
-        out.append({"id": c.get("id"), "type": "function", "function": fn})
+        out.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
     return out
 
 
@@ -67,7 +80,7 @@ def to_chat(body: ChatCompletionRequest) -> Chat:
     return Chat(messages, tools, mode, forced, thinking)
 
 
-def _tool_choice(choice: str | dict[str, Any] | None, tools: list[dict[str, Any]]) -> tuple[ToolMode, str | None]:
+def _tool_choice(choice: str | NamedToolChoice | None, tools: list[dict[str, Any]]) -> tuple[ToolMode, str | None]:
     if choice is None or choice == "auto":
         return (ToolMode.AUTO if tools else ToolMode.NONE), None
     if choice == "none":
@@ -76,12 +89,11 @@ def _tool_choice(choice: str | dict[str, Any] | None, tools: list[dict[str, Any]
         if not tools:
             raise bad_request("tool_choice 'required' needs tools", param="tool_choice")
         return ToolMode.REQUIRED, None
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        name = (choice.get("function") or {}).get("name")
-        if name not in {t["function"]["name"] for t in tools}:
-            raise bad_request(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
-        return ToolMode.NAMED, name
-    raise bad_request(f"unsupported tool_choice {choice!r}", param="tool_choice")
+    assert isinstance(choice, NamedToolChoice)  # the schema admits nothing else
+    name = choice.function.name
+    if name not in {t["function"]["name"] for t in tools}:
+        raise bad_request(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
+    return ToolMode.NAMED, name
 
 
 def _usage(f: Finished) -> dict[str, Any]:
@@ -96,12 +108,13 @@ def _call_json(d: ToolCallDelta) -> dict[str, Any]:
 
 async def chat_completions(request: Request) -> Response:
     state: AppState = request.app.state.strata
-    body = parse(ChatCompletionRequest, await request.body())
+    body = parse(ChatCompletionRequest, await read_json(request))
     if body.n != 1:
         raise bad_request("only n=1 is supported", param="n")
+    unsupported(body, REFUSED_CHAT)
     name = state.model_name(body.model)
     chat = to_chat(body)
-    prompt = build_prompt(state.engine, chat)
+    prompt = await prepare(state.engine, chat)
     params = openai_params(body)
     max_tokens = body.max_completion_tokens or body.max_tokens or state.engine.n_ctx
     stops = tuple([body.stop] if isinstance(body.stop, str) else (body.stop or []))
@@ -109,7 +122,7 @@ async def chat_completions(request: Request) -> Response:
     fmt = body.response_format
     json_mode = fmt is not None and fmt.type != "text"
     schema = fmt.json_schema.schema_ if (fmt is not None and fmt.type == "json_schema" and fmt.json_schema) else None
-    req = submit(state, prompt, params, max_tokens, stops, json_mode=json_mode, ignore_eos=body.ignore_eos,
+    req = await submit(state, prompt, params, max_tokens, stops, json_mode=json_mode, ignore_eos=body.ignore_eos,
                  think_budget=EFFORT_BUDGET.get(body.reasoning_effort or ""), json_schema=schema)
     cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
     if body.stream:

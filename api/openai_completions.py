@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
@@ -15,16 +16,23 @@ from starlette.responses import JSONResponse, Response
 from strata.api.errors import APIError, bad_request
 from strata.api.generation import Finished, collect, deltas, submit
 from strata.api.output_parser import ContentDelta
+from strata.api.body import read_json
 from strata.api.prompt import Prompt, check_context
+from strata.api.prompt_tokens import min_tokens
 from strata.api.sampling_args import openai_params
-from strata.api.schemas import CompletionRequest, parse
+from strata.api.schemas import REFUSED_COMPLETION, CompletionRequest, parse, unsupported
 from strata.api.state import AppState
 from strata.sched.request import OPENAI_FINISH
 
 
 def _prompt(state: AppState, body: CompletionRequest) -> Prompt:
+    """Raw prompts are the client's own markup: special texts in them are parsed (llama-server's
+    behaviour), unless parse_special is false. Runs in a worker thread (see completions)."""
     if isinstance(body.prompt, str):
-        ids = state.engine.tokenizer.encode(body.prompt, add_special=True, parse_special=True)
+        tok = state.engine.tokenizer
+        if (at_least := min_tokens(tok, body.prompt)) >= state.engine.n_ctx:
+            check_context(state.engine, at_least, exact=False, param="prompt")
+        ids = tok.encode(body.prompt, add_special=True, parse_special=body.parse_special)
     else:
         vocab = state.engine.tokenizer.vocab_size
         if any(not 0 <= t < vocab for t in body.prompt):
@@ -32,19 +40,20 @@ def _prompt(state: AppState, body: CompletionRequest) -> Prompt:
         ids = list(body.prompt)
     if not ids:
         raise bad_request("prompt is empty", param="prompt")
-    check_context(state.engine, len(ids))
+    check_context(state.engine, len(ids), param="prompt")
     return Prompt(ids, "", False)
 
 
 async def completions(request: Request) -> Response:
     state: AppState = request.app.state.strata
-    body = parse(CompletionRequest, await request.body())
+    body = parse(CompletionRequest, await read_json(request))
     if body.n != 1:
         raise bad_request("only n=1 is supported", param="n")
+    unsupported(body, REFUSED_COMPLETION)
     name = state.model_name(body.model)
-    prompt = _prompt(state, body)
+    prompt = await asyncio.to_thread(_prompt, state, body)  # megabytes of prompt must not stall the loop
     stops = tuple([body.stop] if isinstance(body.stop, str) else (body.stop or []))
-    req = submit(state, prompt, openai_params(body), body.max_tokens or 16, stops, ignore_eos=body.ignore_eos)
+    req = await submit(state, prompt, openai_params(body), body.max_tokens or 16, stops, ignore_eos=body.ignore_eos)
     cid, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
     echo = body.prompt if (body.echo and isinstance(body.prompt, str)) else ""
     if body.stream:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-from strata.api.errors import bad_request
+from strata.api.body import read_json
+from strata.api.errors import APIError, bad_request, error_response
 from strata.api.schemas import DetokenizeRequest, TokenizeRequest, parse
 from strata.api.state import VERSION, AppState
 
@@ -17,6 +19,12 @@ def _state(request: Request) -> AppState:
 
 
 async def health(request: Request) -> Response:
+    """200 while the scheduler makes progress; 503 (OpenAI error shape) when its loop stopped, has
+    made no progress for --watchdog-s with work waiting, or the server is draining after SIGTERM."""
+    sch = _state(request).scheduler
+    problem = sch.stalled() or ("the server is shutting down" if sch.draining else None)
+    if problem is not None:
+        return error_response(request, APIError(503, problem, code="unhealthy"))
     return JSONResponse({"status": "ok", "loaded": True})
 
 
@@ -98,8 +106,8 @@ async def metrics(request: Request) -> Response:
 
 async def tokenize(request: Request) -> Response:
     s = _state(request)
-    body = parse(TokenizeRequest, await request.body())
-    ids = s.engine.tokenizer.encode(body.content, add_special=body.add_special, parse_special=True)
+    body = parse(TokenizeRequest, await read_json(request))
+    ids = await asyncio.to_thread(s.engine.tokenizer.encode, body.content, body.add_special, body.parse_special)
     if body.with_pieces:
         return JSONResponse({"tokens": [{"id": i, "piece": s.engine.tokenizer.token_text(i)} for i in ids]})
     return JSONResponse({"tokens": ids})
@@ -107,7 +115,7 @@ async def tokenize(request: Request) -> Response:
 
 async def detokenize(request: Request) -> Response:
     s = _state(request)
-    body = parse(DetokenizeRequest, await request.body())
+    body = parse(DetokenizeRequest, await read_json(request))
     vocab = s.engine.tokenizer.vocab_size
     bad = [t for t in body.tokens if not 0 <= t < vocab]
     if bad:

@@ -8,12 +8,14 @@ which makes the tool path deterministic even on tiny models.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from strata.api.errors import APIError, bad_request
+from strata.api.prompt_tokens import Marks, min_tokens
 from strata.engine import Engine
 from strata.errors import TemplateError
 from strata.json_schema import tool_call_schema
@@ -89,11 +91,20 @@ def _as_hermes(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> l
     return [{k: v for k, v in m.items() if k != "_tool"} for m in out]
 
 
-def build_prompt(engine: Engine, chat: Chat) -> Prompt:
+async def prepare(engine: Engine, chat: Chat, count_only: bool = False) -> Prompt:
+    """build_prompt in a worker thread: rendering and tokenizing megabytes must not stall the loop
+    (the tokenizer releases the GIL while it works)."""
+    return await asyncio.to_thread(build_prompt, engine, chat, count_only)
+
+
+def build_prompt(engine: Engine, chat: Chat, count_only: bool = False) -> Prompt:
+    """The prompt's token ids; count_only skips the context checks (count_tokens counts any length)."""
     template = engine.template
     tools = [] if chat.tool_mode is ToolMode.NONE else chat.tools
     native_tools = "tools" in template.source
     messages = chat.messages if native_tools else _as_hermes(chat.messages, tools)
+    marks = Marks(engine.tokenizer)
+    shown_messages, shown_tools = marks.swap(messages), marks.swap(tools)
     kw: dict[str, Any] = {}
     thinking = chat.thinking
     if chat.tool_mode in (ToolMode.REQUIRED, ToolMode.NAMED):
@@ -101,7 +112,7 @@ def build_prompt(engine: Engine, chat: Chat) -> Prompt:
     if thinking is not None:
         kw["enable_thinking"] = thinking
     try:
-        text = template.render(messages, tools=tools if (native_tools and tools) else None,
+        text = template.render(shown_messages, tools=shown_tools if (native_tools and tools) else None,
                                add_generation_prompt=True, **kw)
     except TemplateError as e:
         raise bad_request(f"chat template: {e}", param="messages") from None
@@ -114,8 +125,12 @@ def build_prompt(engine: Engine, chat: Chat) -> Prompt:
         schema = tool_call_schema({chat.forced_tool: _params(t) for t in tools
                                    if t["function"]["name"] == chat.forced_tool})
     prefix = "" if seed is None else f"{TOOL_OPEN}\n{seed}"
-    ids = engine.tokenizer.encode_chat(text + prefix)
-    check_context(engine, len(ids))
+    text, literal = marks.restore(text + prefix)
+    if not count_only and (at_least := min_tokens(engine.tokenizer, text)) >= engine.n_ctx:
+        check_context(engine, at_least, exact=False)  # too long to be worth tokenizing
+    ids = engine.tokenizer.encode_chat(text, literal)
+    if not count_only:
+        check_context(engine, len(ids))
     in_reasoning = text.rstrip().endswith("<think>") and thinking is not False
     return Prompt(ids, prefix, in_reasoning, seed, schema)
 
@@ -124,15 +139,17 @@ def _params(tool: dict[str, Any]) -> dict[str, Any]:
     return tool["function"].get("parameters") or {"type": "object", "properties": {}}
 
 
-def check_context(engine: Engine, n_prompt: int) -> None:
+def check_context(engine: Engine, n_prompt: int, exact: bool = True, param: str = "messages") -> None:
     if n_prompt >= engine.n_ctx:
-        raise APIError(400, f"the prompt has {n_prompt} tokens but the context size is {engine.n_ctx}; "
-                            f"shorten the prompt or raise --ctx-size", param="messages",
+        count = f"{n_prompt}" if exact else f"at least {n_prompt}"
+        raise APIError(400, f"the prompt has {count} tokens but the context size is {engine.n_ctx}; "
+                            f"shorten the prompt or raise --ctx-size", param=param,
                        code="context_length_exceeded")
 
 
-def reject_images(parts: list[dict[str, Any]], param: str) -> None:
-    for p in parts:
-        if p.get("type") in ("image_url", "input_image", "image"):
-            raise bad_request("this model has no vision support: image inputs are not accepted", param=param,
-                              code="vision_not_supported")
+IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
+
+
+def vision_error(param: str) -> APIError:
+    return bad_request("this model has no vision support: image inputs are not accepted", param=param,
+                       code="vision_not_supported")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from strata.api.errors import bad_request
-from strata.api.schemas import MessagesRequest, SamplingFields
+from strata.api.schemas import SamplingFields
+from strata.api.schemas_anthropic import MessagesRequest
 
 from strata.sampling import SamplingError, SamplingParams
 
@@ -34,6 +35,6 @@ def openai_params(b: SamplingFields) -> SamplingParams:
 def anthropic_params(b: MessagesRequest) -> SamplingParams:
     given = _given(b, ("temperature", "top_k", "top_p"))
     seed = (b.metadata or {}).get("seed")
-    if isinstance(seed, int):
+    if isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**63:
         given["seed"] = seed
     return _checked(dataclasses.replace(DEFAULTS, **given))

@@ -41,6 +41,9 @@ class ServerConfig:
     prefill_chunk: int = 0  # 0 = 2048 on the GPU, 512 on the CPU
     prompt_cache: bool = True
     cache_ram_mib: int = 1024  # prefix cache budget
+    max_body_mib: float = 16.0  # larger request bodies get a 413
+    watchdog_s: float = 60.0  # /health turns 503 when the scheduler makes no progress this long with work waiting
+    shutdown_grace_s: float = 10.0  # after SIGTERM: in-flight requests get this long to finish
     test_hooks: bool = False  # exposes POST /debug/fault for the crash-epoch tests
     verbose: bool = False
 
@@ -62,14 +65,22 @@ class ServerConfig:
             raise ConfigError("--cache-ram-mib", self.cache_ram_mib, "must be >= 0")
         if self.weight_cache_mib < 0:
             raise ConfigError("--weight-cache-mib", self.weight_cache_mib, "must be >= 0")
+        for flag, value in (("--max-body-mib", self.max_body_mib), ("--watchdog-s", self.watchdog_s),
+                            ("--shutdown-grace-s", self.shutdown_grace_s)):
+            if not 0 < value < 1e6:  # also refuses nan and inf
+                raise ConfigError(flag, value, "must be a positive number")
         check_backend(self.backend, self.pool_workers, self.aux_cpus)
         check_device(self.device, self.vram_budget_mib)
         check_tiers(self.expert_cache, self.vram_reserve_mib)
         for k in self.api_keys:
             if not k or any(c.isspace() for c in k):
                 raise ConfigError("--api-key", "***", "keys must be non-empty and contain no whitespace")
-        if self.model is not None and not Path(self.model).is_file():
-            raise ConfigError("--model", self.model, "no such file")
+        if self.model is not None:
+            path = Path(self.model)
+            if path.is_dir():
+                raise ConfigError("--model", self.model, "is a directory; give the path of a .gguf file")
+            if not path.is_file():
+                raise ConfigError("--model", self.model, "no such file")
 
 
 def add_server_flags(p: argparse.ArgumentParser) -> None:
@@ -78,7 +89,8 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--api-key", action="append", default=[], help="accepted key (repeatable)")
     p.add_argument("--api-key-file", default=None, help="file with one accepted key per line")
-    p.add_argument("--ctx-size", "-c", type=int, default=0, help="context size (0 = model default, max 8192)")
+    p.add_argument("--ctx-size", "-c", type=int, default=0, help="context size (0 = the model's trained context, capped at 8192; "
+                   "at most the trained context)")
     p.add_argument("--parallel", "-np", type=int, default=4, help="batch slots")
     p.add_argument("--alias", default=None, help="model name reported by /v1/models")
     p.add_argument("--strict-model", action="store_true", help="404 for requests naming another model")
@@ -87,6 +99,11 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     add_backend_flags(p)
     p.add_argument("--prompt-cache", choices=("on", "off"), default="on", help="reuse cached prompt prefixes")
     p.add_argument("--cache-ram-mib", type=int, default=1024, help="RAM for the prompt prefix cache")
+    p.add_argument("--max-body-mib", type=float, default=16.0, help="largest request body (MiB); more is a 413")
+    p.add_argument("--watchdog-s", type=float, default=60.0,
+                   help="/health reports 503 when the scheduler makes no progress this long while work waits")
+    p.add_argument("--shutdown-grace-s", type=float, default=10.0,
+                   help="on SIGTERM, how long in-flight requests may take to finish (a second SIGTERM exits now)")
     p.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--verbose", "-v", action="store_true")
 
@@ -111,6 +128,7 @@ def server_config(args: argparse.Namespace, env: Mapping[str, str] | None = None
         device=args.device, vram_budget_mib=args.vram_budget_mib, vram_reserve_mib=args.vram_reserve_mib,
         expert_cache=args.expert_cache, prefill_chunk=args.prefill,
         prompt_cache=args.prompt_cache == "on", cache_ram_mib=args.cache_ram_mib, test_hooks=args.test_hooks,
+        max_body_mib=args.max_body_mib, watchdog_s=args.watchdog_s, shutdown_grace_s=args.shutdown_grace_s,
     )
     cfg.validate()
     return cfg

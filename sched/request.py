@@ -11,8 +11,8 @@ import enum
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from strata.json_schema import Node
 from strata.sampling import SamplingParams
 
 
@@ -81,7 +81,7 @@ class Request:
     ignore_eos: bool = False
     json_mode: bool = False  # response_format json_object: constrain decoding to one JSON object
     json_seed: str = ""  # JSON already written in the prompt that the output must continue
-    json_schema: dict[str, Any] | None = None  # with json_mode: the schema the object must satisfy
+    json_schema: Node | None = None  # with json_mode: the (compiled) schema the object must satisfy
     think_budget: int | None = None  # reasoning tokens allowed before </think> is forced
     in_think: bool = False  # the prompt already opened a <think> block
     id: int = field(default_factory=lambda: next(_ids))

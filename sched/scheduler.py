@@ -8,11 +8,17 @@ weights are read once per window and MoE tokens are grouped across slots.
 A request that runs alone is SOLO; when others join it becomes BATCHED in place: its
 SequenceState moves with it, so no prompt is ever re-read. A window that raises fails only the
 requests in it (each gets the reason), bumps the epoch, and the queue carries on.
+
+The loop cannot die on a request: an error while admitting or committing one request fails that
+request alone (slot freed, an ErrorEvent with the reason) and any other error inside a step fails
+the requests in flight, never the loop. `stalled()` is the watchdog /health reads: it reports the
+loop when it stopped, or when work is waiting and no step has finished for `watchdog_s`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +27,7 @@ import numpy as np
 
 from strata.constrain import JsonConstraint, SchemaConstraint
 from strata.engine import Engine
+from strata.errors import StrataError
 from strata.reasoning_budget import ThinkBudget
 from strata.sched.pacer import PrefillPacer
 from strata.sched.prefix_cache import PrefixCache
@@ -31,19 +38,28 @@ from strata.sched.slots import Counters, QueueFullError, Slot
 from strata.sequence import ActiveSequence, Constraint
 from strata.tiers.telemetry import hit_rate_line, note
 
-__all__ = ["QueueFullError", "Scheduler"]
+__all__ = ["QueueFullError", "Scheduler", "ShuttingDownError"]
+
+log = logging.getLogger("strata.scheduler")
 
 
 class InjectedFault(RuntimeError):
     """Raised inside a window by the test-only fault hook."""
 
 
+class ShuttingDownError(StrataError):
+    """The server is draining after SIGTERM and takes no new requests."""
+
+
 class Scheduler:
     def __init__(self, engine: Engine, parallel: int = 4, queue_limit: int = 0,
-                 prefix_cache: PrefixCache | None = None) -> None:
+                 prefix_cache: PrefixCache | None = None, watchdog_s: float = 60.0) -> None:
         self.engine = engine
         self.parallel = parallel
         self.queue_limit = queue_limit
+        self.watchdog_s = watchdog_s
+        self.draining = False  # SIGTERM: finish what is in flight, admit nothing new
+        self.heartbeat = time.monotonic()  # when the loop last finished a step
         self.prefix_cache = prefix_cache
         self.counters = Counters()
         self.epoch = 0
@@ -66,16 +82,45 @@ class Scheduler:
             self._task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    def abort(self, reason: str) -> None:
+        """Fail every queued and running request with `reason` (shutdown after its grace period)."""
+        while self._queue:
+            self._fail_request(self._queue.popleft(), reason)
+        self._fail_window([(s, None) for s in self._slots], reason)
+
     def submit(self, req: Request) -> None:
-        """Queue a request (FIFO); raises QueueFullError when --queue-limit is reached."""
-        if self.queue_limit and len(self._queue) >= self.queue_limit:
-            raise QueueFullError(self.queue_limit, retry_after=max(1, len(self._queue)))
+        """Queue a request (FIFO); raises QueueFullError when --queue-limit requests are already
+        waiting without a slot, ShuttingDownError once draining."""
+        if self.draining:
+            raise ShuttingDownError("the server is shutting down")
+        if self.queue_limit and self.queue_depth >= self.queue_limit:
+            self._queue = deque(r for r in self._queue if not r.cancelled)  # clients that left free room
+            if self.queue_depth >= self.queue_limit:
+                raise QueueFullError(self.queue_limit, retry_after=max(1, self.queue_depth))
+        if not self.in_flight:
+            self.heartbeat = time.monotonic()  # the loop was idle until now, which is not a stall
         self._queue.append(req)
         self._wake.set()
 
     @property
     def queue_depth(self) -> int:
-        return len(self._queue)
+        """Requests that would not hold a slot even if every free slot took one now. Requests waiting
+        for their turn to prefill while slots are free are not queued: they have a slot to go to."""
+        return max(0, len(self._queue) - (self.parallel - len(self._slots)))
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._queue) + len(self._slots)
+
+    def stalled(self) -> str | None:
+        """Why the loop is unhealthy, or None: it has stopped, or work waits and no step finished."""
+        if self._task is not None and self._task.done():
+            exc = None if self._task.cancelled() else self._task.exception()
+            return f"the scheduler loop stopped ({type(exc).__name__ if exc else 'cancelled'})"
+        idle = time.monotonic() - self.heartbeat
+        if self.in_flight and idle > self.watchdog_s:
+            return f"the scheduler made no progress for {idle:.0f} s with {self.in_flight} requests waiting"
+        return None
 
     @property
     def busy_slots(self) -> int:
@@ -83,24 +128,32 @@ class Scheduler:
 
     # ---- the loop -----------------------------------------------------------------------------
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            self._reap_cancelled()
-            self._admit()
-            if not self._slots:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            window = self._plan()
-            epoch = self.epoch
-            t0 = time.perf_counter()
+            self.heartbeat = time.monotonic()
             try:
-                logits = await loop.run_in_executor(self._pool, self._forward, window)
-            except Exception as e:  # the window failed: fail its requests, keep serving the rest
-                self._fail_window(window, f"{type(e).__name__}: {e}")
-                continue
-            if epoch == self.epoch:  # results of a failed epoch are never applied
-                self._commit(window, logits, time.perf_counter() - t0)
+                await self._step()
+            except Exception as e:  # a bug in a step: fail what is in flight, keep the loop
+                log.exception("scheduler step failed; failing %d in-flight requests", len(self._slots))
+                self._fail_window([(s, None) for s in self._slots], _describe(e))
+                await asyncio.sleep(0)  # never a hot loop that starves the HTTP side
+
+    async def _step(self) -> None:
+        self._reap_cancelled()
+        self._admit()
+        if not self._slots:
+            self._wake.clear()
+            await self._wake.wait()
+            return
+        window = self._plan()
+        epoch = self.epoch
+        t0 = time.perf_counter()
+        try:
+            logits = await asyncio.get_running_loop().run_in_executor(self._pool, self._forward, window)
+        except Exception as e:  # the window failed: fail its requests, keep serving the rest
+            self._fail_window(window, _describe(e))
+            return
+        if epoch == self.epoch:  # results of a failed epoch are never applied
+            self._commit(window, logits, time.perf_counter() - t0)
 
     def _forward(self, window: list[tuple[Slot, np.ndarray]]) -> list[np.ndarray]:
         if self.pending_faults > 0:
@@ -116,13 +169,22 @@ class Scheduler:
             req = self._queue.popleft()
             if req.cancelled:
                 continue
-            state = self.engine.new_state()
-            cached = self.prefix_cache.lookup(req.prompt_ids, state) if self.prefix_cache else 0
-            seq = ActiveSequence(self.engine.tokenizer, state, req.prompt_ids, params=req.params, seed=req.seed,
-                                 max_tokens=req.max_tokens, stop=req.stop, ignore_eos=req.ignore_eos,
-                                 constraints=self._constraints(req), tiered=self.engine.expert_cache is not None)
+            try:
+                slot = self._new_slot(req)
+            except Exception as e:  # this request cannot start (a bad schema, ...): it alone fails
+                log.exception("admitting request %d failed", req.id)
+                self._fail_request(req, _describe(e))
+                continue
             req.state = RequestState.ADMITTING
-            self._slots.append(Slot(req, seq, cached))
+            self._slots.append(slot)
+
+    def _new_slot(self, req: Request) -> Slot:
+        state = self.engine.new_state()
+        cached = self.prefix_cache.lookup(req.prompt_ids, state) if self.prefix_cache else 0
+        seq = ActiveSequence(self.engine.tokenizer, state, req.prompt_ids, params=req.params, seed=req.seed,
+                             max_tokens=req.max_tokens, stop=req.stop, ignore_eos=req.ignore_eos,
+                             constraints=self._constraints(req), tiered=self.engine.expert_cache is not None)
+        return Slot(req, seq, cached)
 
     def _constraints(self, req: Request) -> list[Constraint]:
         tok = self.engine.tokenizer
@@ -155,13 +217,21 @@ class Scheduler:
         if len(window) > (1 if n_prefill else 0):  # only windows with running streams teach the pacer
             self.pacer.observe(seconds, n_prefill)
         for (slot, _), row in zip(window, logits):
-            req, seq = slot.req, slot.seq
-            for chunk in seq.accept(row):
-                req.events.put_nowait(TokenEvent(chunk.token, chunk.text))
-            if req.state is RequestState.ADMITTING and seq.state.n_past >= len(seq.prompt):
-                req.state = RequestState.SOLO
-            if seq.finished:
-                self._finish(slot, self._reason(seq))
+            try:
+                self._commit_one(slot, row)
+            except Exception as e:  # sampling or detokenizing this request failed: it alone ends
+                log.exception("committing request %d failed", slot.req.id)
+                self._slots.remove(slot)
+                self._fail_request(slot.req, _describe(e))
+
+    def _commit_one(self, slot: Slot, row: np.ndarray) -> None:
+        req, seq = slot.req, slot.seq
+        for chunk in seq.accept(row):
+            req.events.put_nowait(TokenEvent(chunk.token, chunk.text))
+        if req.state is RequestState.ADMITTING and seq.state.n_past >= len(seq.prompt):
+            req.state = RequestState.SOLO
+        if seq.finished:
+            self._finish(slot, self._reason(seq))
 
     @staticmethod
     def _reason(seq: ActiveSequence) -> FinishReason:
@@ -188,11 +258,19 @@ class Scheduler:
             slot.seq.cancel()
             self._finish(slot, FinishReason.CANCELLED)
 
-    def _fail_window(self, window: list[tuple[Slot, np.ndarray]], reason: str) -> None:
+    def _fail_window(self, window: list[tuple[Slot, np.ndarray | None]], reason: str) -> None:
         """Every request in the failed window ends with the reason; their states are discarded."""
         self.epoch += 1
         for slot, _ in window:
-            slot.req.state, slot.req.finish = RequestState.FINISHED, FinishReason.ERROR
-            slot.req.events.put_nowait(ErrorEvent(reason))
-            self.counters.requests_failed += 1
-            self._slots.remove(slot)
+            if slot in self._slots:
+                self._slots.remove(slot)
+            self._fail_request(slot.req, reason)
+
+    def _fail_request(self, req: Request, reason: str) -> None:
+        req.state, req.finish = RequestState.FINISHED, FinishReason.ERROR
+        req.events.put_nowait(ErrorEvent(reason))
+        self.counters.requests_failed += 1
+
+
+def _describe(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"[:500]  # a RecursionError's or a numpy error's text can be long

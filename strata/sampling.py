@@ -6,10 +6,16 @@ vLLM and the OpenAI API define top_p over the tempered distribution). Temperatur
 Randomness is counter-based: the draw at sequence position p under seed s comes from Philox
 keyed by s with counter p, so the same (seed, position) always gives the same draw regardless
 of batching, retries or what other requests are doing.
+
+Any logits and any in-range parameters give a token id in range without looping: NaN counts as a
+masked token (-inf), +inf as the largest float, penalties never push a finite logit to -inf, and
+logits are shifted so their maximum is 0 before dividing by the temperature, so even 5e-324 gives
+finite values (the draw then is the argmax). Every token masked is a SamplingError.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,7 +53,7 @@ class SamplingParams:
             ("seed", self.seed, self.seed is None or 0 <= self.seed < 2**64),
         ]
         for name, value, ok in checks:
-            if not ok:
+            if not ok or (isinstance(value, float) and not math.isfinite(value)):
                 raise SamplingError(f"{name}={value!r} is out of range")
 
     @property
@@ -65,10 +71,12 @@ def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParam
     n = np.fromiter(counts.values(), dtype=np.float32)
     out = logits.copy()
     sel = out[ids]
-    if p.repeat_penalty != 1.0:
-        sel = np.where(sel > 0, sel / p.repeat_penalty, sel * p.repeat_penalty)
-    sel = sel - n * p.frequency_penalty - p.presence_penalty
-    out[ids] = sel
+    with np.errstate(all="ignore"):  # overflow, and 1e-320 rounding to 0 in float32, are clipped below
+        new = np.where(sel > 0, sel / p.repeat_penalty, sel * p.repeat_penalty) if p.repeat_penalty != 1.0 else sel
+        new = new - n * p.frequency_penalty - p.presence_penalty
+    big = np.finfo(out.dtype).max
+    # a penalty may make a logit huge or tiny but never masks a token (-inf) nor unmasks one
+    out[ids] = np.where(np.isneginf(sel), sel, np.clip(new, -big, big))
     return out
 
 
@@ -81,7 +89,7 @@ def candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.ndarray, np.nd
     prefix is found by thresholds (a compare and a count over the vocabulary, ~0.05 ms each) and only it
     is sorted; the probabilities are still normalised over the whole vocabulary, as the definition says.
     """
-    z = logits.astype(np.float64) / p.temperature
+    z = _tempered(logits, p.temperature)
     if 0 < p.top_k < z.size:
         ids = _top_k(z, p.top_k)
         probs = np.exp(z[ids] - z[ids[0]])
@@ -105,11 +113,33 @@ def _sorted(z: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return ids[np.argsort(-z[ids], kind="stable")]
 
 
+def _finite(logits: np.ndarray) -> np.ndarray:
+    """float64 logits with NaN as -inf (masked) and +inf as the largest float; raises when all are masked."""
+    z = np.nan_to_num(logits.astype(np.float64), nan=-np.inf, posinf=np.finfo(np.float64).max, neginf=-np.inf)
+    if z.size == 0 or np.isneginf(z.max()):
+        raise SamplingError("no token can be sampled: every logit is -inf or NaN")
+    return z
+
+
+def _tempered(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """(z - max z) / temperature: the maximum is exactly 0, so no temperature overflows it to inf or NaN."""
+    z = _finite(logits)
+    with np.errstate(over="ignore", invalid="ignore"):  # a tiny temperature sends the rest to -inf
+        return (z - z.max()) / temperature
+
+
+_MAX_WIDENINGS = 24  # 1.5**24 ~ 17k: past that, the threshold search admits the whole vocabulary
+
+
 def _top_k(z: np.ndarray, k: int) -> np.ndarray:
     """The k largest of z, sorted, ties by id: a threshold low enough to admit k tokens, then a sort of those."""
     top, step = z.max(), 1.0
-    while np.count_nonzero(z >= top - step) < k:  # -inf logits (grammar masks) are admitted last
+    for _ in range(_MAX_WIDENINGS):  # -inf logits (grammar masks) are admitted last
+        if np.count_nonzero(z >= top - step) >= k:
+            break
         step *= 1.5  # gently: overshooting admits most of the vocabulary to the partition below
+    else:
+        step = np.inf  # fewer than k tokens within reach (a tiny temperature): take them all
     cand = np.flatnonzero(z >= top - step)
     if cand.size > k:  # narrow to the k-th largest value, keeping its ties: they are cut by id below
         kth = np.partition(z[cand], cand.size - k)[cand.size - k]
@@ -127,11 +157,11 @@ def _prefix_with_mass(z: np.ndarray, e: np.ndarray, mass: float) -> np.ndarray:
     """The sorted tokens with e above a threshold, lowered (by 4x) until their summed e reaches `mass`:
     a prefix of the sorted vocabulary holding that much mass (all of it at worst)."""
     thr = 0.5
-    while thr > 0.0:
+    for _ in range(_MAX_WIDENINGS):  # down to ~1.8e-15: tokens below that hold no mass worth a search
         cand = np.flatnonzero(e >= thr)
         if e[cand].sum() >= mass:
             return _sorted(z, cand)
-        thr = thr / 4.0 if thr > 1e-300 else 0.0
+        thr /= 4.0
     return _sorted(z, np.arange(z.size))
 
 
@@ -150,7 +180,7 @@ def _draw_untruncated(logits: np.ndarray, temperature: float, u: float) -> int:
     """The draw over the whole tempered vocabulary: the first token in sorted order whose cumulative mass
     passes u. Only the sorted prefix holding that mass is sorted (all of it when u is near 1 or the
     logits are flat)."""
-    z = logits.astype(np.float64) / temperature
+    z = _tempered(logits, temperature)
     e, total = _weights(z)
     ids = _prefix_with_mass(z, e, u * total * (1.0 + 1e-9))
     i = int(np.searchsorted(np.cumsum(e[ids]), u * total, side="right"))
@@ -159,7 +189,9 @@ def _draw_untruncated(logits: np.ndarray, temperature: float, u: float) -> int:
 
 def uniform(seed: int, position: int) -> float:
     """The counter-based draw in [0, 1) for (seed, position)."""
-    bitgen = np.random.Philox(key=[seed & (2**64 - 1), 0], counter=[position, 0, 0, 0])
+    # as uint64: a Python list goes through int64, which garbles (and warns on) seeds >= 2**63
+    key = np.array([seed & (2**64 - 1), 0], dtype=np.uint64)
+    bitgen = np.random.Philox(key=key, counter=[position, 0, 0, 0])
     return float(np.random.Generator(bitgen).random())
 
 
@@ -167,7 +199,7 @@ def sample(logits: np.ndarray, history: Sequence[int], p: SamplingParams, seed: 
     """Pick the next token from logits [vocab] for a sequence at `position`."""
     logits = apply_penalties(logits, history, p)
     if p.greedy:
-        return int(np.argmax(logits))
+        return int(np.argmax(_finite(logits)))
     if not 0 < p.top_k < logits.size and p.top_p >= 1.0 and p.min_p <= 0.0:
         return _draw_untruncated(logits, p.temperature, uniform(seed, position))
     ids, probs = candidates(logits, p)

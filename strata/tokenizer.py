@@ -11,6 +11,7 @@ only when the model wants one and the text does not start with it) so the prompt
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -36,6 +37,25 @@ END_OF_TURN_TEXTS = (
 )
 
 
+_SPLIT_ABOVE = 1 << 16  # characters; shorter texts take a few ms and go through encode in one piece
+_PIECE = 1 << 14
+_WORD_START = re.compile(r"(?<=\S) (?=[^\W\d_])")  # a space between a non-space and a letter
+
+
+def _word_splits(text: str, size: int) -> list[tuple[int, int]]:
+    """[start, end) pieces of about `size` characters, each cut just before a " word"; a stretch
+    with no such place stays whole."""
+    out, start = [], 0
+    while len(text) - start > size:
+        m = _WORD_START.search(text, start + size)
+        if m is None:
+            break
+        out.append((start, m.start()))
+        start = m.start()
+    out.append((start, len(text)))
+    return out
+
+
 class Tokenizer:
     """A GGUF model's tokenizer: encode/decode plus the special ids generation needs."""
 
@@ -46,7 +66,9 @@ class Tokenizer:
         self._types: np.ndarray = built.token_types
         self._byte_level: bool = built.byte_level
         self._lock = threading.Lock()  # encode_special_tokens is backend-wide state
+        self._long_backends: dict[bool, Any] = {}  # parse_special -> backend copy (see _encode_long)
         self._piece_bytes: dict[int, bytes] = {}
+        self._max_piece_bytes = 0  # computed on first use
         n = len(self._tokens)
 
         def tok_id(key: str) -> int | None:
@@ -126,12 +148,15 @@ class Tokenizer:
         they are tokenized as plain text (user-defined tokens such as <think> still match whole,
         as in llama.cpp).
         """
-        with self._lock:
-            self._hf.encode_special_tokens = not parse_special
-            try:
-                ids = self._hf.encode(text, add_special_tokens=False).ids
-            finally:
-                self._hf.encode_special_tokens = False
+        if len(text) > _SPLIT_ABOVE and self._byte_level:
+            ids = self._encode_long(text, parse_special)
+        else:
+            with self._lock:
+                self._hf.encode_special_tokens = not parse_special
+                try:
+                    ids = self._hf.encode(text, add_special_tokens=False).ids
+                finally:
+                    self._hf.encode_special_tokens = False
         if add_special:
             if self.add_bos:
                 ids.insert(0, self.bos_id)
@@ -139,12 +164,48 @@ class Tokenizer:
                 ids.append(self.eos_id)
         return ids
 
-    def encode_chat(self, text: str) -> list[int]:
-        """Encode a rendered chat prompt: special texts parsed, BOS added only if missing."""
-        ids = self.encode(text, add_special=False, parse_special=True)
+    def _encode_long(self, text: str, parse_special: bool) -> list[int]:
+        """Long text as pieces through encode_batch, which (unlike encode) releases the GIL: seconds of
+        tokenizing in a worker thread then never stall the event loop. Pieces start at " word" after
+        a non-space, where byte-level pre-tokenizers (GPT-2, Llama 3, Qwen) always split, so the ids
+        are those of one encode. A private backend copy per mode keeps the shared one's flag untouched."""
+        backend = self._long_backends.get(parse_special)
+        if backend is None:
+            backend = self._hf.from_str(self._hf.to_str())
+            backend.encode_special_tokens = not parse_special
+            self._long_backends[parse_special] = backend
+        pieces = [text[a:b] for a, b in _word_splits(text, _PIECE)]
+        return [i for enc in backend.encode_batch(pieces, add_special_tokens=False) for i in enc.ids]
+
+    def encode_chat(self, text: str, literal: Iterable[tuple[int, int]] = ()) -> list[int]:
+        """Encode a rendered chat prompt: special texts parsed, BOS added only if missing.
+
+        literal: sorted, disjoint [start, end) spans of `text` (a client's own words) whose special
+        texts stay plain text, so a message cannot forge "<|im_end|><|im_start|>system" turns.
+        """
+        ids: list[int] = []
+        pos = 0
+        for start, end in literal:
+            ids += self.encode(text[pos:start], add_special=False, parse_special=True)
+            ids += self.encode(text[start:end], add_special=False, parse_special=False)
+            pos = end
+        ids += self.encode(text[pos:], add_special=False, parse_special=True)
         if self.add_bos and (not ids or ids[0] != self.bos_id):
             ids.insert(0, self.bos_id)
         return ids
+
+    @property
+    def special_texts(self) -> tuple[str, ...]:
+        """Texts that parse_special turns into CONTROL token ids ("<|im_end|>", ...), longest first."""
+        return tuple(sorted((self._tokens[i] for i in self._special if self._tokens[i]), key=len, reverse=True))
+
+    @property
+    def max_piece_bytes(self) -> int:
+        """UTF-8 length of the longest vocabulary entry: a bound on the text one token can cover
+        (entries spell bytes with one or more characters each, never fewer)."""
+        if self._max_piece_bytes == 0:
+            self._max_piece_bytes = max(len(t.encode("utf-8", "replace")) for t in self._tokens)
+        return self._max_piece_bytes
 
     def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
         """Text of `ids`; invalid UTF-8 (e.g. half an emoji) decodes to U+FFFD."""

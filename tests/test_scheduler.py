@@ -200,12 +200,12 @@ def test_queue_is_fifo_and_limit_raises() -> None:
     async def go() -> None:
         eng = FakeEngine()
         sch = Scheduler(eng, parallel=1, queue_limit=2)  # type: ignore[arg-type]
-        a, b, c = make(PROMPTS[0], 3), make(PROMPTS[2], 3), make(PROMPTS[3], 3)
-        sch.submit(a)
-        sch.submit(b)
+        a, b, c, d = make(PROMPTS[0], 3), make(PROMPTS[2], 3), make(PROMPTS[3], 3), make(PROMPTS[4], 3)
+        for r in (a, b, c):  # a goes to the free slot; b and c are the two queued
+            sch.submit(r)
         with pytest.raises(QueueFullError) as e:
-            sch.submit(c)
-        assert e.value.retry_after >= 1
+            sch.submit(d)
+        assert e.value.retry_after >= 1 and sch.queue_depth == 2
         sch.start()
         order = []
 
@@ -213,9 +213,9 @@ def test_queue_is_fifo_and_limit_raises() -> None:
             await drain(r)
             order.append(r)
 
-        await asyncio.gather(track(a), track(b))
+        await asyncio.gather(track(a), track(b), track(c))
         sch.stop()
-        assert order == [a, b]
+        assert order == [a, b, c]
 
     run(go())
 

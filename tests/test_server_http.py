@@ -73,7 +73,7 @@ def test_bad_input_is_4xx_in_protocol_shape(server: Server, route: str, raw: byt
     ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
     ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
-     "messages.0.content"),
+     "messages.0.content.0"),
     ({"messages": [{"role": "user", "content": "x " * 3000}]}, "messages"),
     ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, "tool_choice"),
 ])

@@ -16,7 +16,8 @@ ASK = [{"role": "user", "content": "Why is the sky blue?"}]
 
 @pytest.fixture(scope="module")
 def server(tiny_qwen3moe: dict) -> Iterator[Server]:
-    with running_server(Path(tiny_qwen3moe["f32"])) as s:
+    # the tiny model was trained for 1024 positions; a larger --ctx-size is refused
+    with running_server(Path(tiny_qwen3moe["f32"]), "--ctx-size", "1024") as s:
         yield s
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import mmap
+import stat
 import os
 import struct
 from collections.abc import Callable, Iterator, Mapping
@@ -116,7 +117,12 @@ class GGUFFile:
         except IsADirectoryError:
             raise GGUFError(self.path, "is a directory, not a GGUF file") from None
         try:
-            self.file_size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):  # Linux opens a directory read-only; mmap then fails with EINVAL
+                raise GGUFError(self.path, "is a directory, not a GGUF file")
+            if not stat.S_ISREG(st.st_mode):
+                raise GGUFError(self.path, "is not a regular file")
+            self.file_size = st.st_size
             if self.file_size < 24:
                 if self.file_size >= 4 and os.pread(fd, 4, 0) == GGUF_MAGIC:
                     raise TruncatedFileError(self.path, f"header cut short ({self.file_size} bytes)")

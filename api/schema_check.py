@@ -1,0 +1,62 @@
+"""A client's JSON Schema (response_format, output_config, a forced tool's parameters) checked and
+compiled at the edge, in a worker thread with a time limit, so a hostile schema is a 400 for its
+request instead of an error inside the scheduler or a stall of the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from strata.api.errors import APIError, bad_request
+from strata.json_schema import Node, compile_schema
+
+COMPILE_SECONDS = 5.0
+# keyword pairs where lower > upper leaves no value (JSON Schema: the instance must satisfy both)
+_BOUNDS = (("minimum", "maximum"), ("minLength", "maxLength"), ("minItems", "maxItems"),
+           ("minProperties", "maxProperties"))
+
+
+async def compiled(schema: dict[str, Any] | None, param: str) -> Node | None:
+    """The schema's compiled root, or a 400 naming `param` when it is contradictory, too deep or
+    too slow to compile."""
+    if schema is None:
+        return None
+    check_satisfiable(schema, param)
+    try:
+        node = await asyncio.wait_for(asyncio.to_thread(compile_schema, schema), COMPILE_SECONDS)
+    except RecursionError:
+        raise bad_request(f"{param}: the schema is nested too deeply to compile", param=param,
+                          code="invalid_schema") from None
+    except TimeoutError:
+        raise bad_request(f"{param}: the schema took longer than {COMPILE_SECONDS:g} s to compile",
+                          param=param, code="invalid_schema") from None
+    if not node.alts:
+        raise _unsatisfiable(param, "no JSON value satisfies it")
+    return node
+
+
+def check_satisfiable(schema: Any, param: str) -> None:
+    """Contradictions anywhere in the schema: an empty enum, a lower bound above its upper bound."""
+    stack: list[tuple[Any, str]] = [(schema, param)]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, list):
+            stack.extend((v, f"{where}.{i}") for i, v in enumerate(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        if node.get("enum") == [] or node.get("type") == []:
+            raise _unsatisfiable(where, "an empty enum or type list admits no value")
+        for lo, hi in _BOUNDS:
+            a, b = node.get(lo), node.get(hi)
+            if _number(a) and _number(b) and a > b:
+                raise _unsatisfiable(where, f"{lo} {a} is above {hi} {b}")
+        stack.extend((v, f"{where}.{k}") for k, v in node.items() if isinstance(v, (dict, list)))
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _unsatisfiable(where: str, why: str) -> APIError:
+    return bad_request(f"{where}: the schema can never be satisfied ({why})", param=where, code="invalid_schema")
