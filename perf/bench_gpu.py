@@ -195,6 +195,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
 
     g = GGUFFile(path)
     cpu = model_class(g)(g, WeightStore(g, 0))
+    free0 = cp.cuda.runtime.memGetInfo()[0]  # the context exists now: what follows is Strata's
     t0 = time.perf_counter()
     gpu = GpuModel(cpu, GpuOptions(chunk=a.chunk, n_ctx=max(a.prompts) + a.gen + 64, max_batch=max(a.batches),
                                    split=not a.v1, q8=not a.no_q8, budget_mib=a.vram_budget_mib,
@@ -204,7 +205,10 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     cache = gpu.expert_cache
     if cache is not None:
         res["tiers"] = {"slots": cache.n_slots, "experts": cache.layout.n_total, "slot_bytes": cache.layout.slot_bytes,
-                        "budget_mib": a.vram_budget_mib}
+                        "budget_mib": a.vram_budget_mib, "pcie": gpu.tiers.probe(),
+                        "layers": len(cache.layout.layers), "expert_bytes": cache.layout.total_bytes}
+        print(f"  PCIe: zero-copy {res['tiers']['pcie']['zero_copy'] / 1e9:.1f} GB/s, copy engine "
+              f"{res['tiers']['pcie']['copy_engine'] / 1e9:.1f} GB/s", flush=True)
     rng = np.random.default_rng(0)
     vocab = gpu.params.vocab
     gpu.forward(rng.integers(0, vocab, 600), gpu.new_state(), all_logits=False)  # warm: modules, pool
@@ -268,6 +272,10 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
             gpu.forward(rng.integers(0, vocab, 512), gpu.new_state(), all_logits=False)
         res["profile_pp512"] = prof.table()
         gpu.graphs.use_graphs = True
+    cp.cuda.Device().synchronize()
+    # the pool keeps what it handed out, so this is the run's peak (pinned host memory is not VRAM)
+    res["vram_used_mib"] = (free0 - cp.cuda.runtime.memGetInfo()[0]) / 2**20
+    print(f"  VRAM used by Strata: {res['vram_used_mib']:,.0f} MiB (budget {a.vram_budget_mib or '-'} MiB)", flush=True)
     res["copy_bw"] = copy_bandwidth(cp)
     return res
 

@@ -2,8 +2,9 @@
 # The expert tiers on the GPU machine (the device tool's `run`): GPU tests of the tiers and the kernels
 # they changed, then Strata at VRAM caps on a synthetic file written there. Run from the repo root.
 #   perf/run_tiers.sh [tests] [bench]   (output under ${OUT:-/tmp/out})
-# ARCH / SHAPE pick the synth file (default qwen3next 80b-a3b, 42 GiB); CAPS the VRAM budgets in MiB;
-# BENCH_ARGS adds bench_gpu.py options. Carried in (git-ignored): .whl/, .gpu_fixtures/ (see run_gpu.sh).
+# ARCH / SHAPE pick the synth file (default qwen3next 80b-a3b, 42 GiB); CAPS the VRAM budgets in MiB (commas);
+# BENCH_ARGS adds perf/bench_tiers.py options; LLAMA_BIN (a llama.cpp CUDA build's bin) sweeps llama.cpp in the
+# same run, else its earlier numbers come from perf/peer_tiers_2026-12-02.json. Carried in (git-ignored): .whl/, .gpu_fixtures/ (see run_gpu.sh).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=${*:-tests bench}
@@ -25,7 +26,6 @@ case " $STEPS " in *" tests "*)
   echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|cache |Error|error" "$OUT/tests.log" | tail -40 ;; esac
 case " $STEPS " in *" bench "*)
   wait $SYNTH_PID; tail -2 "$OUT/synth.log"
-  for cap in ${CAPS:-22528}; do
-    timeout ${BENCH_TIMEOUT:-240} python3 $REPO/perf/bench_gpu.py --model $MODEL --vram-budget-mib $cap \
-      --json "$OUT/bench_$cap.json" ${BENCH_ARGS:---prompts 512,4096 --gen 64 --batches 1,4} 2>&1 | tee "$OUT/bench_$cap.log" | tail -25
-  done ;; esac
+  timeout ${BENCH_TIMEOUT:-600} python3 $REPO/perf/bench_tiers.py --model $MODEL --caps ${CAPS:-22528,11264,7168} \
+    ${LLAMA_BIN:+--llama-bin $LLAMA_BIN} ${LLAMA_BIN:---llama-json $REPO/perf/peer_tiers_2026-12-02.json} \
+    --out "$OUT/tiers" ${BENCH_ARGS:-} 2>&1 | grep -v "^WARNING" | tail -30 ;; esac

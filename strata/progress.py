@@ -22,8 +22,10 @@ class ProgressBar:
         self._last = now
         frac = min(done / self.total, 1.0)
         rate = done / max(now - self._t0, 1e-9) / 2**20
+        eta = (self.total - done) / 2**20 / rate if rate > 0 else 0.0
         bar = "#" * int(frac * 30)
-        sys.stderr.write(f"\r{self.label} [{bar:<30}] {frac:6.1%} {done / 2**20:,.0f} MiB {rate:,.0f} MiB/s")
+        sys.stderr.write(f"\r{self.label} [{bar:<30}] {frac:6.1%} {done / 2**20:,.0f} MiB {rate:,.0f} MiB/s "
+                         f"ETA {eta:4.0f} s")
         if done >= self.total:
             sys.stderr.write("\n")
         sys.stderr.flush()

@@ -29,9 +29,6 @@ class TierCounts:
         self.hits += hits
         self.pcie_bytes += pcie_bytes
 
-    def minus(self, other: TierCounts) -> TierCounts:
-        return TierCounts(self.lookups - other.lookups, self.hits - other.hits, self.pcie_bytes - other.pcie_bytes)
-
     @property
     def hit_rate(self) -> float:
         return self.hits / self.lookups if self.lookups else 0.0
@@ -46,10 +43,6 @@ class TierUse:
 
     def of(self, prefill: bool) -> TierCounts:
         return self.prefill if prefill else self.decode
-
-    def copy(self) -> TierUse:
-        d, p = self.decode, self.prefill
-        return TierUse(TierCounts(d.lookups, d.hits, d.pcie_bytes), TierCounts(p.lookups, p.hits, p.pcie_bytes))
 
     def timings(self) -> dict[str, int]:
         """The fields a response's `timings` carries."""

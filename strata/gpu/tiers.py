@@ -174,6 +174,34 @@ class GpuTiers:
         gather(self.kernels, self.cache.restore_rows(staging), self._keep)
         return int(sum(int(r[:, 2].sum()) for r in self._rows if len(r)))
 
+    def probe(self, nbytes: int = 1 << 30) -> dict[str, float]:
+        """Host-to-GPU rates from the arena (bytes/s): zero-copy reads by `gather_rows` (the decode miss
+        path's kind of access) and copy-engine copies (the staging path). Syncs; between windows only."""
+        cp = cupy_module()
+        part = int(np.argmax(self.layout.strides))
+        src = self.arena.arrays[part].reshape(-1)
+        n = min(nbytes, src.nbytes) // (1 << 20) * (1 << 20)
+        dst = cp.empty(n, cp.uint8)
+        rows = np.array([[int(src.ctypes.data) + o, int(dst.data.ptr) + o, 1 << 20] for o in range(0, n, 1 << 20)],
+                        np.int64)
+        out = {}
+        for name in ("zero_copy", "copy_engine"):
+            best = 0.0
+            for _ in range(3):
+                start, end = cp.cuda.Event(), cp.cuda.Event()
+                start.record()
+                if name == "zero_copy":
+                    gather(self.kernels, rows, self._keep)
+                else:
+                    cp.cuda.runtime.memcpyAsync(int(dst.data.ptr), int(src.ctypes.data), n, HOST_TO_DEVICE,
+                                                cp.cuda.get_current_stream().ptr)
+                end.record()
+                end.synchronize()
+                best = max(best, n / (cp.cuda.get_elapsed_time(start, end) / 1e3))
+            out[name] = best
+        self._keep.clear()
+        return out
+
     def nbytes(self) -> int:
         """VRAM held: the slots, both tables, `where` and the counters."""
         return self.slots.nbytes() + 2 * self.table.nbytes + self.where.nbytes + self.counts.nbytes

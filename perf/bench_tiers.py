@@ -1,0 +1,153 @@
+"""Experts that do not fit in VRAM: Strata at several VRAM caps beside llama.cpp's best `--n-cpu-moe` on the
+same GGUF, with the bandwidth bound and the planner's prediction. Not a test.
+
+    python perf/bench_tiers.py --model F.gguf --caps 22528,11264,7168 [--llama-bin DIR | --llama-json F]
+                               [--prompts 512,4096] [--gen 64] [--batches 1,4] --out DIR
+
+Each cap runs `perf/bench_gpu.py --vram-budget-mib CAP` in its own process (each pins every expert, so one at a
+time). The bound of one decode token: the bytes it reads from VRAM (dense weights and hits) at the measured
+device copy rate (as bench_gpu.py's "% of copy bw") plus its misses at the measured zero-copy rate (`GpuTiers.probe`); the share of it is
+measured / bound. The prediction is `strata plan` with those two rates. llama.cpp either runs here (`--llama-bin`:
+for each cap the fewest `-ncmoe` layers that fit and two more, each with its default, `-lm none`, and `-lm none
+-ub 2048 -b 4096`, best per column kept) or comes from a JSON of earlier measurements (`--llama-json`, which the
+table marks). Writes tiers.json, tiers.md and tiers.png (decode tok/s against the cap, bound drawn) under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+LLAMA_FLAGS = ([], ["-lm", "none"], ["-lm", "none", "-ub", "2048", "-b", "4096"])
+
+
+def strata_at(a: argparse.Namespace, cap: int, out: Path) -> dict[str, Any]:
+    js = out / f"strata_{cap}.json"
+    cmd = [sys.executable, str(HERE / "bench_gpu.py"), "--model", str(a.model), "--vram-budget-mib", str(cap),
+           "--prompts", ",".join(map(str, a.prompts)), "--gen", str(a.gen), "--batches", ",".join(map(str, a.batches)),
+           "--chunk", str(a.chunk), "--no-table", "--json", str(js)]
+    subprocess.run(cmd, check=True)
+    return json.loads(js.read_text())["strata"]
+
+
+def plan_at(a: argparse.Namespace, cap: int, hbm: float, pcie: float) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "strata", "plan", str(a.model), "--vram-gib", str(cap / 1024), "--hbm-gbps",
+           str(hbm / 1e9), "--pcie-gbps", str(pcie / 1e9), "--ctx-size", str(max(a.prompts) + a.gen + 64),
+           "--parallel", str(max(a.batches)), "--prefill", str(a.chunk), "--json"]
+    # from outside the checkout: `-m` puts the cwd first on sys.path, and the checkout's folders are not the package
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd="/").stdout)
+
+
+def llama_at(a: argparse.Namespace, cap: int, layer_bytes: float, dense_bytes: float, n_layer: int) -> dict[str, Any]:
+    """llama.cpp's best per column at this cap: -ncmoe from the fewest layers that fit, and two more."""
+    fit = next(n for n in range(n_layer + 1) if dense_bytes + (n_layer - n) * layer_bytes <= cap * 2**20)
+    best: dict[str, Any] = {}
+    for n in (fit, min(n_layer, fit + 2)):
+        for flags in LLAMA_FLAGS:
+            cmd = [str(Path(a.llama_bin) / "llama-bench"), "-m", str(a.model), "-ngl", "99", "-ncmoe", str(n),
+                   "-p", ",".join(map(str, a.prompts)), "-n", str(a.gen), "-r", "2", "-o", "json", *flags]
+            run = subprocess.run(cmd, capture_output=True, text=True)
+            if run.returncode != 0:  # out of memory at this cap: not a candidate
+                continue
+            for r in json.loads(run.stdout):
+                key = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}_b1"
+                if float(r["avg_ts"]) > best.get(key, 0.0):
+                    best[key], best[key + "_flags"] = float(r["avg_ts"]), f"-ncmoe {n} {' '.join(flags)}".strip()
+    return best
+
+
+def bound(s: dict[str, Any], b: int) -> float:
+    """Decode tok/s if every byte moved at its measured rate: VRAM bytes at the copy rate, misses over PCIe."""
+    t = s[f"tiers_b{b}"]
+    miss = t["pcie_bytes_per_token"]
+    vram = s[f"bytes_b{b}"] / b - miss  # bytes_b: the step's weight bytes as if resident, per step of b tokens
+    return 1 / (vram / s["copy_bw"] + miss / s["tiers"]["pcie"]["zero_copy"])
+
+
+def table(rows: list[dict[str, Any]], a: argparse.Namespace) -> str:
+    src = "measured here" if a.llama_bin else f"from {a.llama_json}"
+    out = [f"llama.cpp: {src}", "| cap MiB | hit rate | test | Strata | llama.cpp | ratio | bound | % of bound | planner |",
+           "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        s, l = r["strata"], r["llama"]
+        for key in [f"pp{p}" for p in a.prompts] + [f"tg{a.gen}_b{b}" for b in a.batches]:
+            mine, theirs = s.get(key, 0.0), l.get(key, 0.0)
+            extra = ["", "", ""]
+            if key.startswith("tg"):
+                b = int(key.rsplit("b", 1)[1])
+                bd = bound(s, b)
+                extra = [f"{bd:,.1f}", f"{mine / bd:.0%}", f"{r['plan']['decode_tok_s']:,.1f}" if b == 1 else ""]
+            hit = s[f"tiers_b{a.batches[0]}"]["hit_rate"]
+            ratio, peer = (f"{mine / theirs:.2f}", f"{theirs:,.1f}") if theirs else ("-", "-")
+            out.append(f"| {r['cap']:,} | {hit:.1%} | {key} | {mine:,.1f} | {peer} | {ratio} | "
+                       + " | ".join(extra) + " |")
+    for r in rows:
+        s = r["strata"]
+        out.append(f"cap {r['cap']:,} MiB: Strata used {s['vram_used_mib']:,.0f} MiB of VRAM; PCIe probe zero-copy "
+                   f"{s['tiers']['pcie']['zero_copy'] / 1e9:.1f} GB/s, copy engine "
+                   f"{s['tiers']['pcie']['copy_engine'] / 1e9:.1f} GB/s; planner {r['plan']['decode_tok_s']:,.1f} tok/s")
+    return "\n".join(out)
+
+
+def plot(rows: list[dict[str, Any]], a: argparse.Namespace, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    caps = [r["cap"] / 1024 for r in rows]
+    key = f"tg{a.gen}_b1"
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.plot(caps, [r["strata"][key] for r in rows], "o-", label="Strata")
+    ax.plot(caps, [bound(r["strata"], 1) for r in rows], "k--", label="bandwidth bound (Strata's hit rate)")
+    ax.plot(caps, [r["plan"]["decode_tok_s"] for r in rows], "x:", label="strata plan's prediction")
+    if any(r["llama"].get(key) for r in rows):
+        ax.plot(caps, [r["llama"].get(key, float("nan")) for r in rows], "s-",
+                label="llama.cpp best --n-cpu-moe" + ("" if a.llama_bin else " (earlier run)"))
+    ax.set_xlabel("VRAM budget (GiB)")
+    ax.set_ylabel("decode tok/s, one sequence")
+    ax.set_title(a.model.name)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--caps", type=lambda s: [int(v) for v in s.split(",")], default=[22528, 11264, 7168])
+    ap.add_argument("--prompts", type=lambda s: [int(v) for v in s.split(",")], default=[512, 4096])
+    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 4])
+    ap.add_argument("--chunk", type=int, default=4096)
+    ap.add_argument("--llama-bin", default=None, help="llama.cpp CUDA build's bin folder: sweep it here")
+    ap.add_argument("--llama-json", type=Path, default=None, help="{cap MiB: {pp512: .., tg64_b1: ..}} measured before")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    earlier = json.loads(a.llama_json.read_text()) if a.llama_json else {}
+    rows = []
+    for cap in a.caps:
+        s = strata_at(a, cap, a.out)
+        plan = plan_at(a, cap, s["copy_bw"], s["tiers"]["pcie"]["zero_copy"])
+        if a.llama_bin:
+            n_layer = s["tiers"]["layers"]
+            llama = llama_at(a, cap, s["tiers"]["expert_bytes"] / n_layer, plan["dense_bytes"], n_layer)
+        else:
+            llama = earlier.get(str(cap), {})
+        rows.append({"cap": cap, "strata": s, "plan": plan, "llama": llama})
+        (a.out / "tiers.json").write_text(json.dumps(rows, indent=1))
+    md = table(rows, a)
+    (a.out / "tiers.md").write_text(md + "\n")
+    print(md)
+    plot(rows, a, a.out / "tiers.png")
+
+
+if __name__ == "__main__":
+    main()
