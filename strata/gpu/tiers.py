@@ -200,6 +200,8 @@ class GpuTiers:
                 best = max(best, n / (cp.cuda.get_elapsed_time(start, end) / 1e3))
             out[name] = best
         self._keep.clear()
+        del dst  # the scratch goes back to the device, not to the pool: it is no part of the budget
+        cp.get_default_memory_pool().free_all_blocks()
         return out
 
     def nbytes(self) -> int:
