@@ -1,0 +1,45 @@
+"""The expert tiers as a server user sees them (CPU stand-in): per-response timings, /v1/status, /metrics and
+the log line, and the same tokens as a server without a cache."""
+
+from __future__ import annotations
+
+import pytest
+from server_fixture import running_server
+
+from strata.tiers.layout import ExpertLayout
+
+
+@pytest.fixture(scope="module")
+def tiny_moe(tiny_qwen3moe):
+    return tiny_qwen3moe["q8_0"]
+
+
+def _ask(srv, n: int = 6) -> dict:
+    with srv.client() as c:
+        r = c.post("/v1/completions", json={"prompt": "The tiers move bytes", "max_tokens": n, "temperature": 0})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+def test_tier_counters_reach_every_surface(tiny_moe):
+    from strata.gguf import GGUFFile
+
+    layout = ExpertLayout.from_gguf(GGUFFile(tiny_moe))
+    with running_server(tiny_moe, "--device", "cpu", "--ctx-size", "1024") as plain:
+        want = _ask(plain)
+    with running_server(tiny_moe, "--device", "cpu", "--ctx-size", "1024", "--expert-cache", "50%") as srv:
+        got = _ask(srv)
+        assert got["choices"][0]["text"] == want["choices"][0]["text"]  # the cache only moves bytes
+        t = got["timings"]
+        per_token = layout.top_k * len(layout.layers)
+        assert t["prompt_expert_lookups"] == t["prompt_n"] * per_token
+        assert t["expert_lookups"] == (t["predicted_n"] - 1) * per_token  # the last token is never fed back
+        assert 0 < t["expert_hits"] < t["expert_lookups"] and t["pcie_bytes"] > 0
+        assert "expert_lookups" not in want["timings"]
+        with srv.client() as c:
+            status = c.get("/v1/status").json()["expert_cache"]
+            metrics = c.get("/metrics").text
+        assert status["slots"] == layout.n_total // 2 and status["decode"]["lookups"] == t["expert_lookups"]
+        assert f"strata_decode_expert_hits_total {t['expert_hits']}" in metrics
+        assert f"strata_expert_cache_slots {layout.n_total // 2}" in metrics
+        assert "decode expert cache hit rate" in srv.output()
