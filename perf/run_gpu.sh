@@ -12,14 +12,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=${*:-tests llama bench}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-# strata.conf, strata.jit, ... map to top-level folders only when installed (pyproject package-dir), so
-# install a copy and run Python from outside the checkout (python -m puts the cwd first on sys.path)
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site . || exit 1
-REPO=$PWD
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 STRATA_FIXTURES=$REPO/.gpu_fixtures
-tok=.gpu_fixtures/qwen3_tokenizer/package/models
-[ -f $tok/tokenizer.json ] || gunzip -k $tok/tokenizer.json.gz
+source perf/device_setup.sh
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.mem --format=csv >"$OUT/smi.txt"
 ARCH=${ARCH:-qwen3moe}; SHAPE=${SHAPE:-30b-a3b}
 MODEL=/tmp/$ARCH-$SHAPE-q4_k.gguf

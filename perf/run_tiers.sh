@@ -8,12 +8,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=${*:-tests bench}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site . || exit 1
-REPO=$PWD
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 STRATA_FIXTURES=$REPO/.gpu_fixtures
-tok=.gpu_fixtures/qwen3_tokenizer/package/models
-[ -f $tok/tokenizer.json ] || gunzip -k $tok/tokenizer.json.gz
+source perf/device_setup.sh
 ARCH=${ARCH:-qwen3next}; SHAPE=${SHAPE:-80b-a3b}
 MODEL=/tmp/$ARCH-$SHAPE-q4_k.gguf
 case " $STEPS " in *" bench "*)
