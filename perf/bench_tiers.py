@@ -28,36 +28,90 @@ LLAMA_FLAGS = ([], ["-lm", "none"], ["-lm", "none", "-ub", "2048", "-b", "4096"]
 
 def strata_at(a: argparse.Namespace, cap: int, out: Path) -> dict[str, Any]:
     js = out / f"strata_{cap}.json"
-    cmd = [sys.executable, str(HERE / "bench_gpu.py"), "--model", str(a.model), "--vram-budget-mib", str(cap),
-           "--prompts", ",".join(map(str, a.prompts)), "--gen", str(a.gen), "--batches", ",".join(map(str, a.batches)),
-           "--chunk", str(a.chunk), "--no-table", "--json", str(js)]
+    cmd = [
+        sys.executable,
+        str(HERE / "bench_gpu.py"),
+        "--model",
+        str(a.model),
+        "--vram-budget-mib",
+        str(cap),
+        "--prompts",
+        ",".join(map(str, a.prompts)),
+        "--gen",
+        str(a.gen),
+        "--batches",
+        ",".join(map(str, a.batches)),
+        "--chunk",
+        str(a.chunk),
+        "--no-table",
+        "--json",
+        str(js),
+    ]
     subprocess.run(cmd, check=True)
     return json.loads(js.read_text())["strata"]
 
 
 def plan_at(a: argparse.Namespace, cap: int, hbm: float, pcie: float) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "strata", "plan", str(a.model), "--vram-gib", str(cap / 1024), "--hbm-gbps",
-           str(hbm / 1e9), "--pcie-gbps", str(pcie / 1e9), "--ctx-size", str(max(a.prompts) + a.gen + 64),
-           "--parallel", str(max(a.batches)), "--prefill", str(a.chunk), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "strata",
+        "plan",
+        str(a.model),
+        "--vram-gib",
+        str(cap / 1024),
+        "--hbm-gbps",
+        str(hbm / 1e9),
+        "--pcie-gbps",
+        str(pcie / 1e9),
+        "--ctx-size",
+        str(max(a.prompts) + a.gen + 64),
+        "--parallel",
+        str(max(a.batches)),
+        "--prefill",
+        str(a.chunk),
+        "--json",
+    ]
     # from outside the checkout: `-m` puts the cwd first on sys.path, and the checkout's folders are not the package
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd="/").stdout)
 
 
-def llama_at(a: argparse.Namespace, cap: int, layer_bytes: float, dense_bytes: float, n_layer: int) -> dict[str, Any]:
+def llama_at(
+    a: argparse.Namespace, cap: int, layer_bytes: float, dense_bytes: float, n_layer: int
+) -> dict[str, Any]:
     """llama.cpp's best per column at this cap: -ncmoe from the fewest layers that fit, and two more."""
     fit = next(n for n in range(n_layer + 1) if dense_bytes + (n_layer - n) * layer_bytes <= cap * 2**20)
     best: dict[str, Any] = {}
     for n in (fit, min(n_layer, fit + 2)):
         for flags in LLAMA_FLAGS:
-            cmd = [str(Path(a.llama_bin) / "llama-bench"), "-m", str(a.model), "-ngl", "99", "-ncmoe", str(n),
-                   "-p", ",".join(map(str, a.prompts)), "-n", str(a.gen), "-r", "2", "-o", "json", *flags]
-            run = subprocess.run(cmd, capture_output=True, text=True)
+            cmd = [
+                str(Path(a.llama_bin) / "llama-bench"),
+                "-m",
+                str(a.model),
+                "-ngl",
+                "99",
+                "-ncmoe",
+                str(n),
+                "-p",
+                ",".join(map(str, a.prompts)),
+                "-n",
+                str(a.gen),
+                "-r",
+                "2",
+                "-o",
+                "json",
+                *flags,
+            ]
+            run = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if run.returncode != 0:  # out of memory at this cap: not a candidate
                 continue
             for r in json.loads(run.stdout):
                 key = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}_b1"
                 if float(r["avg_ts"]) > best.get(key, 0.0):
-                    best[key], best[key + "_flags"] = float(r["avg_ts"]), f"-ncmoe {n} {' '.join(flags)}".strip()
+                    best[key], best[key + "_flags"] = (
+                        float(r["avg_ts"]),
+                        f"-ncmoe {n} {' '.join(flags)}".strip(),
+                    )
     return best
 
 
@@ -65,14 +119,19 @@ def bound(s: dict[str, Any], b: int) -> float:
     """Decode tok/s if every byte moved at its measured rate: VRAM bytes at the copy rate, misses over PCIe."""
     t = s[f"tiers_b{b}"]
     miss = t["pcie_bytes_per_token"]
-    vram = s[f"bytes_b{b}"] / b - miss  # bytes_b: the step's weight bytes as if resident, per step of b tokens
+    vram = (
+        s[f"bytes_b{b}"] / b - miss
+    )  # bytes_b: the step's weight bytes as if resident, per step of b tokens
     return 1 / (vram / s["copy_bw"] + miss / s["tiers"]["pcie"]["zero_copy"])
 
 
 def table(rows: list[dict[str, Any]], a: argparse.Namespace) -> str:
     src = "measured here" if a.llama_bin else f"from {a.llama_json}"
-    out = [f"llama.cpp: {src}", "| cap MiB | hit rate | test | Strata | llama.cpp | ratio | bound | % of bound | planner |",
-           "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        f"llama.cpp: {src}",
+        "| cap MiB | hit rate | test | Strata | llama.cpp | ratio | bound | % of bound | planner |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         s, l = r["strata"], r["llama"]
         for key in [f"pp{p}" for p in a.prompts] + [f"tg{a.gen}_b{b}" for b in a.batches]:
@@ -81,16 +140,25 @@ def table(rows: list[dict[str, Any]], a: argparse.Namespace) -> str:
             if key.startswith("tg"):
                 b = int(key.rsplit("b", 1)[1])
                 bd = bound(s, b)
-                extra = [f"{bd:,.1f}", f"{mine / bd:.0%}", f"{r['plan']['decode_tok_s']:,.1f}" if b == 1 else ""]
+                extra = [
+                    f"{bd:,.1f}",
+                    f"{mine / bd:.0%}",
+                    f"{r['plan']['decode_tok_s']:,.1f}" if b == 1 else "",
+                ]
             hit = s[f"tiers_b{a.batches[0]}"]["hit_rate"]
             ratio, peer = (f"{mine / theirs:.2f}", f"{theirs:,.1f}") if theirs else ("-", "-")
-            out.append(f"| {r['cap']:,} | {hit:.1%} | {key} | {mine:,.1f} | {peer} | {ratio} | "
-                       + " | ".join(extra) + " |")
+            out.append(
+                f"| {r['cap']:,} | {hit:.1%} | {key} | {mine:,.1f} | {peer} | {ratio} | "
+                + " | ".join(extra)
+                + " |"
+            )
     for r in rows:
         s = r["strata"]
-        out.append(f"cap {r['cap']:,} MiB: Strata used {s['vram_used_mib']:,.0f} MiB of VRAM; PCIe probe zero-copy "
-                   f"{s['tiers']['pcie']['zero_copy'] / 1e9:.1f} GB/s, copy engine "
-                   f"{s['tiers']['pcie']['copy_engine'] / 1e9:.1f} GB/s; planner {r['plan']['decode_tok_s']:,.1f} tok/s")
+        out.append(
+            f"cap {r['cap']:,} MiB: Strata used {s['vram_used_mib']:,.0f} MiB of VRAM; PCIe probe zero-copy "
+            f"{s['tiers']['pcie']['zero_copy'] / 1e9:.1f} GB/s, copy engine "
+            f"{s['tiers']['pcie']['copy_engine'] / 1e9:.1f} GB/s; planner {r['plan']['decode_tok_s']:,.1f} tok/s"
+        )
     return "\n".join(out)
 
 
@@ -107,8 +175,12 @@ def plot(rows: list[dict[str, Any]], a: argparse.Namespace, path: Path) -> None:
     ax.plot(caps, [bound(r["strata"], 1) for r in rows], "k--", label="bandwidth bound (Strata's hit rate)")
     ax.plot(caps, [r["plan"]["decode_tok_s"] for r in rows], "x:", label="strata plan's prediction")
     if any(r["llama"].get(key) for r in rows):
-        ax.plot(caps, [r["llama"].get(key, float("nan")) for r in rows], "s-",
-                label="llama.cpp best --n-cpu-moe" + ("" if a.llama_bin else " (earlier run)"))
+        ax.plot(
+            caps,
+            [r["llama"].get(key, float("nan")) for r in rows],
+            "s-",
+            label="llama.cpp best --n-cpu-moe" + ("" if a.llama_bin else " (earlier run)"),
+        )
     ax.set_xlabel("VRAM budget (GiB)")
     ax.set_ylabel("decode tok/s, one sequence")
     ax.set_title(a.model.name)
@@ -127,7 +199,9 @@ def main() -> None:
     ap.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 4])
     ap.add_argument("--chunk", type=int, default=4096)
     ap.add_argument("--llama-bin", default=None, help="llama.cpp CUDA build's bin folder: sweep it here")
-    ap.add_argument("--llama-json", type=Path, default=None, help="{cap MiB: {pp512: .., tg64_b1: ..}} measured before")
+    ap.add_argument(
+        "--llama-json", type=Path, default=None, help="{cap MiB: {pp512: .., tg64_b1: ..}} measured before"
+    )
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)

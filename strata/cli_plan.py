@@ -22,12 +22,24 @@ from strata.weights import WeightStore
 
 def add_plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="GGUF file")
-    p.add_argument("--vram-gib", type=float, required=True, help="VRAM budget (what --vram-budget-mib would be)")
-    p.add_argument("--ram-gib", type=float, default=0.0, help="RAM for the pinned expert arena (0: not checked)")
-    p.add_argument("--pcie-gbps", type=float, default=25.0, help="host-to-GPU rate, GB/s (PCIe 4 x16: ~25; "
-                   "the H200 host measured 50 zero-copy)")
-    p.add_argument("--hbm-gbps", type=float, default=900.0, help="VRAM bandwidth, GB/s (RTX 4090: ~1000, H200: 4,270)")
-    p.add_argument("--ctx-size", type=int, default=8192, help="context per sequence (the server's default 8192)")
+    p.add_argument(
+        "--vram-gib", type=float, required=True, help="VRAM budget (what --vram-budget-mib would be)"
+    )
+    p.add_argument(
+        "--ram-gib", type=float, default=0.0, help="RAM for the pinned expert arena (0: not checked)"
+    )
+    p.add_argument(
+        "--pcie-gbps",
+        type=float,
+        default=25.0,
+        help="host-to-GPU rate, GB/s (PCIe 4 x16: ~25; the H200 host measured 50 zero-copy)",
+    )
+    p.add_argument(
+        "--hbm-gbps", type=float, default=900.0, help="VRAM bandwidth, GB/s (RTX 4090: ~1000, H200: 4,270)"
+    )
+    p.add_argument(
+        "--ctx-size", type=int, default=8192, help="context per sequence (the server's default 8192)"
+    )
     p.add_argument("--parallel", type=int, default=4, help="sequences at once (the server's --parallel)")
     p.add_argument("--prefill", type=int, default=2048, help="prefill chunk (the GPU's default 2048)")
     p.add_argument("--expert-cache", default="auto", help="as on serve: auto, off, 6GiB, 4096MiB, 40%%")
@@ -39,8 +51,12 @@ def run_plan(args: argparse.Namespace) -> int:
     g = GGUFFile(args.model)
     cpu = model_class(g)(g, WeightStore(g, 0))
     dims, linear = shape_of(cpu)
-    opts = GpuOptions(n_ctx=args.ctx_size, chunk=args.prefill, expert_cache=args.expert_cache, seqs=args.parallel)
-    plan = vram_plan(g, dims, linear, args.ctx_size, args.prefill, cpu.params.vocab, opts, int(args.vram_gib * GIB))
+    opts = GpuOptions(
+        n_ctx=args.ctx_size, chunk=args.prefill, expert_cache=args.expert_cache, seqs=args.parallel
+    )
+    plan = vram_plan(
+        g, dims, linear, args.ctx_size, args.prefill, cpu.params.vocab, opts, int(args.vram_gib * GIB)
+    )
     layout = ExpertLayout.from_gguf(g)
     w = weight_bytes(g)
     # every decode token reads all dense weights but the embeddings (one row of those)

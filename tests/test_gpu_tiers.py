@@ -112,8 +112,12 @@ def test_tier_kernels_match_twins():
     ids = rng.integers(0, 16, 24).astype(np.int32)
     where = np.where(rng.random(16) < 0.5, rng.integers(0, 9, 16), -1).astype(np.int32)
     counts = cp.zeros((6, 3), cp.uint64)
-    launch(k["tier_count"], (1,), 128, (cp.asarray(ids), np.int32(24), np.int32(4), cp.asarray(where),
-                                         np.int64(1000), counts))
+    launch(
+        k["tier_count"],
+        (1,),
+        128,
+        (cp.asarray(ids), np.int32(24), np.int32(4), cp.asarray(where), np.int64(1000), counts),
+    )
     np.testing.assert_array_equal(counts.get(), kt.ref_tier_count(ids, 4, where, 1000, 6))
     mem = cp.asarray(rng.integers(0, 256, 1 << 16).astype(np.uint8))
     host = mem.get()

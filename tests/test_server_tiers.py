@@ -16,7 +16,9 @@ def tiny_moe(tiny_qwen3moe):
 
 def _ask(srv, n: int = 6) -> dict:
     with srv.client() as c:
-        r = c.post("/v1/completions", json={"prompt": "The tiers move bytes", "max_tokens": n, "temperature": 0})
+        r = c.post(
+            "/v1/completions", json={"prompt": "The tiers move bytes", "max_tokens": n, "temperature": 0}
+        )
         assert r.status_code == 200, r.text
         return r.json()
 

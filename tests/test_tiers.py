@@ -53,12 +53,19 @@ def test_any_cache_size_gives_the_all_resident_tokens(arch):
         cache = eng.expert_cache
         assert cache is not None
         before = [a.copy() for a in cache.slots.arrays]
-        staged = []
+        staged: list[int] = []
         real = cache.stage_rows
-        cache.stage_rows = lambda st, li: staged.append(li) or real(st, li)  # type: ignore[method-assign]
+
+        def spy(st, li, staged=staged, real=real):  # noqa: ANN001 - records which layers borrowed slots
+            staged.append(li)
+            return real(st, li)
+
+        cache.stage_rows = spy  # type: ignore[method-assign]
         res = _greedy(eng, ids)
         assert res.tokens == ref.tokens, f"{arch} cache {size}"
-        assert all(np.array_equal(a, b) for a, b in zip(before, cache.slots.arrays)), "borrowed slots restored"
+        assert all(np.array_equal(a, b) for a, b in zip(before, cache.slots.arrays)), (
+            "borrowed slots restored"
+        )
         if size not in ("off", "100%"):
             assert staged, "the long prompt borrowed slots"
         t = res.timings.to_dict()
@@ -66,12 +73,17 @@ def test_any_cache_size_gives_the_all_resident_tokens(arch):
         assert t["prompt_expert_lookups"] == PROMPT * k * n_l
         assert t["expert_lookups"] == (len(res.tokens) - 1) * k * n_l
         if size == "100%":
-            assert t["expert_hits"] == t["expert_lookups"] and t["prompt_expert_hits"] == t["prompt_expert_lookups"]
+            assert (
+                t["expert_hits"] == t["expert_lookups"]
+                and t["prompt_expert_hits"] == t["prompt_expert_lookups"]
+            )
             assert t["pcie_bytes"] == t["prompt_pcie_bytes"] == 0
         if size == "off":
             assert t["expert_hits"] == t["prompt_expert_hits"] == 0
         per_expert = int(cache.expert_bytes[0])
-        assert t["pcie_bytes"] == (t["expert_lookups"] - t["expert_hits"]) * per_expert  # every layer alike here
+        assert (
+            t["pcie_bytes"] == (t["expert_lookups"] - t["expert_hits"]) * per_expert
+        )  # every layer alike here
 
 
 def test_jit_pool_reads_experts_through_the_tiers():
@@ -107,14 +119,22 @@ def test_tier_count_twin_matches_host_counting():
     where = np.where(rng.random(16) < 0.5, 1, -1).astype(np.int32)
     twin = kt.ref_tier_count(ids.reshape(-1), 4, where, 1000, 6).astype(np.int64)
     cache = ExpertCache.__new__(ExpertCache)  # only the counting state: no stores needed
-    cache.where, cache.expert_bytes, cache._rows = where[None, :], np.array([1000]), np.zeros((6, 3), np.int64)
+    cache.where, cache.expert_bytes, cache._rows = (
+        where[None, :],
+        np.array([1000]),
+        np.zeros((6, 3), np.int64),
+    )
     cache.count_rows(0, ids)
     np.testing.assert_array_equal(twin, cache._rows)
 
 
 def test_budgets_refuse_with_the_plan():
-    plan = VramPlan(8 * 1024 * MIB, {"weights: attention": 6 * 1024 * MIB, "KV cache": 3 * 1024 * MIB},
-                    slot_bytes=2 * MIB, n_total=10_000)
+    plan = VramPlan(
+        8 * 1024 * MIB,
+        {"weights: attention": 6 * 1024 * MIB, "KV cache": 3 * 1024 * MIB},
+        slot_bytes=2 * MIB,
+        n_total=10_000,
+    )
     with pytest.raises(ConfigError, match="dense part does not fit.*KV cache 3,072 MiB.*at least 9216 MiB"):
         plan.size_cache()
     plan = VramPlan(12 * 1024 * MIB, dict(plan.parts), slot_bytes=2 * MIB, n_total=10_000)
@@ -142,13 +162,25 @@ def test_planner_json_and_bytes_per_token_match_the_engine(capsys):
     path = _fixture("qwen3moe")
     assert main(["plan", str(path), "--vram-gib", "0.1", "--expert-cache", "50%", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert {"expert_slots", "experts_total", "hit_rate_uniform", "routed_bytes_per_token", "pcie_bytes_per_token",
-            "decode_tok_s", "decode_bound_tok_s", "prefill_pcie_bound_tok_s", "parts", "arena_bytes"} <= set(plan)
+    assert {
+        "expert_slots",
+        "experts_total",
+        "hit_rate_uniform",
+        "routed_bytes_per_token",
+        "pcie_bytes_per_token",
+        "decode_tok_s",
+        "decode_bound_tok_s",
+        "prefill_pcie_bound_tok_s",
+        "parts",
+        "arena_bytes",
+    } <= set(plan)
     assert plan["expert_slots"] == plan["experts_total"] // 2 and plan["hit_rate_uniform"] == 0.5
     eng = Engine.load(path, device="cpu", backend="numpy", expert_cache="50%")
     res = _greedy(eng, list(range(30, 50)), 8)
     d = res.timings.experts.decode
     per_token = d.lookups / (len(res.tokens) - 1) * int(eng.expert_cache.expert_bytes[0])
     assert per_token == plan["routed_bytes_per_token"]
-    assert main(["plan", str(path), "--vram-gib", "0.01"]) == 1  # the dense part does not fit: one line, exit 1
+    assert (
+        main(["plan", str(path), "--vram-gib", "0.01"]) == 1
+    )  # the dense part does not fit: one line, exit 1
     assert "dense part does not fit" in capsys.readouterr().err

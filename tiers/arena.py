@@ -49,15 +49,25 @@ class PinnedArena:
             try:
                 mem = cp.cuda.alloc_pinned_memory(nbytes)
             except (cp.cuda.runtime.CUDARuntimeError, MemoryError) as err:
-                raise ConfigError("expert_cache", "auto", (
-                    f"could not pin {nbytes / 2**30:,.1f} GiB of host memory for the expert arena ({err}); "
-                    "raise the memlock limit (ulimit -l) or the container's memory, or give the experts "
-                    "more VRAM (--expert-cache, --vram-budget-mib)")) from err
+                raise ConfigError(
+                    "expert_cache",
+                    "auto",
+                    (
+                        f"could not pin {nbytes / 2**30:,.1f} GiB of host memory for the expert arena ({err}); "
+                        "raise the memlock limit (ulimit -l) or the container's memory, or give the experts "
+                        "more VRAM (--expert-cache, --vram-budget-mib)"
+                    ),
+                ) from err
             self._mem.append(mem)
             self.arrays.append(np.frombuffer(mem, np.uint8, nbytes).reshape(n_rows, s))
         n_e = layout.n_expert
-        self.bases = np.array([[int(a.ctypes.data) + li * n_e * a.shape[1] for a in self.arrays]
-                               for li in range(len(layout.layers))], np.int64)
+        self.bases = np.array(
+            [
+                [int(a.ctypes.data) + li * n_e * a.shape[1] for a in self.arrays]
+                for li in range(len(layout.layers))
+            ],
+            np.int64,
+        )
         self.strides = np.array([[a.shape[1] for a in self.arrays] for _ in layout.layers], np.int64)
         self.fill_s = self._fill(gguf, layout)
 
@@ -73,8 +83,10 @@ class PinnedArena:
                 done += src.nbytes
                 bar(done)
         dt = time.monotonic() - t0
-        note(f"expert arena: {total / 2**30:,.2f} GiB of experts in pinned RAM in {dt:.1f} s "
-             f"({total / max(dt, 1e-9) / 1e6:,.0f} MB/s)")
+        note(
+            f"expert arena: {total / 2**30:,.2f} GiB of experts in pinned RAM in {dt:.1f} s "
+            f"({total / max(dt, 1e-9) / 1e6:,.0f} MB/s)"
+        )
         return dt
 
     def nbytes(self) -> int:

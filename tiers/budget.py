@@ -32,7 +32,9 @@ def check_expert_cache(value: str, flag: str = "--expert-cache") -> None:
         return
     m = _SIZE.fullmatch(value.strip())
     if m is None or (m.group(2) == "%" and not 0 <= float(m.group(1)) <= 100):
-        raise ConfigError(flag, value, "must be auto, off, or a size such as 6GiB, 4096MiB or 40% (of all experts)")
+        raise ConfigError(
+            flag, value, "must be auto, off, or a size such as 6GiB, 4096MiB or 40% (of all experts)"
+        )
 
 
 def cache_request(value: str, slot_bytes: int, n_total: int) -> int | None:
@@ -69,7 +71,9 @@ class VramPlan:
     def describe(self) -> str:
         rows = [f"{k} {v / MIB:,.0f} MiB" for k, v in self.parts.items()]
         if self.slot_bytes:
-            rows.append(f"expert cache {self.n_slots:,} slots {self.n_slots * self.slot_bytes / MIB:,.0f} MiB")
+            rows.append(
+                f"expert cache {self.n_slots:,} slots {self.n_slots * self.slot_bytes / MIB:,.0f} MiB"
+            )
         return f"{', '.join(rows)}; total {self.total / MIB:,.0f} MiB against a budget of {self.budget / MIB:,.0f} MiB"
 
     def size_cache(self, request: str = "auto", flag: str = "vram_budget_mib") -> None:
@@ -77,26 +81,38 @@ class VramPlan:
         the dense part (or the requested cache) does not fit."""
         if self.dense > self.budget:
             need = -(-self.dense // MIB)
-            raise ConfigError(flag, self.budget // MIB, (
-                f"the model's dense part does not fit: {self.describe()}. Raise the budget to at least {need} MiB, "
-                "lower n_ctx or prefill_chunk (KV cache and activations), or run on the CPU (device=cpu)"))
+            raise ConfigError(
+                flag,
+                self.budget // MIB,
+                (
+                    f"the model's dense part does not fit: {self.describe()}. Raise the budget to at least {need} MiB, "
+                    "lower n_ctx or prefill_chunk (KV cache and activations), or run on the CPU (device=cpu)"
+                ),
+            )
         if not self.slot_bytes:
             return
         room = (self.budget - self.dense) // self.slot_bytes
         asked = cache_request(request, self.slot_bytes, self.n_total)
         if asked is not None and asked > room:
-            raise ConfigError("expert_cache", request, (
-                f"{asked:,} slots ({asked * self.slot_bytes / MIB:,.0f} MiB) do not fit beside the dense part: "
-                f"{self.describe()}; at most {room:,} slots fit"))
+            raise ConfigError(
+                "expert_cache",
+                request,
+                (
+                    f"{asked:,} slots ({asked * self.slot_bytes / MIB:,.0f} MiB) do not fit beside the dense part: "
+                    f"{self.describe()}; at most {room:,} slots fit"
+                ),
+            )
         self.n_slots = int(min(self.n_total, room) if asked is None else asked)
 
     def cache_line(self, free: int, reserve: int) -> str:
         """The start-up line: `expert cache auto: 21.4 GiB free, 700 MiB reserved -> 10,240 slots (41.7% of
         experts)`."""
         share = self.n_slots / self.n_total if self.n_total else 1.0
-        return (f"expert cache: {free / GIB:,.1f} GiB free, {reserve / MIB:,.0f} MiB reserved, budget "
-                f"{self.budget / GIB:,.1f} GiB, dense part {self.dense / GIB:,.2f} GiB -> {self.n_slots:,} slots "
-                f"of {self.slot_bytes / MIB:,.2f} MiB ({share:.1%} of experts)")
+        return (
+            f"expert cache: {free / GIB:,.1f} GiB free, {reserve / MIB:,.0f} MiB reserved, budget "
+            f"{self.budget / GIB:,.1f} GiB, dense part {self.dense / GIB:,.2f} GiB -> {self.n_slots:,} slots "
+            f"of {self.slot_bytes / MIB:,.2f} MiB ({share:.1%} of experts)"
+        )
 
 
 class Ledger:
@@ -110,7 +126,8 @@ class Ledger:
         if self.used + nbytes > self.budget:
             raise VramBudgetError(
                 f"{what} needs {nbytes / MIB:,.1f} MiB more, but {self.used / MIB:,.0f} of the "
-                f"{self.budget / MIB:,.0f} MiB VRAM budget are in use (raise vram_budget_mib or shorten the context)")
+                f"{self.budget / MIB:,.0f} MiB VRAM budget are in use (raise vram_budget_mib or shorten the context)"
+            )
         self.used += nbytes
 
     def give(self, nbytes: int) -> None:

@@ -64,13 +64,21 @@ class ExpertLayout:
             if not all(n in gguf.tensors for n in names):
                 continue
             infos = [gguf.tensors[n] for n in names]
-            layers.append(ExpertLayer(i, tuple(Part(t.name, int(t.qtype), t.shape[-2], t.shape[-1], t.row_bytes)  # type: ignore[arg-type]
-                                                for t in infos)))
+            layers.append(
+                ExpertLayer(
+                    i,
+                    tuple(
+                        Part(t.name, int(t.qtype), t.shape[-2], t.shape[-1], t.row_bytes)  # type: ignore[arg-type]
+                        for t in infos
+                    ),
+                )
+            )
         if not layers:
             return None
         n_expert = gguf.tensors[layers[0].parts[0].name].shape[0]
         strides = tuple(_align(max(l.parts[p].nbytes for l in layers)) for p in range(3))
-        return cls(n_expert, int(gguf.arch_get("expert_used_count", 0)), tuple(layers), strides)  # type: ignore[arg-type]
+        top_k = int(gguf.arch_get("expert_used_count", 0))
+        return cls(n_expert, top_k, tuple(layers), strides)  # type: ignore[arg-type]
 
     @property
     def slot_bytes(self) -> int:

@@ -46,16 +46,28 @@ class Prediction:
         return asdict(self)
 
 
-def predict(plan: VramPlan, layout: ExpertLayout | None, dense_per_token: int, hbm_gbps: float, pcie_gbps: float,
-            ram_bytes: int, chunk: int) -> Prediction:
+def predict(
+    plan: VramPlan,
+    layout: ExpertLayout | None,
+    dense_per_token: int,
+    hbm_gbps: float,
+    pcie_gbps: float,
+    ram_bytes: int,
+    chunk: int,
+) -> Prediction:
     """What the plan allows; raises ConfigError naming the RAM tier when the arena cannot fit."""
     n_total = layout.n_total if layout is not None else 0
     tiered = layout is not None and plan.n_slots < n_total
     arena = layout.n_total * layout.slot_bytes if tiered and layout is not None else 0
     if tiered and ram_bytes and arena > ram_bytes:
-        raise ConfigError("--ram-gib", round(ram_bytes / GIB, 1), (
-            f"the expert arena needs {arena / GIB:,.1f} GiB of pinned RAM for every expert, "
-            f"{(arena - ram_bytes) / GIB:,.1f} GiB more than the RAM budget"))
+        raise ConfigError(
+            "--ram-gib",
+            round(ram_bytes / GIB, 1),
+            (
+                f"the expert arena needs {arena / GIB:,.1f} GiB of pinned RAM for every expert, "
+                f"{(arena - ram_bytes) / GIB:,.1f} GiB more than the RAM budget"
+            ),
+        )
     hit = plan.n_slots / n_total if n_total else 1.0
     routed = layout.routed_bytes_per_token() if layout is not None else 0
     miss = (1 - hit) * routed
@@ -65,9 +77,25 @@ def predict(plan: VramPlan, layout: ExpertLayout | None, dense_per_token: int, h
     decode = 1 / (vram_time + miss / (pcie * ZERO_COPY_EFFICIENCY))
     missing_bytes = (1 - hit) * (layout.total_bytes if layout is not None else 0)
     prefill = chunk * pcie / missing_bytes if missing_bytes else float("inf")
-    return Prediction(plan.budget, plan.dense, plan.n_slots, n_total, plan.slot_bytes, plan.n_slots * plan.slot_bytes,
-                      arena, ram_bytes, hit, dense_per_token, routed, miss, decode, bound, prefill, chunk,
-                      dict(plan.parts))
+    return Prediction(
+        plan.budget,
+        plan.dense,
+        plan.n_slots,
+        n_total,
+        plan.slot_bytes,
+        plan.n_slots * plan.slot_bytes,
+        arena,
+        ram_bytes,
+        hit,
+        dense_per_token,
+        routed,
+        miss,
+        decode,
+        bound,
+        prefill,
+        chunk,
+        dict(plan.parts),
+    )
 
 
 def table(p: Prediction) -> str:
@@ -75,22 +103,38 @@ def table(p: Prediction) -> str:
     rows = [("tier", "what", "size")]
     rows += [("VRAM", k, f"{v / MIB:,.0f} MiB") for k, v in p.parts.items()]
     if p.experts_total:
-        rows.append(("VRAM", f"expert cache: {p.expert_slots:,} of {p.experts_total:,} experts",
-                     f"{p.cache_bytes / MIB:,.0f} MiB"))
-        rows.append(("pinned RAM", "every expert (misses read over PCIe)" if p.arena_bytes else "(all resident)",
-                     f"{p.arena_bytes / MIB:,.0f} MiB"))
+        rows.append(
+            (
+                "VRAM",
+                f"expert cache: {p.expert_slots:,} of {p.experts_total:,} experts",
+                f"{p.cache_bytes / MIB:,.0f} MiB",
+            )
+        )
+        rows.append(
+            (
+                "pinned RAM",
+                "every expert (misses read over PCIe)" if p.arena_bytes else "(all resident)",
+                f"{p.arena_bytes / MIB:,.0f} MiB",
+            )
+        )
         rows.append(("disk", "the GGUF, memory-mapped (read once to fill the tiers)", ""))
     w = [max(len(r[i]) for r in rows) for i in range(3)]
     out = [f"{a:<{w[0]}}  {b:<{w[1]}}  {c:>{w[2]}}" for a, b, c in rows]
     used = p.dense_bytes + p.cache_bytes
     out.append(f"VRAM: {used / GIB:,.2f} of {p.vram_budget_bytes / GIB:,.2f} GiB")
     if p.experts_total:
-        out.append(f"expected hit rate (uniform routing): {p.hit_rate_uniform:.1%}; per token "
-                   f"{p.routed_bytes_per_token / 1e6:,.0f} MB of experts, {p.pcie_bytes_per_token / 1e6:,.0f} MB "
-                   "over PCIe")
-    out.append(f"decode (one sequence): predicted {p.decode_tok_s:,.1f} tok/s; bandwidth bound "
-               f"{p.decode_bound_tok_s:,.1f} tok/s")
+        out.append(
+            f"expected hit rate (uniform routing): {p.hit_rate_uniform:.1%}; per token "
+            f"{p.routed_bytes_per_token / 1e6:,.0f} MB of experts, {p.pcie_bytes_per_token / 1e6:,.0f} MB "
+            "over PCIe"
+        )
+    out.append(
+        f"decode (one sequence): predicted {p.decode_tok_s:,.1f} tok/s; bandwidth bound "
+        f"{p.decode_bound_tok_s:,.1f} tok/s"
+    )
     if p.prefill_pcie_bound_tok_s != float("inf"):
-        out.append(f"prefill ({p.prefill_chunk}-token chunks): at most {p.prefill_pcie_bound_tok_s:,.0f} tok/s "
-                   "from the staging copies over PCIe")
+        out.append(
+            f"prefill ({p.prefill_chunk}-token chunks): at most {p.prefill_pcie_bound_tok_s:,.0f} tok/s "
+            "from the staging copies over PCIe"
+        )
     return "\n".join(out)

@@ -64,8 +64,9 @@ class Staging:
 
 
 class ExpertCache:
-    def __init__(self, layout: ExpertLayout, n_slots: int, slots: Bytes, arena: Arena,
-                 borrow_min: int = BORROW_MIN) -> None:
+    def __init__(
+        self, layout: ExpertLayout, n_slots: int, slots: Bytes, arena: Arena, borrow_min: int = BORROW_MIN
+    ) -> None:
         self.layout = layout
         self.n_slots = n_slots
         self.slots = slots
@@ -98,7 +99,10 @@ class ExpertCache:
 
     def _copies(self, li: int, e: int, slot: int) -> list[tuple[int, int, int]]:
         """(source, destination, bytes) of expert e of layer li's three parts, arena -> slot."""
-        return [(int(self._arena_row(li, p, e)), self._slot_addr(p, slot), int(self.sizes[li, p])) for p in range(3)]
+        return [
+            (int(self._arena_row(li, p, e)), self._slot_addr(p, slot), int(self.sizes[li, p]))
+            for p in range(3)
+        ]
 
     # ---- contents ----
     def _assign(self, slot: int, li: int, e: int) -> list[tuple[int, int, int]]:
@@ -188,7 +192,9 @@ class ExpertCache:
         cap = cap0 + -(-2 * cap0 // n_l) + 1  # borrowing takes residents away, adding misses
         buffers = 2 if self.n_slots >= 2 * cap else 1
         cap = min(cap, self.n_slots // buffers)
-        borrowed = sorted(self._borrow_order()[: buffers * cap])  # ascending: consecutive misses, consecutive slots
+        borrowed = sorted(
+            self._borrow_order()[: buffers * cap]
+        )  # ascending: consecutive misses, consecutive slots
         table = self.table.copy()
         restore = []
         gone = np.zeros((n_l, n_e), bool)
@@ -220,11 +226,15 @@ class ExpertCache:
 
     def stage_rows(self, staging: Staging, li: int) -> np.ndarray:
         """The copies [n, 3] that put layer li's staged experts into their borrowed slots."""
-        return np.asarray([r for e, s in staging.per_layer[li] for r in self._copies(li, e, s)], np.int64).reshape(-1, 3)
+        return np.asarray(
+            [r for e, s in staging.per_layer[li] for r in self._copies(li, e, s)], np.int64
+        ).reshape(-1, 3)
 
     def restore_rows(self, staging: Staging) -> np.ndarray:
         """The copies [n, 3] that give each borrowed slot its own expert back when the chunk is over."""
-        return np.asarray([r for s, li, e in staging.restore for r in self._copies(li, e, s)], np.int64).reshape(-1, 3)
+        return np.asarray(
+            [r for s, li, e in staging.restore for r in self._copies(li, e, s)], np.int64
+        ).reshape(-1, 3)
 
 
 class NumpyBytes:

@@ -47,8 +47,14 @@ class TierUse:
     def timings(self) -> dict[str, int]:
         """The fields a response's `timings` carries."""
         d, p = self.decode, self.prefill
-        return {"expert_lookups": d.lookups, "expert_hits": d.hits, "pcie_bytes": d.pcie_bytes,
-                "prompt_expert_lookups": p.lookups, "prompt_expert_hits": p.hits, "prompt_pcie_bytes": p.pcie_bytes}
+        return {
+            "expert_lookups": d.lookups,
+            "expert_hits": d.hits,
+            "pcie_bytes": d.pcie_bytes,
+            "prompt_expert_lookups": p.lookups,
+            "prompt_expert_hits": p.hits,
+            "prompt_pcie_bytes": p.pcie_bytes,
+        }
 
 
 def hit_rate_line(c: TierCounts, what: str = "decode") -> str:
@@ -56,5 +62,7 @@ def hit_rate_line(c: TierCounts, what: str = "decode") -> str:
     GPU over PCIe (p% of all routed)`."""
     misses = c.lookups - c.hits
     share = misses / c.lookups if c.lookups else 0.0
-    return (f"{what} expert cache hit rate: {c.hit_rate:.1%} ({c.hits:,} / {c.lookups:,}); {misses:,} more read "
-            f"over PCIe ({share:.1%} of all routed, {c.pcie_bytes / 2**30:,.2f} GiB)")
+    return (
+        f"{what} expert cache hit rate: {c.hit_rate:.1%} ({c.hits:,} / {c.lookups:,}); {misses:,} more read "
+        f"over PCIe ({share:.1%} of all routed, {c.pcie_bytes / 2**30:,.2f} GiB)"
+    )

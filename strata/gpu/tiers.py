@@ -20,7 +20,7 @@ import numpy as np
 
 from strata.gguf import GGUFFile
 from strata.gpu.kernels import tiers as kt
-from strata.gpu.runtime import Kernels, cupy_module, i64, launch, ptr
+from strata.gpu.runtime import Kernels, cupy_module, launch, ptr
 from strata.gpu.weights import DevMatrix
 from strata.tiers.arena import PinnedArena
 from strata.tiers.layout import ExpertLayout
@@ -61,7 +61,9 @@ def gather(kernels: Kernels, rows: np.ndarray, keep: list[Any]) -> None:
     """Launch gather_rows over (source, destination, bytes) rows [n, 3] on the current stream."""
     cp = cupy_module()
     for r0 in range(0, len(rows), MAX_ROWS_PER_LAUNCH):
-        part = cp.asarray(np.ascontiguousarray(rows[r0 : r0 + MAX_ROWS_PER_LAUNCH].T))  # [3, n]: src, dst, bytes
+        part = cp.asarray(
+            np.ascontiguousarray(rows[r0 : r0 + MAX_ROWS_PER_LAUNCH].T)
+        )  # [3, n]: src, dst, bytes
         keep.append(part)
         n = part.shape[1]
         launch(kernels["gather_rows"], (BLOCKS_PER_ROW, n), 256, (part[0], part[1], part[2]))
@@ -107,12 +109,17 @@ class GpuTiers:
         """Gate, up, down of MoE layer li, read through `table` (default: the decode table)."""
         tab = self.table if table is None else table
         n_e = self.layout.n_expert
-        return tuple(DevMatrix(p.name, p.qtype, p.rows, p.cols, n_e, p.row_bytes, None,
-                               ptr(tab, 8 * (li * 3 + j) * n_e))
-                     for j, p in enumerate(self.layout.layers[li].parts))  # type: ignore[return-value]
+        return tuple(
+            DevMatrix(
+                p.name, p.qtype, p.rows, p.cols, n_e, p.row_bytes, None, ptr(tab, 8 * (li * 3 + j) * n_e)
+            )
+            for j, p in enumerate(self.layout.layers[li].parts)
+        )  # type: ignore[return-value]
 
     def hook(self, li: int) -> TierHook:
-        return TierHook(ptr(self.where, 4 * li * self.layout.n_expert), int(self.cache.expert_bytes[li]), self.counts)
+        return TierHook(
+            ptr(self.where, 4 * li * self.layout.n_expert), int(self.cache.expert_bytes[li]), self.counts
+        )
 
     # ---- between windows ----
     def publish(self) -> None:
@@ -182,8 +189,10 @@ class GpuTiers:
         src = self.arena.arrays[part].reshape(-1)
         n = min(nbytes, src.nbytes) // (1 << 20) * (1 << 20)
         dst = cp.empty(n, cp.uint8)
-        rows = np.array([[int(src.ctypes.data) + o, int(dst.data.ptr) + o, 1 << 20] for o in range(0, n, 1 << 20)],
-                        np.int64)
+        rows = np.array(
+            [[int(src.ctypes.data) + o, int(dst.data.ptr) + o, 1 << 20] for o in range(0, n, 1 << 20)],
+            np.int64,
+        )
         out = {}
         for name in ("zero_copy", "copy_engine"):
             best = 0.0
@@ -193,8 +202,13 @@ class GpuTiers:
                 if name == "zero_copy":
                     gather(self.kernels, rows, self._keep)
                 else:
-                    cp.cuda.runtime.memcpyAsync(int(dst.data.ptr), int(src.ctypes.data), n, HOST_TO_DEVICE,
-                                                cp.cuda.get_current_stream().ptr)
+                    cp.cuda.runtime.memcpyAsync(
+                        int(dst.data.ptr),
+                        int(src.ctypes.data),
+                        n,
+                        HOST_TO_DEVICE,
+                        cp.cuda.get_current_stream().ptr,
+                    )
                 end.record()
                 end.synchronize()
                 best = max(best, n / (cp.cuda.get_elapsed_time(start, end) / 1e3))
@@ -207,4 +221,3 @@ class GpuTiers:
     def nbytes(self) -> int:
         """VRAM held: the slots, both tables, `where` and the counters."""
         return self.slots.nbytes() + 2 * self.table.nbytes + self.where.nbytes + self.counts.nbytes
-

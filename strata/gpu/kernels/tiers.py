@@ -17,7 +17,9 @@ import numpy as np
 
 from strata.gpu.kernels.common import HEADER
 
-SOURCE = HEADER + r"""
+SOURCE = (
+    HEADER
+    + r"""
 typedef unsigned long long u64;
 
 // counts [rows, 3] += (lookups, hits, miss bytes) of ids [P] (A per row) against where [E]
@@ -52,6 +54,7 @@ __global__ void __launch_bounds__(256) gather_rows(const i64* __restrict__ src, 
     for (i64 k = (n16 << 4) + threadIdx.x; k < n; k += blockDim.x) d[k] = s[k];
 }
 """
+)
 
 NAMES = ["tier_count", "gather_rows"]
 
