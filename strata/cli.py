@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from strata.conf.engine import add_backend_flags
 from strata.errors import StrataError
@@ -15,7 +16,8 @@ EXIT_ERROR = 1
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g = sub.add_parser("generate", help="generate text from a prompt")
-    g.add_argument("--model", "-m", required=True, help="path to a GGUF file")
+    g.add_argument("--model", "-m", default=None, help="path to a GGUF file (default: $STRATA_MODEL, else the "
+                   "default model, fetched on first use)")
     g.add_argument("--prompt", "-p", required=True, help="prompt text (a user message with --chat)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--system", default=None, help="system message for --chat")
@@ -60,8 +62,15 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     sub.add_parser("pull", help="download and verify the default model ahead of the first run")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as every other error: one line on stderr, exit 1."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_ERROR, f"strata: error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="strata", description="Strata: tiered MoE inference for GGUF models. "
+    p = Parser(prog="strata", description="Strata: tiered MoE inference for GGUF models. "
                                 "With no command, serves the default model on 127.0.0.1:8080.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     _add_serve(sub)

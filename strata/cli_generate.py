@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from strata.cli import dump_json
@@ -30,7 +31,8 @@ def _params(args: argparse.Namespace) -> SamplingParams:
 
 def run_generate(args: argparse.Namespace) -> int:
     params = _params(args)
-    engine = Engine.load(args.model, n_ctx=args.ctx_size, **backend_options(args))
+    model = args.model or os.environ.get("STRATA_MODEL") or None  # None: the default model
+    engine = Engine.load(model, n_ctx=args.ctx_size, **backend_options(args))
     if args.chat:
         messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": args.prompt})

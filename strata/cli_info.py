@@ -15,20 +15,20 @@ def run_info(args: argparse.Namespace) -> int:
     arch = g.architecture
     supported = arch in registry()
     n_params = sum(int(_numel(t.shape)) for t in g.tensors.values())
-    print(f"file:          {g.path} ({g.file_size / 2**20:,.1f} MiB, GGUF v{g.version})")
-    print(f"name:          {g.get('general.name', '?')}")
-    print(f"architecture:  {arch}{'' if supported else '  (not supported by this Strata)'}")
-    print(f"parameters:    {n_params / 1e6:,.1f} M")
-    print(f"context:       {g.arch_get(Keys.CONTEXT_LENGTH, '?')}")
+    rows = [("file", f"{g.path} ({g.file_size / 2**20:,.1f} MiB, GGUF v{g.version})"),
+            ("name", g.get("general.name", "?")),
+            ("architecture", f"{arch}{'' if supported else '  (not supported by this Strata)'}"),
+            ("parameters", f"{n_params / 1e6:,.1f} M"), ("context", g.arch_get(Keys.CONTEXT_LENGTH, "?"))]
     for key in (Keys.BLOCK_COUNT, Keys.EMBEDDING_LENGTH, Keys.EXPERT_COUNT, Keys.EXPERT_USED_COUNT):
-        v = g.arch_get(key)
-        if v is not None:
-            print(f"{key + ':':<15}{v}")
+        if (v := g.arch_get(key)) is not None:
+            rows.append((key, v))
     toks = g.get("tokenizer.ggml.tokens")
-    print(f"tokenizer:     {g.get('tokenizer.ggml.model', 'none')} / pre={g.get('tokenizer.ggml.pre', '-')}"
-          f", {len(toks) if toks is not None else 0} tokens")
-    print(f"chat template: {'yes' if g.get('tokenizer.chat_template') else 'no (per-architecture default)'}")
-    print(f"tensors:       {len(g.tensors)}")
+    rows += [("tokenizer", f"{g.get('tokenizer.ggml.model', 'none')} / pre={g.get('tokenizer.ggml.pre', '-')}, "
+                           f"{len(toks) if toks is not None else 0} tokens"),
+             ("chat template", "yes" if g.get("tokenizer.chat_template") else "no (per-architecture default)"),
+             ("tensors", len(g.tensors))]
+    for label, value in rows:
+        print(_row(label, value))
     for qname, (count, nbytes) in sorted(g.bytes_by_type().items(), key=lambda kv: -kv[1][1]):
         print(f"  {qname:<8} {count:5d} tensors {nbytes / 2**20:12,.1f} MiB")
     for line in _ple_lines(g):
@@ -36,8 +36,15 @@ def run_info(args: argparse.Namespace) -> int:
     if args.verify is not None:
         expected = args.verify or expected_sha256(g.path)
         digest = verify_file(g, expected)
-        print(f"sha256:        {digest} ({'verified' if expected else 'no reference digest to compare'})")
+        print(_row("sha256", f"{digest} ({'verified' if expected else 'no reference digest to compare'})"))
     return 0
+
+
+LABEL = 26  # the longest label (expert_feed_forward_length:) and a space
+
+
+def _row(label: str, value: object) -> str:
+    return f"{label + ':':<{LABEL}}{value}"
 
 
 def _ple_lines(g: GGUFFile) -> list[str]:
@@ -52,10 +59,10 @@ def _ple_lines(g: GGUFFile) -> list[str]:
     size = f"{t.shape[0]:,} rows x {t.shape[-1]} {t.qtype.name} = {t.nbytes / 2**20:,.1f} MiB"
     where = f"{g.path} at byte offset {t.offset:,}; memory-mapped, never loaded whole"
     return [
-        f"PLE table:     {name} {size} ({t.nbytes / g.file_size:.1%} of the file)",
-        f"  lives in:    {where}: rows are read on demand through the OS page cache",
-        (f"  per token:   {per_token} rows = {per_token * t.row_bytes:,} bytes gathered "
-         f"(layers {[int(i) for i in layers]}, {heads} hashed n-gram heads)"),
+        _row("PLE table", f"{name} {size} ({t.nbytes / g.file_size:.1%} of the file)"),
+        _row("  lives in", f"{where}: rows are read on demand through the OS page cache"),
+        _row("  per token", f"{per_token} rows = {per_token * t.row_bytes:,} bytes gathered "
+                            f"(layers {[int(i) for i in layers]}, {heads} hashed n-gram heads)"),
     ]
 
 

@@ -63,9 +63,14 @@ class Engine:
         self.n_ctx = options.n_ctx or trained
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], **options: Any) -> Engine:
-        """Open a GGUF and build its model; raises typed errors for bad files and options."""
+    def load(cls, path: str | os.PathLike[str] | None = None, **options: Any) -> Engine:
+        """Open a GGUF (None: the default model, fetched and verified on first use, as `python -m strata`
+        serves it) and build its model; raises typed errors for bad files and options."""
         opts = EngineOptions.from_kwargs(**options)
+        if path is None:
+            from strata import hub
+
+            path = hub.pull()
         gguf = GGUFFile(path)
         if opts.verify:
             gguf.verify(opts.verify)

@@ -39,8 +39,9 @@ def load_npz(path) -> dict:
         return {k: z[k] for k in z.files}
 
 
-def build_all(log=None) -> dict[str, object]:
-    """Build every fixture (cheap when cached); `log(name, result, seconds)` is called after each."""
+def build_all(log=None, begin=None) -> dict[str, object]:
+    """Build every fixture (cheap when cached); `begin(name)` is called before each, `log(name, result,
+    seconds)` after."""
     import time
 
     steps = [("smollm2_gguf", smollm2_gguf), ("gemma3_gguf", gemma3_gguf),
@@ -49,6 +50,8 @@ def build_all(log=None) -> dict[str, object]:
              ("tokenizer_oracle", tokenizer_oracle), ("template_oracle", template_oracle)]
     out: dict[str, object] = {}
     for name, fn in steps:
+        if begin is not None:
+            begin(name)
         t0 = time.perf_counter()
         out[name] = fn()
         if log is not None:

@@ -23,8 +23,12 @@ def main() -> int:
         for k, v in (result.items() if isinstance(result, dict) else [("", result)]):
             print(f"           {k + ': ' if k else ''}{v}", flush=True)
 
-    assets.build_all(log)
+    def begin(name):  # a cold build spends minutes in some steps: say which one is running
+        print(f"  ...      {name} (elapsed {time.perf_counter() - t0:.0f}s)", flush=True)
+
+    assets.build_all(log, begin)
     for name, build in (("tiny_qwen3next", flagship.tiny_qwen3next), ("tiny_qwen4exp", flagship.tiny_qwen4exp)):
+        begin(name)
         t1 = time.perf_counter()
         log(name, build(), time.perf_counter() - t1)
     print(f"{time.perf_counter() - t0:7.1f}s  total", flush=True)
