@@ -27,8 +27,13 @@ def test_generate_json(smollm2_path: Path) -> None:
 def test_info(smollm2_path: Path) -> None:
     out = strata("info", str(smollm2_path))
     assert out.returncode == 0, out.stderr
-    assert "architecture:  llama" in out.stdout
-    assert "Q4_1" in out.stdout and "chat template: yes" in out.stdout
+    assert "Q4_1" in out.stdout
+    labelled = [ln for ln in out.stdout.splitlines() if not ln.startswith(" ") and ":" in ln]
+    values = {ln.split(":", 1)[0]: ln.split(":", 1)[1] for ln in labelled}
+    assert values["architecture"].strip() == "llama" and values["chat template"].strip() == "yes"
+    # every value starts in one column, after at least one space (embedding_length:576 did not)
+    assert len({len(ln) - len(ln.split(":", 1)[1].lstrip()) for ln in labelled}) == 1
+    assert all(v.startswith(" ") for v in values.values())
 
 
 def test_info_verify_known_digest(smollm2_path: Path) -> None:
@@ -74,3 +79,33 @@ def test_bad_flag_value_names_the_flag(smollm2_path: Path) -> None:
     _assert_one_line_error(
         strata("generate", "--model", str(smollm2_path), "--prompt", "x", "--temperature", "-3"), "--temperature"
     )
+
+
+def test_usage_errors_are_one_line_and_exit_1(smollm2_path: Path) -> None:
+    for args in (["generate", "--model", str(smollm2_path)], ["generate", "--prompt", "hi", "--max-tokens", "x"],
+                 ["plan"], ["no-such-command"]):
+        out = strata(*args)
+        assert out.returncode == 1, (args, out.stderr)
+        _assert_one_line_error(out, "strata: error:")
+
+
+def test_public_api_and_the_default_model(smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import strata as pkg
+    from strata import hub
+
+    assert {"Engine", "SamplingParams"} <= set(pkg.__all__)
+    monkeypatch.setattr(hub, "pull", lambda: smollm2_path)  # the default model, already fetched
+    eng = pkg.Engine.load()
+    assert eng.gguf.path == str(smollm2_path)
+    text = eng.generate("Hi", max_tokens=3, params=pkg.SamplingParams(temperature=0.0)).run().text
+    assert text
+
+
+def test_generate_without_model_uses_strata_model(smollm2_path: Path) -> None:
+    import os
+
+    env = {**os.environ, "STRATA_MODEL": str(smollm2_path)}
+    out = subprocess.run([sys.executable, "-m", "strata", "generate", "--prompt", "hi", "--max-tokens", "3",
+                          "--temperature", "0", "--json"], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["prompt_ids"]
