@@ -2,7 +2,10 @@
 
 Attention KV can be cut at any length, so a KV-only state serves any prompt sharing a prefix with
 it. Recurrent state (DeltaNet, n-gram history) cannot be cut, so such a state serves only prompts
-that extend its whole token list. Entries are evicted least-recently-used under a byte budget.
+that extend its whole token list: for hybrid models the scheduler therefore also checkpoints a prompt
+one token before its end (the same prompt again, or the next turn of a conversation, which extends it)
+and at every `CHECKPOINT_EVERY` tokens (a long shared prefix: system prompt and tools). Entries are
+evicted least-recently-used under a byte budget.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from strata.state import SequenceState
 
 # Shorter matches are not worth a state copy.
 MIN_REUSE = 4
+# Prompt positions, beside the last but one, where a hybrid model's state is kept while prefilling.
+CHECKPOINT_EVERY = 2048
 
 
 @dataclass(slots=True)
@@ -44,8 +49,11 @@ class PrefixCache:
         if size > self.budget or snap.n_past < MIN_REUSE:
             return
         toks = np.asarray(snap.tokens, dtype=np.int64)
-        for key, e in list(self._entries.items()):  # an entry this one extends is now redundant
-            if len(e.tokens) <= len(toks) and np.array_equal(e.tokens, toks[: len(e.tokens)]):
+        for key, e in list(self._entries.items()):
+            # the same tokens again, or a KV-only entry this one extends (it can be cut back to it), are
+            # redundant; a shorter recurrent entry is not: it serves prompts that part from this one there
+            extends = len(e.tokens) <= len(toks) and np.array_equal(e.tokens, toks[: len(e.tokens)])
+            if extends and (len(e.tokens) == len(toks) or not e.state.layers):
                 self._drop(key)
         while self.used + size > self.budget and self._entries:
             self._drop(next(iter(self._entries)))
@@ -78,6 +86,20 @@ class PrefixCache:
         self.hits += 1
         self.reused_tokens += best_len
         return best_len
+
+    def wants(self, state: SequenceState, prompt_len: int) -> bool:
+        """Whether a prefilling state at its current length is a checkpoint worth keeping."""
+        n = state.n_past
+        return bool(state.layers) and n >= MIN_REUSE and (n == prompt_len - 1 or n % CHECKPOINT_EVERY == 0)
+
+    @staticmethod
+    def next_stop(state: SequenceState, prompt_len: int) -> int:
+        """The prompt position the next prefill chunk of a hybrid model must not pass: the next checkpoint."""
+        n = state.n_past
+        if not state.layers:
+            return prompt_len
+        stops = [prompt_len - 1, (n // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY, prompt_len]
+        return min(v for v in stops if v > n)
 
     def _drop(self, key: int) -> None:
         self.used -= self._entries.pop(key).nbytes

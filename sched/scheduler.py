@@ -205,6 +205,9 @@ class Scheduler:
             if s.req.state is RequestState.ADMITTING:
                 full = self.engine.options.prefill_chunk
                 chunk = self.pacer.chunk(full) if decoding else full
+                if self.prefix_cache is not None:  # a hybrid model's chunk ends where its state is kept
+                    st = s.seq.state
+                    chunk = min(chunk, self.prefix_cache.next_stop(st, len(s.seq.prompt)) - st.n_past)
                 window.append((s, s.seq.next_input(chunk)))
             else:
                 s.req.state = running
@@ -226,6 +229,9 @@ class Scheduler:
 
     def _commit_one(self, slot: Slot, row: np.ndarray) -> None:
         req, seq = slot.req, slot.seq
+        if (req.state is RequestState.ADMITTING and self.prefix_cache is not None
+                and self.prefix_cache.wants(seq.state, len(seq.prompt))):
+            self.prefix_cache.store(seq.state)
         for chunk in seq.accept(row):
             req.events.put_nowait(TokenEvent(chunk.token, chunk.text))
         if req.state is RequestState.ADMITTING and seq.state.n_past >= len(seq.prompt):

@@ -1,0 +1,66 @@
+"""The prefix cache on hybrid models (Gated DeltaNet; qwen4exp's n-gram and indexer state too), whose
+recurrent state cannot be cut back: the same prompt again, the next turn of a conversation, and a prompt
+sharing only a long prefix reuse checkpoints, with the tokens of a run without the cache and `cached`
+reported honestly."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from strata.engine import Engine
+from strata.sampling import SamplingParams
+from strata.sched import prefix_cache as pc
+from strata.sched.request import DoneEvent, Request, TokenEvent
+from strata.sched.scheduler import Scheduler
+
+
+def _fixture(arch: str):
+    from flagship_checks import build
+    from oracle import flagship
+
+    return build({"qwen3next": flagship.tiny_qwen3next, "qwen4exp": flagship.tiny_qwen4exp}[arch])["f32"]
+
+
+async def _serve(sch: Scheduler, prompt: list[int], n: int = 5) -> tuple[list[int], DoneEvent]:
+    req = Request(list(prompt), SamplingParams(temperature=0.0), n, seed=1)
+    sch.submit(req)
+    toks = []
+    while True:
+        ev = await asyncio.wait_for(req.events.get(), 120)
+        if isinstance(ev, TokenEvent):
+            if ev.token is not None:
+                toks.append(ev.token)
+        else:
+            assert isinstance(ev, DoneEvent), ev
+            return toks, ev
+
+
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen4exp"])
+def test_hybrid_prompts_reuse_checkpoints(arch, monkeypatch):
+    monkeypatch.setattr(pc, "CHECKPOINT_EVERY", 16)
+    eng = Engine.load(_fixture(arch), device="cpu", backend="numpy")
+    rng = np.random.default_rng(5)
+    prompt = [int(v) for v in rng.integers(100, 5000, 40)]
+    other = prompt[:20] + [int(v) for v in rng.integers(100, 5000, 10)]  # parts from `prompt` at 20
+
+    async def go(cache: pc.PrefixCache | None) -> list[tuple[list[int], int]]:
+        sch = Scheduler(eng, parallel=1, prefix_cache=cache)
+        sch.start()
+        out = []
+        first, d = await _serve(sch, prompt)
+        out.append((first, d.cached_tokens))
+        for p in (prompt, prompt + first + [7, 8, 9], other):
+            toks, d = await _serve(sch, p)
+            out.append((toks, d.cached_tokens))
+        sch.stop()
+        return out
+
+    plain = asyncio.run(go(None))
+    cached = asyncio.run(go(pc.PrefixCache(1 << 30)))
+    assert [t for t, _ in cached] == [t for t, _ in plain], "the cache changed the tokens"
+    first = plain[0][0]
+    assert [c for _, c in cached] == [0, len(prompt) - 1, len(prompt) + len(first) - 1, 16]
+    assert all(c == 0 for _, c in plain)
