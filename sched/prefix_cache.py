@@ -10,12 +10,15 @@ evicted least-recently-used under a byte budget.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from strata.state import SequenceState
+
+log = logging.getLogger("strata.prefix_cache")
 
 # Shorter matches are not worth a state copy.
 MIN_REUSE = 4
@@ -43,8 +46,13 @@ class PrefixCache:
         return len(self._entries)
 
     def store(self, state: SequenceState) -> None:
-        """Keep a snapshot of `state` (the caller may go on using its own)."""
-        snap = state.checkpoint()
+        """Keep a snapshot of `state` in host RAM (the caller may go on using its own). A cache never fails
+        a request: a snapshot that cannot be made is not kept."""
+        try:
+            snap = state.snapshot()
+        except Exception:  # noqa: BLE001 - e.g. no VRAM for a copy on the way: serve on without caching
+            log.exception("prefix cache: could not snapshot a state of %d tokens", state.n_past)
+            return
         size = snap.nbytes()
         if size > self.budget or snap.n_past < MIN_REUSE:
             return
@@ -79,7 +87,11 @@ class PrefixCache:
             return 0
         entry = self._entries[best_key]
         self._entries.move_to_end(best_key)
-        fresh.restore(entry.state)
+        try:
+            fresh.restore(entry.state)
+        except Exception:  # noqa: BLE001 - e.g. no VRAM to bring it back: prefill from scratch instead
+            log.exception("prefix cache: could not restore %d cached tokens", best_len)
+            return 0
         fresh.kv.truncate(best_len)
         fresh.n_past = best_len
         del fresh.tokens[best_len:]

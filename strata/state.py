@@ -41,6 +41,15 @@ class SequenceState:
         layers = {key: st.copy() for key, st in self.layers.items()}
         return SequenceState(self.kv.copy(), self.n_past, list(self.tokens), layers)
 
+    def snapshot(self) -> SequenceState:
+        """Like checkpoint(), but parts that live on a device are copied to host RAM (`to_host`); restoring
+        from it brings them back (their copy() allocates on the device again)."""
+        def host(part: object) -> object:
+            return getattr(part, "to_host", part.copy)()  # type: ignore[attr-defined]
+
+        layers = {key: host(st) for key, st in self.layers.items()}
+        return SequenceState(host(self.kv), self.n_past, list(self.tokens), layers)  # type: ignore[arg-type]
+
     def restore(self, snap: SequenceState) -> None:
         """Become an independent copy of `snap` (snap stays usable for further restores)."""
         copy = snap.checkpoint()

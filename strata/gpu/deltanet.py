@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from strata.blocks.linear_attn import DeltaNetParams, HeadOrder
 from strata.errors import ConfigError
 from strata.gguf.names import T, tensor
@@ -107,8 +109,29 @@ class RecurrentState:
     def nbytes(self) -> int:
         return self._bytes
 
+    def to_host(self) -> HostRecurrent:
+        """A copy in host RAM (the prefix cache keeps these); its copy() comes back to the GPU."""
+        return HostRecurrent(self.ledger, self.dims, self.n_layer, self.conv.get(), self.ssm.get())
+
     def __del__(self) -> None:
         self.ledger.give(self._bytes)
+
+
+class HostRecurrent:
+    """A RecurrentState in host RAM."""
+
+    def __init__(self, ledger: Ledger, dims: DNDims, n_layer: int, conv: np.ndarray, ssm: np.ndarray) -> None:
+        self.ledger, self.dims, self.n_layer, self.conv, self.ssm = ledger, dims, n_layer, conv, ssm
+
+    def copy(self) -> RecurrentState:
+        out = RecurrentState(self.ledger, self.dims, self.n_layer)
+        out.conv.set(self.conv)
+        out.ssm.set(self.ssm)
+        cupy_module().cuda.get_current_stream().synchronize()
+        return out
+
+    def nbytes(self) -> int:
+        return self.conv.nbytes + self.ssm.nbytes
 
 
 def run_deltanet(ops: Any, j: int, w: DeltaNetWeights, dn: DNDims, norm: Any, eps: float, act: Any, n: int,

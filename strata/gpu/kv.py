@@ -65,6 +65,12 @@ class GpuKV:
     def nbytes(self) -> int:
         return self._bytes(self.cap)
 
+    def to_host(self) -> HostKV:
+        """A copy in host RAM (the prefix cache keeps these, not VRAM); its copy() comes back to the GPU."""
+        k = self.k[:, :, : self.length].get() if self.length else None
+        v = self.v[:, :, : self.length].get() if self.length else None
+        return HostKV(self.ledger, self.shape, self.max_len, self.length, k, v)
+
     def host(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """Keys and values of one layer as float32 [length, n_kv, hd] (tests and debugging)."""
         k = self.k[layer, :, : self.length].transpose(1, 0, 2).astype(np.float32)
@@ -74,3 +80,26 @@ class GpuKV:
     def __del__(self) -> None:
         if self.cap:
             self.ledger.give(self._bytes(self.cap))
+
+
+class HostKV:
+    """A GpuKV's first `length` positions in host RAM: K and V [n_layer, n_kv, length, head_dim] fp16."""
+
+    def __init__(self, ledger: Ledger, shape: tuple[int, int, int], max_len: int, length: int, k: Any, v: Any) -> None:
+        self.ledger, self.shape, self.max_len, self.length, self.k, self.v = ledger, shape, max_len, length, k, v
+
+    def truncate(self, n: int) -> None:
+        self.length = min(self.length, n)
+
+    def copy(self) -> GpuKV:
+        out = GpuKV(self.ledger, *self.shape, self.max_len)
+        if self.length:
+            out.reserve(self.length)
+            cp = cupy_module()
+            out.k[:, :, : self.length] = cp.asarray(self.k[:, :, : self.length])
+            out.v[:, :, : self.length] = cp.asarray(self.v[:, :, : self.length])
+            out.length = self.length
+        return out
+
+    def nbytes(self) -> int:
+        return 0 if self.k is None else self.k.nbytes + self.v.nbytes

@@ -85,8 +85,8 @@ def vram_plan(gguf: Any, d: Dims, linear: list[bool], n_ctx: int, chunk: int, vo
     n_attn = linear.count(False)
     seqs = opts.seqs  # room for the sequences that run at once: the expert cache takes what the plan leaves
     plan.parts[f"KV cache ({seqs} x {n_ctx:,} positions)"] = seqs * 2 * n_attn * d.n_kv * d.hd * 2 * n_ctx
-    if d.dn is not None:
-        plan.parts[f"DeltaNet state ({seqs} x)"] = seqs * 4 * (len(linear) - n_attn) * sum(d.dn.state_floats())
+    if d.dn is not None:  # one more: a cached prefix is restored beside the fresh state it replaces
+        plan.parts[f"DeltaNet state ({seqs} + 1 x)"] = (seqs + 1) * 4 * (len(linear) - n_attn) * sum(d.dn.state_floats())
     rows = Activations.bytes_per_row(d)
     plan.parts[f"activations ({chunk}-token chunks)"] = rows * chunk + 4 * vocab * opts.max_batch
     plan.parts[f"decode graph buffers (up to {opts.max_batch} sequences)"] = (
