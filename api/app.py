@@ -15,7 +15,8 @@ from starlette.routing import Route
 from strata.api import anthropic_messages, openapi, ops, openai_chat, openai_completions
 from strata.api.auth import APIKeyMiddleware
 from strata.api.errors import APIError, error_response
-from strata.api.state import AppState
+from strata.api.loading import Loading, LoadingGate
+from strata.conf.server import ServerConfig
 from strata.errors import ContextOverflowError, StrataError
 
 
@@ -41,7 +42,9 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     return error_response(request, APIError(500, f"internal error: {type(exc).__name__}", code="internal_error"))
 
 
-def build_app(state: AppState) -> Starlette:
+def build_app(cfg: ServerConfig, loading: Loading) -> Starlette:
+    """The app, before the model is loaded: `app.state.strata` (AppState) is set when loading is done
+    (`Loading.ready`); until then the gate answers for it."""
     routes = [
         Route("/health", ops.health, methods=["GET"]),
         Route("/v1/models", ops.models, methods=["GET"]),
@@ -57,24 +60,25 @@ def build_app(state: AppState) -> Starlette:
         Route("/openapi.json", openapi.openapi, methods=["GET"]),
     ]
 
-    if state.config.test_hooks:
+    if cfg.test_hooks:
         routes.append(Route("/debug/fault", ops.inject_fault, methods=["POST"]))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        state.scheduler.start()
         try:
             yield
         finally:
-            state.scheduler.stop()
+            if app.state.strata is not None:
+                app.state.strata.scheduler.stop()
 
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(APIKeyMiddleware, keys=state.config.api_keys)],
+        middleware=[Middleware(APIKeyMiddleware, keys=cfg.api_keys), Middleware(LoadingGate, loading=loading)],
         exception_handlers={APIError: _api_error, HTTPException: _http_error, StrataError: _strata_error,
                             Exception: _internal_error},
         lifespan=lifespan,
     )
-    app.state.strata = state
+    app.state.strata = None
+    app.state.loading = loading
     app.state.openapi = openapi.build_spec()
     return app

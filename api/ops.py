@@ -21,6 +21,9 @@ def _state(request: Request) -> AppState:
 async def health(request: Request) -> Response:
     """200 while the scheduler makes progress; 503 (OpenAI error shape) when its loop stopped, has
     made no progress for --watchdog-s with work waiting, or the server is draining after SIGTERM."""
+    if request.app.state.strata is None:
+        loading = request.app.state.loading
+        return JSONResponse(loading.body(), status_code=503, headers={"Retry-After": "2"})
     sch = _state(request).scheduler
     problem = sch.stalled() or ("the server is shutting down" if sch.draining else None)
     if problem is not None:

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import sys
+import threading
+import time
 from pathlib import Path
 from types import FrameType
 
 import uvicorn
 from sse_starlette.sse import AppStatus
+from starlette.applications import Starlette
 
 from strata import hub
 from strata.api.app import build_app
+from strata.api.loading import Loading
 from strata.api.state import AppState
 from strata.conf.server import ServerConfig
 from strata.engine import Engine
-from strata.errors import ConfigError
+from strata.errors import ConfigError, StrataError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys
 from strata.sched.prefix_cache import PrefixCache
@@ -26,12 +31,16 @@ from strata.sched.scheduler import Scheduler
 DEFAULT_CTX = 8192
 
 
-def load_state(cfg: ServerConfig) -> AppState:
+def check_model(cfg: ServerConfig) -> tuple[Path, int]:
+    """The model file and the context, from its header alone: what can be refused before the socket opens."""
     path = Path(cfg.model) if cfg.model else hub.pull()
     trained = int(GGUFFile(path).arch_get(Keys.CONTEXT_LENGTH, DEFAULT_CTX))
     if cfg.ctx_size > trained:
         raise ConfigError("--ctx-size", cfg.ctx_size, f"{path.name} was trained for at most {trained} tokens")
-    n_ctx = cfg.ctx_size or min(trained, DEFAULT_CTX)
+    return path, cfg.ctx_size or min(trained, DEFAULT_CTX)
+
+
+def load_state(cfg: ServerConfig, path: Path, n_ctx: int) -> AppState:
     engine = Engine.load(path, n_ctx=n_ctx, weight_cache_mib=cfg.weight_cache_mib, backend=cfg.backend,
                          pool_workers=cfg.pool_workers, aux_cpus=cfg.aux_cpus, device=cfg.device,
                          vram_budget_mib=cfg.vram_budget_mib, vram_reserve_mib=cfg.vram_reserve_mib,
@@ -42,24 +51,36 @@ def load_state(cfg: ServerConfig) -> AppState:
 
 
 def serve(cfg: ServerConfig) -> int:
-    state = load_state(cfg)
-    app = build_app(state)
+    """Open the socket at once, load and warm the model behind it (/health says loading), then serve.
+    A model that fails to load ends the process with one line and exit 1, as before the socket opened."""
+    path, n_ctx = check_model(cfg)
     url = f"http://{cfg.host}:{cfg.port}"
-    auth = f' -H "Authorization: Bearer {cfg.api_keys[0]}"' if cfg.api_keys else ""
     if not cfg.api_keys:
         print("strata: warning: no API key set (--api-key / STRATA_API_KEY): the server is open to anyone "
               "who can reach it", file=sys.stderr)
-    print(f"strata: serving {state.alias} ({state.engine.arch}, ctx {state.engine.n_ctx}) at {url}", flush=True)
-    print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
-          f"""-d '{{"messages":[{{"role":"user","content":"Hello!"}}]}}'""", flush=True)
-    state.engine.pin_helper_thread()  # uvicorn runs the loop on this thread
+    loading = Loading()
+    app = build_app(cfg, loading)
     # uvicorn waits for open connections a little past the grace: the requests the grace cut short
     # still send their error events before their connections close
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, loop="uvloop", http="h11",
                             log_level="info" if cfg.verbose else "warning",
                             timeout_graceful_shutdown=int(cfg.shutdown_grace_s) + 2)
-    DrainingServer(config, state).run()
+    server = DrainingServer(config, cfg, app, loading, (path, n_ctx))
+    print(f"strata: loading the model; {url}/health answers 503 until it is ready", flush=True)
+    server.run()
+    if loading.error is not None:
+        print(f"strata: error: {loading.error}", file=sys.stderr, flush=True)
+        return 1
     return 0
+
+
+def _announce(cfg: ServerConfig, state: AppState, seconds: float) -> None:
+    url = f"http://{cfg.host}:{cfg.port}"
+    auth = f' -H "Authorization: Bearer {cfg.api_keys[0]}"' if cfg.api_keys else ""
+    print(f"strata: serving {state.alias} ({state.engine.arch}, ctx {state.engine.n_ctx}) at {url} "
+          f"(ready in {seconds:.1f} s)", flush=True)
+    print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
+          f"""-d '{{"messages":[{{"role":"user","content":"Hello!"}}]}}'""", flush=True)
 
 
 class DrainingServer(uvicorn.Server):
@@ -67,19 +88,49 @@ class DrainingServer(uvicorn.Server):
     requests finish for --shutdown-grace-s, fail the rest with a reason, exit. A second signal exits
     at once."""
 
-    def __init__(self, config: uvicorn.Config, state: AppState) -> None:
+    def __init__(self, config: uvicorn.Config, cfg: ServerConfig, app: Starlette, loading: Loading,
+                 model: tuple[Path, int]) -> None:
         super().__init__(config)
-        self.state = state
+        self.cfg, self.app, self.loading, self.model = cfg, app, loading, model
         # sse-starlette would cut every stream at the first signal; ours end through the scheduler
         AppStatus.disable_automatic_graceful_drain()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=self._load, args=(loop,), name="strata-load", daemon=True).start()
+
+    def _load(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On a thread, so the loop answers /health meanwhile: load, warm up, then hand over to the loop."""
+        try:
+            self.loading.phase = "loading the model"
+            state = load_state(self.cfg, *self.model)
+            self.loading.phase = "warming up (kernels, decode graphs, a prefill pass)"
+            state.engine.warm_up(self.cfg.parallel)
+        except Exception as e:  # noqa: BLE001 - any failure to load ends the server with its reason
+            self.loading.error = str(e) if isinstance(e, StrataError | OSError) else f"{type(e).__name__}: {e}"
+            loop.call_soon_threadsafe(setattr, self, "should_exit", True)
+            return
+        loop.call_soon_threadsafe(self._ready, state)
+
+    def _ready(self, state: AppState) -> None:
+        state.engine.pin_helper_thread()  # uvicorn runs the loop on this thread
+        state.scheduler.start()
+        self.app.state.strata = state
+        self.loading.ready = True
+        _announce(self.cfg, state, time.monotonic() - self.loading.started)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit:
             print("strata: second signal: exiting now", file=sys.stderr, flush=True)
             os._exit(1)  # not even the engine thread's current window is waited for
-        grace = self.state.config.shutdown_grace_s
+        state = self.app.state.strata
+        if state is None:  # still loading: nothing in flight
+            super().handle_exit(sig, frame)
+            return
+        grace = self.cfg.shutdown_grace_s
         print(f"strata: shutting down: finishing in-flight requests (up to {grace:g} s)", file=sys.stderr, flush=True)
-        sch = self.state.scheduler
+        sch = state.scheduler
         sch.draining = True
         loop = asyncio.get_event_loop()
         loop.call_soon_threadsafe(loop.call_later, grace, sch.abort, "the server shut down before this request finished")

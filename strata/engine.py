@@ -22,6 +22,7 @@ from strata.sequence import ActiveSequence, Chunk, Constraint, GenerationResult,
 from strata.state import SequenceState
 from strata.tokenizer import Tokenizer
 from strata.tiers.slots import ExpertCache, cpu_tiers
+from strata.tiers.telemetry import TierUse
 from strata.weights import WeightStore, check_supported
 
 
@@ -113,6 +114,20 @@ class Engine:
 
     def new_state(self) -> SequenceState:
         return self.model.new_state()
+
+    def warm_up(self, n_seq: int = 1) -> None:
+        """Pay now what the first requests would: kernel builds (JIT, NVRTC), a decode graph for every
+        batch size up to n_seq, a prefill pass. States are thrown away; the model is unchanged."""
+        tok = self.tokenizer.bos_id if self.tokenizer.bos_id is not None else 0
+        prompt = np.full(min(16, max(1, self.n_ctx - 2)), tok, np.int64)
+        for b in range(1, n_seq + 1):
+            states = [self.new_state() for _ in range(b)]
+            for st in states:
+                self.model.forward(prompt, st, all_logits=False)
+            self.model.forward_batch([np.array([tok])] * b, states)
+            del states
+        if self.expert_cache is not None:  # the warm-up is no part of the workload the counters describe
+            self.expert_cache.use = TierUse()
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 logits [T, vocab] for every position of `token_ids`, from a fresh state."""
