@@ -205,6 +205,8 @@ class Scheduler:
             if s.req.state is RequestState.ADMITTING:
                 full = self.engine.options.prefill_chunk
                 chunk = self.pacer.chunk(full) if decoding else full
+                if chunk == 0:  # the streams are owed a decode-only window after a full chunk
+                    continue
                 if self.prefix_cache is not None:  # a hybrid model's chunk ends where its state is kept
                     st = s.seq.state
                     chunk = min(chunk, self.prefix_cache.next_stop(st, len(s.seq.prompt)) - st.n_past)

@@ -7,6 +7,7 @@ between slots, lost token or re-read prompt shows up as a wrong token.
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -282,14 +283,53 @@ def test_every_finish_reason_maps_to_both_protocols() -> None:
         assert reason in OPENAI_FINISH and reason in ANTHROPIC_STOP
 
 
-def test_pacer_sizes_chunks_to_keep_running_streams_moving() -> None:
-    from strata.sched.pacer import KEEP, MIN_CHUNK, PrefillPacer
+def _simulate(d: float, a: float, b: float, chunk: int, prompt: int) -> tuple[float, float, float]:
+    """A newcomer's prompt read beside running streams under the cost model decode-only = d, mixed =
+    a + b n (the pacer sees only the times). Returns (streams' pace / solo pace over the episode, the
+    decode-only windows owed for the last chunk included; TTFT / solo TTFT; the longest window in d)."""
+    from strata.sched.pacer import PrefillPacer
+
+    p = PrefillPacer()
+    for _ in range(3):
+        p.observe(d, 0)
+    left, elapsed, tokens, longest = prompt, 0.0, 0, 0.0
+    while left > 0:
+        n = min(p.chunk(chunk), left)
+        t = d if n == 0 else a + b * n
+        p.observe(t, n)
+        left, elapsed, tokens, longest = left - n, elapsed + t, tokens + 1, max(longest, t)
+    ttft = elapsed
+    while p.owed:  # the decode-only windows owed for the last chunk run after it
+        p.chunk(chunk)
+        elapsed, tokens = elapsed + d, tokens + 1
+    solo = math.ceil(prompt / chunk) * (a - d) + b * prompt  # alone: no decode rows in its windows
+    return tokens * d / elapsed, ttft / solo, longest / d
+
+
+@pytest.mark.parametrize("kind, d, a, b, chunk, prompt", [
+    ("gpu", 0.004, 0.008, 0.00012, 2048, 16384),  # 80B shape: ~4 ms decode, ~8.4k tok/s prefill
+    ("gpu small fixed part", 0.004, 0.0045, 0.00012, 2048, 4096),
+    ("cpu", 0.1, 0.11, 0.002, 512, 3000),
+])
+def test_pacer_keeps_both_promises(kind: str, d: float, a: float, b: float, chunk: int, prompt: int) -> None:
+    from strata.sched.pacer import KEEP
+
+    pace, ttft, longest = _simulate(d, a, b, chunk, prompt)
+    print(f"{kind}: streams keep {pace:.0%} of their pace, TTFT {ttft:.2f}x solo, longest window {longest:.0f} d")
+    assert pace >= KEEP * 0.9, kind  # within the first windows' learning
+    assert ttft <= 1 / KEEP * 1.1, kind
+
+
+def test_pacer_fits_the_fixed_and_per_token_costs() -> None:
+    from strata.sched.pacer import PrefillPacer
 
     p = PrefillPacer(first_guess=64)
     assert p.chunk(512) == 64
-    for _ in range(10):
-        p.observe(0.1, 0)  # decode-only windows: 100 ms
-        p.observe(0.1 + 64 * 0.002, 64)  # 2 ms per prompt token
-    n = p.chunk(512)
-    assert abs(0.1 / (0.1 + n * 0.002) - KEEP) < 0.05  # the chosen chunk keeps KEEP of the pace
-    assert p.chunk(20) == 20 and p.chunk(512) >= MIN_CHUNK
+    p.observe(0.004, 0)
+    for n in (64, 200, 32, 512):
+        p.observe(0.008 + 0.00012 * n, n)
+    a, b = p.cost()
+    assert abs(a - 0.008) < 1e-9 and abs(b - 0.00012) < 1e-12
+    assert p.chunk(20) in (0, 20)
+
+
