@@ -64,3 +64,30 @@ def test_hybrid_prompts_reuse_checkpoints(arch, monkeypatch):
     first = plain[0][0]
     assert [c for _, c in cached] == [0, len(prompt) - 1, len(prompt) + len(first) - 1, 16]
     assert all(c == 0 for _, c in plain)
+
+
+def test_a_tool_loop_computes_only_what_is_new():
+    """Four turns of a chat whose history grows (assistant answer + tool output): each turn reuses at least the
+    previous prompt (one token short), so only the new turn's tokens are computed."""
+    eng = Engine.load(_fixture("qwen3next"), device="cpu", backend="numpy", n_ctx=4096)
+    tool = " ".join(f"line {i}: value={i * 37 % 101}" for i in range(20))
+
+    async def go() -> list[tuple[int, int]]:
+        sch = Scheduler(eng, parallel=1, prefix_cache=pc.PrefixCache(1 << 30))
+        sch.start()
+        msgs = [{"role": "user", "content": "Fix the bug."}]
+        out = []
+        for turn in range(4):
+            ids = eng.encode_chat(msgs)
+            toks, done = await _serve(sch, ids, 6)
+            out.append((len(ids), done.cached_tokens))
+            msgs += [{"role": "assistant", "content": eng.tokenizer.decode(toks)},
+                     {"role": "user", "content": f"Tool result {turn}:\n{tool}"}]
+        sch.stop()
+        return out
+
+    turns = asyncio.run(go())
+    print(turns)
+    assert turns[0][1] == 0
+    for (prev, _), (_, cached) in zip(turns, turns[1:]):
+        assert cached >= prev - 1
