@@ -19,6 +19,7 @@ from strata import hub
 from strata.api.app import build_app
 from strata.api.loading import Loading
 from strata.api.state import AppState
+from strata.conf.engine import parse_overrides
 from strata.conf.server import ServerConfig
 from strata.engine import Engine
 from strata.errors import ConfigError, StrataError
@@ -34,7 +35,7 @@ DEFAULT_CTX = 8192
 def check_model(cfg: ServerConfig) -> tuple[Path, int]:
     """The model file and the context, from its header alone: what can be refused before the socket opens."""
     path = Path(cfg.model) if cfg.model else hub.pull()
-    trained = int(GGUFFile(path).arch_get(Keys.CONTEXT_LENGTH, DEFAULT_CTX))
+    trained = int(GGUFFile(path, parse_overrides(cfg.override_kv)).arch_get(Keys.CONTEXT_LENGTH, DEFAULT_CTX))
     if cfg.ctx_size > trained:
         raise ConfigError("--ctx-size", cfg.ctx_size, f"{path.name} was trained for at most {trained} tokens")
     return path, cfg.ctx_size or min(trained, DEFAULT_CTX)
@@ -44,7 +45,8 @@ def load_state(cfg: ServerConfig, path: Path, n_ctx: int) -> AppState:
     engine = Engine.load(path, n_ctx=n_ctx, weight_cache_mib=cfg.weight_cache_mib, backend=cfg.backend,
                          pool_workers=cfg.pool_workers, aux_cpus=cfg.aux_cpus, device=cfg.device,
                          vram_budget_mib=cfg.vram_budget_mib, vram_reserve_mib=cfg.vram_reserve_mib,
-                         expert_cache=cfg.expert_cache, prefill_chunk=cfg.prefill_chunk, n_seq=cfg.parallel)
+                         expert_cache=cfg.expert_cache, prefill_chunk=cfg.prefill_chunk, n_seq=cfg.parallel,
+                         override_kv=cfg.override_kv)
     alias = cfg.alias or path.stem
     cache = PrefixCache(cfg.cache_ram_mib << 20) if cfg.prompt_cache else None
     return AppState(engine, Scheduler(engine, cfg.parallel, cfg.queue_limit, cache, cfg.watchdog_s), cfg, alias)

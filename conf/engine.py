@@ -27,6 +27,7 @@ class EngineOptions:
     vram_reserve_mib: int = RESERVE_MIB  # left free for the driver when the budget is the free memory
     expert_cache: str = "auto"  # auto | off | 6GiB | 4096MiB | 40%: VRAM slots for routed experts (CPU: a stand-in)
     n_seq: int = 1  # sequences at once (the server's --parallel): the GPU plan keeps KV and state room for them
+    override_kv: tuple[str, ...] = ()  # KEY=TYPE:VALUE metadata overrides, as llama.cpp's --override-kv
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> EngineOptions:
@@ -53,6 +54,7 @@ class EngineOptions:
         check_tiers(self.expert_cache, self.vram_reserve_mib, ("expert_cache", "vram_reserve_mib"))
         if self.n_seq < 1:
             raise ConfigError("n_seq", self.n_seq, "must be >= 1")
+        parse_overrides(self.override_kv, "override_kv")
 
 
 BACKENDS = ("numpy", "jit")
@@ -88,6 +90,31 @@ def check_tiers(expert_cache: str, reserve_mib: int,
         raise ConfigError(names[1], reserve_mib, "must be >= 0")
 
 
+_KV_TYPES = {"int": int, "float": float, "str": str, "bool": lambda v: {"true": True, "false": False}[v.lower()]}
+
+
+def parse_overrides(items: tuple[str, ...] | list[str], flag: str = "--override-kv") -> dict[str, Any]:
+    """KEY=TYPE:VALUE (TYPE: int, float, bool, str) -> {KEY: value}, llama-server's syntax. A scalar given for
+    an array key sets every element (`qwen4exp.attention.compress_ratios=int:4`)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, rest = item.partition("=")
+        kind, colon, raw = rest.partition(":")
+        if not (sep and colon and key and kind in _KV_TYPES):
+            raise ConfigError(flag, item, "must be KEY=TYPE:VALUE with TYPE int, float, bool or str")
+        try:
+            out[key] = _KV_TYPES[kind](raw)
+        except (ValueError, KeyError):
+            raise ConfigError(flag, item, f"{raw!r} is not a {kind}") from None
+    return out
+
+
+def add_override_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--override-kv", action="append", default=[], metavar="KEY=TYPE:VALUE",
+                   help="override a GGUF metadata key (repeatable; TYPE int, float, bool or str), e.g. "
+                   "qwen4exp.attention.compress_ratios=int:4 for files whose converter wrote zeros")
+
+
 def add_backend_flags(p: argparse.ArgumentParser) -> None:
     """--backend, --pool-workers, --aux-cpus: shared by `strata generate` and `strata serve`."""
     # The command line defaults to the fastest CPU path; the library default stays numpy, the reference.
@@ -107,6 +134,7 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-cache", default="auto", help="VRAM slots for routed experts: auto (what the budget "
                    "leaves; all of them when they fit), off, or a size such as 6GiB, 4096MiB, 40%% (of all experts); "
                    "the rest are read from pinned RAM. On the CPU a numpy store stands in for the slots")
+    add_override_flag(p)
     p.add_argument("--prefill", type=int, default=0, help="tokens per prefill chunk (0 = 2048 on the GPU, 512 "
                    "on the CPU); chunks of 256+ tokens stage missing experts through borrowed cache slots")
 
@@ -118,7 +146,9 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     check_tiers(args.expert_cache, args.vram_reserve_mib)
     if args.prefill < 0:
         raise ConfigError("--prefill", args.prefill, "must be >= 1 (0 = 2048 on the GPU, 512 on the CPU)")
-    return {"backend": args.backend, "pool_workers": args.pool_workers, "aux_cpus": args.aux_cpus,
+    parse_overrides(args.override_kv)
+    return {"override_kv": tuple(args.override_kv),
+            "backend": args.backend, "pool_workers": args.pool_workers, "aux_cpus": args.aux_cpus,
             "device": args.device, "vram_budget_mib": args.vram_budget_mib, "vram_reserve_mib": args.vram_reserve_mib,
             "expert_cache": args.expert_cache, "prefill_chunk": args.prefill}
 

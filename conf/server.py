@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from strata.conf.engine import add_backend_flags, check_backend, check_device, check_tiers
+from strata.conf.engine import add_backend_flags, check_backend, check_device, check_tiers, parse_overrides
 from strata.tiers.budget import RESERVE_MIB
 
 from strata.errors import ConfigError
@@ -39,6 +39,7 @@ class ServerConfig:
     vram_reserve_mib: int = RESERVE_MIB  # see conf/engine.py
     expert_cache: str = "auto"  # see strata.tiers.budget
     prefill_chunk: int = 0  # 0 = 2048 on the GPU, 512 on the CPU
+    override_kv: tuple[str, ...] = ()  # KEY=TYPE:VALUE GGUF metadata overrides
     prompt_cache: bool = True
     cache_ram_mib: int = 1024  # prefix cache budget
     max_body_mib: float = 16.0  # larger request bodies get a 413
@@ -72,6 +73,7 @@ class ServerConfig:
         check_backend(self.backend, self.pool_workers, self.aux_cpus)
         check_device(self.device, self.vram_budget_mib)
         check_tiers(self.expert_cache, self.vram_reserve_mib)
+        parse_overrides(self.override_kv)
         for k in self.api_keys:
             if not k or any(c.isspace() for c in k):
                 raise ConfigError("--api-key", "***", "keys must be non-empty and contain no whitespace")
@@ -126,7 +128,7 @@ def server_config(args: argparse.Namespace, env: Mapping[str, str] | None = None
         queue_limit=args.queue_limit, weight_cache_mib=args.weight_cache_mib, verbose=args.verbose,
         backend=args.backend, pool_workers=args.pool_workers, aux_cpus=args.aux_cpus,
         device=args.device, vram_budget_mib=args.vram_budget_mib, vram_reserve_mib=args.vram_reserve_mib,
-        expert_cache=args.expert_cache, prefill_chunk=args.prefill,
+        expert_cache=args.expert_cache, prefill_chunk=args.prefill, override_kv=tuple(args.override_kv),
         prompt_cache=args.prompt_cache == "on", cache_ram_mib=args.cache_ram_mib, test_hooks=args.test_hooks,
         max_body_mib=args.max_body_mib, watchdog_s=args.watchdog_s, shutdown_grace_s=args.shutdown_grace_s,
     )

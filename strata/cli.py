@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from strata.conf.engine import add_backend_flags
+from strata.conf.engine import add_backend_flags, add_override_flag
 from strata.errors import StrataError
 
 EXIT_ERROR = 1
@@ -40,6 +40,7 @@ def _add_info(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     i.add_argument("path")
     i.add_argument("--verify", nargs="?", const="", default=None, metavar="SHA256",
                    help="hash the file; compare to SHA256, a .sha256 sidecar, or the known digest")
+    add_override_flag(i)
 
 
 def _add_synth(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from strata.conf.engine import parse_overrides
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, tensor
 from strata.models import registry
@@ -11,7 +12,7 @@ from strata.verify import expected_sha256, verify_file
 
 
 def run_info(args: argparse.Namespace) -> int:
-    g = GGUFFile(args.path)
+    g = GGUFFile(args.path, parse_overrides(args.override_kv))
     arch = g.architecture
     supported = arch in registry()
     n_params = sum(int(_numel(t.shape)) for t in g.tensors.values())

@@ -14,6 +14,7 @@ import numpy as np
 
 from strata.chat_template import ChatTemplate
 from strata.conf import EngineOptions
+from strata.conf.engine import parse_overrides
 from strata.errors import ContextOverflowError
 from strata.gguf import GGUFFile
 from strata.models import Model, model_class
@@ -72,7 +73,7 @@ class Engine:
             from strata import hub
 
             path = hub.pull()
-        gguf = GGUFFile(path)
+        gguf = GGUFFile(path, parse_overrides(opts.override_kv, "override_kv"))
         if opts.verify:
             gguf.verify(opts.verify)
         model_cls = model_class(gguf)

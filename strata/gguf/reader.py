@@ -108,7 +108,7 @@ class TensorInfo:
 class GGUFFile:
     """An opened GGUF file: metadata, tensor table and zero-copy tensor views."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], overrides: Mapping[str, Any] | None = None) -> None:
         self.path = os.fspath(path)
         try:
             fd = os.open(self.path, os.O_RDONLY)
@@ -134,6 +134,11 @@ class GGUFFile:
         self.metadata: dict[str, Any] = {}
         self.tensors: dict[str, TensorInfo] = {}
         self._parse()
+        for key, value in (overrides or {}).items():
+            # a scalar for an array key sets every element: one ratio for every layer, say
+            old = self.metadata.get(key)
+            array = old is not None and not isinstance(old, (str, bytes)) and hasattr(old, "__len__")
+            self.metadata[key] = [value] * len(old) if array else value
 
     # ---- header walking -------------------------------------------------------------------
     def _need(self, n: int, what: str) -> None:

@@ -78,7 +78,9 @@ class Qwen4Exp(Model):
             if i >= len(ratios) or ratios[i] <= 0:
                 raise GGUFError(g.path, f"layer {i} has a QSA indexer but {g.architecture}.{Keys.COMPRESS_RATIOS} "
                                 f"gives it no compress ratio ({ratios}); llama.cpp's converter writes zeros when "
-                                "transformers renames full_attention to indexed_attention")
+                                "transformers renames full_attention to indexed_attention. Give the checkpoint's "
+                                "indexer_compress_ratio with --override-kv "
+                                f"{g.architecture}.{Keys.COMPRESS_RATIOS}=int:N (N: the config's indexer_compress_ratio)")
             out[i] = QSAParams(
                 n_heads=require_int(g, Keys.INDEXER_HEAD_COUNT),
                 head_dim=require_int(g, Keys.INDEXER_KEY_LENGTH),
