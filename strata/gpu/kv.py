@@ -54,13 +54,7 @@ class GpuKV:
         self.length = min(self.length, n)
 
     def copy(self) -> GpuKV:
-        out = GpuKV(self.ledger, *self.shape, self.max_len)
-        if self.length:
-            out.reserve(self.length)
-            out.k[:, :, : self.length] = self.k[:, :, : self.length]
-            out.v[:, :, : self.length] = self.v[:, :, : self.length]
-            out.length = self.length
-        return out
+        return _filled(self.ledger, self.shape, self.max_len, self.length, self.k, self.v)
 
     def nbytes(self) -> int:
         return self._bytes(self.cap)
@@ -92,14 +86,19 @@ class HostKV:
         self.length = min(self.length, n)
 
     def copy(self) -> GpuKV:
-        out = GpuKV(self.ledger, *self.shape, self.max_len)
-        if self.length:
-            out.reserve(self.length)
-            cp = cupy_module()
-            out.k[:, :, : self.length] = cp.asarray(self.k[:, :, : self.length])
-            out.v[:, :, : self.length] = cp.asarray(self.v[:, :, : self.length])
-            out.length = self.length
-        return out
+        return _filled(self.ledger, self.shape, self.max_len, self.length, self.k, self.v)
 
     def nbytes(self) -> int:
         return 0 if self.k is None else self.k.nbytes + self.v.nbytes
+
+
+def _filled(ledger: Ledger, shape: tuple[int, int, int], max_len: int, length: int, k: Any, v: Any) -> GpuKV:
+    """A new GpuKV holding the first `length` positions of k and v (device or host arrays)."""
+    out = GpuKV(ledger, *shape, max_len)
+    if length:
+        cp = cupy_module()
+        out.reserve(length)
+        out.k[:, :, :length] = cp.asarray(k[:, :, :length])  # asarray: a no-op for device arrays
+        out.v[:, :, :length] = cp.asarray(v[:, :, :length])
+        out.length = length
+    return out
