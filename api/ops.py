@@ -62,7 +62,8 @@ def _expert_cache(s: AppState) -> dict[str, object] | None:
                               "slot_bytes": cache.layout.slot_bytes, "bytes": cache.n_slots * cache.layout.slot_bytes}
     for phase, c in (("decode", cache.use.decode), ("prefill", cache.use.prefill)):
         out[phase] = {"lookups": c.lookups, "hits": c.hits, "hit_rate": round(c.hit_rate, 4),
-                      "pcie_bytes": c.pcie_bytes}
+                      "pcie_bytes": c.pcie_bytes, "cpu_expert_calls": c.cpu_calls}
+    out["pcie_frac"] = cache.pcie_frac
     return out
 
 
@@ -100,7 +101,9 @@ async def metrics(request: Request) -> Response:
                 (f"strata_{phase}_expert_lookups_total", "counter", f"Routed experts looked up ({phase})", c.lookups),
                 (f"strata_{phase}_expert_hits_total", "counter", f"Routed experts found in a slot ({phase})", c.hits),
                 (f"strata_{phase}_pcie_bytes_total", "counter", f"Expert bytes read from RAM over PCIe ({phase})",
-                 c.pcie_bytes)]
+                 c.pcie_bytes),
+                (f"strata_{phase}_cpu_expert_calls_total", "counter",
+                 f"Routed experts computed on the CPU pool ({phase})", c.cpu_calls)]
     lines = []
     for name, kind, help_, value in rows:
         lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]

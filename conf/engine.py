@@ -10,6 +10,7 @@ from typing import Any
 
 from strata.errors import ConfigError
 from strata.tiers.budget import RESERVE_MIB, check_expert_cache
+from strata.tiers.share import parse_pcie_frac
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,8 @@ class EngineOptions:
     expert_cache: str = "auto"  # auto | off | 6GiB | 4096MiB | 40%: VRAM slots for routed experts (CPU: a stand-in)
     n_seq: int = 1  # sequences at once (the server's --parallel): the GPU plan keeps KV and state room for them
     override_kv: tuple[str, ...] = ()  # KEY=TYPE:VALUE metadata overrides, as llama.cpp's --override-kv
+    pcie_frac: str = "auto"  # share of decode misses read over PCIe, the rest on the CPU pool; auto: from the probe
+    probe: bool = False  # measure the PCIe and CPU expert rates again instead of reading them from the cache dir
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> EngineOptions:
@@ -52,6 +55,7 @@ class EngineOptions:
         check_backend(self.backend, self.pool_workers, self.aux_cpus, ("backend", "pool_workers", "aux_cpus"))
         check_device(self.device, self.vram_budget_mib, ("device", "vram_budget_mib"))
         check_tiers(self.expert_cache, self.vram_reserve_mib, ("expert_cache", "vram_reserve_mib"))
+        parse_pcie_frac(self.pcie_frac, "pcie_frac")
         if self.n_seq < 1:
             raise ConfigError("n_seq", self.n_seq, "must be >= 1")
         parse_overrides(self.override_kv, "override_kv")
@@ -134,6 +138,10 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-cache", default="auto", help="VRAM slots for routed experts: auto (what the budget "
                    "leaves; all of them when they fit), off, or a size such as 6GiB, 4096MiB, 40%% (of all experts); "
                    "the rest are read from pinned RAM. On the CPU a numpy store stands in for the slots")
+    p.add_argument("--pcie-frac", default="auto", help="share of the decode misses the GPU reads over PCIe; the "
+                   "rest run on the CPU pool beside it (0: all on the CPU, 1: none). auto (default): from a start-up "
+                   "probe of both rates, kept in the cache dir")
+    p.add_argument("--probe", action="store_true", help="measure the PCIe and CPU expert rates again at start-up")
     add_override_flag(p)
     p.add_argument("--prefill", type=int, default=0, help="tokens per prefill chunk (0 = 2048 on the GPU, 512 "
                    "on the CPU); chunks of 256+ tokens stage missing experts through borrowed cache slots")
@@ -147,7 +155,8 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.prefill < 0:
         raise ConfigError("--prefill", args.prefill, "must be >= 1 (0 = 2048 on the GPU, 512 on the CPU)")
     parse_overrides(args.override_kv)
-    return {"override_kv": tuple(args.override_kv),
+    parse_pcie_frac(args.pcie_frac)
+    return {"pcie_frac": args.pcie_frac, "probe": args.probe,"override_kv": tuple(args.override_kv),
             "backend": args.backend, "pool_workers": args.pool_workers, "aux_cpus": args.aux_cpus,
             "device": args.device, "vram_budget_mib": args.vram_budget_mib, "vram_reserve_mib": args.vram_reserve_mib,
             "expert_cache": args.expert_cache, "prefill_chunk": args.prefill}

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as T
-from strata.jit import expert_ir, spin
+from strata.jit import expert_ir, spin, tasks
 from strata.jit import formats_k as _k  # noqa: F401  (registers the K-quant and IQ4 decoders)
 from strata.jit.compiler import Compiler
 from strata.jit.formats import FORMAT_F16, FORMATS, Format
@@ -42,6 +42,7 @@ class Kernels:
         self._fns: dict[T, ctypes._CFuncPtr] = {}
         self._expert: ctypes._CFuncPtr | None = None
         self._spin: tuple[int, int] | None = None
+        self._tasks: tuple[int, int, int] | None = None
         self._lock = threading.Lock()
 
     def supports(self, qtype: T | int) -> bool:
@@ -78,6 +79,15 @@ class Kernels:
                 syms = self.compiler.symbols("spin", spin.LAYOUT, lambda: spin.build(self.host), names)
                 self._spin = (syms["spin_worker"], syms["spin_claim"])
             return self._spin
+
+    def tasks(self) -> tuple[int, int, int]:
+        """Addresses of task_worker, task_run and wait_change (tasks.py), compiled on first use."""
+        with self._lock:
+            if self._tasks is None:
+                host = self.host
+                syms = self.compiler.symbols("tasks", tasks.LAYOUT, lambda: tasks.build(host), tasks.NAMES)
+                self._tasks = (syms["task_worker"], syms["task_run"], syms["wait_change"])
+            return self._tasks
 
     def _address(self, fmt: Format) -> int:
         name = f"qmm_{fmt.qtype.name.lower()}"

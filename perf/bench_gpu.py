@@ -15,6 +15,7 @@ See perf/README.md for the command that produced the recorded table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -187,9 +188,11 @@ LLAMA_PUBLISHED = {"pp512": 10152.9, "pp4096": 10746.4, "pp16384": 9031.0, "tg12
 
 def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     import cupy as cp
+    from strata.tiers.share import parse_pcie_frac
 
     from strata.gguf import GGUFFile
     from strata.gpu.model import GpuModel, GpuOptions
+    from strata.gpu.tiers import ShareOptions
     from strata.models import model_class
     from strata.weights import WeightStore
 
@@ -199,14 +202,17 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     gpu = GpuModel(cpu, GpuOptions(chunk=a.chunk, n_ctx=max(a.prompts) + a.gen + 64, max_batch=max(a.batches),
                                    split=not a.v1, q8=not a.no_q8, budget_mib=a.vram_budget_mib,
-                                   expert_cache=a.expert_cache, seqs=max(a.batches)))
+                                   expert_cache=a.expert_cache, seqs=max(a.batches),
+                                   share=ShareOptions(parse_pcie_frac(a.pcie_frac), a.probe, a.pool_workers)))
     res: dict[str, Any] = {"load_s": time.perf_counter() - t0, "chunk": a.chunk,
                            "kernels": "v1" if a.v1 else ("split" if a.no_q8 else "split+q8")}
     cache = gpu.expert_cache
     if cache is not None:
         res["tiers"] = {"slots": cache.n_slots, "experts": cache.layout.n_total, "slot_bytes": cache.layout.slot_bytes,
                         "budget_mib": a.vram_budget_mib, "pcie": gpu.tiers.probe(),
-                        "layers": len(cache.layout.layers), "expert_bytes": cache.layout.total_bytes}
+                        "layers": len(cache.layout.layers), "expert_bytes": cache.layout.total_bytes,
+                        "pcie_frac": cache.pcie_frac, "pageable": gpu.tiers.pageable,
+                        "rates": None if gpu.tiers.rates is None else dataclasses.asdict(gpu.tiers.rates)}
         print(f"  PCIe: zero-copy {res['tiers']['pcie']['zero_copy'] / 1e9:.1f} GB/s, copy engine "
               f"{res['tiers']['pcie']['copy_engine'] / 1e9:.1f} GB/s", flush=True)
     rng = np.random.default_rng(0)
@@ -238,19 +244,28 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
         del warm  # their KV and state go back to the ledger (the plan keeps room for b sequences)
         states = [gpu.new_state() for _ in range(b)]
         cp.cuda.Device().synchronize()
+        share = None if gpu.tiers is None else gpu.tiers.share
+        r0, s0 = (share.requests, share.busy_s) if share is not None else (0, 0.0)
         t = time.perf_counter()
         gpu.graphs.greedy_loop(list(range(1, b + 1)), states, a.gen)
         dt = time.perf_counter() - t
         res[f"tg{a.gen}_b{b}"] = b * a.gen / dt
+        if share is not None:
+            n_req = max(1, share.requests - r0)
+            res[f"cpu_share_us_b{b}"] = (share.busy_s - s0) / n_req * 1e6
+            print(f"  CPU share: {res[f'cpu_share_us_b{b}']:.0f} us a layer on the CPU ({n_req} requests)", flush=True)
         res[f"bytes_b{b}"] = step_bytes(gpu, b)
         print(f"strata tg{a.gen} b={b}: {res[f'tg{a.gen}_b{b}']:.1f} tok/s", flush=True)
         if cache is not None:
             d = [s.experts.decode for s in states]
-            lk, hits, nb = (sum(getattr(c, k) for c in d) for k in ("lookups", "hits", "pcie_bytes"))
+            lk, hits, nb, cc = (sum(getattr(c, k) for c in d) for k in ("lookups", "hits", "pcie_bytes", "cpu_calls"))
+            per_call = cache.layout.total_bytes / cache.layout.n_total
             res[f"tiers_b{b}"] = {"lookups": lk, "hits": hits, "hit_rate": hits / max(lk, 1),
-                                  "pcie_bytes_per_token": nb / (b * a.gen)}
+                                  "pcie_bytes_per_token": nb / (b * a.gen), "cpu_calls": cc,
+                                  "cpu_bytes_per_token": cc * per_call / (b * a.gen)}
             print(f"  decode expert cache hit rate {hits / max(lk, 1):.1%}, "
-                  f"{nb / (b * a.gen) / 1e6:.0f} MB/token over PCIe", flush=True)
+                  f"{nb / (b * a.gen) / 1e6:.0f} MB/token over PCIe, {cc * per_call / (b * a.gen) / 1e6:.0f} MB/token "
+                  f"on the CPU (pcie_frac {cache.pcie_frac:.2f})", flush=True)
     s = gpu.new_state()
     gpu.forward(np.array([1]), s, all_logits=False)
     t = time.perf_counter()
@@ -275,7 +290,11 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     cp.cuda.Device().synchronize()
     # the pool keeps what it handed out, so this is the run's peak (pinned host memory is not VRAM)
     res["vram_used_mib"] = (free0 - cp.cuda.runtime.memGetInfo()[0]) / 2**20
-    print(f"  VRAM used by Strata: {res['vram_used_mib']:,.0f} MiB (budget {a.vram_budget_mib or '-'} MiB)", flush=True)
+    pool = cp.get_default_memory_pool()
+    res["vram_pool_mib"], res["vram_pool_used_mib"] = pool.total_bytes() / 2**20, pool.used_bytes() / 2**20
+    print(f"  VRAM used by Strata: {res['vram_used_mib']:,.0f} MiB (budget {a.vram_budget_mib or '-'} MiB; the pool holds "
+          f"{res['vram_pool_mib']:,.0f} MiB, {res['vram_pool_used_mib']:,.0f} in use; the rest: modules, graphs, "
+          "driver)", flush=True)
     res["copy_bw"] = copy_bandwidth(cp)
     return res
 
@@ -319,6 +338,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--vram-budget-mib", type=int, default=0, help="Strata's VRAM budget (0: free memory)")
     ap.add_argument("--expert-cache", default="auto", help="Strata's --expert-cache")
+    ap.add_argument("--pcie-frac", default="auto", help="Strata's --pcie-frac (auto: from the probe)")
+    ap.add_argument("--pool-workers", type=int, default=0, help="Strata's --pool-workers (the CPU share's threads)")
+    ap.add_argument("--probe", action="store_true", help="Strata's --probe: measure the split's rates again")
     a = ap.parse_args()
     earlier = json.loads(a.strata_json.read_text())["strata"] if a.strata_json else None
     ll0 = llama(a.model, a) if a.llama_bin else (dict(LLAMA_PUBLISHED) if a.llama_published else {})

@@ -26,8 +26,8 @@ HERE = Path(__file__).resolve().parent
 LLAMA_FLAGS = ([], ["-lm", "none"], ["-lm", "none", "-ub", "2048", "-b", "4096"])
 
 
-def strata_at(a: argparse.Namespace, cap: int, out: Path) -> dict[str, Any]:
-    js = out / f"strata_{cap}.json"
+def strata_at(a: argparse.Namespace, cap: int, frac: str, out: Path) -> dict[str, Any]:
+    js = out / f"strata_{cap}_{frac}.json"
     cmd = [
         sys.executable,
         str(HERE / "bench_gpu.py"),
@@ -43,6 +43,8 @@ def strata_at(a: argparse.Namespace, cap: int, out: Path) -> dict[str, Any]:
         ",".join(map(str, a.batches)),
         "--chunk",
         str(a.chunk),
+        "--pcie-frac",
+        frac,
         "--no-table",
         "--json",
         str(js),
@@ -51,7 +53,8 @@ def strata_at(a: argparse.Namespace, cap: int, out: Path) -> dict[str, Any]:
     return json.loads(js.read_text())["strata"]
 
 
-def plan_at(a: argparse.Namespace, cap: int, hbm: float, pcie: float) -> dict[str, Any]:
+def plan_at(a: argparse.Namespace, cap: int, hbm: float, pcie: float, cpu_gbps: float, fixed_s: float,
+            frac: float) -> dict[str, Any]:
     cmd = [
         sys.executable,
         "-m",
@@ -70,6 +73,12 @@ def plan_at(a: argparse.Namespace, cap: int, hbm: float, pcie: float) -> dict[st
         str(max(a.batches)),
         "--prefill",
         str(a.chunk),
+        "--cpu-gbps",
+        str(cpu_gbps),
+        "--cpu-fixed-us",
+        str(fixed_s * 1e6),
+        "--pcie-frac",
+        str(frac) if cpu_gbps else "1",
         "--json",
     ]
     # from outside the checkout: `-m` puts the cwd first on sys.path, and the checkout's folders are not the package
@@ -116,21 +125,23 @@ def llama_at(
 
 
 def bound(s: dict[str, Any], b: int) -> float:
-    """Decode tok/s if every byte moved at its measured rate: VRAM bytes at the copy rate, misses over PCIe."""
+    """Decode tok/s if every byte moved at its measured rate: VRAM bytes at the copy rate, then the misses, the
+    GPU's over PCIe at the probed zero-copy rate beside the CPU's at the CPU pool's probed rate (the two run at
+    once, so the slower side counts)."""
     t = s[f"tiers_b{b}"]
-    miss = t["pcie_bytes_per_token"]
-    vram = (
-        s[f"bytes_b{b}"] / b - miss
-    )  # bytes_b: the step's weight bytes as if resident, per step of b tokens
-    return 1 / (vram / s["copy_bw"] + miss / s["tiers"]["pcie"]["zero_copy"])
+    miss, cpu = t["pcie_bytes_per_token"], t.get("cpu_bytes_per_token", 0.0)
+    vram = s[f"bytes_b{b}"] / b - miss - cpu  # bytes_b: the step's weight bytes as if resident, per step of b tokens
+    rates = s["tiers"].get("rates") or {}
+    cpu_s = cpu / rates["cpu"] if cpu and rates.get("cpu") else 0.0
+    return 1 / (vram / s["copy_bw"] + max(miss / s["tiers"]["pcie"]["zero_copy"], cpu_s))
 
 
 def table(rows: list[dict[str, Any]], a: argparse.Namespace) -> str:
     src = "measured here" if a.llama_bin else f"from {a.llama_json}"
     out = [
         f"llama.cpp: {src}",
-        "| cap MiB | hit rate | test | Strata | llama.cpp | ratio | bound | % of bound | planner |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| cap MiB | pcie_frac | hit rate | test | Strata | llama.cpp | ratio | bound | % of bound | planner |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         s, l = r["strata"], r["llama"]
@@ -148,14 +159,15 @@ def table(rows: list[dict[str, Any]], a: argparse.Namespace) -> str:
             hit = s[f"tiers_b{a.batches[0]}"]["hit_rate"]
             ratio, peer = (f"{mine / theirs:.2f}", f"{theirs:,.1f}") if theirs else ("-", "-")
             out.append(
-                f"| {r['cap']:,} | {hit:.1%} | {key} | {mine:,.1f} | {peer} | {ratio} | "
+                f"| {r['cap']:,} | {s['tiers']['pcie_frac']:.2f} | {hit:.1%} | {key} | {mine:,.1f} | {peer} | {ratio} | "
                 + " | ".join(extra)
                 + " |"
             )
     for r in rows:
         s = r["strata"]
         out.append(
-            f"cap {r['cap']:,} MiB: Strata used {s['vram_used_mib']:,.0f} MiB of VRAM; PCIe probe zero-copy "
+            f"cap {r['cap']:,} MiB, pcie_frac {s['tiers']['pcie_frac']:.2f} (asked {r['frac']}): rates "
+            f"{s['tiers'].get('rates')}; Strata used {s['vram_used_mib']:,.0f} MiB of VRAM; PCIe probe zero-copy "
             f"{s['tiers']['pcie']['zero_copy'] / 1e9:.1f} GB/s, copy engine "
             f"{s['tiers']['pcie']['copy_engine'] / 1e9:.1f} GB/s; planner {r['plan']['decode_tok_s']:,.1f} tok/s"
         )
@@ -168,12 +180,17 @@ def plot(rows: list[dict[str, Any]], a: argparse.Namespace, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    caps = [r["cap"] / 1024 for r in rows]
     key = f"tg{a.gen}_b1"
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    ax.plot(caps, [r["strata"][key] for r in rows], "o-", label="Strata")
-    ax.plot(caps, [bound(r["strata"], 1) for r in rows], "k--", label="bandwidth bound (Strata's hit rate)")
-    ax.plot(caps, [r["plan"]["decode_tok_s"] for r in rows], "x:", label="strata plan's prediction")
+    for frac in dict.fromkeys(r["frac"] for r in rows):
+        mine = [r for r in rows if r["frac"] == frac]
+        caps = [r["cap"] / 1024 for r in mine]
+        tag = f" (--pcie-frac {frac})"
+        ax.plot(caps, [r["strata"][key] for r in mine], "o-", label="Strata" + tag)
+        ax.plot(caps, [bound(r["strata"], 1) for r in mine], "--", label="bandwidth bound" + tag)
+        ax.plot(caps, [r["plan"]["decode_tok_s"] for r in mine], "x:", label="strata plan" + tag)
+    rows = [r for r in rows if r["frac"] == rows[0]["frac"]]
+    caps = [r["cap"] / 1024 for r in rows]
     if any(r["llama"].get(key) for r in rows):
         ax.plot(
             caps,
@@ -202,20 +219,26 @@ def main() -> None:
     ap.add_argument(
         "--llama-json", type=Path, default=None, help="{cap MiB: {pp512: .., tg64_b1: ..}} measured before"
     )
+    ap.add_argument("--pcie-fracs", default="auto", help="Strata's --pcie-frac values to run at each cap (commas)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     earlier = json.loads(a.llama_json.read_text()) if a.llama_json else {}
     rows = []
+    peer: dict[int, dict[str, Any]] = {}
     for cap in a.caps:
-        s = strata_at(a, cap, a.out)
-        plan = plan_at(a, cap, s["copy_bw"], s["tiers"]["pcie"]["zero_copy"])
-        if a.llama_bin:
-            n_layer = s["tiers"]["layers"]
-            llama = llama_at(a, cap, s["tiers"]["expert_bytes"] / n_layer, plan["dense_bytes"], n_layer)
-        else:
-            llama = earlier.get(str(cap), {})
-        rows.append({"cap": cap, "strata": s, "plan": plan, "llama": llama})
+        for frac in a.pcie_fracs.split(","):
+            s = strata_at(a, cap, frac, a.out)
+            rates = s["tiers"].get("rates") or {}
+            plan = plan_at(a, cap, s["copy_bw"], s["tiers"]["pcie"]["zero_copy"], rates.get("cpu", 0.0) / 1e9,
+                           rates.get("cpu_fixed_s", 0.0), s["tiers"]["pcie_frac"])
+            if cap not in peer:
+                if a.llama_bin:
+                    n_layer = s["tiers"]["layers"]
+                    peer[cap] = llama_at(a, cap, s["tiers"]["expert_bytes"] / n_layer, plan["dense_bytes"], n_layer)
+                else:
+                    peer[cap] = earlier.get(str(cap), {})
+            rows.append({"cap": cap, "frac": frac, "strata": s, "plan": plan, "llama": peer[cap]})
         (a.out / "tiers.json").write_text(json.dumps(rows, indent=1))
     md = table(rows, a)
     (a.out / "tiers.md").write_text(md + "\n")

@@ -3,7 +3,7 @@
 # they changed, then Strata at VRAM caps on a synthetic file written there. Run from the repo root.
 #   perf/run_tiers.sh [tests] [bench]   (output under ${OUT:-/tmp/out})
 # ARCH / SHAPE pick the synth file (default qwen3next 80b-a3b, 42 GiB); CAPS the VRAM budgets in MiB (commas);
-# BENCH_ARGS adds perf/bench_tiers.py options; LLAMA_BIN (a llama.cpp CUDA build's bin) sweeps llama.cpp in the
+# PCIE_FRACS the --pcie-frac values per cap (default auto); BENCH_ARGS adds perf/bench_tiers.py options; LLAMA_BIN (a llama.cpp CUDA build's bin) sweeps llama.cpp in the
 # same run, else its earlier numbers come from perf/peer_tiers_2026-12-02.json. Carried in (git-ignored): .whl/, .gpu_fixtures/ (see run_gpu.sh).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -17,10 +17,10 @@ case " $STEPS " in *" bench "*)
   SYNTH_PID=$! ;; esac
 case " $STEPS " in *" tests "*)
   (cd /tmp && timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -rA -s -p no:cacheprovider -W "ignore:::cupy" \
-    ${TEST_K:+-k "$TEST_K"} $REPO/tests/test_gpu_tiers.py ${TEST_FILES:-} >"$OUT/tests.log" 2>&1)
+    ${TEST_K:+-k "$TEST_K"} $REPO/tests/test_gpu_tiers.py $REPO/tests/test_gpu_share.py ${TEST_FILES:-} >"$OUT/tests.log" 2>&1)
   echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|cache |Error|error" "$OUT/tests.log" | tail -40 ;; esac
 case " $STEPS " in *" bench "*)
   wait $SYNTH_PID; tail -2 "$OUT/synth.log"
   timeout ${BENCH_TIMEOUT:-600} python3 $REPO/perf/bench_tiers.py --model $MODEL --caps ${CAPS:-22528,11264,7168} \
     ${LLAMA_BIN:+--llama-bin $LLAMA_BIN} ${LLAMA_BIN:---llama-json $REPO/perf/peer_tiers_2026-12-02.json} \
-    --out "$OUT/tiers" ${BENCH_ARGS:-} 2>&1 | grep -v "^WARNING" | tail -30 ;; esac
+    --pcie-fracs ${PCIE_FRACS:-auto} --out "$OUT/tiers" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v "^WARNING" | grep -E "strata|probe|share|misses|tok/s|cap|\\|" | tail -60 ;; esac

@@ -17,6 +17,7 @@ from strata.models import model_class
 from strata.tiers.budget import GIB, check_expert_cache
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.plan import predict, table
+from strata.tiers.share import parse_pcie_frac
 from strata.weights import WeightStore
 
 
@@ -34,6 +35,14 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
         default=25.0,
         help="host-to-GPU rate, GB/s (PCIe 4 x16: ~25; the H200 host measured 50 zero-copy)",
     )
+    p.add_argument(
+        "--cpu-gbps", type=float, default=0.0,
+        help="the CPU pool's rate on the experts, GB/s (start-up's probe prints it); with it the misses are "
+        "split between PCIe and the CPU as serve would split them (0: PCIe only)",
+    )
+    p.add_argument("--cpu-fixed-us", type=float, default=30.0,
+                   help="what handing a layer to the CPU costs beside its compute, us (start-up's probe prints it)")
+    p.add_argument("--pcie-frac", default="auto", help="as on serve: the share of misses read over PCIe, or auto")
     p.add_argument(
         "--hbm-gbps", type=float, default=900.0, help="VRAM bandwidth, GB/s (RTX 4090: ~1000, H200: 4,270)"
     )
@@ -61,7 +70,8 @@ def run_plan(args: argparse.Namespace) -> int:
     w = weight_bytes(g)
     # every decode token reads all dense weights but the embeddings (one row of those)
     dense = sum(v for k, v in w.items() if k not in ("experts", "embeddings"))
-    pred = predict(plan, layout, dense, args.hbm_gbps, args.pcie_gbps, int(args.ram_gib * GIB), args.prefill)
+    pred = predict(plan, layout, dense, args.hbm_gbps, args.pcie_gbps, int(args.ram_gib * GIB), args.prefill,
+                   args.cpu_gbps, args.cpu_fixed_us * 1e-6, parse_pcie_frac(args.pcie_frac))
     if args.json:
         dump_json(pred.json())
     else:

@@ -15,6 +15,7 @@ import numpy as np
 from strata.chat_template import ChatTemplate
 from strata.conf import EngineOptions
 from strata.conf.engine import parse_overrides
+from strata.tiers.share import parse_pcie_frac
 from strata.errors import ContextOverflowError
 from strata.gguf import GGUFFile
 from strata.models import Model, model_class
@@ -85,9 +86,13 @@ class Engine:
         if device == "cuda":
             from strata.gpu import gpu_model
             from strata.gpu.model import GpuOptions
+            from strata.gpu.tiers import ShareOptions
 
+            share = ShareOptions(parse_pcie_frac(opts.pcie_frac), opts.probe, opts.pool_workers, opts.aux_cpus,
+                                 opts.jit_cache)
             gpu_opts = GpuOptions(opts.vram_budget_mib, opts.n_ctx, opts.prefill_chunk,
-                                  reserve_mib=opts.vram_reserve_mib, expert_cache=opts.expert_cache, seqs=opts.n_seq)
+                                  reserve_mib=opts.vram_reserve_mib, expert_cache=opts.expert_cache, seqs=opts.n_seq,
+                                  share=share)
             return cls(gguf, gpu_model(model_cls(gguf, weights), gpu_opts), Tokenizer.from_gguf(gguf), opts)
         if opts.expert_cache != "auto":
             weights.tiers = cpu_tiers(gguf, opts.expert_cache)

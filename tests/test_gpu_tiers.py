@@ -34,14 +34,16 @@ def _file(tmp_path: Path, arch: str) -> Path:
     return write_next(tmp_path, "tiny", Q.Q4_K)
 
 
-def _model(path: Path, cache: str = "auto"):
+def _model(path: Path, cache: str = "auto", **share):
     from strata.gpu.model import GpuModel, GpuOptions
+    from strata.gpu.tiers import ShareOptions
 
     g = GGUFFile(path)
     cpu = model_class(g)(g, WeightStore(g, 1 << 30))
     if cache == "one":  # exactly one slot
         cache = f"{(ExpertLayout.from_gguf(g).slot_bytes + 1) / MIB:.6f}MiB"
-    return GpuModel(cpu, GpuOptions(chunk=16, n_ctx=256, expert_cache=cache))
+    return GpuModel(cpu, GpuOptions(chunk=16, n_ctx=256, expert_cache=cache,
+                                    share=ShareOptions(**{"pcie_frac": 1.0, **share})))
 
 
 def _run(m, prompt: np.ndarray, steps: int):
@@ -110,7 +112,7 @@ def test_tier_kernels_match_twins():
     k = Kernels(kt.SOURCE, kt.NAMES)
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 16, 24).astype(np.int32)
-    where = np.where(rng.random(16) < 0.5, rng.integers(0, 9, 16), -1).astype(np.int32)
+    where = np.where(rng.random(16) < 0.5, rng.integers(0, 9, 16), rng.choice([-1, -2], 16)).astype(np.int32)
     counts = cp.zeros((6, 3), cp.uint64)
     launch(
         k["tier_count"],

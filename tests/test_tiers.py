@@ -184,3 +184,28 @@ def test_planner_json_and_bytes_per_token_match_the_engine(capsys):
         main(["plan", str(path), "--vram-gib", "0.01"]) == 1
     )  # the dense part does not fit: one line, exit 1
     assert "dense part does not fit" in capsys.readouterr().err
+
+
+def test_planner_splits_misses_with_the_cpu_and_says_why(capsys):
+    """With the CPU pool's rate the planner splits the misses as start-up does (tiers/share.py): the split
+    line names both sides' times, decode is predicted faster than over PCIe alone, and the JSON says the share."""
+    import json
+
+    from strata.cli import main
+
+    path = _fixture("qwen3moe")
+    args = ["plan", str(path), "--vram-gib", "0.1", "--expert-cache", "50%", "--pcie-gbps", "25"]
+    assert main(args + ["--cpu-gbps", "25", "--json"]) == 0  # the tiny file's misses: not worth a 30 us hand-off
+    assert json.loads(capsys.readouterr().out)["pcie_frac"] == 1.0
+    args += ["--cpu-fixed-us", "0"]
+    assert main(args + ["--json"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert alone["pcie_frac"] == 1.0 and alone["split_why"] == ""
+    assert main(args + ["--cpu-gbps", "25", "--json"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert 0.0 < both["pcie_frac"] < 1.0 and both["decode_tok_s"] > alone["decode_tok_s"]
+    assert main(args + ["--cpu-gbps", "25"]) == 0
+    text = capsys.readouterr().out
+    assert "over PCIe alone" in text and "on the CPU alone" in text and "auto" in text
+    assert main(args + ["--pcie-frac", "0.5"]) == 1  # a CPU share needs the CPU's rate
+    assert "--cpu-gbps" in capsys.readouterr().err

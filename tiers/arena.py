@@ -6,9 +6,10 @@
   Filled from the mmap with a progress bar; the time and rate go to the log. Part-major like the
   slots, so a slot and an arena row have the same shape.
 
-If the pinned allocation is refused (RLIMIT_MEMLOCK, a cgroup limit, too little RAM) start-up stops with
-an error that says how much was asked and what to change. (A pageable fallback needs misses that do not
-read RAM from inside the CUDA graph: the CPU share of the misses, not built yet.)
+If the pinned allocation is refused (RLIMIT_MEMLOCK, a cgroup limit, too little RAM), `PinnedArena` raises
+a ConfigError that says how much was asked and what to change, and the GPU tiers fall back to the file's
+own mapping (pageable: every decode miss runs on the CPU, longer passes stage their misses; see
+strata/gpu/tiers.py) with a warning that names the cost.
 """
 
 from __future__ import annotations

@@ -6,20 +6,21 @@ from pinned RAM over PCIe (zero-copy, inside the CUDA graph). Under uniform rout
 the N experts hits S / N of lookups. Prefill of a chunk of C tokens copies each layer's missing experts
 once (borrowed slots), so PCIe bounds it at C / (missing bytes / PCIe rate).
 
-`ZERO_COPY_EFFICIENCY`: in-graph zero-copy reads reached this share of the probed PCIe rate on the H200
-(80B shape at a 24 GiB budget: 462 MB of misses a token at 73.4 tok/s, about 37 GB/s of a 50 GB/s probe),
-so the prediction applies it. The JSON keys are stable; perf/README.md documents them.
+`ZERO_COPY_EFFICIENCY` (tiers/share.py): in-graph zero-copy reads reach that share of the probed PCIe rate,
+so the prediction applies it. With a CPU rate (`--cpu-gbps`) the misses are split between PCIe and the CPU
+pool as start-up splits them (tiers/share.py), and the table says why. The JSON keys are stable;
+perf/README.md documents them.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from strata.errors import ConfigError
 from strata.tiers.budget import GIB, MIB, VramPlan
 from strata.tiers.layout import ExpertLayout
+from strata.tiers.share import ZERO_COPY_EFFICIENCY, choose
 
-ZERO_COPY_EFFICIENCY = 0.74
+from strata.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,9 @@ class Prediction:
     prefill_pcie_bound_tok_s: float  # a chunk's staging copies alone, at the given chunk
     prefill_chunk: int
     parts: dict[str, int]
+    pcie_frac: float = 1.0  # share of the misses read over PCIe; the rest on the CPU pool
+    cpu_gbps: float = 0.0  # the CPU pool's expert rate the split assumed (0: no CPU share)
+    split_why: str = ""  # the split's reasoning, as start-up prints it
 
     def json(self) -> dict[str, object]:
         return asdict(self)
@@ -54,6 +58,9 @@ def predict(
     pcie_gbps: float,
     ram_bytes: int,
     chunk: int,
+    cpu_gbps: float = 0.0,
+    cpu_fixed_s: float = 30e-6,
+    pcie_frac: float | None = None,
 ) -> Prediction:
     """What the plan allows; raises ConfigError naming the RAM tier when the arena cannot fit."""
     n_total = layout.n_total if layout is not None else 0
@@ -74,7 +81,13 @@ def predict(
     hbm, pcie = hbm_gbps * 1e9, pcie_gbps * 1e9
     vram_time = (dense_per_token + hit * routed) / hbm
     bound = 1 / (vram_time + miss / pcie)
-    decode = 1 / (vram_time + miss / (pcie * ZERO_COPY_EFFICIENCY))
+    n_l = len(layout.layers) if layout is not None else 1
+    sp = choose(miss / n_l, pcie * ZERO_COPY_EFFICIENCY, cpu_gbps * 1e9, cpu_fixed_s,
+                pcie_frac if cpu_gbps > 0 or pcie_frac is not None else 1.0)
+    if sp.chosen != "auto" and cpu_gbps <= 0 and sp.pcie_frac < 1:
+        raise ConfigError("--cpu-gbps", cpu_gbps, "a CPU share (--pcie-frac < 1) needs the CPU pool's rate")
+    decode = 1 / (vram_time + n_l * sp.layer_s)
+    why = sp.why(miss / n_l) if miss and cpu_gbps > 0 else ""
     missing_bytes = (1 - hit) * (layout.total_bytes if layout is not None else 0)
     prefill = chunk * pcie / missing_bytes if missing_bytes else float("inf")
     return Prediction(
@@ -95,6 +108,9 @@ def predict(
         prefill,
         chunk,
         dict(plan.parts),
+        sp.pcie_frac,
+        cpu_gbps,
+        why,
     )
 
 
@@ -128,6 +144,8 @@ def table(p: Prediction) -> str:
             f"{p.routed_bytes_per_token / 1e6:,.0f} MB of experts, {p.pcie_bytes_per_token / 1e6:,.0f} MB "
             "over PCIe"
         )
+    if p.split_why:
+        out.append(p.split_why)
     out.append(
         f"decode (one sequence): predicted {p.decode_tok_s:,.1f} tok/s; bandwidth bound "
         f"{p.decode_bound_tok_s:,.1f} tok/s"

@@ -8,6 +8,11 @@ is resident, else its place in the arena (a zero-copy read on the GPU). Kernels 
 table, so a captured CUDA graph stays valid while the cache's contents change; the table changes
 between windows.
 
+Some misses may be the CPU's share (`cpu[l, e]`, set by `share_with_cpu`): decode rows compute them on the
+CPU pool beside the GPU, so the decode table points them at a slot of zeros (their GPU contribution is
+exactly 0, and the kernels need no branch), while `full`, the table of passes with more rows, still reads
+them from the arena.
+
 Long prefill chunks touch nearly every expert of every layer, and zero-copy reads from the GEMM's tiles
 are slow. Instead a chunk of `borrow_min` tokens or more borrows
 slots: each layer's misses are staged into borrowed slots before its experts run (double-buffered
@@ -24,12 +29,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-
-from strata.errors import ConfigError
-from strata.gguf import GGUFFile
 from strata.tiers.budget import cache_request
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.telemetry import TierUse
+
+from strata.errors import ConfigError
+from strata.gguf import GGUFFile
 
 # Prefill chunks of at least this many tokens stage their misses in borrowed slots. From 256 tokens of
 # top-10-of-512 routing nearly every expert is used, and one copy of each beats zero-copy reads from the
@@ -61,6 +66,7 @@ class Staging:
     per_layer: list[list[tuple[int, int]]]  # layer -> [(expert, slot)] to copy before its experts run
     buffers: int  # 2: layer l's copies may start once layer l - 2 has run; 1: once l - 1 has
     restore: list[tuple[int, int, int]]  # (slot, layer, expert): each borrowed slot's own expert
+    complete: bool  # every miss of every layer got a borrowed slot (else the rest are read from the arena)
 
 
 class ExpertCache:
@@ -79,14 +85,18 @@ class ExpertCache:
         self.expert_bytes = self.sizes.sum(axis=1)  # [L]
         self.layer_of = layout.index()  # model layer -> MoE layer
         self.use = TierUse()  # engine-wide counters
-        self.table = np.empty((n_l, 3, n_e), np.int64)  # [L, P, E]
+        self.full = np.empty((n_l, 3, n_e), np.int64)  # [L, P, E]: slot or arena
         e = np.arange(n_e, dtype=np.int64)
         for li in range(n_l):
             for p in range(3):
-                self.table[li, p] = self._arena_row(li, p, e)
+                self.full[li, p] = self._arena_row(li, p, e)
+        self.table = self.full.copy()  # [L, P, E]: decode rows' table (the CPU's share -> the zero slot)
+        self.cpu = np.zeros((n_l, n_e), bool)  # [L, E]: misses the CPU computes for decode rows
+        self.zero: tuple[int, int, int] | None = None  # the zero slot's part addresses, once shared
+        self.pcie_frac = 1.0  # share of the misses the GPU reads over PCIe (the rest: the CPU's)
         self.version = 0  # bumped whenever the table changes, so device copies know to refresh
         self.by_name = {l.parts[0].name: li for li, l in enumerate(layout.layers)}  # gate tensor -> MoE layer
-        self._rows = np.zeros((0, 3), np.int64)  # this pass's per-row (lookups, hits, miss bytes)
+        self._rows = np.zeros((0, 4), np.int64)  # this pass's per-row (lookups, hits, miss bytes, cpu calls)
         self._staging: Staging | None = None
         self._staged_bytes = 0
 
@@ -111,11 +121,13 @@ class ExpertCache:
         if old_l >= 0:
             self.where[old_l, old_e] = -1
             for p in range(3):
-                self.table[old_l, p, old_e] = self._arena_row(old_l, p, old_e)
+                self.full[old_l, p, old_e] = self.table[old_l, p, old_e] = self._arena_row(old_l, p, old_e)
+            if self.cpu[old_l, old_e]:
+                self._to_cpu(old_l, old_e)
         self.owner[slot] = (li, e)
         self.where[li, e] = slot
         for p in range(3):
-            self.table[li, p, e] = self._slot_addr(p, slot)
+            self.full[li, p, e] = self.table[li, p, e] = self._slot_addr(p, slot)
         self.version += 1
         return self._copies(li, e, slot)
 
@@ -135,17 +147,42 @@ class ExpertCache:
     def resident(self) -> int:
         return int((self.where >= 0).sum())
 
+    # ---- the CPU's share of the misses ----
+    def share_with_cpu(self, cpu_frac: float, zero: tuple[int, int, int]) -> None:
+        """Give the CPU `cpu_frac` of each layer's non-resident experts (the highest ids, so the ones the
+        GPU still reads stay one contiguous run in the arena); decode rows' table points them at `zero`,
+        the part addresses of a slot of zero bytes (every quant type decodes those to 0.0)."""
+        self.zero = zero
+        self.pcie_frac = 1.0 - cpu_frac
+        self.cpu[:] = False
+        for li in range(self.where.shape[0]):
+            missing = np.flatnonzero(self.where[li] < 0)
+            k = round(cpu_frac * len(missing))
+            for e in missing[len(missing) - k :]:
+                self.cpu[li, e] = True
+                self._to_cpu(li, int(e))
+        self.version += 1
+
+    def _to_cpu(self, li: int, e: int) -> None:
+        assert self.zero is not None
+        for p in range(3):
+            self.table[li, p, e] = self.zero[p]
+
+    def where_kinds(self) -> np.ndarray:
+        """[L, E] int32 for the hit counter: the slot (>= 0), -1 read over PCIe, -2 the CPU's share."""
+        return np.where(self.cpu, np.int32(-2), self.where).astype(np.int32)
+
     # ---- one forward pass on the host (the CPU stand-in; the GPU counts on the device) ----
     def begin_pass(self, n_rows: int) -> None:
         """A pass over n_rows tokens starts: zero its counters, and borrow slots if it is long enough."""
-        self._rows = np.zeros((n_rows, 3), np.int64)
+        self._rows = np.zeros((n_rows, 4), np.int64)
         self._staging = self.staging() if n_rows >= self.borrow_min else None
         self._staged_bytes = 0
 
     def layer_table(self, li: int) -> np.ndarray:
         """The addresses [P, E] MoE layer li reads this pass (its misses staged first when borrowing)."""
         if self._staging is None:
-            return self.table[li]
+            return self.full[li]
         rows = self.stage_rows(self._staging, li)
         self.slots.copy_rows(rows)
         self._staged_bytes += int(rows[:, 2].sum())
@@ -166,19 +203,20 @@ class ExpertCache:
         self.settle(self._rows, self._staged_bytes, states, lens)
 
     def settle(self, rows: np.ndarray, staged_bytes: int, states: list[TierUse], lens: list[int]) -> None:
-        """Credit per-row counts [N, 3] to each sequence and to the engine. A sequence that fed one token
+        """Credit per-row counts [N, 4] (lookups, hits, PCIe bytes, CPU expert calls) to each sequence and to
+        the engine. A sequence that fed one token
         decoded; more, it prefilled. When the pass staged experts, prefill rows read them from their
         slots: the staged bytes are what crossed PCIe, shared among the prefill rows."""
         n_prefill = sum(n for n in lens if n > 1)
         start = 0
         for use, n in zip(states, lens):
-            lk, hits, nbytes = (int(v) for v in rows[start : start + n].sum(axis=0))
+            lk, hits, nbytes, calls = (int(v) for v in rows[start : start + n].sum(axis=0))
             start += n
             prefill = n > 1
             if prefill and staged_bytes:
                 nbytes = staged_bytes * n // n_prefill
             for c in (use.of(prefill), self.use.of(prefill)):
-                c.add(lk, hits, nbytes)
+                c.add(lk, hits, nbytes, calls)
 
     # ---- borrowing ----
     def staging(self) -> Staging | None:
@@ -191,11 +229,17 @@ class ExpertCache:
         cap0 = int(missing.max())
         cap = cap0 + -(-2 * cap0 // n_l) + 1  # borrowing takes residents away, adding misses
         buffers = 2 if self.n_slots >= 2 * cap else 1
-        cap = min(cap, self.n_slots // buffers)
+        plan = self._staging_plan(min(cap, self.n_slots // buffers), buffers)
+        if not plan.complete:  # one buffer of every slot: less overlap, but no miss left to read over PCIe
+            plan = self._staging_plan(self.n_slots, 1)
+        return plan
+
+    def _staging_plan(self, cap: int, buffers: int) -> Staging:
+        n_l, n_e = self.where.shape
         borrowed = sorted(
             self._borrow_order()[: buffers * cap]
         )  # ascending: consecutive misses, consecutive slots
-        table = self.table.copy()
+        table = self.full.copy()  # long chunks never use the CPU's share
         restore = []
         gone = np.zeros((n_l, n_e), bool)
         for s in borrowed:
@@ -206,15 +250,18 @@ class ExpertCache:
                 for p in range(3):
                     table[li, p, e] = self._arena_row(li, p, e)
         per_layer = []
+        complete = True
         for li in range(n_l):
             buf = borrowed[(li % buffers) * cap : (li % buffers + 1) * cap]
-            todo = np.flatnonzero((self.where[li] < 0) | gone[li])[: len(buf)]
+            todo = np.flatnonzero((self.where[li] < 0) | gone[li])
+            complete &= len(todo) <= len(buf)
+            todo = todo[: len(buf)]
             pairs = [(int(e), int(s)) for e, s in zip(todo, buf)]
             for e, s in pairs:
                 for p in range(3):
                     table[li, p, e] = self._slot_addr(p, s)
             per_layer.append(pairs)
-        return Staging(table, per_layer, buffers, restore)
+        return Staging(table, per_layer, buffers, restore, complete)
 
     def _borrow_order(self) -> list[int]:
         """Slots to borrow first: free ones, then the highest. The static fill is expert-major, so the top

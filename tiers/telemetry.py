@@ -2,7 +2,8 @@
 
 A lookup is one routed (token, layer, expert) triple. A hit found the expert in a VRAM slot (the
 CPU stand-in's numpy slots); a miss read it from the pinned arena (zero-copy over PCIe), or, in a
-prefill chunk that borrows slots, from the copy staged into a borrowed slot. `pcie_bytes` counts
+prefill chunk that borrows slots, from the copy staged into a borrowed slot, or was the CPU's share
+(`cpu_expert_calls`: computed on the CPU pool from RAM, no PCIe bytes). `pcie_bytes` counts
 expert bytes that crossed from RAM: each miss's three matrices in decode, each staged expert once
 in a borrowing prefill chunk.
 """
@@ -23,11 +24,13 @@ class TierCounts:
     lookups: int = 0
     hits: int = 0
     pcie_bytes: int = 0
+    cpu_calls: int = 0
 
-    def add(self, lookups: int, hits: int, pcie_bytes: int) -> None:
+    def add(self, lookups: int, hits: int, pcie_bytes: int, cpu_calls: int = 0) -> None:
         self.lookups += lookups
         self.hits += hits
         self.pcie_bytes += pcie_bytes
+        self.cpu_calls += cpu_calls
 
     @property
     def hit_rate(self) -> float:
@@ -51,18 +54,21 @@ class TierUse:
             "expert_lookups": d.lookups,
             "expert_hits": d.hits,
             "pcie_bytes": d.pcie_bytes,
+            "cpu_expert_calls": d.cpu_calls,
             "prompt_expert_lookups": p.lookups,
             "prompt_expert_hits": p.hits,
             "prompt_pcie_bytes": p.pcie_bytes,
+            "prompt_cpu_expert_calls": p.cpu_calls,
         }
 
 
 def hit_rate_line(c: TierCounts, what: str = "decode") -> str:
     """The seeds' log line: `decode expert cache hit rate: 41.2% (hits / lookups); M more read by the
-    GPU over PCIe (p% of all routed)`."""
-    misses = c.lookups - c.hits
-    share = misses / c.lookups if c.lookups else 0.0
-    return (
-        f"{what} expert cache hit rate: {c.hit_rate:.1%} ({c.hits:,} / {c.lookups:,}); {misses:,} more read "
+    GPU over PCIe (p% of all routed); C on the CPU`."""
+    pcie = c.lookups - c.hits - c.cpu_calls
+    share = pcie / c.lookups if c.lookups else 0.0
+    line = (
+        f"{what} expert cache hit rate: {c.hit_rate:.1%} ({c.hits:,} / {c.lookups:,}); {pcie:,} more read "
         f"over PCIe ({share:.1%} of all routed, {c.pcie_bytes / 2**30:,.2f} GiB)"
     )
+    return line + f"; {c.cpu_calls:,} on the CPU" if c.cpu_calls else line

@@ -49,7 +49,7 @@ class DecodeGraphs:
         m, act = self.model, self._act
         assert act is not None
         m.ops.embed(m.embd, ptr(self.tab, 32), b, act.x, id_stride=TAB)
-        for i, layer in enumerate(m.layers):
+        for i, layer in enumerate(m.layers_for(b)):
             run_layer(m.ops, i, layer, m.dims, act, b, self.tab, None, m.inv_freq)
         m.head_logits(act.x, b, act.logits)
         m.ops.argmax(act.logits, b, m.params.vocab, ptr(self.tab, 32), TAB)
@@ -69,8 +69,12 @@ class DecodeGraphs:
             recurrent = [(r, r.conv.copy(), r.ssm.copy()) for r in self._recurrent]
             self._kernels(b)
             self.tab[:b] = saved
-            if self.model.tiers is not None:  # the warm-up's lookups would be counted twice
-                self.model.tiers.counts[:b].fill(0)
+            tiers = self.model.tiers
+            if tiers is not None:  # the warm-up's lookups would be counted twice
+                tiers.counts[:b].fill(0)
+                if tiers.share is not None:  # the CPU counted its calls before answering: once the run is done
+                    self.model.stream.synchronize()
+                    tiers.share.take_calls(b)
             for r, conv, ssm in recurrent:
                 r.conv[...], r.ssm[...] = conv, ssm
             s = self.model.stream

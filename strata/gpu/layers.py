@@ -25,7 +25,7 @@ from strata.gpu.deltanet import DeltaNetWeights, DNDims, run_deltanet
 from strata.gpu.kernels import moe
 from strata.gpu.ops import Ops
 from strata.gpu.runtime import cupy_module, ptr
-from strata.gpu.tiers import TierHook
+from strata.gpu.tiers import COLLECT_TIMEOUT_NS, TierHook
 from strata.gpu.weights import DevMatrix
 
 GEMV_ROWS = 8  # up to this many rows, projections read weights once through gemv
@@ -176,6 +176,8 @@ def run_layer(ops: Ops, i: int, w: LayerWeights, dm: Dims, act: Activations, n: 
         _dense(ops, w, dm, act, n)
     if w.shared is not None:
         _shared(ops, w.shared, dm, act, n, small)
+    if small and w.tier is not None and w.tier.share is not None:  # the CPU's share, computed meanwhile
+        ops.cpu_collect(act.x, n, dm.d, w.tier.share, COLLECT_TIMEOUT_NS)
 
 
 def _attention_block(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int, tab: Any,
@@ -274,6 +276,8 @@ def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
     pairs = n * a
     if w.tier is not None:
         ops.tier_count(act.ids, pairs, a, w.tier.where, w.tier.expert_bytes, w.tier.counts)
+        if n <= GEMV_ROWS and w.tier.share is not None:  # before the GPU's experts, so the CPU overlaps them
+            ops.cpu_publish(h, act.ids, act.wts, n, a, dm.d, w.tier.share)
     if q8:
         ops.moe_q8(w.gate, w.up, w.down, act.ids, act.wts, a, act.hq, act.hds, n, act.aq, act.ads, x)
         return

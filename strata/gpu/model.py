@@ -18,20 +18,29 @@ import numpy as np
 from strata.blocks.rope import RopeStyle
 from strata.errors import ConfigError
 from strata.gguf.names import T, tensor
-from strata.tiers.budget import MIB, RESERVE_MIB, Ledger, VramPlan
 from strata.gpu.deltanet import RECURRENT, DeltaNetWeights, DNDims, RecurrentState
 from strata.gpu.graphs import DecodeGraphs
 from strata.gpu.kernels.rows import inv_freq
 from strata.gpu.kv import GpuKV
-from strata.gpu.layers import TAB, Activations, Dims, LayerWeights, Segment, SharedExpert, run_layer
+from strata.gpu.layers import (
+    GEMV_ROWS,
+    TAB,
+    Activations,
+    Dims,
+    LayerWeights,
+    Segment,
+    SharedExpert,
+    run_layer,
+)
 from strata.gpu.ops import HEAD_DIMS, Ops
 from strata.gpu.runtime import cupy_module, ptr
-from strata.gpu.tiers import GpuTiers
+from strata.gpu.tiers import GpuTiers, ShareOptions
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
 from strata.models.base import Model
 from strata.models.qwen3moe import Qwen3Moe
 from strata.models.qwen3next import Qwen3Next
 from strata.state import SequenceState
+from strata.tiers.budget import MIB, RESERVE_MIB, Ledger, VramPlan
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.slots import ExpertCache
 from strata.tiers.telemetry import note
@@ -48,6 +57,7 @@ class GpuOptions:
     reserve_mib: int = RESERVE_MIB  # VRAM left to the driver when the budget is the free memory
     expert_cache: str = "auto"  # see strata.tiers.budget
     seqs: int = 1  # sequences the plan keeps KV and recurrent-state room for (more may fit, drawn from the ledger)
+    share: ShareOptions = dataclasses.field(default_factory=ShareOptions)  # the CPU's share of the decode misses (--pcie-frac)
 
 
 GROWING = ("KV cache", "DeltaNet state")  # plan parts that sequences take from the ledger as they come
@@ -81,7 +91,8 @@ def vram_plan(gguf: Any, d: Dims, linear: list[bool], n_ctx: int, chunk: int, vo
     layout = ExpertLayout.from_gguf(gguf)
     if layout is not None:
         plan.slot_bytes, plan.n_total = layout.slot_bytes, layout.n_total
-        plan.parts["expert tables and counters"] = 20 * layout.n_total + 24 * (chunk + 64)
+        # decode and full tables, the prefill table, `where`; the counters; the CPU share's slot of zeros
+        plan.parts["expert tables and counters"] = 76 * layout.n_total + 24 * (chunk + 64) + layout.slot_bytes
     n_attn = linear.count(False)
     seqs = opts.seqs  # room for the sequences that run at once: the expert cache takes what the plan leaves
     plan.parts[f"KV cache ({seqs} x {n_ctx:,} positions)"] = seqs * 2 * n_attn * d.n_kv * d.hd * 2 * n_ctx
@@ -124,7 +135,8 @@ class GpuModel(Model):
         tiered = layout is not None and (opts.expert_cache != "auto" or plan.n_slots < plan.n_total)
         with self.stream:
             self.w = GpuWeights(gguf)
-            self.tiers = GpuTiers(gguf, layout, plan.n_slots, self.chunk + 64) if tiered else None
+            self.tiers = (GpuTiers(gguf, layout, plan.n_slots, self.chunk + 64, GEMV_ROWS,
+                                   opts.share) if tiered else None)
             self.layers = [self._layer(i, moe, hybrid) for i in range(p.n_layer)]
             out = tensor(T.OUTPUT)
             self.embd = self.w.matrix(tensor(T.TOKEN_EMBD))
@@ -135,11 +147,29 @@ class GpuModel(Model):
         self.ops = Ops({(L.gate.qtype, L.up.qtype, L.down.qtype) for L in self.layers} if moe else set(), opts.split,
                        opts.q8)
         self.graphs = DecodeGraphs(self, opts.max_batch)
-        # with tiers, long prefill chunks read experts through the prefill table (staged, borrowed slots)
-        self._prefill_layers = self.layers if self.tiers is None else [
-            dataclasses.replace(L, **dict(zip(("gate", "up", "down"), self.tiers.matrices(
-                self.tiers.cache.layer_of[i], self.tiers.ptab)))) if i in self.tiers.cache.layer_of else L
-            for i, L in enumerate(self.layers)]
+        # with tiers, passes of more than GEMV_ROWS rows read every miss through the full table (the CPU share
+        # is for decode rows), and borrowing chunks through the prefill table (staged, borrowed slots)
+        self._full_layers = self._tier_layers(None if self.tiers is None else self.tiers.full)
+        self._prefill_layers = self._tier_layers(None if self.tiers is None else self.tiers.ptab)
+
+    def _tier_layers(self, table: Any) -> list[LayerWeights]:
+        tiers = self.tiers
+        if tiers is None:
+            return self.layers
+        of = tiers.cache.layer_of
+        return [dataclasses.replace(L, tier=tiers.hook(of[i], decode=False),
+                                    **dict(zip(("gate", "up", "down"), tiers.matrices(of[i], table))))
+                if i in of else L for i, L in enumerate(self.layers)]
+
+    def layers_for(self, n: int) -> list[LayerWeights]:
+        """The layers a pass of n rows runs: decode rows give the CPU its share of the misses, more rows read
+        them all through the full table."""
+        return self.layers if n <= GEMV_ROWS else self._full_layers
+
+    def close(self) -> None:
+        """Stop the CPU share's threads (the GPU memory goes with the model)."""
+        if self.tiers is not None:
+            self.tiers.close()
 
     @property
     def expert_cache(self) -> ExpertCache | None:
@@ -237,7 +267,7 @@ class GpuModel(Model):
             tab = cp.asarray(np.asarray(tab_rows, np.int64))
             act = Activations(self.dims, n, 0, 0)
             self.ops.embed(self.embd, ptr(tab, 32), n, act.x, id_stride=TAB)
-            for i, layer in enumerate(self.layers):
+            for i, layer in enumerate(self.layers_for(n)):
                 if staging is None:
                     run_layer(self.ops, i, layer, self.dims, act, n, tab, segs, self.inv_freq)
                     continue

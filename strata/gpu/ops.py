@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from strata.gpu.kernels import attention, deltanet, gemm, gemv, mmvq, moe, rows, sample, tiers
 from strata.gpu.kernels.common import GPU_QTYPES
 from strata.gpu.runtime import NULL, Kernels, cupy_module, dev_ptr, f32, i32, i64, launch, ptr
@@ -270,6 +272,17 @@ class Ops:
         """counts[row] += (lookups, hits, miss bytes) of one MoE layer's routed ids (a per row)."""
         launch(self.tiers["tier_count"], (-(-pairs // 128),), 128,
                (ids, i32(pairs), i32(a), where, i64(expert_bytes), counts))
+
+    def cpu_publish(self, h: Any, ids: Any, wts: Any, n: int, a: int, d: int, s: Any) -> None:
+        """Hand decode rows [n] of MoE layer s.layer to the CPU share (s: gpu.tiers.ShareHook)."""
+        launch(self.tiers["cpu_publish"], (1,), 256,
+               (h, ids, wts, i32(n), i32(a), i32(d), i32(s.layer), np.uint64(s.ctl), np.uint64(s.h),
+                np.uint64(s.ids), np.uint64(s.wts), s.ticket))
+
+    def cpu_collect(self, x: Any, n: int, d: int, s: Any, timeout_ns: int) -> None:
+        """x[:n] += the CPU share's answer for the request cpu_publish made last."""
+        launch(self.tiers["cpu_collect"], (n,), 256,
+               (x, i32(d), np.uint64(s.ctl), np.uint64(s.out), s.ticket, s.err, i64(timeout_ns)))
 
     def moe_group(self, ids: Any, pairs: int, a: int, e: int, counts: Any, offsets: Any, cursor: Any,
                   tiles: Any, n_tiles: Any, rows_of_pair: Any, tok_of_row: Any) -> None:

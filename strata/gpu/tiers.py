@@ -9,26 +9,58 @@ graph replay never sees a half-written slot.
 A borrowing prefill chunk stages layer l's missing experts on a side stream with one `gather_rows`
 launch while earlier layers compute; the compute stream waits for layer l's copy before its experts
 run, and the copy into a buffer waits for the layer that used it last (events, no host waits).
+
+The CPU's share of the decode misses (`--pcie-frac`, tiers/share.py): decode rows read the CPU-owned
+experts from a slot of zeros (`table`), publish the layer to a pinned mailbox that jit/share.py serves, and
+add the CPU's answer after the shared expert (`ShareHook`); passes of more rows read every miss through
+`full`. The split comes from a probe of the zero-copy rate and the CPU pool's rate on this model's experts,
+kept in the cache dir.
+
+If the arena cannot be pinned, the experts stay in the file's pageable mapping, which the GPU cannot read
+in place: every decode miss is then the CPU's and every longer pass stages its misses into borrowed slots
+(copies from pageable memory run at ~8.6 GB/s against ~55 pinned on the H200 host).
 """
 
 from __future__ import annotations
 
+import platform
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from strata.errors import ConfigError
 from strata.gguf import GGUFFile
 from strata.gpu.kernels import tiers as kt
 from strata.gpu.runtime import Kernels, cupy_module, launch, ptr
 from strata.gpu.weights import DevMatrix
-from strata.tiers.arena import PinnedArena
+from strata.tiers import share as split
+from strata.tiers.arena import MmapArena, PinnedArena
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.slots import ExpertCache, Staging
+from strata.tiers.telemetry import note
 
 MAX_ROWS_PER_LAUNCH = 60000  # gridDim.y limit is 65535
 HOST_TO_DEVICE = 1  # cudaMemcpyHostToDevice
 BLOCKS_PER_ROW = 4  # an expert part is ~0.2-2 MB: a few blocks each keep enough reads in flight
+
+
+COLLECT_TIMEOUT_NS = 2_000_000_000  # a CPU answer later than this fails the pass instead of hanging the GPU
+
+
+@dataclass(frozen=True, slots=True)
+class ShareHook:
+    """What a decode layer's publish and collect launches need: the mailbox's parts and the ticket."""
+
+    layer: int  # the MoE layer
+    ctl: int  # host addresses (pinned, mapped) of the mailbox's parts
+    h: int
+    ids: int
+    wts: int
+    out: int
+    ticket: Any  # device int64 [1]
+    err: Any  # device int32 [1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,20 +70,42 @@ class TierHook:
     where: Any  # device address of int32 [E]
     expert_bytes: int
     counts: Any  # cupy uint64 [rows, 3]
+    share: ShareHook | None = None  # set: decode rows give the CPU its share of this layer's misses
+
+
+@dataclass(frozen=True, slots=True)
+class ShareOptions:
+    """How to split decode misses with the CPU (EngineOptions' --pcie-frac, --probe, pool flags)."""
+
+    pcie_frac: float | None = None  # None: from the probe
+    probe: bool = False  # measure again even when the cache dir has rates
+    workers: int = 0
+    aux_cpus: str = "auto"
+    cache_dir: str | None = None  # jit kernels; the probe's rates go beside it
+    pin: bool = True  # False: act as if pinning the arena failed (tests the fallback)
 
 
 class DeviceSlots:
-    """The slot store in VRAM (part-major, like the arena); copies are gathers on the given stream."""
+    """The slot store in VRAM (part-major, like the arena); copies are gathers on the current stream, or, from
+    a pageable arena (which no kernel can read), the driver's copies."""
 
-    def __init__(self, n_slots: int, strides: tuple[int, int, int], kernels: Kernels) -> None:
+    def __init__(self, n_slots: int, strides: tuple[int, int, int], kernels: Kernels, pageable: bool) -> None:
         cp = cupy_module()
         self.arrays = [cp.empty(max(n_slots, 1) * s, cp.uint8) for s in strides]
         self.bases = tuple(int(a.data.ptr) for a in self.arrays)  # type: ignore[assignment]
         self.kernels = kernels
+        self.strides = strides
+        self.pageable = pageable
         self._keep: list[Any] = []  # row lists in flight, freed at the next sync
 
     def copy_rows(self, rows: np.ndarray) -> None:
-        gather(self.kernels, rows, self._keep)
+        if not self.pageable:
+            gather(self.kernels, rows, self._keep)
+            return
+        cp = cupy_module()
+        stream = cp.cuda.get_current_stream().ptr
+        for src, dst, n in coalesce(rows, self.strides):
+            cp.cuda.runtime.memcpyAsync(dst, src, n, HOST_TO_DEVICE, stream)
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays)
@@ -88,21 +142,166 @@ def coalesce(rows: np.ndarray, strides: tuple[int, int, int]) -> list[tuple[int,
 
 
 class GpuTiers:
-    def __init__(self, gguf: GGUFFile, layout: ExpertLayout, n_slots: int, max_rows: int) -> None:
+    def __init__(self, gguf: GGUFFile, layout: ExpertLayout, n_slots: int, max_rows: int, decode_rows: int,
+                 opts: ShareOptions) -> None:
+        """decode_rows: passes of up to this many rows run the decode layers (the CPU share); more rows stage
+        or read every miss over PCIe."""
         cp = cupy_module()
         self.kernels = Kernels(kt.SOURCE, kt.NAMES)
         self.layout = layout
-        self.arena = PinnedArena(gguf, layout)
-        self.slots = DeviceSlots(n_slots, layout.strides, self.kernels)
+        self.pageable = False
+        if opts.pin:
+            try:
+                self.arena: PinnedArena | MmapArena = PinnedArena(gguf, layout)
+            except ConfigError as err:
+                self.arena, self.pageable = MmapArena(gguf, layout), True
+                note(f"warning: {err.reason}. Falling back to the file's pageable mapping: every decode miss runs on "
+                     "the CPU and prefill copies misses at pageable speed (~8.6 GB/s instead of ~55 pinned)")
+        else:
+            self.arena, self.pageable = MmapArena(gguf, layout), True
+            note("expert arena: not pinned (asked); decode misses run on the CPU, prefill stages them")
+        self.slots = DeviceSlots(n_slots, layout.strides, self.kernels, self.pageable)
         self.cache = ExpertCache(layout, n_slots, self.slots, self.arena)
         self.cache.fill_static()
-        self.table = cp.asarray(self.cache.table)  # [L, P, E] int64
-        self.where = cp.asarray(self.cache.where)  # [L, E] int32
-        self.ptab = cp.empty_like(self.table)
+        if self.pageable:  # the GPU cannot read pageable RAM in place: every pass of more rows stages
+            self._check_staging()
+            self.cache.borrow_min = decode_rows + 1
+        self.zero = [cp.zeros(s, cp.uint8) for s in layout.strides]  # the CPU share's slot of zeros
+        self.share: Any = None  # jit.share.CpuShare, when the CPU takes a share
+        self.split: split.Split | None = None
+        self.rates: split.Rates | None = None  # the probe's (or the cache dir's), when the split was chosen
+        self.ticket = cp.zeros(1, cp.int64)
+        self.err = cp.zeros(1, cp.int32)
         self.counts = cp.zeros((max_rows, 3), cp.uint64)
-        self._version = self.cache.version
         self.copy_stream = cp.cuda.Stream(non_blocking=True)
         self._keep: list[Any] = []
+        self._start_share(gguf, opts, decode_rows)
+        self.table = cp.asarray(self.cache.table)  # [L, P, E] int64: decode rows
+        self.full = cp.asarray(self.cache.full)  # [L, P, E] int64: passes of more rows
+        self.where = cp.asarray(self.cache.where_kinds())  # [L, E] int32
+        self.ptab = cp.empty_like(self.table)
+        self._version = self.cache.version
+
+    # ---- the CPU's share ----
+    def _check_staging(self) -> None:
+        st = self.cache.staging()
+        if st is not None and not st.complete:
+            missing = int((self.cache.where < 0).sum(axis=1).max())
+            raise ConfigError("expert_cache", self.cache.n_slots,
+                              f"with the arena in pageable memory every prefill pass stages each layer's misses "
+                              f"(up to {missing:,}) into borrowed slots, and {self.cache.n_slots:,} slots cannot hold "
+                              "them; give the cache more VRAM (--expert-cache, --vram-budget-mib) or allow pinning "
+                              "(ulimit -l)")
+
+    def _start_share(self, gguf: GGUFFile, opts: ShareOptions, rows: int) -> None:
+        """Start the CPU server, probe (or read) the rates, choose the split and mark the CPU's experts."""
+        from strata.jit.cpus import host_plan
+        from strata.jit.kernels import Kernels as CpuKernels
+        from strata.jit.share import CpuShare, ExpertBytes, Mailbox
+
+        c = self.cache
+        hit = c.resident() / c.where.size
+        miss = (1 - hit) * self.layout.top_k * float(np.mean(c.expert_bytes))  # bytes a layer, uniform routing
+        if miss == 0 or (opts.pcie_frac == 1.0 and not self.pageable):
+            return
+        if platform.machine() not in ("x86_64", "AMD64"):  # the mailbox's store order is x86's
+            if self.pageable:
+                raise ConfigError("expert_cache", "auto", "the expert arena could not be pinned, and the CPU share "
+                                  "that pageable experts need runs on x86-64 only")
+            note("CPU share of the misses: x86-64 only; every miss is read over PCIe")
+            return
+        cp = cupy_module()
+        a, d = self.layout.top_k, self.layout.layers[0].parts[0].cols
+        self._box_mem = cp.cuda.alloc_pinned_memory(Mailbox.nbytes(rows, a, d) + 64)
+        buf = np.frombuffer(self._box_mem, np.uint8)
+        buf = buf[-int(buf.ctypes.data) % 64 :]
+        buf[:] = 0
+        self.box = Mailbox.over(buf, rows, a, d)
+        lay = self.layout.layers
+        experts = ExpertBytes(np.asarray(self.arena.bases, np.int64), np.asarray(self.arena.strides, np.int64),
+                              np.array([[p.qtype for p in l.parts] for l in lay], np.int64),
+                              np.array([[p.rows for p in l.parts] for l in lay], np.int64),
+                              np.array([[p.row_bytes for p in l.parts] for l in lay], np.int64))
+        plan = host_plan(opts.workers, opts.aux_cpus)
+        jit_dir = Path(opts.cache_dir) if opts.cache_dir else None
+        from strata.jit.pool import _pin
+
+        # one CPU stays with the thread that drives the GPU (launches, syncs): a helper preempted while it
+        # holds a claimed task stalls the whole layer
+        threads = max(1, plan.workers - 1)
+        self.share = CpuShare(CpuKernels(jit_dir), experts, c.cpu, self.box, threads, lambda: _pin(plan.worker_cpus))
+        given = 0.0 if self.pageable else opts.pcie_frac
+        if given is not None:
+            frac = given
+            note(f"CPU share of the decode misses: --pcie-frac {given:.2f} ({1 - given:.0%} on the CPU pool, "
+                 f"{threads} threads){' (pageable arena)' if self.pageable else ''}")
+        else:
+            rates = self.rates = self._rates(opts, jit_dir, threads)
+            pcie = rates.zero_copy * split.ZERO_COPY_EFFICIENCY
+            self.split = split.choose(miss, pcie, rates.cpu, rates.cpu_fixed_s)
+            frac = self.split.pcie_frac
+            note(f"probe: zero-copy {rates.zero_copy_alone / 1e9:,.1f} GB/s alone, {rates.zero_copy / 1e9:,.1f} beside "
+                 f"the CPU (in graph ~{pcie / 1e9:,.1f}); CPU pool ({threads} threads) {rates.cpu_alone / 1e9:,.1f} GB/s "
+                 f"alone, {rates.cpu / 1e9:,.1f} beside the GPU, + {rates.cpu_fixed_s * 1e6:,.0f} us a layer; copy "
+                 f"engine {rates.copy_engine / 1e9:,.1f} GB/s")
+            note(self.split.why(miss))
+        if frac >= 1.0:
+            self.share.close()
+            self.share = None
+            return
+        c.share_with_cpu(1.0 - frac, tuple(int(z.data.ptr) for z in self.zero))
+
+    def _rates(self, opts: ShareOptions, jit_dir: Path | None, workers: int) -> split.Rates:
+        cp = cupy_module()
+        lay = self.layout.layers
+        name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+        shapes = ",".join(f"{p.qtype}:{p.rows}x{p.cols}" for p in lay[0].parts)
+        key = f"v2|{name}|{platform.processor() or platform.machine()}|{workers} threads|{shapes}"
+        store = split.ProbeCache((jit_dir.parent if jit_dir else Path.home() / ".cache/strata") / "probe.json")
+        got = None if opts.probe else store.get(key)
+        if got is not None:
+            return got
+        alone = self.probe(256 << 20)
+        cpu_alone, _ = self.share.probe()
+        zero_copy, (cpu, fixed) = self._probe_together()
+        rates = split.Rates(zero_copy, alone["copy_engine"], cpu, fixed + kt.HANDOFF_S, alone["zero_copy"], cpu_alone)
+        store.put(key, rates)
+        return rates
+
+    def _probe_together(self, nbytes: int = 256 << 20, reps: int = 12) -> tuple[float, tuple[float, float]]:
+        """Zero-copy reads on a side stream while the CPU pool runs experts: (GPU bytes/s, the CPU's rate and
+        fixed cost), both under the other's load."""
+        cp = cupy_module()
+        src = self.arena.arrays[int(np.argmax(self.layout.strides))].reshape(-1)  # type: ignore[union-attr]
+        n = min(nbytes, src.nbytes) // (1 << 20) * (1 << 20)
+        dst = cp.empty(n, cp.uint8)
+        rows = np.array([[int(src.ctypes.data) + o, int(dst.data.ptr) + o, 1 << 20] for o in range(0, n, 1 << 20)],
+                        np.int64)
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        with self.copy_stream:
+            start.record()
+            for _ in range(reps):
+                gather(self.kernels, rows, self._keep)
+            end.record()
+        cpu = self.share.probe(until=lambda: end.done)
+        end.synchronize()
+        gpu = reps * n / (cp.cuda.get_elapsed_time(start, end) / 1e3)
+        self._keep.clear()
+        del dst
+        cp.get_default_memory_pool().free_all_blocks()
+        return gpu, cpu
+
+    def share_hook(self, li: int) -> ShareHook | None:
+        if self.share is None:
+            return None
+        b = self.box
+        return ShareHook(li, int(b.ctl.ctypes.data), int(b.h.ctypes.data), int(b.ids.ctypes.data),
+                         int(b.wts.ctypes.data), int(b.out.ctypes.data), self.ticket, self.err)
+
+    def close(self) -> None:
+        if self.share is not None:
+            self.share.close()
+            self.share = None
 
     # ---- what the layers read ----
     def matrices(self, li: int, table: Any = None) -> tuple[DevMatrix, DevMatrix, DevMatrix]:
@@ -116,26 +315,38 @@ class GpuTiers:
             for j, p in enumerate(self.layout.layers[li].parts)
         )  # type: ignore[return-value]
 
-    def hook(self, li: int) -> TierHook:
-        return TierHook(
-            ptr(self.where, 4 * li * self.layout.n_expert), int(self.cache.expert_bytes[li]), self.counts
-        )
+    def hook(self, li: int, decode: bool = True) -> TierHook:
+        """Layer li's counting hook; decode: also its CPU share (passes of more rows have none)."""
+        return TierHook(ptr(self.where, 4 * li * self.layout.n_expert), int(self.cache.expert_bytes[li]),
+                        self.counts, self.share_hook(li) if decode else None)
 
     # ---- between windows ----
     def publish(self) -> None:
         """Bring the device tables up to the cache's bookkeeping (after loads), on the current stream."""
         if self._version != self.cache.version:
             self.table.set(self.cache.table)
-            self.where.set(self.cache.where)
+            self.full.set(self.cache.full)
+            self.where.set(self.cache.where_kinds())
             self._version = self.cache.version
 
     def take_counts(self, n: int) -> np.ndarray:
-        """This pass's per-row (lookups, hits, miss bytes) [n, 3], zeroed for the next (syncs the stream)."""
-        out = self.counts[:n].get().astype(np.int64)
+        """This pass's per-row (lookups, hits, PCIe bytes, CPU calls) [n, 4], zeroed for the next (syncs the
+        stream); raises when the CPU share failed the pass."""
+        gpu = self.counts[:n].get().astype(np.int64)
         self.counts[:n].fill(0)
         self._keep.clear()
         self.slots._keep.clear()
-        return out
+        cpu = np.zeros((n, 1), np.int64)
+        if self.share is not None:
+            late = int(self.err.get()[0])
+            if late:
+                self.err.fill(0)
+                raise RuntimeError(f"the CPU share of the expert misses did not answer within "
+                                   f"{COLLECT_TIMEOUT_NS / 1e9:.0f} s; this pass's output is wrong")
+            self.share.check()
+            k = min(n, len(self.share.calls))
+            cpu[:k, 0] = self.share.take_calls(k)
+        return np.concatenate([gpu, cpu], axis=1)
 
     # ---- borrowing prefill ----
     def begin_staging(self) -> Staging | None:
@@ -178,7 +389,7 @@ class GpuTiers:
     def end_staging(self, staging: Staging) -> int:
         """The chunk is over: borrowed slots get their experts back (on the compute stream). Returns the
         bytes staged."""
-        gather(self.kernels, self.cache.restore_rows(staging), self._keep)
+        self.slots.copy_rows(self.cache.restore_rows(staging))
         return int(sum(int(r[:, 2].sum()) for r in self._rows if len(r)))
 
     def probe(self, nbytes: int = 1 << 30) -> dict[str, float]:
@@ -219,5 +430,6 @@ class GpuTiers:
         return out
 
     def nbytes(self) -> int:
-        """VRAM held: the slots, both tables, `where` and the counters."""
-        return self.slots.nbytes() + 2 * self.table.nbytes + self.where.nbytes + self.counts.nbytes
+        """VRAM held: the slots, the zero slot, the three tables, `where` and the counters."""
+        return (self.slots.nbytes() + sum(z.nbytes for z in self.zero) + 3 * self.table.nbytes + self.where.nbytes
+                + self.counts.nbytes)

@@ -1,0 +1,241 @@
+"""The CPU's share of the GPU's decode misses: a thread that serves the decode graph's requests.
+
+For each MoE layer of a decode pass the graph publishes the layer's normed rows, routed ids and weights
+into a mailbox in pinned RAM and raises its ticket (strata/gpu/kernels/tiers.py `cpu_publish`), computes
+its own experts, and then waits for the ticket to come back (`cpu_collect`). Here one thread waits for
+the ticket (a compiled wait, without the GIL), computes the layer's CPU-owned experts straight from the
+expert arena, writes their weighted sum into the mailbox and echoes the ticket.
+
+An expert of a decode row is far too small to split across experts alone (a 24 GB card misses ~5 of 10
+experts a layer, ~1.8 MB each, in ~150 us), so every matrix is split by rows: gate and up of every CPU
+expert in one round of row-range tasks, silu(g) * u, then down in a second round, over a TaskGroup of
+spinning helpers (tasks.py): two hand-offs a layer, no Python in the loop.
+
+Legend: n = rows (<= 8), A = experts per row, D = hidden, F = expert width, p = CPU pairs, k = their experts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from strata.jit.kernels import Kernels
+from strata.jit.tasks import TASK_COLS, TaskGroup, Waiter
+
+# mailbox control words (int64), as strata.gpu.kernels.tiers names them
+MB_REQ, MB_LAYER, MB_ROWS, MB_DONE = 0, 1, 2, 8
+MB_WORDS = 16
+WAIT_US = 50_000  # a wait returns about this often (its naps overshoot) to see whether to stop
+FN, W, ROW_BYTES, X, LDX, N_TOK, Y, LDY, R0, R1 = range(TASK_COLS)
+
+
+@dataclass(frozen=True, slots=True)
+class Mailbox:
+    """Views over one block of memory both sides see (pinned and mapped on the GPU; any array in tests)."""
+
+    ctl: np.ndarray  # int64 [MB_WORDS]
+    h: np.ndarray  # float32 [rows, D]
+    ids: np.ndarray  # int32 [rows * A]
+    wts: np.ndarray  # float32 [rows * A]
+    out: np.ndarray  # float32 [rows, D]
+
+    @staticmethod
+    def nbytes(rows: int, a: int, d: int) -> int:
+        return 8 * MB_WORDS + 4 * (2 * rows * d + 2 * rows * a)
+
+    @classmethod
+    def over(cls, buf: np.ndarray, rows: int, a: int, d: int) -> Mailbox:
+        """Carve the views out of a uint8 buffer of at least nbytes(rows, a, d) bytes, 64-byte aligned."""
+        assert buf.dtype == np.uint8 and buf.nbytes >= cls.nbytes(rows, a, d) and buf.ctypes.data % 64 == 0
+        o = 8 * MB_WORDS
+        sizes = [(np.float32, rows * d), (np.int32, rows * a), (np.float32, rows * a), (np.float32, rows * d)]
+        views = []
+        for dt, n in sizes:
+            views.append(buf[o : o + 4 * n].view(dt))
+            o += 4 * n
+        h, ids, wts, out = views
+        return cls(buf[: 8 * MB_WORDS].view(np.int64), h.reshape(rows, d), ids, wts, out.reshape(rows, d))
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertBytes:
+    """Where the CPU reads experts: part p of expert e of MoE layer l at bases[l, p] + e * strides[l, p]."""
+
+    bases: np.ndarray  # int64 [L, P]
+    strides: np.ndarray  # int64 [L, P]
+    qtypes: np.ndarray  # int64 [L, P]
+    rows: np.ndarray  # int64 [L, P]: F, F, D
+    row_bytes: np.ndarray  # int64 [L, P]
+
+
+class CpuShare:
+    """Serves the mailbox from a thread; `cpu[l, e]` marks the experts it owns (the cache's share)."""
+
+    def __init__(self, kernels: Kernels, experts: ExpertBytes, cpu: np.ndarray, box: Mailbox, threads: int,
+                 pin: Any = None) -> None:
+        self.kernels = kernels
+        self.experts = experts
+        self.cpu = cpu  # [L, E] bool, shared with the cache (read each request)
+        self.box = box
+        self.threads = max(1, threads)
+        self.fns = np.array([[ctypes.cast(kernels.fn(int(q)), ctypes.c_void_p).value for q in row]
+                             for row in experts.qtypes], np.int64)  # [L, P] each part's qmm kernel
+        self._wait = Waiter(kernels)
+        rows, d = box.h.shape
+        a = box.ids.size // rows
+        f = int(experts.rows[:, 0].max())
+        self._x = np.zeros((rows * a, d), np.float32)  # [p, D] the pairs' rows, grouped by expert
+        self._g = np.zeros((rows * a, 2 * f), np.float32)  # [p, 2F] gate | up
+        self._a = np.zeros((rows * a, f), np.float32)  # [p, F] silu(g) * u
+        self._y = np.zeros((rows * a, d), np.float32)  # [p, D]
+        self.calls = np.zeros(rows, np.int64)  # per mailbox row: CPU expert calls since take_calls
+        self._templates = [(self._template(li, (0, 1), self._x, self._g), self._template(li, (2,), self._a, self._y))
+                           for li in range(len(experts.bases))]
+        self.error: BaseException | None = None
+        self.requests = 0  # answered since start, and the time spent computing them (for the benches)
+        self.busy_s = 0.0
+        self._group = TaskGroup(kernels, self.threads - 1, pin)
+        self._stop = False
+        self._last = int(box.ctl[MB_REQ])
+        self._req = int(box.ctl.ctypes.data) + 8 * MB_REQ
+        # the thread holds the server only while it serves a request, so a dropped model stops it
+        self._thread = threading.Thread(target=_serve, args=(weakref.ref(self), pin, kernels), daemon=True,
+                                        name="strata-cpu-share")
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join()
+        self._group.close()
+
+    def take_calls(self, n: int) -> np.ndarray:
+        """CPU expert calls per row [n] since the last take (call after the pass has synced)."""
+        out = self.calls[:n].copy()
+        self.calls[:n] = 0
+        return out
+
+    def check(self) -> None:
+        """Raise the error a request met (the pass that saw it is wrong), once."""
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise RuntimeError(f"the CPU share of the expert misses failed: {err!r}") from err
+
+    # ---- the server ----
+    def serve_once(self) -> None:
+        """Wait (up to WAIT_US) for the next request and answer it."""
+        t = self._wait(self._req, self._last, WAIT_US)
+        if t != self._last:
+            self._last = t
+            self._answer(t)
+
+    def _answer(self, t: int) -> None:
+        t0 = time.perf_counter()
+        ctl, box = self.box.ctl, self.box
+        n = int(ctl[MB_ROWS])
+        try:
+            a = box.ids.size // box.h.shape[0]
+            ids = box.ids[: n * a].reshape(n, a)
+            y, calls = self.layer(int(ctl[MB_LAYER]), box.h[:n], ids, box.wts[: n * a].reshape(n, a))
+            box.out[:n] = y
+            self.calls[:n] += calls
+        except Exception as err:  # noqa: BLE001 - any failure: the GPU must not wait for an answer that never comes: answer zeros
+            self.error = err
+            box.out[:n] = 0.0
+        ctl[MB_DONE] = t  # after the answer: x86 keeps stores in order (the share is enabled on x86 only)
+        self.requests += 1
+        self.busy_s += time.perf_counter() - t0
+
+    def layer(self, li: int, h: np.ndarray, ids: np.ndarray, wts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """sum over the CPU-owned (t, a) of wts[t, a] * expert_{ids[t, a]}(h[t]) -> y [n, D], calls per row [n]."""
+        n = h.shape[0]
+        mine = self.cpu[li][ids]  # [n, A]
+        if not mine.any():
+            return np.zeros(h.shape, np.float32), np.zeros(n, np.int64)
+        t_of, a_of = np.nonzero(mine)
+        es, w = ids[t_of, a_of], wts[t_of, a_of]
+        if n > 1:  # several rows may share an expert: group its rows so its weights are read once
+            order = np.argsort(es, kind="stable")
+            t_of, es, w = t_of[order], es[order], w[order]
+        y = self.pairs(li, h, t_of, es)
+        if n == 1:
+            return (y * w[:, None]).sum(axis=0, keepdims=True), np.array([len(es)], np.int64)
+        out = np.zeros(h.shape, np.float32)
+        np.add.at(out, t_of, y * w[:, None])
+        return out, np.bincount(t_of, minlength=n).astype(np.int64)
+
+    def pairs(self, li: int, h: np.ndarray, t_of: np.ndarray, es: np.ndarray) -> np.ndarray:
+        """[p, D]: expert_{es[i]}(h[t_of[i]]) for pairs grouped by expert (a view of a scratch buffer)."""
+        p = len(es)
+        self._x[:p] = h[t_of]
+        if len(t_of) and t_of[-1] == t_of[0]:  # one row: its experts are distinct
+            uniq, starts, counts = es, np.arange(p), np.ones(p, np.int64)
+        else:
+            uniq, starts, counts = np.unique(es, return_index=True, return_counts=True)
+        k = (slice(None),) + (None,) * 3
+        gate_up, down = self._templates[li]
+        # each expert's row-range tasks: the layer's template, moved to the expert, its rows and its count
+        self._group.run((gate_up[0] + uniq[k] * gate_up[1] + starts[k] * gate_up[2] + counts[k] * gate_up[3])
+                        .reshape(-1, TASK_COLS))
+        f = int(self.experts.rows[li, 0])
+        g, u = self._g[:p, :f], self._g[:p, f : 2 * f]
+        with np.errstate(over="ignore"):  # exp(-g) -> inf for very negative g: silu -> -0.0, as it should
+            np.multiply(g / (1.0 + np.exp(-g)), u, out=self._a[:p, :f])
+        self._group.run((down[0] + uniq[k] * down[1] + starts[k] * down[2] + counts[k] * down[3])
+                        .reshape(-1, TASK_COLS))
+        return self._y[:p]
+
+    def _template(self, li: int, parts: tuple[int, ...], x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """[4, parts, C, TASK_COLS]: the tasks of expert 0 with one row at pair 0, and what one more expert id,
+        pair offset and row add to them, so an expert's tasks are one multiply-add away."""
+        ex = self.experts
+        rows = int(ex.rows[li, parts[0]])
+        step = max(16, -(-rows * len(parts) // self.threads + 15) // 16 * 16)  # whole 16-row register tiles
+        r0 = np.arange(0, rows, step)
+        t = np.zeros((4, len(parts), len(r0), TASK_COLS), np.int64)
+        for j, part in enumerate(parts):
+            t[0, j, :, FN], t[0, j, :, W], t[0, j, :, ROW_BYTES] = self.fns[li, part], ex.bases[li, part], ex.row_bytes[li, part]
+            t[0, j, :, X], t[0, j, :, LDX] = x.ctypes.data, x.shape[1]
+            t[0, j, :, Y], t[0, j, :, LDY] = y.ctypes.data + 4 * j * rows, y.shape[1]
+            t[0, j, :, R0], t[0, j, :, R1] = r0, np.minimum(r0 + step, rows)
+            t[1, j, :, W] = ex.strides[li, part]
+            t[2, j, :, X], t[2, j, :, Y] = 4 * x.shape[1], 4 * y.shape[1]
+        t[3, ..., N_TOK] = 1
+        return t
+
+    # ---- the probe ----
+    def probe(self, until: Any = None, min_runs: int = 12) -> tuple[float, float]:
+        """(bytes/s, fixed s) of this pool on the experts: one row through 1 and through 4 experts, timed on
+        experts nothing has read lately (RAM, not the CPU's caches: a layer's misses are cold), for at least
+        min_runs each and until `until()` is true (the GPU's probe running beside it, so both rates are the
+        ones they reach together, reading the same RAM)."""
+        n_l, n_e = self.cpu.shape
+        h = np.random.default_rng(0).standard_normal((1, self.box.h.shape[1])).astype(np.float32)
+        times: dict[int, list[float]] = {1: [], 4: []}
+        i = 0
+        while i < 2 * min_runs or (until is not None and not until()):
+            k = 1 if i % 2 == 0 else 4
+            li = i % n_l
+            es = (np.arange(k) + 4 * (i // n_l)) % n_e
+            t0 = time.perf_counter()
+            self.pairs(li, h, np.zeros(k, np.int64), es)
+            times[k].append(time.perf_counter() - t0)
+            i += 1
+        t1, t4 = (float(np.median(times[k][1:])) for k in (1, 4))
+        per = float(np.mean([sum(int(self.experts.rows[li, p] * self.experts.row_bytes[li, p]) for p in range(3))
+                             for li in range(n_l)]))
+        rate = 3 * per / max(t4 - t1, 1e-9)
+        return rate, max(0.0, t1 - per / rate)
+
+
+def _serve(ref: weakref.ref[CpuShare], pin: Any, kernels: Kernels) -> None:
+    """The server's loop; it holds `kernels` (whose engine holds the compiled wait) until it returns."""
+    if pin is not None:
+        pin()
+    while (srv := ref()) is not None and not srv._stop:
+        srv.serve_once()
+        del srv

@@ -1,0 +1,173 @@
+"""The CPU's share of the decode misses, without a GPU: the server (jit/share.py) answers requests that the
+numpy twins of the graph's `cpu_publish` / `cpu_collect` make, and its answer is the expert FFN as
+gguf-py's dequantizers define it; the split arithmetic (tiers/share.py) and the cache's marking."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from gguf.constants import GGMLQuantizationType as T
+from gguf.quants import dequantize
+from quant_blocks import random_blocks
+from strata.jit.kernels import Kernels
+from strata.jit.share import MB_WORDS, CpuShare, ExpertBytes, Mailbox
+from strata.tiers import share
+from strata.tiers.slots import ExpertCache, NumpyBytes
+
+from strata.gpu.kernels import tiers as kt
+
+L, E, A, D, F, ROWS = 2, 6, 3, 256, 512, 8
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory: pytest.TempPathFactory) -> Kernels:
+    return Kernels(tmp_path_factory.mktemp("jit-cache"))
+
+
+def _experts(qtypes: tuple[T, T, T]):
+    """Random experts [L][P] as raw [E, rows, row_bytes] arrays and the ExpertBytes over them."""
+    shapes = [(F, D), (F, D), (D, F)]
+    raws = [[np.stack([random_blocks(q, r, c, seed=100 * li + 10 * p + e) for e in range(E)])
+             for p, (q, (r, c)) in enumerate(zip(qtypes, shapes))] for li in range(L)]
+    bases = np.array([[int(r.ctypes.data) for r in row] for row in raws], np.int64)
+    strides = np.array([[r.shape[1] * r.shape[2] for r in row] for row in raws], np.int64)
+    ex = ExpertBytes(bases, strides, np.array([[int(q) for q in qtypes]] * L, np.int64),
+                     np.array([[F, F, D]] * L, np.int64), np.array([[r.shape[2] for r in row] for row in raws], np.int64))
+    return raws, ex
+
+
+def _reference(raws, qtypes, li, h, ids, wts, mine):
+    """sum over the CPU's (t, a) of w * down(silu(gate h) * (up h)), in float64 from gguf's dequantizers."""
+    y = np.zeros(h.shape, np.float64)
+    for t in range(h.shape[0]):
+        for a in range(ids.shape[1]):
+            e = int(ids[t, a])
+            if not mine[li, e]:
+                continue
+            g, u, d = (dequantize(raws[li][p][e], qtypes[p]).astype(np.float64) for p in range(3))
+            gv, uv = g @ h[t], u @ h[t]
+            y[t] += wts[t, a] * (d @ (gv * 0.5 * (1 + np.tanh(gv / 2)) * uv))  # silu, overflow-free
+    return y
+
+
+def _box() -> Mailbox:
+    buf = np.zeros(Mailbox.nbytes(ROWS, A, D) + 64, np.uint8)
+    off = -buf.ctypes.data % 64
+    return Mailbox.over(buf[off:], ROWS, A, D)
+
+
+@pytest.mark.parametrize("qtypes", [(T.Q4_K, T.Q4_K, T.Q6_K), (T.Q8_0, T.Q8_0, T.Q8_0)])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_server_answers_the_twins_requests(kernels: Kernels, qtypes, threads: int) -> None:
+    raws, ex = _experts(qtypes)
+    mine = np.zeros((L, E), bool)
+    mine[:, 2:5] = True  # experts 2, 3, 4 of each layer are the CPU's
+    box = _box()
+    srv = CpuShare(kernels, ex, mine, box, threads)
+    rng = np.random.default_rng(threads)
+    ticket = np.zeros(1, np.int64)
+    try:
+        for step in range(12):
+            n = int(rng.integers(1, ROWS + 1))
+            li = step % L
+            h = rng.standard_normal((n, D)).astype(np.float32)
+            ids = np.stack([rng.permutation(E)[:A] for _ in range(n)]).astype(np.int32)
+            wts = rng.random((n, A)).astype(np.float32)
+            kt.ref_cpu_publish(h, ids, wts, li, box.ctl, box.h, box.ids, box.wts, ticket)
+            x = np.zeros((n, D), np.float32)
+            deadline = time.monotonic() + 10
+            while not kt.ref_cpu_collect(x, box.ctl, box.out, ticket):
+                assert time.monotonic() < deadline, "the server did not answer"
+                time.sleep(1e-4)
+            want = _reference(raws, qtypes, li, h, ids, wts, mine)
+            scale = np.abs(want).max() + 1e-6
+            # the CPU kernels round their inputs as ggml's CPU kernels do (q8 for the K-quants)
+            assert np.abs(x - want).max() <= 2e-2 * scale, f"step {step}: {np.abs(x - want).max()} of {scale}"
+            calls = srv.take_calls(n)
+            assert np.array_equal(calls, mine[li][ids].sum(axis=1)), "CPU expert calls per row"
+        srv.check()
+    finally:
+        srv.close()
+
+
+def test_a_row_without_cpu_experts_gets_zeros_and_no_calls(kernels: Kernels) -> None:
+    _, ex = _experts((T.Q8_0, T.Q8_0, T.Q8_0))
+    box = _box()
+    srv = CpuShare(kernels, ex, np.zeros((L, E), bool), box, 2)
+    try:
+        y, calls = srv.layer(0, np.ones((2, D), np.float32), np.zeros((2, A), np.int32), np.ones((2, A), np.float32))
+        assert not y.any() and not calls.any()
+    finally:
+        srv.close()
+    assert box.ctl.size == MB_WORDS
+
+
+def test_probe_reads_cold_experts_and_fits_a_rate(kernels: Kernels) -> None:
+    _, ex = _experts((T.Q8_0, T.Q8_0, T.Q8_0))
+    srv = CpuShare(kernels, ex, np.zeros((L, E), bool), _box(), 2)
+    try:
+        polls = []
+        rate, fixed = srv.probe(until=lambda: polls.append(1) or len(polls) > 30, min_runs=4)
+        assert rate > 1e8 and 0 <= fixed < 0.1 and len(polls) > 30
+    finally:
+        srv.close()
+
+
+def test_split_balances_the_two_sides() -> None:
+    m = 9.6e6  # 80B shape at 24 GiB: ~5.4 misses of 1.77 MB a layer
+    s = share.choose(m, 37e9, 37e9, 0.0)
+    assert s.pcie_frac == pytest.approx(0.5)
+    assert s.layer_s == pytest.approx(m / 37e9 / 2)
+    s = share.choose(m, 37e9, 37e9, 20e-6)  # the hand-off costs the CPU side: it gets a little less
+    assert 0.5 < s.pcie_frac < 0.6
+    assert s.layer_s < m / 37e9  # better than PCIe alone
+    assert share.choose(m, 37e9, 0.0, 0.0).pcie_frac == 1.0  # no CPU rate: no share
+    assert share.choose(1e4, 37e9, 37e9, 50e-6).pcie_frac == 1.0  # tiny misses: the hand-off is not worth it
+    assert share.choose(m, 37e9, 37e9, 0.0, given=0.25).pcie_frac == 0.25
+    assert "--pcie-frac 0.25" in share.choose(m, 37e9, 37e9, 0.0, given=0.25).why(m)
+    with pytest.raises(Exception, match="--pcie-frac"):
+        share.parse_pcie_frac("1.5")
+    assert share.parse_pcie_frac("auto") is None and share.parse_pcie_frac("0") == 0.0
+
+
+def test_probe_cache_round_trips(tmp_path) -> None:
+    c = share.ProbeCache(tmp_path / "probe.json")
+    assert c.get("k") is None
+    r = share.Rates(40e9, 55e9, 20e9, 1e-5, 50e9, 30e9)
+    c.put("k", r)
+    c.put("other", share.Rates(1, 2, 3, 4, 5, 6))
+    assert share.ProbeCache(tmp_path / "probe.json").get("k") == r
+    (tmp_path / "probe.json").write_text("{not json")
+    assert c.get("k") is None  # a broken file is measured again, never an error
+
+
+def test_cache_marks_the_cpu_share_and_keeps_the_full_table() -> None:
+    """The decode table sends the CPU's share to the zero slot; `full` (long passes) and staging still read
+    those experts from the arena; the hit counter sees them as -2."""
+    from strata.tiers.layout import ExpertLayer, ExpertLayout, Part
+
+    parts = tuple(Part(f"p{p}", int(T.Q8_0), 32, 32, 34) for p in range(3))
+    layout = ExpertLayout(8, 2, (ExpertLayer(0, parts), ExpertLayer(1, parts)), (1088, 1088, 1088))
+
+    class Arena:
+        memory = np.zeros((2, 3, 8, 1088), np.uint8)
+        bases = int(memory.ctypes.data) + 8 * 1088 * np.arange(6, dtype=np.int64).reshape(2, 3)
+        strides = np.full((2, 3), 1088, np.int64)
+
+    cache = ExpertCache(layout, 4, NumpyBytes(4, layout.strides), Arena())
+    cache.fill_static()  # experts 0 and 1 of each layer resident
+    zero = (11, 22, 33)
+    cache.share_with_cpu(0.5, zero)
+    assert cache.cpu.sum(axis=1).tolist() == [3, 3]  # half of the 6 misses, the highest ids
+    assert cache.cpu[:, 5:].all() and not cache.cpu[:, :5].any()
+    assert (cache.table[:, 0, 5:] == 11).all() and (cache.table[:, 2, 5:] == 33).all()
+    assert (cache.full[:, 0, 5:] == Arena.bases[:, :1] + np.arange(5, 8) * 1088).all()
+    assert np.array_equal(cache.table[:, :, :5], cache.full[:, :, :5])
+    kinds = cache.where_kinds()
+    assert (kinds[:, 5:] == -2).all() and (kinds[:, 2:5] == -1).all() and (kinds[:, :2] >= 0).all()
+    st = cache.staging()
+    assert st is not None and not (st.table == 11).any(), "long chunks never read the zero slot"
+    got = kt.ref_tier_count(np.array([0, 3, 6, 7], np.int32), 2, kinds[0], 100, 2)
+    assert got.tolist() == [[2, 1, 100], [2, 0, 0]]

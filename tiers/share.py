@@ -1,0 +1,119 @@
+"""How decode misses are split between PCIe and the CPU pool (`--pcie-frac`), and the probe it comes from.
+
+A decode row's miss is either read by the GPU from pinned RAM over PCIe (zero-copy, inside the graph) or
+computed on the CPU pool from the same RAM while the GPU computes the rest of the layer; the layer then
+waits for whichever side finishes last. With M miss bytes a layer, a share c on the CPU costs
+
+    GPU: (1 - c) M / pcie        CPU: c M / cpu + fixed (the hand-off to the CPU and back)
+
+so the best share makes the two equal: c = (M / pcie - fixed) / (M / pcie + M / cpu). `pcie` is the in-graph
+zero-copy rate (the probed rate times what the kernels reach of it), `cpu` the CPU pool's rate on this
+model's experts. The probe measures both at start-up and keeps them in the cache dir (`--probe` measures
+again); `strata plan` shows the same arithmetic from given rates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from strata.errors import ConfigError
+
+# in-graph zero-copy reads reached this share of the probed PCIe rate (80B shape, 24 GiB budget, H200: 462 MB
+# of misses a token at 73.4 tok/s, about 37 GB/s of a 50 GB/s probe)
+ZERO_COPY_EFFICIENCY = 0.74
+MIN_SHARE = 0.05  # below this, the per-layer hand-off costs more than the CPU saves: give it nothing
+
+
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """Probed rates, bytes/s, and the CPU hand-off's fixed cost, s. `zero_copy` and `cpu` are measured with
+    both sides running at once, as decode runs them: they read the same RAM, so each alone is faster."""
+
+    zero_copy: float
+    copy_engine: float
+    cpu: float
+    cpu_fixed_s: float
+    zero_copy_alone: float
+    cpu_alone: float
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    pcie_frac: float  # share of the misses read over PCIe; the rest run on the CPU
+    layer_s: float  # predicted time of one layer's misses, s
+    gpu_alone_s: float
+    cpu_alone_s: float
+    chosen: str  # "auto" or "--pcie-frac"
+
+    def why(self, miss_bytes: float) -> str:
+        """The line start-up and `strata plan` print."""
+        return (
+            f"decode misses: {miss_bytes / 1e6:,.1f} MB a layer; over PCIe alone {self.gpu_alone_s * 1e6:,.0f} us, "
+            f"on the CPU alone {self.cpu_alone_s * 1e6:,.0f} us -> {self.chosen} {self.pcie_frac:.2f} "
+            f"({1 - self.pcie_frac:.0%} on the CPU): {self.layer_s * 1e6:,.0f} us a layer"
+        )
+
+
+def choose(miss_bytes: float, pcie_bps: float, cpu_bps: float, fixed_s: float, given: float | None = None) -> Split:
+    """The split for M = miss_bytes per layer and token (given: --pcie-frac, else the balance point)."""
+    gpu = miss_bytes / pcie_bps if pcie_bps > 0 else float("inf")
+    cpu = miss_bytes / cpu_bps if cpu_bps > 0 else float("inf")
+
+    def layer(c: float) -> float:
+        return max((1 - c) * gpu, c * cpu + (fixed_s if c > 0 else 0.0))
+
+    if given is not None:
+        return Split(given, layer(1 - given), gpu, cpu + fixed_s, "--pcie-frac")
+    if miss_bytes <= 0 or cpu == float("inf"):
+        return Split(1.0, layer(0.0), gpu, cpu + fixed_s, "auto")
+    c = min(1.0, max(0.0, (gpu - fixed_s) / (gpu + cpu))) if gpu != float("inf") else 1.0
+    if c < MIN_SHARE:
+        c = 0.0
+    return Split(1 - c, layer(c), gpu, cpu + fixed_s, "auto")
+
+
+def parse_pcie_frac(value: str, flag: str = "--pcie-frac") -> float | None:
+    """auto -> None; else a share in [0, 1]."""
+    if value == "auto":
+        return None
+    try:
+        v = float(value)
+    except ValueError:
+        v = float("nan")
+    if not 0.0 <= v <= 1.0:
+        raise ConfigError(flag, value, "must be auto or a share of the misses read over PCIe, 0..1 (0: all on the CPU)")
+    return v
+
+
+class ProbeCache:
+    """Probed rates, kept as JSON in the cache dir by a key naming the GPU, the CPUs and the experts' shape, so
+    a restart skips the probe (`--probe` measures again). A file that cannot be read is measured again."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def get(self, key: str) -> Rates | None:
+        try:
+            got = json.loads(self.path.read_text()).get(key)
+            return Rates(**got) if isinstance(got, dict) else None
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def put(self, key: str, rates: Rates) -> None:
+        try:
+            data = json.loads(self.path.read_text())
+            if not isinstance(data, dict):
+                data = {}
+        except (OSError, ValueError):
+            data = {}
+        data[key] = asdict(rates)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            tmp.replace(self.path)
+        except OSError:
+            pass  # a read-only cache dir only costs the next start a probe
