@@ -295,6 +295,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     print(f"  VRAM used by Strata: {res['vram_used_mib']:,.0f} MiB (budget {a.vram_budget_mib or '-'} MiB; the pool holds "
           f"{res['vram_pool_mib']:,.0f} MiB, {res['vram_pool_used_mib']:,.0f} in use; the rest: modules, graphs, "
           "driver)", flush=True)
+    pool.set_limit(size=0)  # the copy-rate buffers below are the bench's, not Strata's: outside its budget
     res["copy_bw"] = copy_bandwidth(cp)
     return res
 

