@@ -11,6 +11,8 @@ from typing import Any
 from strata.errors import ConfigError
 from strata.tiers.budget import RESERVE_MIB, check_expert_cache
 from strata.tiers.share import parse_pcie_frac
+from strata.tiers.tables import MODES as TABLE_MODES
+from strata.tiers.tables import check_mode as check_table_mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +33,7 @@ class EngineOptions:
     override_kv: tuple[str, ...] = ()  # KEY=TYPE:VALUE metadata overrides, as llama.cpp's --override-kv
     pcie_frac: str = "auto"  # share of decode misses read over PCIe, the rest on the CPU pool; auto: from the probe
     probe: bool = False  # measure the PCIe and CPU expert rates again instead of reading them from the cache dir
+    ple_io: str = "auto"  # Qwen4-Exp's n-gram table: auto | ram | mmap | direct (strata.tiers.tables)
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> EngineOptions:
@@ -56,6 +59,7 @@ class EngineOptions:
         check_device(self.device, self.vram_budget_mib, ("device", "vram_budget_mib"))
         check_tiers(self.expert_cache, self.vram_reserve_mib, ("expert_cache", "vram_reserve_mib"))
         parse_pcie_frac(self.pcie_frac, "pcie_frac")
+        check_table_mode(self.ple_io, "ple_io")
         if self.n_seq < 1:
             raise ConfigError("n_seq", self.n_seq, "must be >= 1")
         parse_overrides(self.override_kv, "override_kv")
@@ -142,6 +146,9 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
                    "rest run on the CPU pool beside it (0: all on the CPU, 1: none). auto (default): from a start-up "
                    "probe of both rates, kept in the cache dir")
     p.add_argument("--probe", action="store_true", help="measure the PCIe and CPU expert rates again at start-up")
+    p.add_argument("--ple-io", default="auto", choices=TABLE_MODES, help="Qwen4-Exp's n-gram (PLE) table: ram "
+                   "(locked in RAM; the page cache when locking is refused), mmap (the page cache), direct "
+                   "(O_DIRECT row reads, for RAM that cannot hold it); auto: ram when it fits in half the free RAM")
     add_override_flag(p)
     p.add_argument("--prefill", type=int, default=0, help="tokens per prefill chunk (0 = 2048 on the GPU, 512 "
                    "on the CPU); chunks of 256+ tokens stage missing experts through borrowed cache slots")
@@ -156,7 +163,7 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--prefill", args.prefill, "must be >= 1 (0 = 2048 on the GPU, 512 on the CPU)")
     parse_overrides(args.override_kv)
     parse_pcie_frac(args.pcie_frac)
-    return {"pcie_frac": args.pcie_frac, "probe": args.probe,"override_kv": tuple(args.override_kv),
+    return {"pcie_frac": args.pcie_frac, "probe": args.probe, "ple_io": args.ple_io,"override_kv": tuple(args.override_kv),
             "backend": args.backend, "pool_workers": args.pool_workers, "aux_cpus": args.aux_cpus,
             "device": args.device, "vram_budget_mib": args.vram_budget_mib, "vram_reserve_mib": args.vram_reserve_mib,
             "expert_cache": args.expert_cache, "prefill_chunk": args.prefill}

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import argparse
 
+from strata.blocks.ple import TABLE
 from strata.cli import dump_json
 from strata.gguf import GGUFFile
+from strata.gpu import GPU_ARCHS
 from strata.gpu.model import GpuOptions, shape_of, vram_plan
 from strata.gpu.weights import weight_bytes
 from strata.models import model_class
 from strata.tiers.budget import GIB, check_expert_cache
 from strata.tiers.layout import ExpertLayout
-from strata.tiers.plan import predict, table
+from strata.tiers.plan import Prediction, predict, table
 from strata.tiers.share import parse_pcie_frac
+from strata.tiers.tables import available_ram, check_mode, choose
 from strata.weights import WeightStore
 
 
@@ -52,28 +55,44 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parallel", type=int, default=4, help="sequences at once (the server's --parallel)")
     p.add_argument("--prefill", type=int, default=2048, help="prefill chunk (the GPU's default 2048)")
     p.add_argument("--expert-cache", default="auto", help="as on serve: auto, off, 6GiB, 4096MiB, 40%%")
+    p.add_argument("--ple-io", default="auto", help="as on serve: how a qwen4exp n-gram table is read")
     p.add_argument("--json", action="store_true", help="the plan as JSON (keys documented in perf/README.md)")
 
 
 def run_plan(args: argparse.Namespace) -> int:
     check_expert_cache(args.expert_cache)
+    check_mode(args.ple_io)
     g = GGUFFile(args.model)
+    out: dict[str, object] = {}
+    lines = []
+    if g.architecture in GPU_ARCHS:
+        pred = _gpu_plan(args, g)
+        out = pred.json()
+        lines.append(table(pred))
+    else:  # no GPU path yet (qwen4exp: issue 16): only the tiers that do not depend on it
+        out["gpu"] = None
+        lines.append(f"{g.architecture}: no GPU path yet, so no VRAM placement (the GPU runs {', '.join(GPU_ARCHS)})")
+    if TABLE in g.tensors:  # the PLE table's tier: from --ram-gib when given, else this machine's free RAM
+        size = g.tensors[TABLE].nbytes
+        ram = int(args.ram_gib * GIB) or available_ram()
+        mode = choose(args.ple_io, size, ram)
+        out.update(ple_table_bytes=size, ple_io=mode)
+        why = f" (auto: {'fits' if mode == 'ram' else 'does not fit'} in half of {ram / GIB:,.1f} GiB of RAM)"
+        lines.append(f"PLE table: {size / GIB:,.2f} GiB -> {mode}" + (why if args.ple_io == "auto" else ""))
+    if args.json:
+        dump_json(out)
+    else:
+        print("\n".join(lines))
+    return 0
+
+
+def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> Prediction:
     cpu = model_class(g)(g, WeightStore(g, 0))
     dims, linear = shape_of(cpu)
-    opts = GpuOptions(
-        n_ctx=args.ctx_size, chunk=args.prefill, expert_cache=args.expert_cache, seqs=args.parallel
-    )
-    plan = vram_plan(
-        g, dims, linear, args.ctx_size, args.prefill, cpu.params.vocab, opts, int(args.vram_gib * GIB)
-    )
-    layout = ExpertLayout.from_gguf(g)
+    opts = GpuOptions(n_ctx=args.ctx_size, chunk=args.prefill, expert_cache=args.expert_cache, seqs=args.parallel)
+    plan = vram_plan(g, dims, linear, args.ctx_size, args.prefill, cpu.params.vocab, opts, int(args.vram_gib * GIB))
     w = weight_bytes(g)
     # every decode token reads all dense weights but the embeddings (one row of those)
     dense = sum(v for k, v in w.items() if k not in ("experts", "embeddings"))
-    pred = predict(plan, layout, dense, args.hbm_gbps, args.pcie_gbps, int(args.ram_gib * GIB), args.prefill,
-                   args.cpu_gbps, args.cpu_fixed_us * 1e-6, parse_pcie_frac(args.pcie_frac))
-    if args.json:
-        dump_json(pred.json())
-    else:
-        print(table(pred))
-    return 0
+    return predict(plan, ExpertLayout.from_gguf(g), dense, args.hbm_gbps, args.pcie_gbps, int(args.ram_gib * GIB),
+                   args.prefill, args.cpu_gbps, args.cpu_fixed_us * 1e-6, parse_pcie_frac(args.pcie_frac))

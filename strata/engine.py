@@ -80,6 +80,7 @@ class Engine:
         model_cls = model_class(gguf)
         check_supported(gguf)
         weights = WeightStore(gguf, opts.weight_cache_mib << 20)
+        weights.table_io = opts.ple_io
         device = _device(opts, gguf.architecture)
         if not opts.prefill_chunk:  # the GPU's passes cost little per token: long chunks amortise each layer
             opts = dataclasses.replace(opts, prefill_chunk=2048 if device == "cuda" else 512)
@@ -192,10 +193,11 @@ class Engine:
     def _steps(self, seq: ActiveSequence) -> Iterator[Chunk]:
         chunk = self.options.prefill_chunk
         tables = getattr(self.model, "ple_stats", None)  # lookup-table traffic, for the timings
-        rows0, bytes0 = (tables.rows, tables.bytes) if tables is not None else (0, 0)
+        start = (tables.rows, tables.bytes, tables.disk_bytes, tables.wait_s) if tables is not None else None
         while not seq.finished:
             logits = self.model.forward(seq.next_input(chunk), seq.state, all_logits=False)[-1]
-            if tables is not None:
-                seq.result.timings.table_rows = tables.rows - rows0
-                seq.result.timings.table_bytes = tables.bytes - bytes0
+            if tables is not None and start is not None:
+                t = seq.result.timings
+                t.table_rows, t.table_bytes = tables.rows - start[0], tables.bytes - start[1]
+                t.table_disk_bytes, t.table_wait_ms = tables.disk_bytes - start[2], (tables.wait_s - start[3]) * 1e3
             yield from seq.accept(logits)

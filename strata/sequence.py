@@ -47,10 +47,14 @@ class Timings:
     predicted_ms: float = 0.0
     table_rows: int = 0  # PLE lookup-table rows gathered (qwen4exp), when the model has tables
     table_bytes: int = 0
+    table_disk_bytes: int = 0  # of those, read from disk (--ple-io direct)
+    table_wait_ms: float = 0.0  # time the pass waited for its rows (they are gathered ahead of use)
     experts: TierUse | None = None  # expert-tier counters, when the model routes through the tiers
 
     def to_dict(self) -> dict[str, float]:
-        extra = {"table_rows": self.table_rows, "table_bytes": self.table_bytes} if self.table_rows else {}
+        extra = {"table_rows": self.table_rows, "table_bytes": self.table_bytes,
+                 "table_disk_bytes": self.table_disk_bytes, "table_wait_ms": round(self.table_wait_ms, 3)
+                 } if self.table_rows else {}
         if self.experts is not None:
             extra.update(self.experts.timings())
         return {**extra,

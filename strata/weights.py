@@ -31,6 +31,8 @@ class WeightStore:
         # The expert tiers (strata.tiers.slots.ExpertCache) when routed experts are read through a slot
         # cache (--expert-cache on the CPU stand-in) instead of straight from the file.
         self.tiers: Any = None
+        # How big lookup tables (Qwen4-Exp's PLE n-gram table) are read: strata.tiers.tables' --ple-io modes.
+        self.table_io = "mmap"
 
     def has(self, name: str) -> bool:
         return name in self.gguf.tensors

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from strata.blocks.ngram_hash import ngram_rows, shifted_tokens
-from strata.blocks.ple import TABLE, GatherStats, gather_rows
+from strata.blocks.ple import TABLE, embeddings
+from strata.tiers.tables import TableReader
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys
 
@@ -173,11 +174,12 @@ def test_gather_reads_only_needed_rows() -> None:
     rec = _RecordingRows(real)
     g.raw = lambda name: rec if name == TABLE else real  # type: ignore[method-assign]
     rows = np.array([[0, 3001, 6012, 9031], [5, 3005, 6100, 12053]])
-    stats = GatherStats()
-    emb = gather_rows(g, rows, stats)
+    table = TableReader(g, TABLE, "mmap")
+    emb = embeddings(table, table.gather(rows, 2), 2)
+    stats = table.stats
     np.testing.assert_array_equal(np.concatenate(rec.asked), rows.reshape(-1))
-    table = real.view(np.float32)  # f32 table: the bytes are the values
-    np.testing.assert_array_equal(emb, table[rows.reshape(-1)].reshape(2, -1))
+    values = real.view(np.float32)  # f32 table: the bytes are the values
+    np.testing.assert_array_equal(emb, values[rows.reshape(-1)].reshape(2, -1))
     row_bytes = g.tensors[TABLE].row_bytes
     assert (stats.tokens, stats.rows, stats.bytes) == (2, 8, 8 * row_bytes)
     assert stats.per_token() == (4.0, 4.0 * row_bytes)

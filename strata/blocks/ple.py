@@ -6,7 +6,9 @@ concatenated into e [T, P]. Then, with the streams' grouped-normed activations a
     gate = <key, query> / sqrt(D), then signed sqrt;  gv = sigmoid(gate) * value   [T, n, D]
     out = gv + silu(dilated causal depthwise conv(norm_conv(gv)))                  [T, n*D]
 The conv has kernel W and dilation = ngram size, so its window holds (W-1)*ngram past rows.
-Only the rows a token needs are read from the table; `GatherStats` counts them per token.
+Only the rows a token needs are read from the table, through a strata.tiers.tables.TableReader (RAM, page
+cache or O_DIRECT, `--ple-io`), which counts them; `ple_rows` names them before the pass reaches the layer,
+so the reader can gather them while earlier layers run.
 
 Legend: T = tokens, n = streams, D = hidden size, P = PLE embedding width (heads * row width).
 """
@@ -27,6 +29,7 @@ from strata.errors import GGUFError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, X, tensor
 from strata.quants import dequantize
+from strata.tiers.tables import TableReader
 from strata.weights import WeightStore
 
 TABLE = tensor(T.PER_LAYER_TOKEN_EMBD)
@@ -90,38 +93,23 @@ class PLEState:
         return self.history.nbytes + self.conv.nbytes
 
 
-@dataclass(slots=True)
-class GatherStats:
-    """Table traffic: tokens hashed, rows gathered and the bytes those rows occupy in the file."""
-
-    tokens: int = 0
-    rows: int = 0
-    bytes: int = 0
-
-    def per_token(self) -> tuple[float, float]:
-        n = max(self.tokens, 1)
-        return self.rows / n, self.bytes / n
+def ple_rows(tokens: np.ndarray, p: PLEParams, st: PLEState) -> np.ndarray:
+    """The table rows [T, H] the tokens read (st unchanged: `ple` advances it)."""
+    return ngram_rows(st.history, np.asarray(tokens, np.int64), p.multipliers, p.vocab_sizes, p.offsets,
+                      p.heads_per_ngram, p.eos)
 
 
-def gather_rows(g: GGUFFile, rows: np.ndarray, stats: GatherStats) -> np.ndarray:
-    """Table rows [T, H] -> embeddings [T, H * row width], reading only those rows from the mmap."""
-    info = g.tensors[TABLE]
-    raw = g.raw(TABLE)  # [n_rows, row_bytes] view over the mmap; nothing is read yet
-    flat = rows.reshape(-1)
-    picked = raw[flat]  # fancy indexing copies just these rows out of the page cache
-    stats.tokens += rows.shape[0]
-    stats.rows += flat.size
-    stats.bytes += picked.nbytes
-    return dequantize(picked, info.qtype, info.shape[-1]).reshape(rows.shape[0], -1)
+def embeddings(table: TableReader, raw: np.ndarray, n_tokens: int) -> np.ndarray:
+    """Gathered rows [T * H, row_bytes] -> embeddings [T, H * row width]."""
+    return dequantize(raw, table.info.qtype, table.info.shape[-1]).reshape(n_tokens, -1)
 
 
 def ple(stream: np.ndarray, tokens: np.ndarray, w: WeightStore, layer: int, p: PLEParams, st: PLEState,
-        stats: GatherStats) -> np.ndarray:
-    """stream [T, n*D], tokens [T] -> the PLE term added to the streams [T, n*D]; advances `st`."""
+        e: np.ndarray) -> np.ndarray:
+    """stream [T, n*D], tokens [T], their embeddings e [T, P] -> the PLE term added to the streams [T, n*D];
+    advances `st`."""
     t, n, d = len(tokens), p.n_streams, p.d_model
-    rows = ngram_rows(st.history, tokens, p.multipliers, p.vocab_sizes, p.offsets, p.heads_per_ngram, p.eos)
     st.history = np.concatenate([st.history, np.asarray(tokens, np.int64)])[-(p.ngram - 1) :]
-    e = gather_rows(w.gguf, rows, stats)  # [T, P]
     key = grouped_rms_norm(w.matmul(e, tensor(X.PLE_KEY, layer)), w.vector(tensor(X.PLE_NORM_KEY, layer)), n, p.eps)
     value = w.matmul(e, tensor(X.PLE_VALUE, layer))  # [T, D]
     query = grouped_rms_norm(stream, w.vector(tensor(X.PLE_NORM_QUERY, layer)), n, p.eps)

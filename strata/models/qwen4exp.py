@@ -22,11 +22,11 @@ import numpy as np
 from strata.blocks.gated_attn import gated_attention
 from strata.blocks.hyper import HCNames, hc_final, hc_inject, hc_mix
 from strata.blocks.linear_attn import DeltaNetParams, DeltaNetState, HeadOrder, deltanet
+from strata.blocks.moe import expert_pass
 from strata.blocks.mrope import MRope
-from strata.blocks.ple import GatherStats, PLEParams, PLEState, ple
+from strata.blocks.ple import TABLE, PLEParams, PLEState, embeddings, ple, ple_rows
 from strata.blocks.qsa import QSAParams, QSAState, qsa_select
 from strata.blocks.rope import RopeStyle
-from strata.blocks.moe import expert_pass
 from strata.blocks.shared_moe import moe_shared
 from strata.errors import GGUFError
 from strata.gguf import GGUFFile
@@ -35,6 +35,7 @@ from strata.kvcache import KVCache
 from strata.models.base import DecoderParams, Model, register
 from strata.models.qwen3next import recurrent_layers, require_int
 from strata.state import LayerState, SequenceState
+from strata.tiers.tables import TableReader, TableStats
 from strata.weights import WeightStore
 
 
@@ -61,12 +62,18 @@ class Qwen4Exp(Model):
             raise GGUFError(gguf.path, f"{Keys.PLE_LAYERS} lists {self.ple_layers}, but the file has one n-gram "
                             "table; only a single PLE layer is supported")
         self.ple = PLEParams.from_gguf(gguf, self.n_streams, p.d_model, p.eps) if self.ple_layers else None
-        self.ple_stats = GatherStats()  # PLE table traffic since load, for timings and benchmarks
+        # the n-gram table's rows: RAM, page cache or O_DIRECT (--ple-io, carried by the weight store)
+        self.ple_table = TableReader(gguf, TABLE, weights.table_io) if self.ple_layers else None
         self.hc_attn = [_hc(i, X.HC_ATTN_NORM, X.HC_ATTN_DOWN, X.HC_ATTN_UP, X.HC_ATTN_INJECT) for i in range(p.n_layer)]
         self.hc_ffn = [_hc(i, X.HC_FFN_NORM, X.HC_FFN_DOWN, X.HC_FFN_UP, X.HC_FFN_INJECT) for i in range(p.n_layer)]
         self.hc_head = _hc(None, X.HC_HEAD_NORM, X.HC_HEAD_DOWN, X.HC_HEAD_UP, None)
         out = tensor(T.OUTPUT)
         self.head = out if weights.has(out) else tensor(T.TOKEN_EMBD)
+
+    @property
+    def ple_stats(self) -> TableStats:
+        """PLE table traffic since load, for timings and benchmarks."""
+        return self.ple_table.stats if self.ple_table is not None else TableStats()
 
     def _qsa_params(self, g: GGUFFile, eps: float) -> dict[int, QSAParams]:
         """QSA settings per attention layer that has an indexer."""
@@ -105,12 +112,16 @@ class Qwen4Exp(Model):
         x = w.rows(tensor(T.TOKEN_EMBD), tokens)  # [T, D]
         cos_sin = self.mrope.tables(np.arange(state.n_past, state.n_past + len(tokens)))
         streams = np.tile(x, (1, n))  # [T, n*D]
+        pending = {}  # the PLE layers' rows, gathered while the layers before them run
+        for i in self.ple_layers:
+            assert self.ple is not None and self.ple_table is not None
+            pending[i] = self.ple_table.prefetch(ple_rows(tokens, self.ple, state.layer("ple", i, PLEState)))
         with expert_pass(w, [state], [len(tokens)]):
             for i in range(p.n_layer):
-                if i in self.ple_layers:
-                    assert self.ple is not None
-                    streams = streams + ple(streams, tokens, w, i, self.ple, state.layer("ple", i, PLEState),
-                                            self.ple_stats)
+                if i in pending:
+                    assert self.ple is not None and self.ple_table is not None
+                    e = embeddings(self.ple_table, self.ple_table.take(pending[i], len(tokens)), len(tokens))
+                    streams = streams + ple(streams, tokens, w, i, self.ple, state.layer("ple", i, PLEState), e)
                 h, inject = hc_mix(streams, w, self.hc_attn[i], n, p.eps)  # [T, D], [T, n]
                 streams = hc_inject(streams, self._mixer(i, h, state, cos_sin), inject)
                 h, inject = hc_mix(streams, w, self.hc_ffn[i], n, p.eps)
