@@ -82,8 +82,27 @@ def build(host: Host) -> ir.Module:
     b.store_atomic(seq, slot(DONE), "release", 8)
     b.branch(blk["loop"])
 
+    def pause(b: ir.IRBuilder) -> None:
+        if host.x86:
+            b.call(ir.Function(mod, ir.FunctionType(VOID, ()), "llvm.x86.sse2.pause"), [])
+
+    idle_blocks(b, blk, slot, MODE, SLEEP, idle, pause)
+
+    claim = ir.Function(mod, ir.FunctionType(I64, (I64.as_pointer(), I64, I64)), "spin_claim")
+    row, expected, seq = claim.args
+    b = ir.IRBuilder(claim.append_basic_block("entry"))
+    swap = b.cmpxchg(b.gep(row, [c64(CLAIM)]), expected, seq, "acq_rel", "acquire")
+    b.ret(b.zext(b.extract_value(swap, 1), I64))
+    return mod
+
+
+def idle_blocks(b: ir.IRBuilder, blk: dict[str, ir.Block], slot: Callable[[int], ir.Value], mode_at: int,
+                sleep_at: int, idle: ir.Value, pause: Callable[[ir.IRBuilder], None]) -> None:
+    """A helper loop's idle path, from blk["check"] (entered when no new work was seen) to blk["loop"]:
+    pause-spin SPINS times, then nap, short and then long (parked: short naps at once); blk["quit"] returns
+    when MODE is QUIT. `idle` counts the checks since the last work; slot(sleep_at) holds usleep's address."""
     b.position_at_end(blk["check"])
-    mode = b.load_atomic(slot(MODE), "monotonic", 8)
+    mode = b.load_atomic(slot(mode_at), "monotonic", 8)
     n = b.add(b.load(idle), c64(1))
     b.store(n, idle)
     quit_now = b.icmp_unsigned("==", mode, c64(QUIT))
@@ -94,8 +113,7 @@ def build(host: Host) -> ir.Module:
     b.cbranch(spin, blk["pause"], blk["nap"])
 
     b.position_at_end(blk["pause"])
-    if host.x86:
-        b.call(ir.Function(mod, ir.FunctionType(VOID, ()), "llvm.x86.sse2.pause"), [])
+    pause(b)
     b.branch(blk["loop"])
 
     b.position_at_end(blk["nap"])  # parked: short naps, and spin again as soon as unparked
@@ -103,19 +121,12 @@ def build(host: Host) -> ir.Module:
     b.store(b.select(parked, c64(SPINS), b.load(idle)), idle)
     short = b.or_(parked, b.icmp_unsigned("<", n, c64(SPINS + SHORT_NAPS)))
     us = b.select(short, ir.Constant(I32, SHORT_US), ir.Constant(I32, LONG_US))
-    usleep = b.inttoptr(b.load(slot(SLEEP)), ir.FunctionType(I32, (I32,)).as_pointer())
+    usleep = b.inttoptr(b.load(slot(sleep_at)), ir.FunctionType(I32, (I32,)).as_pointer())
     b.call(usleep, [us])
     b.branch(blk["loop"])
 
     b.position_at_end(blk["quit"])
     b.ret_void()
-
-    claim = ir.Function(mod, ir.FunctionType(I64, (I64.as_pointer(), I64, I64)), "spin_claim")
-    row, expected, seq = claim.args
-    b = ir.IRBuilder(claim.append_basic_block("entry"))
-    swap = b.cmpxchg(b.gep(row, [c64(CLAIM)]), expected, seq, "acq_rel", "acquire")
-    b.ret(b.zext(b.extract_value(swap, 1), I64))
-    return mod
 
 
 def _stop(ctl: np.ndarray, threads: list[threading.Thread]) -> None:

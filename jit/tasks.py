@@ -40,6 +40,7 @@ from llvmlite import ir
 from strata.jit.host import Host
 from strata.jit.irutil import I32, I64, P8, PF32, VOID, c64, intrinsic
 from strata.jit.matmul_ir import QMM_ARGS
+from strata.jit.spin import PARK, QUIT, RUN, SPINS, idle_blocks  # the helpers idle as spin.py's do
 
 if TYPE_CHECKING:
     from strata.jit.kernels import Kernels
@@ -53,14 +54,10 @@ COLUMNS = ("fn", "w", "row_bytes", "x", "ldx", "n_tok", "y", "ldy", "r0", "r1")
 # the rarely written TASKS, MODE, SLEEP (usleep's address) on a third
 NEXT, FINISHED, TASKS, MODE, SLEEP = 0, 8, 16, 17, 18
 SLOTS = 24
-RUN, QUIT, PARK = 0, 1, 2  # MODE values
 ROUND_SHIFT, N_SHIFT = 40, 20
 MAX_TASKS = 1 << 20  # n and index are 20-bit fields of NEXT
 ROUNDS = 1 << 23  # rounds wrap here (bit 63 stays clear)
 
-SPINS = 1 << 17  # pause loops (a few ms) before napping
-SHORT_NAPS = 200  # then this many naps of SHORT_US before the long ones
-SHORT_US, LONG_US = 50, 2000
 WAIT_NAP_US = 20  # wait_change's nap once its spins are spent
 
 LAYOUT = "claim1"  # part of the disk-cache key: bump when the slots or the loops change
@@ -168,31 +165,7 @@ def _worker(mod: ir.Module, claim: ir.Function, pause: Callable[[ir.IRBuilder], 
     b.call(claim, [ctl, rnd])
     b.branch(blk["loop"])
 
-    b.position_at_end(blk["check"])
-    mode = b.load_atomic(slot(MODE), "monotonic", 8)
-    n = b.add(b.load(idle), c64(1))
-    b.store(n, idle)
-    spin = b.and_(b.icmp_unsigned("<", n, c64(SPINS)), b.icmp_unsigned("==", mode, c64(RUN)))
-    b.cbranch(b.icmp_unsigned("==", mode, c64(QUIT)), blk["quit"], blk["idle"])
-
-    b.position_at_end(blk["idle"])
-    b.cbranch(spin, blk["pause"], blk["nap"])
-
-    b.position_at_end(blk["pause"])
-    pause(b)
-    b.branch(blk["loop"])
-
-    b.position_at_end(blk["nap"])  # parked: short naps, and spin again as soon as unparked
-    parked = b.icmp_unsigned("==", mode, c64(PARK))
-    b.store(b.select(parked, c64(SPINS), b.load(idle)), idle)
-    short = b.or_(parked, b.icmp_unsigned("<", n, c64(SPINS + SHORT_NAPS)))
-    us = b.select(short, ir.Constant(I32, SHORT_US), ir.Constant(I32, LONG_US))
-    usleep = b.inttoptr(b.load(slot(SLEEP)), ir.FunctionType(I32, (I32,)).as_pointer())
-    b.call(usleep, [us])
-    b.branch(blk["loop"])
-
-    b.position_at_end(blk["quit"])
-    b.ret_void()
+    idle_blocks(b, blk, slot, MODE, SLEEP, idle, pause)
 
 
 def _run(mod: ir.Module, claim: ir.Function, pause: Callable[[ir.IRBuilder], None]) -> None:
