@@ -56,6 +56,12 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
                                   "speed that allows (reads only the header)"))
 
 
+def _add_tiers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from strata.cli_tiers import add_tiers_flags
+
+    add_tiers_flags(sub.add_parser("tiers", help="routing traces and the expert-cache policy simulator"))
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from strata.conf.server import add_server_flags
 
@@ -79,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_info(sub)
     _add_synth(sub)
     _add_plan(sub)
+    _add_tiers(sub)
     return p
 
 
@@ -110,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from strata.cli_plan import run_plan
 
             return run_plan(args)
+        if args.command == "tiers":
+            from strata.cli_tiers import run_tiers
+
+            return run_tiers(args)
         if args.command == "synth":
             from strata.cli_synth import run_synth
 

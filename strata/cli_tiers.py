@@ -1,0 +1,55 @@
+"""`strata tiers trace --synthetic ... -o F.npz` and `strata tiers simulate TRACE --slots N --policy P [--sweep]
+[--json]`: routing traces and the policy simulator (strata.tiers.trace, .sim) for tier-tuning experiments."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from strata.cli import dump_json
+from strata.errors import ConfigError
+from strata.tiers import policy, sim, trace
+
+
+def add_tiers_flags(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="tiers_command", metavar="TIERS_COMMAND", required=True)
+    t = sub.add_parser("trace", help="write a synthetic routing trace (skew and temporal locality)")
+    t.add_argument("--synthetic", action="store_true", required=True, help="the synthetic router (tiers/trace.py)")
+    t.add_argument("--tokens", type=int, default=2000)
+    t.add_argument("--layers", type=int, default=4)
+    t.add_argument("--seed", type=int, default=0)
+    for f in ("n_expert", "top_k", "skew", "reuse", "window", "drift"):
+        default = getattr(trace.CALIBRATED, f)
+        t.add_argument(f"--{f.replace('_', '-')}", type=type(default), default=default,
+                       help=f"(default {default}: calibrated to published LRU hit rates)")
+    t.add_argument("-o", "--output", type=Path, required=True)
+    s = sub.add_parser("simulate", help="replay a trace through a cache policy")
+    s.add_argument("trace", type=Path)
+    s.add_argument("--slots", type=int, default=64, help="slots per layer")
+    s.add_argument("--policy", default="adaptive", choices=policy.POLICIES)
+    s.add_argument("--sweep", action="store_true", help="every policy at 32, 64, 128 and 256 slots per layer")
+    s.add_argument("--json", action="store_true")
+
+
+def run_tiers(args: argparse.Namespace) -> int:
+    if args.tiers_command == "trace":
+        if args.tokens < 2 or args.layers < 1:
+            raise ConfigError("--tokens", args.tokens, "a trace needs at least 2 tokens and 1 layer")
+        spec = dataclasses.replace(trace.CALIBRATED, layers=args.layers, n_expert=args.n_expert, top_k=args.top_k,
+                                   skew=args.skew, reuse=args.reuse, window=args.window, drift=args.drift)
+        trace.save(args.output, trace.synthetic(spec, args.tokens, args.seed), spec.n_expert)
+        print(args.output)
+        return 0
+    ids, n_expert = trace.load(args.trace)
+    if args.slots < 0:
+        raise ConfigError("--slots", args.slots, "must be >= 0")
+    results = sim.sweep(ids, n_expert, [32, 64, 128, 256]) if args.sweep else [
+        sim.simulate(ids, n_expert, args.slots, args.policy)]
+    if args.json:
+        dump_json([r.json() for r in results])
+        return 0
+    print(f"{'slots/layer':>11}  {'policy':<9} {'hit rate':>8} {'swaps':>8}")
+    for r in results:
+        print(f"{r.slots:>11}  {r.policy:<9} {r.hit_rate:>8.1%} {r.swaps:>8,}")
+    return 0

@@ -1,0 +1,54 @@
+"""Replay a routing trace through a cache policy: hit rates per layer and overall, and the swaps it made.
+
+`simulate(ids, n_expert, slots, policy)`: each layer gets `slots` slots and its own policy instance; the
+static policy's set comes from the first `profile_share` of the trace (a profile learned on part of the
+workload), and every policy is scored on the rest, so they are compared on the same tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from strata.tiers import policy
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    policy: str
+    slots: int  # per layer
+    lookups: int
+    hits: int
+    swaps: int
+    per_layer: list[float]  # hit rate of each layer
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else 0.0
+
+    def json(self) -> dict[str, object]:
+        return {**asdict(self), "hit_rate": self.hit_rate}
+
+
+def simulate(ids: np.ndarray, n_expert: int, slots: int, name: str, profile_share: float = 0.5) -> Result:
+    """ids [T, L, A]: the trace; slots per layer."""
+    t, n_l, a = ids.shape
+    split = int(t * profile_share)
+    hits, swaps, per_layer = 0, 0, []
+    for li in range(n_l):
+        head, tail = ids[:split, li], ids[split:, li]
+        counts = np.bincount(head.reshape(-1), minlength=n_expert)
+        p = policy.make(name, slots, n_expert, counts)
+        for row in head:  # warm the cache on the profile part; not scored
+            p.step(row)
+        warm = p.swaps
+        layer_hits = sum(p.step(row) for row in tail)
+        hits += layer_hits
+        swaps += p.swaps - warm
+        per_layer.append(layer_hits / max(tail.size, 1))
+    return Result(name, slots, (t - split) * n_l * a, hits, swaps, per_layer)
+
+
+def sweep(ids: np.ndarray, n_expert: int, sizes: list[int], names: tuple[str, ...] = policy.POLICIES) -> list[Result]:
+    """The hit-rate vs cache-size curve of every policy."""
+    return [simulate(ids, n_expert, s, n) for s in sizes for n in names]

@@ -1,0 +1,71 @@
+"""Routing traces: which experts every token routed to in every MoE layer, saved as .npz, and synthetic ones
+whose locality matches published measurements, so cache policies can be compared without a model.
+
+A trace is `ids` int16 [T, L, A] (token, MoE layer, routed slot) plus `n_expert`. The synthetic router gives
+each layer a popularity that drifts (a Zipf-like skew over a slowly rotating ranking) and each token a
+chance to reuse experts the last few tokens used: real routing is both skewed and bursty (llama.cpp PR
+#24524: 10% of experts take 80% of hits in some traces; PR #27861: on Qwen3.8-Flash-Next, 512 experts, a
+per-layer LRU of 64 slots hits ~67%, of 128 ~81%, while a static top-32 learned on half a workload covers
+~10% of the other half). `CALIBRATED` comes close to those figures (tests/test_tier_sim.py checks them):
+measured on 2,000 tokens, LRU-64 66.8%, LRU-128 85.9% (4 points over the published 81%), static top-32
+10.7%.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class Synthetic:
+    n_expert: int = 512
+    top_k: int = 10
+    layers: int = 4
+    skew: float = 1.0  # Zipf exponent of each layer's popularity
+    reuse: float = 0.6  # chance a routed slot reuses an expert of the recent window
+    window: int = 8  # tokens whose experts count as recent
+    drift: int = 200  # tokens per step of the popularity ranking's rotation (topic drift)
+
+
+CALIBRATED = Synthetic(skew=0.4, reuse=0.8, window=16, drift=64)
+
+
+def synthetic(spec: Synthetic, tokens: int, seed: int = 0) -> np.ndarray:
+    """ids [T, L, A] routed by the synthetic router."""
+    rng = np.random.default_rng(seed)
+    e, a = spec.n_expert, spec.top_k
+    weights = 1.0 / np.arange(1, e + 1) ** spec.skew
+    weights /= weights.sum()
+    out = np.empty((tokens, spec.layers, a), np.int16)
+    for li in range(spec.layers):
+        rank = rng.permutation(e)  # rank[i]: the expert at popularity i
+        recent: list[np.ndarray] = []
+        for t in range(tokens):
+            if spec.drift and t and t % spec.drift == 0:  # the workload moves on: a few ranks change places
+                i, j = rng.integers(0, e, 2)
+                rank[[i, j]] = rank[[j, i]]
+                rank = np.roll(rank, 1) if rng.random() < 0.5 else rank
+            pool = np.unique(np.concatenate(recent)) if recent else np.empty(0, np.int64)
+            chosen: list[int] = []
+            while len(chosen) < a:
+                if len(pool) and rng.random() < spec.reuse:
+                    c = int(pool[rng.integers(len(pool))])
+                else:
+                    c = int(rank[rng.choice(e, p=weights)])
+                if c not in chosen:
+                    chosen.append(c)
+            out[t, li] = chosen
+            recent = (recent + [out[t, li].astype(np.int64)])[-spec.window :]
+    return out
+
+
+def save(path: Path, ids: np.ndarray, n_expert: int) -> None:
+    np.savez_compressed(path, ids=ids.astype(np.int16), n_expert=np.int64(n_expert))
+
+
+def load(path: Path) -> tuple[np.ndarray, int]:
+    with np.load(path) as z:
+        return z["ids"].astype(np.int64), int(z["n_expert"])
