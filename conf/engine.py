@@ -8,11 +8,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from strata.errors import ConfigError
 from strata.tiers.budget import RESERVE_MIB, check_expert_cache
 from strata.tiers.share import parse_pcie_frac
 from strata.tiers.tables import MODES as TABLE_MODES
 from strata.tiers.tables import check_mode as check_table_mode
+
+from strata.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,7 @@ class EngineOptions:
     override_kv: tuple[str, ...] = ()  # KEY=TYPE:VALUE metadata overrides, as llama.cpp's --override-kv
     pcie_frac: str = "auto"  # share of decode misses read over PCIe, the rest on the CPU pool; auto: from the probe
     probe: bool = False  # measure the PCIe and CPU expert rates again instead of reading them from the cache dir
+    record_routes: str | None = None  # write every routed (token, layer, experts) here (.npz; the CPU's tiers)
     ple_io: str = "auto"  # Qwen4-Exp's n-gram table: auto | ram | mmap | direct (strata.tiers.tables)
 
     @classmethod
@@ -146,6 +148,9 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
                    "rest run on the CPU pool beside it (0: all on the CPU, 1: none). auto (default): from a start-up "
                    "probe of both rates, kept in the cache dir")
     p.add_argument("--probe", action="store_true", help="measure the PCIe and CPU expert rates again at start-up")
+    p.add_argument("--record-routes", default=None, metavar="FILE", help="write every routed (token, layer, "
+                   "experts) of the run to FILE (.npz) at exit, for `strata tiers simulate` (CPU expert tiers: "
+                   "--device cpu --expert-cache SIZE)")
     p.add_argument("--ple-io", default="auto", choices=TABLE_MODES, help="Qwen4-Exp's n-gram (PLE) table: ram "
                    "(locked in RAM; the page cache when locking is refused), mmap (the page cache), direct "
                    "(O_DIRECT row reads, for RAM that cannot hold it); auto: ram when it fits in half the free RAM")
@@ -163,7 +168,7 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--prefill", args.prefill, "must be >= 1 (0 = 2048 on the GPU, 512 on the CPU)")
     parse_overrides(args.override_kv)
     parse_pcie_frac(args.pcie_frac)
-    return {"pcie_frac": args.pcie_frac, "probe": args.probe, "ple_io": args.ple_io,"override_kv": tuple(args.override_kv),
+    return {"pcie_frac": args.pcie_frac, "probe": args.probe, "ple_io": args.ple_io, "record_routes": args.record_routes,"override_kv": tuple(args.override_kv),
             "backend": args.backend, "pool_workers": args.pool_workers, "aux_cpus": args.aux_cpus,
             "device": args.device, "vram_budget_mib": args.vram_budget_mib, "vram_reserve_mib": args.vram_reserve_mib,
             "expert_cache": args.expert_cache, "prefill_chunk": args.prefill}

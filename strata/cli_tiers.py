@@ -29,6 +29,8 @@ def add_tiers_flags(p: argparse.ArgumentParser) -> None:
     s.add_argument("--slots", type=int, default=64, help="slots per layer")
     s.add_argument("--policy", default="adaptive", choices=policy.POLICIES)
     s.add_argument("--sweep", action="store_true", help="every policy at 32, 64, 128 and 256 slots per layer")
+    s.add_argument("--recorded", action="store_true", help="static: the placement the engine had while it recorded "
+                   "the trace (--record-routes), scored on the whole trace, as the engine's own counters were")
     s.add_argument("--json", action="store_true")
 
 
@@ -44,8 +46,15 @@ def run_tiers(args: argparse.Namespace) -> int:
     ids, n_expert = trace.load(args.trace)
     if args.slots < 0:
         raise ConfigError("--slots", args.slots, "must be >= 0")
-    results = sim.sweep(ids, n_expert, [32, 64, 128, 256]) if args.sweep else [
-        sim.simulate(ids, n_expert, args.slots, args.policy)]
+    if args.recorded:
+        resident = trace.load_resident(args.trace)
+        if resident is None or args.policy != "static":
+            raise ConfigError("--recorded", args.trace, "needs --policy static and a trace from --record-routes")
+        results = [sim.simulate(ids, n_expert, int(resident.sum(axis=1).max()), "static", resident=resident)]
+    elif args.sweep:
+        results = sim.sweep(ids, n_expert, [32, 64, 128, 256])
+    else:
+        results = [sim.simulate(ids, n_expert, args.slots, args.policy)]
     if args.json:
         dump_json([r.json() for r in results])
         return 0

@@ -15,18 +15,17 @@ import numpy as np
 from strata.chat_template import ChatTemplate
 from strata.conf import EngineOptions
 from strata.conf.engine import parse_overrides
-from strata.tiers.share import parse_pcie_frac
 from strata.errors import ContextOverflowError
 from strata.gguf import GGUFFile
 from strata.models import Model, model_class
 from strata.sampling import SamplingParams
 from strata.sequence import ActiveSequence, Chunk, Constraint, GenerationResult, Timings
 from strata.state import SequenceState
-from strata.tokenizer import Tokenizer
+from strata.tiers.share import parse_pcie_frac
 from strata.tiers.slots import ExpertCache, cpu_tiers
 from strata.tiers.telemetry import TierUse
+from strata.tokenizer import Tokenizer
 from strata.weights import WeightStore, check_supported
-
 
 __all__ = ["Chunk", "Engine", "Generation", "GenerationResult", "Timings"]
 
@@ -97,6 +96,8 @@ class Engine:
             return cls(gguf, gpu_model(model_cls(gguf, weights), gpu_opts), Tokenizer.from_gguf(gguf), opts)
         if opts.expert_cache != "auto":
             weights.tiers = cpu_tiers(gguf, opts.expert_cache)
+            if opts.record_routes:
+                weights.tiers.record(Path(opts.record_routes))
         if opts.backend == "jit":
             from strata.jit.backend import start
 

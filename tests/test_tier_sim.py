@@ -68,3 +68,24 @@ def test_cli_round_trip(tmp_path, capsys) -> None:
     assert {(r["policy"], r["slots"]) for r in got} == {(p, s) for p in policy.POLICIES for s in (32, 64, 128, 256)}
     want = sim.simulate(ids, n_expert, 64, "lru")
     assert next(r for r in got if r["policy"] == "lru" and r["slots"] == 64)["hits"] == want.hits
+
+
+def test_a_recorded_trace_replays_to_the_engines_own_counters(tmp_path, capsys) -> None:
+    """--record-routes on the CPU tiers, then `strata tiers simulate --policy static --recorded`: the same
+    lookups and hits the engine counted (prefill and decode), exactly."""
+    from test_tiers import _fixture, _greedy
+
+    from strata.cli import main
+    from strata.engine import Engine
+
+    out = tmp_path / "routes.npz"
+    eng = Engine.load(_fixture("qwen3moe"), device="cpu", backend="numpy", expert_cache="50%", record_routes=str(out))
+    res = _greedy(eng, list(range(30, 60)), 6)
+    eng.expert_cache.recorder.save()
+    use = res.timings.experts
+    ids, _ = trace.load(out)
+    assert ids.shape[0] == len(res.prompt_ids) + len(res.tokens) - 1  # every token fed, in order
+    assert main(["tiers", "simulate", str(out), "--policy", "static", "--recorded", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)[0]
+    assert got["lookups"] == use.prefill.lookups + use.decode.lookups
+    assert got["hits"] == use.prefill.hits + use.decode.hits

@@ -30,15 +30,18 @@ class Result:
         return {**asdict(self), "hit_rate": self.hit_rate}
 
 
-def simulate(ids: np.ndarray, n_expert: int, slots: int, name: str, profile_share: float = 0.5) -> Result:
-    """ids [T, L, A]: the trace; slots per layer."""
+def simulate(ids: np.ndarray, n_expert: int, slots: int, name: str, profile_share: float = 0.5,
+             resident: np.ndarray | None = None) -> Result:
+    """ids [T, L, A]: the trace; slots per layer. `resident` [L, E]: the static policy's sets as the engine
+    placed them (then the whole trace is scored: what the engine's own counters saw)."""
     t, n_l, a = ids.shape
-    split = int(t * profile_share)
+    split = 0 if resident is not None else int(t * profile_share)
     hits, swaps, per_layer = 0, 0, []
     for li in range(n_l):
         head, tail = ids[:split, li], ids[split:, li]
         counts = np.bincount(head.reshape(-1), minlength=n_expert)
-        p = policy.make(name, slots, n_expert, counts)
+        p = (policy.Static(np.flatnonzero(resident[li])) if resident is not None and name == "static"
+             else policy.make(name, slots, n_expert, counts))
         for row in head:  # warm the cache on the profile part; not scored
             p.step(row)
         warm = p.swaps

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 from strata.tiers.budget import cache_request
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.telemetry import TierUse
+from strata.tiers.trace import Recorder
 
 from strata.errors import ConfigError
 from strata.gguf import GGUFFile
@@ -99,6 +101,7 @@ class ExpertCache:
         self._rows = np.zeros((0, 4), np.int64)  # this pass's per-row (lookups, hits, miss bytes, cpu calls)
         self._staging: Staging | None = None
         self._staged_bytes = 0
+        self.recorder: Recorder | None = None  # --record-routes (the CPU stand-in's passes)
 
     # ---- addresses ----
     def _arena_row(self, li: int, p: int, e: np.ndarray | int) -> np.ndarray:
@@ -147,6 +150,14 @@ class ExpertCache:
     def resident(self) -> int:
         return int((self.where >= 0).sum())
 
+    def record(self, path: Path) -> Recorder:
+        """Record every pass's routing into `path` (written at exit and by `recorder.save()`)."""
+        import atexit
+
+        self.recorder = Recorder(path, len(self.layout.layers), self.layout.n_expert, self.where >= 0)
+        atexit.register(self.recorder.save)
+        return self.recorder
+
     # ---- the CPU's share of the misses ----
     def share_with_cpu(self, cpu_frac: float, zero: tuple[int, int, int]) -> None:
         """Give the CPU `cpu_frac` of each layer's non-resident experts (the highest ids, so the ones the
@@ -189,7 +200,9 @@ class ExpertCache:
         return self._staging.table[li]
 
     def count_rows(self, li: int, ids: np.ndarray) -> None:
-        """Count the routed ids [T, A] of MoE layer li into this pass's per-row counters."""
+        """Count the routed ids [T, A] of MoE layer li into this pass's per-row counters (and record them)."""
+        if self.recorder is not None:
+            self.recorder.add(li, ids)
         hit = self.where[li][ids] >= 0  # [T, A]
         self._rows[:, 0] += ids.shape[1]
         self._rows[:, 1] += hit.sum(axis=1)
@@ -200,6 +213,8 @@ class ExpertCache:
         if self._staging is not None:
             self.slots.copy_rows(self.restore_rows(self._staging))
             self._staging = None
+        if self.recorder is not None:
+            self.recorder.end_pass()
         self.settle(self._rows, self._staged_bytes, states, lens)
 
     def settle(self, rows: np.ndarray, staged_bytes: int, states: list[TierUse], lens: list[int]) -> None:

@@ -62,10 +62,39 @@ def synthetic(spec: Synthetic, tokens: int, seed: int = 0) -> np.ndarray:
     return out
 
 
-def save(path: Path, ids: np.ndarray, n_expert: int) -> None:
-    np.savez_compressed(path, ids=ids.astype(np.int16), n_expert=np.int64(n_expert))
+def save(path: Path, ids: np.ndarray, n_expert: int, resident: np.ndarray | None = None) -> None:
+    """`resident` [L, E] bool: the cache's placement while the trace was recorded (a static policy's set)."""
+    extra = {} if resident is None else {"resident": resident.astype(bool)}
+    np.savez_compressed(path, ids=ids.astype(np.int16), n_expert=np.int64(n_expert), **extra)
 
 
 def load(path: Path) -> tuple[np.ndarray, int]:
     with np.load(path) as z:
         return z["ids"].astype(np.int64), int(z["n_expert"])
+
+
+def load_resident(path: Path) -> np.ndarray | None:
+    with np.load(path) as z:
+        return z["resident"] if "resident" in z.files else None
+
+
+class Recorder:
+    """`--record-routes FILE`: every pass's routed ids, layer by layer, kept in order and written on `save`
+    (at exit, or when asked), with the placement the cache had."""
+
+    def __init__(self, path: Path, n_layers: int, n_expert: int, resident: np.ndarray) -> None:
+        self.path, self.n_expert, self.resident = path, n_expert, resident.copy()
+        self._layers: list[np.ndarray | None] = [None] * n_layers  # this pass's ids [T, A] per MoE layer
+        self._passes: list[np.ndarray] = []  # [T, L, A] per pass
+
+    def add(self, li: int, ids: np.ndarray) -> None:
+        self._layers[li] = np.asarray(ids, np.int16).copy()
+
+    def end_pass(self) -> None:
+        if all(x is not None for x in self._layers):
+            self._passes.append(np.stack(self._layers, axis=1))  # type: ignore[arg-type]
+        self._layers = [None] * len(self._layers)
+
+    def save(self) -> None:
+        if self._passes:
+            save(self.path, np.concatenate(self._passes), self.n_expert, self.resident)
