@@ -63,7 +63,7 @@ def _expert_cache(s: AppState) -> dict[str, object] | None:
     for phase, c in (("decode", cache.use.decode), ("prefill", cache.use.prefill)):
         out[phase] = {"lookups": c.lookups, "hits": c.hits, "hit_rate": round(c.hit_rate, 4),
                       "pcie_bytes": c.pcie_bytes, "cpu_expert_calls": c.cpu_calls}
-    out["pcie_frac"] = cache.pcie_frac
+    out["pcie_frac"], out["swaps"] = cache.pcie_frac, cache.swaps
     return out
 
 

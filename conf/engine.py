@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from strata.tiers.budget import RESERVE_MIB, check_expert_cache
+from strata.tiers.policy import POLICIES, check_policy
 from strata.tiers.share import parse_pcie_frac
 from strata.tiers.tables import MODES as TABLE_MODES
 from strata.tiers.tables import check_mode as check_table_mode
@@ -34,6 +35,7 @@ class EngineOptions:
     override_kv: tuple[str, ...] = ()  # KEY=TYPE:VALUE metadata overrides, as llama.cpp's --override-kv
     pcie_frac: str = "auto"  # share of decode misses read over PCIe, the rest on the CPU pool; auto: from the probe
     probe: bool = False  # measure the PCIe and CPU expert rates again instead of reading them from the cache dir
+    cache_policy: str = "static"  # static | lru | adaptive: which experts the slots keep (CPU tiers so far)
     record_routes: str | None = None  # write every routed (token, layer, experts) here (.npz; the CPU's tiers)
     ple_io: str = "auto"  # Qwen4-Exp's n-gram table: auto | ram | mmap | direct (strata.tiers.tables)
 
@@ -62,6 +64,7 @@ class EngineOptions:
         check_tiers(self.expert_cache, self.vram_reserve_mib, ("expert_cache", "vram_reserve_mib"))
         parse_pcie_frac(self.pcie_frac, "pcie_frac")
         check_table_mode(self.ple_io, "ple_io")
+        check_policy(self.cache_policy, "cache_policy")
         if self.n_seq < 1:
             raise ConfigError("n_seq", self.n_seq, "must be >= 1")
         parse_overrides(self.override_kv, "override_kv")
@@ -148,6 +151,9 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
                    "rest run on the CPU pool beside it (0: all on the CPU, 1: none). auto (default): from a start-up "
                    "probe of both rates, kept in the cache dir")
     p.add_argument("--probe", action="store_true", help="measure the PCIe and CPU expert rates again at start-up")
+    p.add_argument("--cache-policy", default="static", choices=POLICIES, help="which experts the cache keeps: static "
+                   "(the fill), lru, adaptive (decayed use counts with hysteresis), swapped between passes (CPU tiers "
+                   "so far)")
     p.add_argument("--record-routes", default=None, metavar="FILE", help="write every routed (token, layer, "
                    "experts) of the run to FILE (.npz) at exit, for `strata tiers simulate` (CPU expert tiers: "
                    "--device cpu --expert-cache SIZE)")
@@ -168,7 +174,7 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--prefill", args.prefill, "must be >= 1 (0 = 2048 on the GPU, 512 on the CPU)")
     parse_overrides(args.override_kv)
     parse_pcie_frac(args.pcie_frac)
-    return {"pcie_frac": args.pcie_frac, "probe": args.probe, "ple_io": args.ple_io, "record_routes": args.record_routes,"override_kv": tuple(args.override_kv),
+    return {"pcie_frac": args.pcie_frac, "probe": args.probe, "ple_io": args.ple_io, "record_routes": args.record_routes, "cache_policy": args.cache_policy,"override_kv": tuple(args.override_kv),
             "backend": args.backend, "pool_workers": args.pool_workers, "aux_cpus": args.aux_cpus,
             "device": args.device, "vram_budget_mib": args.vram_budget_mib, "vram_reserve_mib": args.vram_reserve_mib,
             "expert_cache": args.expert_cache, "prefill_chunk": args.prefill}

@@ -29,8 +29,9 @@ def add_tiers_flags(p: argparse.ArgumentParser) -> None:
     s.add_argument("--slots", type=int, default=64, help="slots per layer")
     s.add_argument("--policy", default="adaptive", choices=policy.POLICIES)
     s.add_argument("--sweep", action="store_true", help="every policy at 32, 64, 128 and 256 slots per layer")
-    s.add_argument("--recorded", action="store_true", help="static: the placement the engine had while it recorded "
-                   "the trace (--record-routes), scored on the whole trace, as the engine's own counters were")
+    s.add_argument("--recorded", action="store_true", help="start from the placement the engine had when it recorded "
+                   "the trace (--record-routes) and swap between its passes, scoring the whole trace: the engine's "
+                   "own counters for the same policy")
     s.add_argument("--json", action="store_true")
 
 
@@ -47,10 +48,10 @@ def run_tiers(args: argparse.Namespace) -> int:
     if args.slots < 0:
         raise ConfigError("--slots", args.slots, "must be >= 0")
     if args.recorded:
-        resident = trace.load_resident(args.trace)
-        if resident is None or args.policy != "static":
-            raise ConfigError("--recorded", args.trace, "needs --policy static and a trace from --record-routes")
-        results = [sim.simulate(ids, n_expert, int(resident.sum(axis=1).max()), "static", resident=resident)]
+        resident, windows = trace.load_recorded(args.trace)
+        if resident is None:
+            raise ConfigError("--recorded", args.trace, "needs a trace written by --record-routes")
+        results = [sim.simulate(ids, n_expert, 0, args.policy, resident=resident, windows=windows)]
     elif args.sweep:
         results = sim.sweep(ids, n_expert, [32, 64, 128, 256])
     else:

@@ -15,7 +15,7 @@ import numpy as np
 from strata.chat_template import ChatTemplate
 from strata.conf import EngineOptions
 from strata.conf.engine import parse_overrides
-from strata.errors import ContextOverflowError
+from strata.errors import ConfigError, ContextOverflowError
 from strata.gguf import GGUFFile
 from strata.models import Model, model_class
 from strata.sampling import SamplingParams
@@ -83,6 +83,9 @@ class Engine:
         device = _device(opts, gguf.architecture)
         if not opts.prefill_chunk:  # the GPU's passes cost little per token: long chunks amortise each layer
             opts = dataclasses.replace(opts, prefill_chunk=2048 if device == "cuda" else 512)
+        if device == "cuda" and opts.cache_policy != "static":
+            raise ConfigError("cache_policy", opts.cache_policy, "the GPU's expert cache is static so far (issue 17); "
+                              "lru and adaptive run on the CPU tiers (device=cpu)")
         if device == "cuda":
             from strata.gpu import gpu_model
             from strata.gpu.model import GpuOptions
@@ -96,6 +99,7 @@ class Engine:
             return cls(gguf, gpu_model(model_cls(gguf, weights), gpu_opts), Tokenizer.from_gguf(gguf), opts)
         if opts.expert_cache != "auto":
             weights.tiers = cpu_tiers(gguf, opts.expert_cache)
+            weights.tiers.use_policy(opts.cache_policy)
             if opts.record_routes:
                 weights.tiers.record(Path(opts.record_routes))
         if opts.backend == "jit":

@@ -18,12 +18,12 @@ import time
 from typing import Any
 
 import numpy as np
+from strata.tiers.layout import ExpertLayout
+from strata.tiers.telemetry import note
 
 from strata.errors import ConfigError
 from strata.gguf import GGUFFile
 from strata.progress import ProgressBar
-from strata.tiers.layout import ExpertLayout
-from strata.tiers.telemetry import note
 
 
 class MmapArena:

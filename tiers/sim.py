@@ -19,7 +19,7 @@ class Result:
     slots: int  # per layer
     lookups: int
     hits: int
-    swaps: int
+    swaps: int  # experts brought into slots between windows (each one a copy)
     per_layer: list[float]  # hit rate of each layer
 
     @property
@@ -31,23 +31,27 @@ class Result:
 
 
 def simulate(ids: np.ndarray, n_expert: int, slots: int, name: str, profile_share: float = 0.5,
-             resident: np.ndarray | None = None) -> Result:
-    """ids [T, L, A]: the trace; slots per layer. `resident` [L, E]: the static policy's sets as the engine
-    placed them (then the whole trace is scored: what the engine's own counters saw)."""
+             resident: np.ndarray | None = None, windows: np.ndarray | None = None) -> Result:
+    """ids [T, L, A]: the trace; slots per layer; each token its own window unless `windows` (tokens per
+    window, as the engine's passes were) says otherwise. `resident` [L, E]: the placement the engine started
+    from (then the whole trace is scored, as the engine's own counters were)."""
     t, n_l, a = ids.shape
     split = 0 if resident is not None else int(t * profile_share)
+    bounds = np.cumsum(windows if windows is not None else np.ones(t, np.int64))[:-1]
     hits, swaps, per_layer = 0, 0, []
     for li in range(n_l):
         head, tail = ids[:split, li], ids[split:, li]
         counts = np.bincount(head.reshape(-1), minlength=n_expert)
-        p = (policy.Static(np.flatnonzero(resident[li])) if resident is not None and name == "static"
-             else policy.make(name, slots, n_expert, counts))
+        p = policy.make(name, slots, n_expert, counts, None if resident is None else resident[li])
         for row in head:  # warm the cache on the profile part; not scored
-            p.step(row)
-        warm = p.swaps
-        layer_hits = sum(p.step(row) for row in tail)
+            p.update(row[None])
+        layer_hits = 0
+        for w in np.split(tail, bounds[bounds > split] - split if resident is None else bounds):
+            layer_hits += policy.window_hits(p, w)
+            before = p.resident.copy()
+            p.update(w)
+            swaps += int((p.resident & ~before).sum())  # experts copied in between windows, as the engine does
         hits += layer_hits
-        swaps += p.swaps - warm
         per_layer.append(layer_hits / max(tail.size, 1))
     return Result(name, slots, (t - split) * n_l * a, hits, swaps, per_layer)
 

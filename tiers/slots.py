@@ -32,6 +32,7 @@ from typing import Protocol
 import numpy as np
 from strata.tiers.budget import cache_request
 from strata.tiers.layout import ExpertLayout
+from strata.tiers.policy import Policy, check_policy, make
 from strata.tiers.telemetry import TierUse
 from strata.tiers.trace import Recorder
 
@@ -102,6 +103,9 @@ class ExpertCache:
         self._staging: Staging | None = None
         self._staged_bytes = 0
         self.recorder: Recorder | None = None  # --record-routes (the CPU stand-in's passes)
+        self.policies: list[Policy] | None = None  # --cache-policy lru|adaptive: one per layer, between passes
+        self.swaps = 0  # experts the policies brought in since start
+        self._pass_ids: list[np.ndarray | None] = []
 
     # ---- addresses ----
     def _arena_row(self, li: int, p: int, e: np.ndarray | int) -> np.ndarray:
@@ -150,6 +154,30 @@ class ExpertCache:
     def resident(self) -> int:
         return int((self.where >= 0).sum())
 
+    def use_policy(self, name: str) -> None:
+        """Let `name` (tiers/policy.py) decide each layer's residents between passes, starting from the fill;
+        each layer keeps the number of slots the fill gave it."""
+        check_policy(name)
+        if name == "static":
+            return
+        n_e = self.layout.n_expert
+        self.policies = [make(name, int((row >= 0).sum()), n_e, start=row >= 0) for row in self.where]
+
+    def _apply_policies(self) -> None:
+        """After a pass: each policy learns from its layer's routing; swap what it changed, slot for slot."""
+        assert self.policies is not None
+        loads = []
+        for li, (pol, ids) in enumerate(zip(self.policies, self._pass_ids)):
+            if ids is None:
+                continue
+            pol.update(ids)
+            held = self.where[li] >= 0
+            out = np.flatnonzero(held & ~pol.resident)
+            new = np.flatnonzero(pol.resident & ~held)
+            loads += [(int(self.where[li, o]), li, int(e)) for o, e in zip(out, new)]
+        self.swaps += len(loads)
+        self.load(loads)
+
     def record(self, path: Path) -> Recorder:
         """Record every pass's routing into `path` (written at exit and by `recorder.save()`)."""
         import atexit
@@ -187,6 +215,7 @@ class ExpertCache:
     def begin_pass(self, n_rows: int) -> None:
         """A pass over n_rows tokens starts: zero its counters, and borrow slots if it is long enough."""
         self._rows = np.zeros((n_rows, 4), np.int64)
+        self._pass_ids = [None] * len(self.layout.layers)
         self._staging = self.staging() if n_rows >= self.borrow_min else None
         self._staged_bytes = 0
 
@@ -203,6 +232,8 @@ class ExpertCache:
         """Count the routed ids [T, A] of MoE layer li into this pass's per-row counters (and record them)."""
         if self.recorder is not None:
             self.recorder.add(li, ids)
+        if self.policies is not None:
+            self._pass_ids[li] = np.asarray(ids)
         hit = self.where[li][ids] >= 0  # [T, A]
         self._rows[:, 0] += ids.shape[1]
         self._rows[:, 1] += hit.sum(axis=1)
@@ -216,6 +247,8 @@ class ExpertCache:
         if self.recorder is not None:
             self.recorder.end_pass()
         self.settle(self._rows, self._staged_bytes, states, lens)
+        if self.policies is not None:
+            self._apply_policies()
 
     def settle(self, rows: np.ndarray, staged_bytes: int, states: list[TierUse], lens: list[int]) -> None:
         """Credit per-row counts [N, 4] (lookups, hits, PCIe bytes, CPU expert calls) to each sequence and to

@@ -62,9 +62,13 @@ def synthetic(spec: Synthetic, tokens: int, seed: int = 0) -> np.ndarray:
     return out
 
 
-def save(path: Path, ids: np.ndarray, n_expert: int, resident: np.ndarray | None = None) -> None:
-    """`resident` [L, E] bool: the cache's placement while the trace was recorded (a static policy's set)."""
-    extra = {} if resident is None else {"resident": resident.astype(bool)}
+def save(path: Path, ids: np.ndarray, n_expert: int, resident: np.ndarray | None = None,
+         windows: np.ndarray | None = None) -> None:
+    """`resident` [L, E] bool: the cache's placement when the recording started; `windows`: tokens per pass
+    (the cache changes between passes)."""
+    extra: dict[str, np.ndarray] = {} if resident is None else {"resident": resident.astype(bool)}
+    if windows is not None:
+        extra["windows"] = np.asarray(windows, np.int64)
     np.savez_compressed(path, ids=ids.astype(np.int16), n_expert=np.int64(n_expert), **extra)
 
 
@@ -73,9 +77,10 @@ def load(path: Path) -> tuple[np.ndarray, int]:
         return z["ids"].astype(np.int64), int(z["n_expert"])
 
 
-def load_resident(path: Path) -> np.ndarray | None:
+def load_recorded(path: Path) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The placement and the windows a --record-routes trace carries (None for synthetic traces)."""
     with np.load(path) as z:
-        return z["resident"] if "resident" in z.files else None
+        return tuple(z[k] if k in z.files else None for k in ("resident", "windows"))  # type: ignore[return-value]
 
 
 class Recorder:
@@ -85,7 +90,7 @@ class Recorder:
     def __init__(self, path: Path, n_layers: int, n_expert: int, resident: np.ndarray) -> None:
         self.path, self.n_expert, self.resident = path, n_expert, resident.copy()
         self._layers: list[np.ndarray | None] = [None] * n_layers  # this pass's ids [T, A] per MoE layer
-        self._passes: list[np.ndarray] = []  # [T, L, A] per pass
+        self._passes: list[np.ndarray] = []  # [T, L, A] per pass: the cache changes between them
 
     def add(self, li: int, ids: np.ndarray) -> None:
         self._layers[li] = np.asarray(ids, np.int16).copy()
@@ -97,4 +102,5 @@ class Recorder:
 
     def save(self) -> None:
         if self._passes:
-            save(self.path, np.concatenate(self._passes), self.n_expert, self.resident)
+            save(self.path, np.concatenate(self._passes), self.n_expert, self.resident,
+                 np.array([len(p) for p in self._passes]))
