@@ -18,6 +18,7 @@ import ctypes
 import mmap
 import os
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -110,11 +111,12 @@ class TableReader:
             self._fd, self._direct = os.open(self.path, os.O_RDONLY), False
             note(f"PLE table: O_DIRECT refused on {self.path} ({err.strerror}); reading rows with plain reads")
         self._buf = mmap.mmap(-1, 1 << 20)  # page-aligned scratch for aligned reads, grown as needed
+        self._closer = weakref.finalize(self, os.close, self._fd)  # a dropped model gives its descriptor back
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         if self._fd >= 0:
-            os.close(self._fd)
+            self._closer()
             self._fd = -1
 
     def prefetch(self, rows: np.ndarray) -> Future[np.ndarray]:
