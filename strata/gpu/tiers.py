@@ -272,11 +272,8 @@ class GpuTiers:
         """Zero-copy reads on a side stream while the CPU pool runs experts: (GPU bytes/s, the CPU's rate and
         fixed cost), both under the other's load."""
         cp = cupy_module()
-        src = self.arena.arrays[int(np.argmax(self.layout.strides))].reshape(-1)  # type: ignore[union-attr]
-        n = min(nbytes, src.nbytes) // (1 << 20) * (1 << 20)
-        dst = cp.empty(n, cp.uint8)
-        rows = np.array([[int(src.ctypes.data) + o, int(dst.data.ptr) + o, 1 << 20] for o in range(0, n, 1 << 20)],
-                        np.int64)
+        _, dst, rows = self._scratch(nbytes)
+        n = dst.nbytes
         start, end = cp.cuda.Event(), cp.cuda.Event()
         with self.copy_stream:
             start.record()
@@ -392,18 +389,23 @@ class GpuTiers:
         self.slots.copy_rows(self.cache.restore_rows(staging))
         return int(sum(int(r[:, 2].sum()) for r in self._rows if len(r)))
 
+    def _scratch(self, nbytes: int) -> tuple[np.ndarray, Any, np.ndarray]:
+        """The probes' source (the arena's largest part store, flat), a VRAM scratch of up to nbytes (whole MiB)
+        and the gather rows [n, 3] that copy one into the other a MiB at a time."""
+        cp = cupy_module()
+        src = self.arena.arrays[int(np.argmax(self.layout.strides))].reshape(-1)  # type: ignore[union-attr]
+        n = min(nbytes, src.nbytes) // (1 << 20) * (1 << 20)
+        dst = cp.empty(n, cp.uint8)
+        rows = np.array([[int(src.ctypes.data) + o, int(dst.data.ptr) + o, 1 << 20] for o in range(0, n, 1 << 20)],
+                        np.int64)
+        return src, dst, rows
+
     def probe(self, nbytes: int = 1 << 30) -> dict[str, float]:
         """Host-to-GPU rates from the arena (bytes/s): zero-copy reads by `gather_rows` (the decode miss
         path's kind of access) and copy-engine copies (the staging path). Syncs; between windows only."""
         cp = cupy_module()
-        part = int(np.argmax(self.layout.strides))
-        src = self.arena.arrays[part].reshape(-1)
-        n = min(nbytes, src.nbytes) // (1 << 20) * (1 << 20)
-        dst = cp.empty(n, cp.uint8)
-        rows = np.array(
-            [[int(src.ctypes.data) + o, int(dst.data.ptr) + o, 1 << 20] for o in range(0, n, 1 << 20)],
-            np.int64,
-        )
+        src, dst, rows = self._scratch(nbytes)
+        n = dst.nbytes
         out = {}
         for name in ("zero_copy", "copy_engine"):
             best = 0.0
