@@ -105,7 +105,7 @@ class ExpertCache:
         self.recorder: Recorder | None = None  # --record-routes (the CPU stand-in's passes)
         self.policies: list[Policy] | None = None  # --cache-policy lru|adaptive: one per layer, between passes
         self.swaps = 0  # experts the policies brought in since start
-        self._pass_ids: list[np.ndarray | None] = []
+        self._pass_ids: list[np.ndarray | None] = []  # this pass's routed ids [T, A] per layer (recorded, learned)
 
     # ---- addresses ----
     def _arena_row(self, li: int, p: int, e: np.ndarray | int) -> np.ndarray:
@@ -182,7 +182,7 @@ class ExpertCache:
         """Record every pass's routing into `path` (written at exit and by `recorder.save()`)."""
         import atexit
 
-        self.recorder = Recorder(path, len(self.layout.layers), self.layout.n_expert, self.where >= 0)
+        self.recorder = Recorder(path, self.layout.n_expert, self.where >= 0)
         atexit.register(self.recorder.save)
         return self.recorder
 
@@ -230,9 +230,7 @@ class ExpertCache:
 
     def count_rows(self, li: int, ids: np.ndarray) -> None:
         """Count the routed ids [T, A] of MoE layer li into this pass's per-row counters (and record them)."""
-        if self.recorder is not None:
-            self.recorder.add(li, ids)
-        if self.policies is not None:
+        if self.recorder is not None or self.policies is not None:
             self._pass_ids[li] = np.asarray(ids)
         hit = self.where[li][ids] >= 0  # [T, A]
         self._rows[:, 0] += ids.shape[1]
@@ -245,7 +243,7 @@ class ExpertCache:
             self.slots.copy_rows(self.restore_rows(self._staging))
             self._staging = None
         if self.recorder is not None:
-            self.recorder.end_pass()
+            self.recorder.end_pass(self._pass_ids)
         self.settle(self._rows, self._staged_bytes, states, lens)
         if self.policies is not None:
             self._apply_policies()

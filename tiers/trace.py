@@ -87,18 +87,14 @@ class Recorder:
     """`--record-routes FILE`: every pass's routed ids, layer by layer, kept in order and written on `save`
     (at exit, or when asked), with the placement the cache had."""
 
-    def __init__(self, path: Path, n_layers: int, n_expert: int, resident: np.ndarray) -> None:
+    def __init__(self, path: Path, n_expert: int, resident: np.ndarray) -> None:
         self.path, self.n_expert, self.resident = path, n_expert, resident.copy()
-        self._layers: list[np.ndarray | None] = [None] * n_layers  # this pass's ids [T, A] per MoE layer
         self._passes: list[np.ndarray] = []  # [T, L, A] per pass: the cache changes between them
 
-    def add(self, li: int, ids: np.ndarray) -> None:
-        self._layers[li] = np.asarray(ids, np.int16).copy()
-
-    def end_pass(self) -> None:
-        if all(x is not None for x in self._layers):
-            self._passes.append(np.stack(self._layers, axis=1))  # type: ignore[arg-type]
-        self._layers = [None] * len(self._layers)
+    def end_pass(self, layers: list[np.ndarray | None]) -> None:
+        """A pass is over: its routed ids [T, A] of every MoE layer, in layer order."""
+        if layers and all(x is not None for x in layers):
+            self._passes.append(np.stack(layers, axis=1).astype(np.int16))  # type: ignore[arg-type]
 
     def save(self) -> None:
         if self._passes:
