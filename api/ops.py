@@ -63,7 +63,8 @@ def _expert_cache(s: AppState) -> dict[str, object] | None:
     for phase, c in (("decode", cache.use.decode), ("prefill", cache.use.prefill)):
         out[phase] = {"lookups": c.lookups, "hits": c.hits, "hit_rate": round(c.hit_rate, 4),
                       "pcie_bytes": c.pcie_bytes, "cpu_expert_calls": c.cpu_calls}
-    out["pcie_frac"], out["swaps"] = cache.pcie_frac, cache.swaps
+    out["pcie_frac"], out["swaps"], out["swap_bytes"] = cache.pcie_frac, cache.swaps, cache.swap_bytes
+    out["policy"] = type(cache.policy).__name__.lower() if cache.policy is not None else "static"
     return out
 
 
@@ -96,6 +97,10 @@ async def metrics(request: Request) -> Response:
     cache = s.engine.expert_cache
     if cache is not None:
         rows.append(("strata_expert_cache_slots", "gauge", "Expert cache slots in VRAM", cache.n_slots))
+        rows.append(("strata_expert_swaps_total", "counter", "Experts the cache policy copied into slots",
+                     cache.swaps))
+        rows.append(("strata_expert_swap_bytes_total", "counter", "Bytes the cache policy copied into slots",
+                     cache.swap_bytes))
         for phase, c in (("decode", cache.use.decode), ("prefill", cache.use.prefill)):
             rows += [
                 (f"strata_{phase}_expert_lookups_total", "counter", f"Routed experts looked up ({phase})", c.lookups),

@@ -35,7 +35,8 @@ class EngineOptions:
     override_kv: tuple[str, ...] = ()  # KEY=TYPE:VALUE metadata overrides, as llama.cpp's --override-kv
     pcie_frac: str = "auto"  # share of decode misses read over PCIe, the rest on the CPU pool; auto: from the probe
     probe: bool = False  # measure the PCIe and CPU expert rates again instead of reading them from the cache dir
-    cache_policy: str = "static"  # static | lru | adaptive: which experts the slots keep (CPU tiers so far)
+    cache_policy: str = "static"  # static | lru | adaptive: which experts the slots keep, swapped between windows
+    swap_budget_mib: int = 64  # what one pass may copy into the slots when the policy swaps experts
     record_routes: str | None = None  # write every routed (token, layer, experts) here (.npz; the CPU's tiers)
     ple_io: str = "auto"  # Qwen4-Exp's n-gram table: auto | ram | mmap | direct (strata.tiers.tables)
 
@@ -65,6 +66,8 @@ class EngineOptions:
         parse_pcie_frac(self.pcie_frac, "pcie_frac")
         check_table_mode(self.ple_io, "ple_io")
         check_policy(self.cache_policy, "cache_policy")
+        if self.swap_budget_mib < 0:
+            raise ConfigError("swap_budget_mib", self.swap_budget_mib, "must be >= 0 (0: the cache never swaps)")
         if self.n_seq < 1:
             raise ConfigError("n_seq", self.n_seq, "must be >= 1")
         parse_overrides(self.override_kv, "override_kv")
@@ -152,8 +155,10 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
                    "probe of both rates, kept in the cache dir")
     p.add_argument("--probe", action="store_true", help="measure the PCIe and CPU expert rates again at start-up")
     p.add_argument("--cache-policy", default="static", choices=POLICIES, help="which experts the cache keeps: static "
-                   "(the fill), lru, adaptive (decayed use counts with hysteresis), swapped between passes (CPU tiers "
-                   "so far)")
+                   "(the fill), lru, adaptive (decayed use counts with hysteresis), swapped between passes beside the "
+                   "decode (on the GPU every miss is then read over PCIe: no CPU share)")
+    p.add_argument("--swap-budget-mib", type=int, default=64, help="what one pass may copy into the cache's slots "
+                   "when the policy swaps experts (default 64; 0: never swap)")
     p.add_argument("--record-routes", default=None, metavar="FILE", help="write every routed (token, layer, "
                    "experts) of the run to FILE (.npz) at exit, for `strata tiers simulate` (CPU expert tiers: "
                    "--device cpu --expert-cache SIZE)")
@@ -174,7 +179,10 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--prefill", args.prefill, "must be >= 1 (0 = 2048 on the GPU, 512 on the CPU)")
     parse_overrides(args.override_kv)
     parse_pcie_frac(args.pcie_frac)
-    return {"pcie_frac": args.pcie_frac, "probe": args.probe, "ple_io": args.ple_io, "record_routes": args.record_routes, "cache_policy": args.cache_policy,"override_kv": tuple(args.override_kv),
+    if args.swap_budget_mib < 0:
+        raise ConfigError("--swap-budget-mib", args.swap_budget_mib, "must be >= 0 (0: the cache never swaps)")
+    return {"pcie_frac": args.pcie_frac, "probe": args.probe, "ple_io": args.ple_io, "record_routes": args.record_routes, "cache_policy": args.cache_policy,
+            "swap_budget_mib": args.swap_budget_mib, "override_kv": tuple(args.override_kv),
             "backend": args.backend, "pool_workers": args.pool_workers, "aux_cpus": args.aux_cpus,
             "device": args.device, "vram_budget_mib": args.vram_budget_mib, "vram_reserve_mib": args.vram_reserve_mib,
             "expert_cache": args.expert_cache, "prefill_chunk": args.prefill}

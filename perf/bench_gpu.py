@@ -203,7 +203,9 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     gpu = GpuModel(cpu, GpuOptions(chunk=a.chunk, n_ctx=max(a.prompts) + a.gen + 64, max_batch=max(a.batches),
                                    split=not a.v1, q8=not a.no_q8, budget_mib=a.vram_budget_mib,
                                    expert_cache=a.expert_cache, seqs=max(a.batches),
-                                   share=ShareOptions(parse_pcie_frac(a.pcie_frac), a.probe, a.pool_workers)))
+                                   share=ShareOptions(parse_pcie_frac(a.pcie_frac), a.probe, a.pool_workers,
+                                                      cache_policy=a.cache_policy,
+                                                      swap_budget=a.swap_budget_mib << 20)))
     res: dict[str, Any] = {"load_s": time.perf_counter() - t0, "chunk": a.chunk,
                            "kernels": "v1" if a.v1 else ("split" if a.no_q8 else "split+q8")}
     cache = gpu.expert_cache
@@ -212,6 +214,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
                         "budget_mib": a.vram_budget_mib, "pcie": gpu.tiers.probe(),
                         "layers": len(cache.layout.layers), "expert_bytes": cache.layout.total_bytes,
                         "pcie_frac": cache.pcie_frac, "pageable": gpu.tiers.pageable,
+                        "policy": a.cache_policy, "swap_budget_mib": a.swap_budget_mib,
                         "rates": None if gpu.tiers.rates is None else dataclasses.asdict(gpu.tiers.rates)}
         print(f"  PCIe: zero-copy {res['tiers']['pcie']['zero_copy'] / 1e9:.1f} GB/s, copy engine "
               f"{res['tiers']['pcie']['copy_engine'] / 1e9:.1f} GB/s", flush=True)
@@ -238,6 +241,13 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
             cache.borrow_min = keep
             del s
             print(f"strata pp{p} borrowing slots: {res[f'pp{p}_borrowing']:.0f} tok/s", flush=True)
+    if cache is not None and a.warm_decode:  # a cache that learns: let it follow the routing first
+        t, s0, b0 = time.perf_counter(), cache.swaps, cache.swap_bytes
+        gpu.graphs.greedy_loop([1], [gpu.new_state()], a.warm_decode)
+        res["warm_decode"] = {"tokens": a.warm_decode, "s": time.perf_counter() - t, "swaps": cache.swaps - s0,
+                              "swap_bytes": cache.swap_bytes - b0}
+        print(f"  warm decode: {a.warm_decode} tokens in {res['warm_decode']['s']:.1f} s, {cache.swaps - s0:,} swaps "
+              f"({(cache.swap_bytes - b0) / 1e9:.2f} GB)", flush=True)
     for b in a.batches:
         warm = [gpu.new_state() for _ in range(b)]
         gpu.graphs.greedy_loop(list(range(1, b + 1)), warm, 4)  # captures the graph for b
@@ -246,10 +256,14 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
         cp.cuda.Device().synchronize()
         share = None if gpu.tiers is None else gpu.tiers.share
         r0, s0 = (share.requests, share.busy_s) if share is not None else (0, 0.0)
+        w0 = (cache.swaps, cache.swap_bytes) if cache is not None else (0, 0)
         t = time.perf_counter()
         gpu.graphs.greedy_loop(list(range(1, b + 1)), states, a.gen)
         dt = time.perf_counter() - t
         res[f"tg{a.gen}_b{b}"] = b * a.gen / dt
+        if cache is not None and cache.policy is not None:
+            res[f"swaps_b{b}"] = {"swaps": cache.swaps - w0[0], "bytes": cache.swap_bytes - w0[1]}
+            print(f"  swaps during tg: {cache.swaps - w0[0]:,} ({(cache.swap_bytes - w0[1]) / 1e6:,.0f} MB)", flush=True)
         if share is not None:
             n_req = max(1, share.requests - r0)
             res[f"cpu_share_us_b{b}"] = (share.busy_s - s0) / n_req * 1e6
@@ -342,6 +356,10 @@ def main() -> None:
     ap.add_argument("--pcie-frac", default="auto", help="Strata's --pcie-frac (auto: from the probe)")
     ap.add_argument("--pool-workers", type=int, default=0, help="Strata's --pool-workers (the CPU share's threads)")
     ap.add_argument("--probe", action="store_true", help="Strata's --probe: measure the split's rates again")
+    ap.add_argument("--cache-policy", default="static", help="Strata's --cache-policy (static, lru, adaptive)")
+    ap.add_argument("--swap-budget-mib", type=int, default=64, help="Strata's --swap-budget-mib")
+    ap.add_argument("--warm-decode", type=int, default=0, help="decode this many tokens before measuring decode "
+                    "(a learning cache follows the routing first)")
     a = ap.parse_args()
     earlier = json.loads(a.strata_json.read_text())["strata"] if a.strata_json else None
     ll0 = llama(a.model, a) if a.llama_bin else (dict(LLAMA_PUBLISHED) if a.llama_published else {})

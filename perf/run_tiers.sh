@@ -2,7 +2,9 @@
 # The expert tiers on the GPU machine (the device tool's `run`): GPU tests of the tiers and the kernels
 # they changed, then Strata at VRAM caps on a synthetic file written there. Run from the repo root.
 #   perf/run_tiers.sh [tests] [bench]   (output under ${OUT:-/tmp/out})
-# ARCH / SHAPE pick the synth file (default qwen3next 80b-a3b, 42 GiB); CAPS the VRAM budgets in MiB (commas);
+# ARCH / SHAPE pick the synth file (default qwen3next 80b-a3b, 42 GiB), SKEW its router skew (default 0, uniform);
+# CAPS the VRAM budgets in MiB (commas); the `policies` step runs bench_gpu.py at CAP (default 22528) once per
+# --cache-policy in POLICIES (default "static adaptive lru"), after WARM (default 256) decode tokens;
 # PCIE_FRACS the --pcie-frac values per cap (default auto); BENCH_ARGS adds perf/bench_tiers.py options; LLAMA_BIN (a llama.cpp CUDA build's bin) sweeps llama.cpp in the
 # same run, else its earlier numbers come from perf/peer_tiers_2026-12-02.json. Carried in (git-ignored): .whl/, .gpu_fixtures/ (see run_gpu.sh).
 set -uo pipefail
@@ -11,8 +13,8 @@ STEPS=${*:-tests bench}
 source perf/device_setup.sh
 ARCH=${ARCH:-qwen3next}; SHAPE=${SHAPE:-80b-a3b}
 MODEL=/tmp/$ARCH-$SHAPE-q4_k.gguf
-case " $STEPS " in *" bench "*)
-  (cd /tmp && python3 -m strata synth --arch $ARCH --shape $SHAPE --quant q4_k --output-quant q6_k --router-skew 0 \
+case " $STEPS " in *" bench "*|*" policies "*)
+  (cd /tmp && python3 -m strata synth --arch $ARCH --shape $SHAPE --quant q4_k --output-quant q6_k --router-skew ${SKEW:-0} \
      -o $MODEL >"$OUT/synth.log" 2>&1; echo "rc=$?" >>"$OUT/synth.log") &
   SYNTH_PID=$! ;; esac
 case " $STEPS " in *" tests "*)
@@ -24,3 +26,10 @@ case " $STEPS " in *" bench "*)
   timeout ${BENCH_TIMEOUT:-600} python3 $REPO/perf/bench_tiers.py --model $MODEL --caps ${CAPS:-22528,11264,7168} \
     ${LLAMA_BIN:+--llama-bin $LLAMA_BIN} ${LLAMA_BIN:---llama-json $REPO/perf/peer_tiers_2026-12-02.json} \
     --pcie-fracs ${PCIE_FRACS:-auto} --out "$OUT/tiers" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v "^WARNING" | grep -E "strata|probe|share|misses|tok/s|cap|\\|" | tail -60 ;; esac
+case " $STEPS " in *" policies "*)
+  wait $SYNTH_PID 2>/dev/null; tail -2 "$OUT/synth.log"
+  for pol in ${POLICIES:-static adaptive lru}; do
+    timeout ${BENCH_TIMEOUT:-300} python3 $REPO/perf/bench_gpu.py --model $MODEL --vram-budget-mib ${CAP:-22528} \
+      --prompts ${PROMPTS:-512,4096} --gen 64 --batches 1,4 --pcie-frac 1 --cache-policy $pol --warm-decode ${WARM:-256} \
+      --no-table --json "$OUT/policy_$pol.json" ${BENCH_ARGS:-} 2>&1 | grep -v "^WARNING" | grep -E "strata|swaps|warm|hit rate|VRAM|rc=|Error|error" | tail -20
+  done ;; esac

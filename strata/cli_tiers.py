@@ -48,10 +48,10 @@ def run_tiers(args: argparse.Namespace) -> int:
     if args.slots < 0:
         raise ConfigError("--slots", args.slots, "must be >= 0")
     if args.recorded:
-        resident, windows = trace.load_recorded(args.trace)
+        resident, windows, budget = trace.load_recorded(args.trace)
         if resident is None:
             raise ConfigError("--recorded", args.trace, "needs a trace written by --record-routes")
-        results = [sim.simulate(ids, n_expert, 0, args.policy, resident=resident, windows=windows)]
+        results = [sim.simulate(ids, n_expert, 0, args.policy, resident=resident, windows=windows, budget=budget)]
     elif args.sweep:
         results = sim.sweep(ids, n_expert, [32, 64, 128, 256])
     else:

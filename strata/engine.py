@@ -83,23 +83,21 @@ class Engine:
         device = _device(opts, gguf.architecture)
         if not opts.prefill_chunk:  # the GPU's passes cost little per token: long chunks amortise each layer
             opts = dataclasses.replace(opts, prefill_chunk=2048 if device == "cuda" else 512)
-        if device == "cuda" and opts.cache_policy != "static":
-            raise ConfigError("cache_policy", opts.cache_policy, "the GPU's expert cache is static so far (issue 17); "
-                              "lru and adaptive run on the CPU tiers (device=cpu)")
         if device == "cuda":
             from strata.gpu import gpu_model
             from strata.gpu.model import GpuOptions
             from strata.gpu.tiers import ShareOptions
 
             share = ShareOptions(parse_pcie_frac(opts.pcie_frac), opts.probe, opts.pool_workers, opts.aux_cpus,
-                                 opts.jit_cache)
+                                 opts.jit_cache, cache_policy=opts.cache_policy,
+                                 swap_budget=opts.swap_budget_mib << 20)
             gpu_opts = GpuOptions(opts.vram_budget_mib, opts.n_ctx, opts.prefill_chunk,
                                   reserve_mib=opts.vram_reserve_mib, expert_cache=opts.expert_cache, seqs=opts.n_seq,
                                   share=share)
             return cls(gguf, gpu_model(model_cls(gguf, weights), gpu_opts), Tokenizer.from_gguf(gguf), opts)
         if opts.expert_cache != "auto":
             weights.tiers = cpu_tiers(gguf, opts.expert_cache)
-            weights.tiers.use_policy(opts.cache_policy)
+            weights.tiers.use_policy(opts.cache_policy, opts.swap_budget_mib << 20)
             if opts.record_routes:
                 weights.tiers.record(Path(opts.record_routes))
         if opts.backend == "jit":

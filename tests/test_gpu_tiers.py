@@ -9,6 +9,7 @@ slots get their own bytes back, and the tier kernels match their numpy twins.
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import numpy as np
@@ -113,14 +114,15 @@ def test_tier_kernels_match_twins():
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 16, 24).astype(np.int32)
     where = np.where(rng.random(16) < 0.5, rng.integers(0, 9, 16), rng.choice([-1, -2], 16)).astype(np.int32)
-    counts = cp.zeros((6, 3), cp.uint64)
+    counts, route = cp.zeros((6, 3), cp.uint64), cp.full(24, -1, cp.int32)
     launch(
         k["tier_count"],
         (1,),
         128,
-        (cp.asarray(ids), np.int32(24), np.int32(4), cp.asarray(where), np.int64(1000), counts),
+        (cp.asarray(ids), np.int32(24), np.int32(4), cp.asarray(where), np.int64(1000), counts, route),
     )
     np.testing.assert_array_equal(counts.get(), kt.ref_tier_count(ids, 4, where, 1000, 6))
+    np.testing.assert_array_equal(route.get(), ids)
     mem = cp.asarray(rng.integers(0, 256, 1 << 16).astype(np.uint8))
     host = mem.get()
     # addresses 16-byte aligned, as every slot and arena row is (ALIGN); lengths need not be
@@ -128,3 +130,47 @@ def test_tier_kernels_match_twins():
     rows = cp.asarray(np.stack([src + mem.data.ptr, dst + mem.data.ptr, nb]).astype(np.int64))
     launch(k["gather_rows"], (4, 3), 256, (rows[0], rows[1], rows[2]))
     np.testing.assert_array_equal(mem.get(), kt.ref_gather_rows(host, src, dst, nb))
+
+
+@pytest.mark.parametrize("name", ["lru", "adaptive"])
+def test_a_learning_cache_equals_all_resident(tmp_path, name):
+    """--cache-policy on the GPU: swaps copy experts into slots on the copy stream beside decode and flip the
+    table when they land; the logits stay bit-identical to all-resident, through graph decode (step by step
+    and the greedy loop), and every landed slot holds its expert's bytes."""
+    from strata.gpu import tiers as gt
+
+    path = _file(tmp_path, "qwen3next")
+    prompt = np.random.default_rng(2).integers(0, 900, 20)
+    steps = 6 * gt.LEARN_EVERY
+    ref, _ = _run(_model(path), prompt, steps)
+    m = _model(path, "50%", cache_policy=name)
+    cache = m.expert_cache
+    got, st = _run(m, prompt, steps)
+    for k, (a, b) in enumerate(zip(got, ref)):
+        assert np.array_equal(a, b), f"{name}: step {k} differs by {np.abs(a - b).max()}"
+    assert cache.swaps > 0 and cache.swap_bytes > 0
+    m.stream.synchronize()
+    m.tiers.copy_stream.synchronize()
+    m.tiers.publish()
+    assert (cache.where == cache.booked).all(), "every swap landed once its copy was done"
+    slots = [a.get() for a in m.tiers.slots.arrays]
+    for li, e in zip(*np.nonzero(cache.where >= 0)):
+        s = int(cache.where[li, e])
+        for p, stride in enumerate(cache.layout.strides):
+            n = int(cache.sizes[li, p])
+            start = int(cache.arena.bases[li, p]) + int(e) * int(cache.arena.strides[li, p])
+            want = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(start))
+            assert np.array_equal(slots[p][s * stride : s * stride + n], want), (li, e, p)
+    use = st.experts
+    assert use.decode.lookups == steps * cache.layout.top_k * len(cache.layout.layers)
+    # the greedy loop learns too (a round trip a token) and picks the same tokens
+    m_ref = _model(path)
+    st_ref = m_ref.new_state()
+    m_ref.forward(prompt, st_ref, all_logits=False)
+    st_got = m.new_state()
+    m.forward(prompt, st_got, all_logits=False)
+    before = cache.swaps
+    want = m_ref.graphs.greedy_loop([5], [st_ref], steps)
+    have = m.graphs.greedy_loop([5], [st_got], steps)
+    assert np.array_equal(want, have)
+    assert cache.swaps >= before

@@ -42,30 +42,68 @@ def test_adaptive_doubles_the_static_profile_at_64(ids) -> None:
 
 
 def _step(p: policy.Policy, row: list[int]) -> int:
-    """A window of one token: its hits, then the update."""
-    w = np.array([row])
-    hits = policy.window_hits(p, w)
+    """A window of one token (one layer): its hits, then the update."""
+    w = np.array([row])[:, None, :]
+    hits = int(policy.window_hits(p, w).sum())
     p.update(w)
     return hits
 
 
+def _one_layer(name: str, slots: int, n_expert: int = 8, **kw) -> policy.Policy:
+    p = policy.make(name, slots, n_expert, n_layers=1)
+    for k, v in kw.items():
+        setattr(p, k, v)
+    return p
+
+
 def test_policies_on_hand_made_streams() -> None:
-    lru = policy.Lru(2, 8)
+    lru = _one_layer("lru", 2)
     assert [_step(lru, r) for r in ([1], [2], [1], [3], [2])] == [0, 0, 1, 0, 0]  # 3 evicted 2
-    ada = policy.Adaptive(1, 8, decay=1.0, margin=0.5)
+    ada = _one_layer("adaptive", 1, decay=1.0, margin=0.5)
     for _ in range(4):
         _step(ada, [5])
-    assert _step(ada, [6]) == 0 and ada.resident[5]  # one use does not push out four
-    assert _step(policy.Static(np.array([1, 2]), 8), [1, 3, 2]) == 2
+    assert _step(ada, [6]) == 0 and ada.resident[0, 5]  # one use does not push out four
+    assert _step(policy.Static(np.isin(np.arange(8), [1, 2])[None]), [1, 3, 2]) == 2
     with pytest.raises(ValueError, match="known"):
         policy.make("mru", 4, 8)
-    empty = policy.make("lru", 0, 8)
+    empty = _one_layer("lru", 0)
     assert _step(empty, [1]) == 0 and _step(empty, [1]) == 0
     # a window of two tokens sees the cache as it found it: the second token's 1 misses too
-    lru = policy.Lru(2, 8)
-    assert policy.window_hits(lru, np.array([[1], [1]])) == 0
-    lru.update(np.array([[1], [1]]))
-    assert lru.resident[1] and lru.resident.sum() == 1
+    lru = _one_layer("lru", 2)
+    w = np.array([[[1]], [[1]]])
+    assert policy.window_hits(lru, w).sum() == 0
+    lru.update(w)
+    assert lru.resident[0, 1] and lru.resident.sum() == 1
+
+
+def test_lru_matches_an_ordered_per_token_lru() -> None:
+    """The stamp form holds, after every token, what an OrderedDict LRU fed token by token holds."""
+    from collections import OrderedDict
+
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 40, (300, 1, 4))
+    p, want = _one_layer("lru", 7, 40), OrderedDict()
+    for row in ids:
+        p.update(row[None])
+        for e in row[0].tolist():
+            want.pop(e, None)
+            want[e] = None
+            if len(want) > 7:
+                want.popitem(last=False)
+        assert set(np.flatnonzero(p.resident[0])) == set(want)
+
+
+def test_budget_caps_the_copies_best_first() -> None:
+    """Two layers want 3 newcomers each; a budget of 2 brings in the two best scores over both layers."""
+    p = policy.make("adaptive", 3, 8, n_layers=2)
+    w = np.array([[[0, 1, 2], [3, 4, 5]], [[0, 1, 2], [3, 4, 6]], [[0, 1, 2], [3, 4, 6]]])
+    p.update(w, budget=2)
+    assert p.resident.sum() == 2
+    thrice = np.zeros((2, 8), bool)
+    thrice[0, [0, 1, 2]] = thrice[1, [3, 4]] = True
+    assert not (p.resident & ~thrice).any()  # only experts used by all three tokens
+    p.update(w[:1], budget=None)
+    assert (p.resident.sum(axis=1) == 3).all()
 
 
 def test_cli_round_trip(tmp_path, capsys) -> None:

@@ -1,6 +1,6 @@
 """Replay a routing trace through a cache policy: hit rates per layer and overall, and the swaps it made.
 
-`simulate(ids, n_expert, slots, policy)`: each layer gets `slots` slots and its own policy instance; the
+`simulate(ids, n_expert, slots, policy)`: each layer gets `slots` slots (one policy covers them all); the
 static policy's set comes from the first `profile_share` of the trace (a profile learned on part of the
 workload), and every policy is scored on the rest, so they are compared on the same tokens.
 """
@@ -31,29 +31,28 @@ class Result:
 
 
 def simulate(ids: np.ndarray, n_expert: int, slots: int, name: str, profile_share: float = 0.5,
-             resident: np.ndarray | None = None, windows: np.ndarray | None = None) -> Result:
+             resident: np.ndarray | None = None, windows: np.ndarray | None = None,
+             budget: int | None = None) -> Result:
     """ids [T, L, A]: the trace; slots per layer; each token its own window unless `windows` (tokens per
-    window, as the engine's passes were) says otherwise. `resident` [L, E]: the placement the engine started
-    from (then the whole trace is scored, as the engine's own counters were)."""
+    window, as the engine's passes were) says otherwise; `budget`: experts brought in per window at most.
+    `resident` [L, E]: the placement the engine started from (then the whole trace is scored, as the engine's
+    own counters were)."""
     t, n_l, a = ids.shape
     split = 0 if resident is not None else int(t * profile_share)
+    head, tail = ids[:split], ids[split:]
+    counts = np.stack([np.bincount(head[:, li].reshape(-1), minlength=n_expert) for li in range(n_l)])
+    p = policy.make(name, slots, n_expert, counts, resident)
+    for row in head:  # warm the cache on the profile part; not scored
+        p.update(row[None], budget)
     bounds = np.cumsum(windows if windows is not None else np.ones(t, np.int64))[:-1]
-    hits, swaps, per_layer = 0, 0, []
-    for li in range(n_l):
-        head, tail = ids[:split, li], ids[split:, li]
-        counts = np.bincount(head.reshape(-1), minlength=n_expert)
-        p = policy.make(name, slots, n_expert, counts, None if resident is None else resident[li])
-        for row in head:  # warm the cache on the profile part; not scored
-            p.update(row[None])
-        layer_hits = 0
-        for w in np.split(tail, bounds[bounds > split] - split if resident is None else bounds):
-            layer_hits += policy.window_hits(p, w)
-            before = p.resident.copy()
-            p.update(w)
-            swaps += int((p.resident & ~before).sum())  # experts copied in between windows, as the engine does
-        hits += layer_hits
-        per_layer.append(layer_hits / max(tail.size, 1))
-    return Result(name, slots, (t - split) * n_l * a, hits, swaps, per_layer)
+    hits, swaps = np.zeros(n_l, np.int64), 0
+    for w in np.split(tail, bounds[bounds > split] - split if resident is None else bounds):
+        hits += policy.window_hits(p, w)
+        before = p.resident.copy()
+        p.update(w, budget)
+        swaps += int((p.resident & ~before).sum())  # experts copied in between windows, as the engine does
+    per_layer = (hits / max(len(tail) * a, 1)).tolist()
+    return Result(name, slots, len(tail) * n_l * a, int(hits.sum()), swaps, per_layer)
 
 
 def sweep(ids: np.ndarray, n_expert: int, sizes: list[int], names: tuple[str, ...] = policy.POLICIES) -> list[Result]:

@@ -83,6 +83,7 @@ class ExpertCache:
         self.borrow_min = borrow_min
         n_l, n_e = len(layout.layers), layout.n_expert
         self.where = np.full((n_l, n_e), -1, np.int32)  # [L, E] slot holding the expert, -1: arena only
+        self.booked = np.full((n_l, n_e), -1, np.int32)  # [L, E] slot held or being filled for the expert
         self.owner = np.full((n_slots, 2), -1, np.int32)  # [S, 2] (layer, expert) each slot holds
         self.sizes = np.array([[p.nbytes for p in l.parts] for l in layout.layers], np.int64)  # [L, P]
         self.expert_bytes = self.sizes.sum(axis=1)  # [L]
@@ -103,8 +104,10 @@ class ExpertCache:
         self._staging: Staging | None = None
         self._staged_bytes = 0
         self.recorder: Recorder | None = None  # --record-routes (the CPU stand-in's passes)
-        self.policies: list[Policy] | None = None  # --cache-policy lru|adaptive: one per layer, between passes
-        self.swaps = 0  # experts the policies brought in since start
+        self.policy: Policy | None = None  # --cache-policy lru|adaptive: every layer's residents, between windows
+        self.swap_budget: int | None = None  # experts a window may bring in
+        self.swaps = 0  # experts the policy brought in since start
+        self.swap_bytes = 0
         self._pass_ids: list[np.ndarray | None] = []  # this pass's routed ids [T, A] per layer (recorded, learned)
 
     # ---- addresses ----
@@ -122,27 +125,47 @@ class ExpertCache:
         ]
 
     # ---- contents ----
-    def _assign(self, slot: int, li: int, e: int) -> list[tuple[int, int, int]]:
-        """Book `slot` for expert e of MoE layer li (its old expert goes back to the arena); the copies."""
+    def _release(self, slot: int, li: int, e: int) -> None:
+        """Book `slot` for expert e of MoE layer li: its old expert goes back to the arena now; e is read from
+        the arena until `_land` (the slot's bytes may still be in flight)."""
         old_l, old_e = (int(v) for v in self.owner[slot])
         if old_l >= 0:
-            self.where[old_l, old_e] = -1
+            self.where[old_l, old_e] = self.booked[old_l, old_e] = -1
             for p in range(3):
                 self.full[old_l, p, old_e] = self.table[old_l, p, old_e] = self._arena_row(old_l, p, old_e)
             if self.cpu[old_l, old_e]:
                 self._to_cpu(old_l, old_e)
         self.owner[slot] = (li, e)
+        self.booked[li, e] = slot
+        self.version += 1
+
+    def _land(self, slot: int, li: int, e: int) -> None:
+        """The slot holds expert e now: the tables read it from there."""
         self.where[li, e] = slot
         for p in range(3):
             self.full[li, p, e] = self.table[li, p, e] = self._slot_addr(p, slot)
         self.version += 1
-        return self._copies(li, e, slot)
+
+    def release(self, placements: list[tuple[int, int, int]]) -> np.ndarray:
+        """Book each (slot, layer, expert) (see `_release`); the copies [n, 3] that fill the slots. Call `land`
+        once they are done."""
+        for s, li, e in placements:
+            self._release(s, li, e)
+        return np.asarray([r for s, li, e in placements for r in self._copies(li, e, s)], np.int64).reshape(-1, 3)
+
+    def land(self, placements: list[tuple[int, int, int]]) -> None:
+        """Their copies are done: point the tables at the slots still booked for them (a later release may have
+        taken a slot back before its copy landed)."""
+        for s, li, e in placements:
+            if tuple(int(v) for v in self.owner[s]) == (li, e):
+                self._land(s, li, e)
 
     def load(self, placements: list[tuple[int, int, int]]) -> None:
         """Make each (slot, layer, expert) hold that expert: bookkeeping, then one batch of copies."""
-        rows = [r for s, li, e in placements for r in self._assign(s, li, e)]
-        if rows:
-            self.slots.copy_rows(np.asarray(rows, np.int64))
+        rows = self.release(placements)
+        if len(rows):
+            self.slots.copy_rows(rows)
+        self.land(placements)
 
     def fill_static(self) -> None:
         """Spread the slots evenly over the layers, lowest expert ids first. Under uniform routing any
@@ -154,35 +177,35 @@ class ExpertCache:
     def resident(self) -> int:
         return int((self.where >= 0).sum())
 
-    def use_policy(self, name: str) -> None:
-        """Let `name` (tiers/policy.py) decide each layer's residents between passes, starting from the fill;
-        each layer keeps the number of slots the fill gave it."""
+    def use_policy(self, name: str, swap_budget: int | None = None) -> None:
+        """Let `name` (tiers/policy.py) decide the residents between windows, starting from the fill; each layer
+        keeps the number of slots the fill gave it. swap_budget: bytes a window may copy into slots (None: any)."""
         check_policy(name)
         if name == "static":
             return
-        n_e = self.layout.n_expert
-        self.policies = [make(name, int((row >= 0).sum()), n_e, start=row >= 0) for row in self.where]
+        self.policy = make(name, 0, self.layout.n_expert, start=self.booked >= 0)
+        self.swap_budget = None if swap_budget is None else int(swap_budget // max(int(self.expert_bytes.max()), 1))
 
-    def _apply_policies(self) -> None:
-        """After a pass: each policy learns from its layer's routing; swap what it changed, slot for slot."""
-        assert self.policies is not None
-        loads = []
-        for li, (pol, ids) in enumerate(zip(self.policies, self._pass_ids)):
-            if ids is None:
-                continue
-            pol.update(ids)
-            held = self.where[li] >= 0
-            out = np.flatnonzero(held & ~pol.resident)
-            new = np.flatnonzero(pol.resident & ~held)
-            loads += [(int(self.where[li, o]), li, int(e)) for o, e in zip(out, new)]
-        self.swaps += len(loads)
-        self.load(loads)
+    def learn(self, ids: np.ndarray) -> list[tuple[int, int, int]]:
+        """After a window: the policy learns from its routing [T, L, A]; the (slot, layer, expert) placements that
+        make the slots what it chose, each newcomer in the slot of a layer's leaver."""
+        assert self.policy is not None
+        before = self.policy.resident.copy()
+        self.policy.update(ids, self.swap_budget)
+        moves = []
+        for li in np.flatnonzero((before != self.policy.resident).any(axis=1)).tolist():
+            out = np.flatnonzero(before[li] & ~self.policy.resident[li])
+            new = np.flatnonzero(self.policy.resident[li] & ~before[li])
+            moves += [(int(self.booked[li, o]), li, int(e)) for o, e in zip(out, new)]
+        self.swaps += len(moves)
+        self.swap_bytes += sum(int(self.expert_bytes[li]) for _, li, _ in moves)
+        return moves
 
     def record(self, path: Path) -> Recorder:
         """Record every pass's routing into `path` (written at exit and by `recorder.save()`)."""
         import atexit
 
-        self.recorder = Recorder(path, self.layout.n_expert, self.where >= 0)
+        self.recorder = Recorder(path, self.layout.n_expert, self.where >= 0, self.swap_budget)
         atexit.register(self.recorder.save)
         return self.recorder
 
@@ -230,7 +253,7 @@ class ExpertCache:
 
     def count_rows(self, li: int, ids: np.ndarray) -> None:
         """Count the routed ids [T, A] of MoE layer li into this pass's per-row counters (and record them)."""
-        if self.recorder is not None or self.policies is not None:
+        if self.recorder is not None or self.policy is not None:
             self._pass_ids[li] = np.asarray(ids)
         hit = self.where[li][ids] >= 0  # [T, A]
         self._rows[:, 0] += ids.shape[1]
@@ -245,8 +268,8 @@ class ExpertCache:
         if self.recorder is not None:
             self.recorder.end_pass(self._pass_ids)
         self.settle(self._rows, self._staged_bytes, states, lens)
-        if self.policies is not None:
-            self._apply_policies()
+        if self.policy is not None and all(x is not None for x in self._pass_ids):
+            self.load(self.learn(np.stack(self._pass_ids, axis=1)))  # type: ignore[arg-type]
 
     def settle(self, rows: np.ndarray, staged_bytes: int, states: list[TierUse], lens: list[int]) -> None:
         """Credit per-row counts [N, 4] (lookups, hits, PCIe bytes, CPU expert calls) to each sequence and to

@@ -63,12 +63,14 @@ def synthetic(spec: Synthetic, tokens: int, seed: int = 0) -> np.ndarray:
 
 
 def save(path: Path, ids: np.ndarray, n_expert: int, resident: np.ndarray | None = None,
-         windows: np.ndarray | None = None) -> None:
+         windows: np.ndarray | None = None, budget: int | None = None) -> None:
     """`resident` [L, E] bool: the cache's placement when the recording started; `windows`: tokens per pass
-    (the cache changes between passes)."""
+    (the cache changes between passes); `budget`: experts the cache could bring in per pass (None: any)."""
     extra: dict[str, np.ndarray] = {} if resident is None else {"resident": resident.astype(bool)}
     if windows is not None:
         extra["windows"] = np.asarray(windows, np.int64)
+    if budget is not None:
+        extra["budget"] = np.int64(budget)
     np.savez_compressed(path, ids=ids.astype(np.int16), n_expert=np.int64(n_expert), **extra)
 
 
@@ -77,18 +79,20 @@ def load(path: Path) -> tuple[np.ndarray, int]:
         return z["ids"].astype(np.int64), int(z["n_expert"])
 
 
-def load_recorded(path: Path) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """The placement and the windows a --record-routes trace carries (None for synthetic traces)."""
+def load_recorded(path: Path) -> tuple[np.ndarray | None, np.ndarray | None, int | None]:
+    """The placement, the windows and the swap budget a --record-routes trace carries (None for synthetic
+    traces)."""
     with np.load(path) as z:
-        return tuple(z[k] if k in z.files else None for k in ("resident", "windows"))  # type: ignore[return-value]
+        resident, windows = (z[k] if k in z.files else None for k in ("resident", "windows"))
+        return resident, windows, int(z["budget"]) if "budget" in z.files else None
 
 
 class Recorder:
     """`--record-routes FILE`: every pass's routed ids, layer by layer, kept in order and written on `save`
     (at exit, or when asked), with the placement the cache had."""
 
-    def __init__(self, path: Path, n_expert: int, resident: np.ndarray) -> None:
-        self.path, self.n_expert, self.resident = path, n_expert, resident.copy()
+    def __init__(self, path: Path, n_expert: int, resident: np.ndarray, budget: int | None = None) -> None:
+        self.path, self.n_expert, self.resident, self.budget = path, n_expert, resident.copy(), budget
         self._passes: list[np.ndarray] = []  # [T, L, A] per pass: the cache changes between them
 
     def end_pass(self, layers: list[np.ndarray | None]) -> None:
@@ -99,4 +103,4 @@ class Recorder:
     def save(self) -> None:
         if self._passes:
             save(self.path, np.concatenate(self._passes), self.n_expert, self.resident,
-                 np.array([len(p) for p in self._passes]))
+                 np.array([len(p) for p in self._passes]), self.budget)

@@ -107,6 +107,7 @@ class DecodeGraphs:
             logits = act.logits[:b].get(stream=self.model.stream)
             if tiers is not None:
                 tiers.cache.settle(tiers.take_counts(b), 0, [s.experts for s in states], [1] * b)
+                tiers.after_pass(b)
         for t, s in zip(tokens, states):
             s.n_past += 1
             s.tokens.append(t)
@@ -121,14 +122,19 @@ class DecodeGraphs:
             self._buffers()
             self._load(tokens, states, extra=steps)
             out = cp.empty((steps, b), cp.int64)
-            if self.model.tiers is not None:
-                self.model.tiers.publish()
+            tiers = self.model.tiers
+            # a cache that learns sees every pass (a round trip each); a static one counts once at the end
+            learning = tiers is not None and tiers.cache.policy is not None
             for k in range(steps):
+                if tiers is not None and (learning or k == 0):
+                    tiers.publish()
                 self._launch(b)
                 out[k] = self.tab[:b, 4]
+                if learning:
+                    tiers.cache.settle(tiers.take_counts(b), 0, [s.experts for s in states], [1] * b)
+                    tiers.after_pass(b)
             chosen = out.get(stream=self.model.stream)
-            if self.model.tiers is not None:  # every row decoded `steps` tokens: decode counters
-                tiers = self.model.tiers
+            if tiers is not None and not learning:  # every row decoded `steps` tokens: decode counters
                 tiers.cache.settle(tiers.take_counts(b), 0, [s.experts for s in states], [1] * b)
         for j, s in enumerate(states):
             s.tokens.extend([tokens[j]] + [int(v) for v in chosen[:-1, j]])

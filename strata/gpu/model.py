@@ -97,7 +97,9 @@ def vram_plan(gguf: Any, d: Dims, linear: list[bool], n_ctx: int, chunk: int, vo
     if layout is not None:
         plan.slot_bytes, plan.n_total = layout.slot_bytes, layout.n_total
         # decode and full tables, the prefill table, `where`; the counters; the CPU share's slot of zeros
-        plan.parts["expert tables and counters"] = 76 * layout.n_total + 24 * (chunk + 64) + layout.slot_bytes
+        # and the routed ids the cache policy learns from
+        plan.parts["expert tables and counters"] = (76 * layout.n_total + 24 * (chunk + 64) + layout.slot_bytes
+                                                    + 4 * len(layout.layers) * layout.top_k * (chunk + 64))
     n_attn = linear.count(False)
     seqs = opts.seqs  # room for the sequences that run at once: the expert cache takes what the plan leaves
     plan.parts[f"KV cache ({seqs} x {n_ctx:,} positions)"] = seqs * 2 * n_attn * d.n_kv * d.hd * 2 * n_ctx
@@ -292,6 +294,7 @@ class GpuModel(Model):
             if tiers is not None:
                 tiers.cache.settle(tiers.take_counts(n), staged_bytes, [s.experts for s in states],
                                    [len(t) for t in tokens])
+                tiers.after_pass(n)
             if want == "none":
                 self.stream.synchronize()
                 return np.empty((0, self.params.vocab), np.float32)

@@ -16,6 +16,13 @@ add the CPU's answer after the shared expert (`ShareHook`); passes of more rows 
 `full`. The split comes from a probe of the zero-copy rate and the CPU pool's rate on this model's experts,
 kept in the cache dir.
 
+With `--cache-policy lru|adaptive` the cache follows the routing (tiers/policy.py). `tier_count` leaves each
+pass's routed ids in `routes`; every LEARN_EVERY passes the policy learns from them and picks at most the swap
+budget's experts to bring in. A swap first points the leaving expert's table entries at the arena (published
+before the next pass, so no later pass reads the slot), then copies the newcomer into the slot on the copy
+stream while the next windows run, and flips the newcomer's entries to the slot at the first pass that starts
+after the copy landed: decode never waits for a swap.
+
 If the arena cannot be pinned, the experts stay in the file's pageable mapping, which the GPU cannot read
 in place: every decode miss is then the CPU's and every longer pass stages its misses into borrowed slots
 (copies from pageable memory run at ~8.6 GB/s against ~55 pinned on the H200 host).
@@ -47,6 +54,9 @@ BLOCKS_PER_ROW = 4  # an expert part is ~0.2-2 MB: a few blocks each keep enough
 
 
 COLLECT_TIMEOUT_NS = 2_000_000_000  # a CPU answer later than this fails the pass instead of hanging the GPU
+# passes per policy window: a decode pass is ~10 ms at b=1, and an update of every layer's policy ~0.3 ms; the
+# budget of a window is this many passes' worth
+LEARN_EVERY = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +80,7 @@ class TierHook:
     where: Any  # device address of int32 [E]
     expert_bytes: int
     counts: Any  # cupy uint64 [rows, 3]
+    route: Any  # device address of the layer's int32 [rows, A] row of `routes`
     share: ShareHook | None = None  # set: decode rows give the CPU its share of this layer's misses
 
 
@@ -83,6 +94,8 @@ class ShareOptions:
     aux_cpus: str = "auto"
     cache_dir: str | None = None  # jit kernels; the probe's rates go beside it
     pin: bool = True  # False: act as if pinning the arena failed (tests the fallback)
+    cache_policy: str = "static"  # --cache-policy; lru and adaptive keep every miss on PCIe (no CPU share)
+    swap_budget: int = 64 << 20  # --swap-budget-mib: bytes a pass may copy into slots
 
 
 class DeviceSlots:
@@ -163,6 +176,7 @@ class GpuTiers:
         self.slots = DeviceSlots(n_slots, layout.strides, self.kernels, self.pageable)
         self.cache = ExpertCache(layout, n_slots, self.slots, self.arena)
         self.cache.fill_static()
+        self.cache.use_policy(opts.cache_policy, LEARN_EVERY * opts.swap_budget)
         if self.pageable:  # the GPU cannot read pageable RAM in place: every pass of more rows stages
             self._check_staging()
             self.cache.borrow_min = decode_rows + 1
@@ -173,6 +187,10 @@ class GpuTiers:
         self.ticket = cp.zeros(1, cp.int64)
         self.err = cp.zeros(1, cp.int32)
         self.counts = cp.zeros((max_rows, 3), cp.uint64)
+        self.routes = cp.zeros((len(layout.layers), max_rows, layout.top_k), cp.int32)  # [L, rows, A]
+        self._seen: list[np.ndarray] = []  # routed ids [n, L, A] of this policy window's passes
+        self._passes = 0
+        self._swapping: list[tuple[list[tuple[int, int, int]], Any]] = []  # placements, their copies' event
         self.copy_stream = cp.cuda.Stream(non_blocking=True)
         self._keep: list[Any] = []
         self._start_share(gguf, opts, decode_rows)
@@ -203,6 +221,12 @@ class GpuTiers:
         hit = c.resident() / c.where.size
         miss = (1 - hit) * self.layout.top_k * float(np.mean(c.expert_bytes))  # bytes a layer, uniform routing
         if miss == 0 or (opts.pcie_frac == 1.0 and not self.pageable):
+            return
+        if c.policy is not None:  # the CPU's experts would change under it between windows
+            if self.pageable:
+                raise ConfigError("cache_policy", opts.cache_policy, "a pageable arena needs the CPU share of the "
+                                  "misses, which runs with the static cache only")
+            note(f"CPU share of the misses: off with --cache-policy {opts.cache_policy}; every miss is read over PCIe")
             return
         if platform.machine() not in ("x86_64", "AMD64"):  # the mailbox's store order is x86's
             if self.pageable:
@@ -315,11 +339,15 @@ class GpuTiers:
     def hook(self, li: int, decode: bool = True) -> TierHook:
         """Layer li's counting hook; decode: also its CPU share (passes of more rows have none)."""
         return TierHook(ptr(self.where, 4 * li * self.layout.n_expert), int(self.cache.expert_bytes[li]),
-                        self.counts, self.share_hook(li) if decode else None)
+                        self.counts, ptr(self.routes, 4 * li * self.routes.shape[1] * self.routes.shape[2]),
+                        self.share_hook(li) if decode else None)
 
     # ---- between windows ----
     def publish(self) -> None:
-        """Bring the device tables up to the cache's bookkeeping (after loads), on the current stream."""
+        """Before a pass: land the swaps whose copies are done, and bring the device tables up to the cache's
+        bookkeeping, on the current stream."""
+        while self._swapping and self._swapping[0][1].done:
+            self.cache.land(self._swapping.pop(0)[0])
         if self._version != self.cache.version:
             self.table.set(self.cache.table)
             self.full.set(self.cache.full)
@@ -344,6 +372,34 @@ class GpuTiers:
             k = min(n, len(self.share.calls))
             cpu[:k, 0] = self.share.take_calls(k)
         return np.concatenate([gpu, cpu], axis=1)
+
+    # ---- the policy ----
+    def after_pass(self, n: int) -> None:
+        """A pass of n rows is over (its stream synchronised): keep its routing, and every LEARN_EVERY passes
+        let the policy choose swaps and start them."""
+        if self.cache.policy is None:
+            return
+        self._seen.append(self.routes[:, :n].get().transpose(1, 0, 2))
+        self._passes += 1
+        if self._passes % LEARN_EVERY:
+            return
+        moves = self.cache.learn(np.concatenate(self._seen).astype(np.int64))
+        self._seen.clear()
+        if moves:
+            self._swap(moves)
+
+    def _swap(self, moves: list[tuple[int, int, int]]) -> None:
+        """Point the leavers at the arena before the next pass (the stream is idle: nothing reads their slots
+        any more), then fill the slots on the copy stream; `publish` lands them once the copies are done."""
+        cp = cupy_module()
+        rows = self.cache.release(moves)
+        self.publish()
+        with self.copy_stream:
+            for src, dst, n in coalesce(rows, self.layout.strides):
+                cp.cuda.runtime.memcpyAsync(dst, src, n, HOST_TO_DEVICE, self.copy_stream.ptr)
+            done = cp.cuda.Event(disable_timing=True)
+            done.record()
+        self._swapping.append((moves, done))
 
     # ---- borrowing prefill ----
     def begin_staging(self) -> Staging | None:
@@ -434,4 +490,4 @@ class GpuTiers:
     def nbytes(self) -> int:
         """VRAM held: the slots, the zero slot, the three tables, `where` and the counters."""
         return (self.slots.nbytes() + sum(z.nbytes for z in self.zero) + 3 * self.table.nbytes + self.where.nbytes
-                + self.counts.nbytes)
+                + self.counts.nbytes + self.routes.nbytes)

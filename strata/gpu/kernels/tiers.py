@@ -3,7 +3,8 @@ prefill chunk's missing experts into borrowed slots.
 
 - `tier_count`: after a MoE layer's routing, per routed (row, slot) pair: one lookup, a hit when the
   cache's `where[e] >= 0`, else the expert's bytes as read over PCIe; summed per row (atomics), so
-  the host can give each sequence of a batch its own counters.
+  the host can give each sequence of a batch its own counters. It also copies the ids into the layer's
+  row of `route`, which the cache policy (tiers/policy.py) learns from between windows.
   `where[e] == -2` marks the CPU's share: neither a hit nor PCIe bytes (the CPU pool counts its own).
 - `gather_rows`: copies n (source, destination, bytes) rows, one block a row, 16 bytes a load.
   Sources are pinned host memory read zero-copy, so one launch moves a whole layer's staged experts
@@ -30,14 +31,16 @@ SOURCE = (
     + r"""
 typedef unsigned long long u64;
 
-// counts [rows, 3] += (lookups, hits, miss bytes) of ids [P] (A per row) against where [E]
+// counts [rows, 3] += (lookups, hits, miss bytes) of ids [P] (A per row) against where [E]; route[p] = ids[p]
 __global__ void tier_count(const int* __restrict__ ids, int P, int A, const int* __restrict__ where,
-                           i64 expert_bytes, u64* __restrict__ counts) {
+                           i64 expert_bytes, u64* __restrict__ counts, int* __restrict__ route) {
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= P) return;
   u64* c = counts + (i64)(p / A) * 3;
   atomicAdd(c, 1ull);
-  const int w = where[ids[p]];
+  const int id = ids[p];
+  route[p] = id;
+  const int w = where[id];
   if (w >= 0) atomicAdd(c + 1, 1ull);
   else if (w == -1) atomicAdd(c + 2, (u64)expert_bytes);
 }
@@ -124,7 +127,8 @@ HANDOFF_S = 14e-6
 
 
 def ref_tier_count(ids: np.ndarray, a: int, where: np.ndarray, expert_bytes: int, rows: int) -> np.ndarray:
-    """What `tier_count` adds: [rows, 3] uint64 of (lookups, hits, miss bytes) for ids [P]."""
+    """What `tier_count` adds: [rows, 3] uint64 of (lookups, hits, miss bytes) for ids [P] (its `route` is a
+    copy of ids)."""
     out = np.zeros((rows, 3), np.int64)
     for p, w in enumerate(where[ids]):
         out[p // a] += (1, int(w >= 0), expert_bytes if w == -1 else 0)
