@@ -153,6 +153,9 @@ def test_a_learning_cache_equals_all_resident(tmp_path, name):
     m.tiers.copy_stream.synchronize()
     m.tiers.publish()
     assert (cache.where == cache.booked).all(), "every swap landed once its copy was done"
+    # the scattered patches left the device tables equal to the bookkeeping
+    assert np.array_equal(m.tiers.table.get(), cache.table) and np.array_equal(m.tiers.full.get(), cache.full)
+    assert np.array_equal(m.tiers.where.get(), cache.where_kinds())
     slots = [a.get() for a in m.tiers.slots.arrays]
     for li, e in zip(*np.nonzero(cache.where >= 0)):
         s = int(cache.where[li, e])

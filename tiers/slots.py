@@ -99,6 +99,8 @@ class ExpertCache:
         self.zero: tuple[int, int, int] | None = None  # the zero slot's part addresses, once shared
         self.pcie_frac = 1.0  # share of the misses the GPU reads over PCIe (the rest: the CPU's)
         self.version = 0  # bumped whenever the table changes, so device copies know to refresh
+        # (layer, expert) whose entries changed since a device copy took them; None: no device copy to keep up
+        self.dirty: list[tuple[int, int]] | None = None
         self.by_name = {l.parts[0].name: li for li, l in enumerate(layout.layers)}  # gate tensor -> MoE layer
         self._rows = np.zeros((0, 4), np.int64)  # this pass's per-row (lookups, hits, miss bytes, cpu calls)
         self._staging: Staging | None = None
@@ -135,6 +137,8 @@ class ExpertCache:
                 self.full[old_l, p, old_e] = self.table[old_l, p, old_e] = self._arena_row(old_l, p, old_e)
             if self.cpu[old_l, old_e]:
                 self._to_cpu(old_l, old_e)
+            if self.dirty is not None:
+                self.dirty.append((old_l, old_e))
         self.owner[slot] = (li, e)
         self.booked[li, e] = slot
         self.version += 1
@@ -144,6 +148,8 @@ class ExpertCache:
         self.where[li, e] = slot
         for p in range(3):
             self.full[li, p, e] = self.table[li, p, e] = self._slot_addr(p, slot)
+        if self.dirty is not None:
+            self.dirty.append((li, e))
         self.version += 1
 
     def release(self, placements: list[tuple[int, int, int]]) -> np.ndarray:

@@ -57,6 +57,7 @@ COLLECT_TIMEOUT_NS = 2_000_000_000  # a CPU answer later than this fails the pas
 # passes per policy window: a decode pass is ~10 ms at b=1, and an update of every layer's policy ~0.3 ms; the
 # budget of a window is this many passes' worth
 LEARN_EVERY = 4
+PATCH_MAX = 4096  # (layer, expert) entries changed: up to this many, publish scatters them instead of whole tables
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +200,7 @@ class GpuTiers:
         self.where = cp.asarray(self.cache.where_kinds())  # [L, E] int32
         self.ptab = cp.empty_like(self.table)
         self._version = self.cache.version
+        self.cache.dirty = []
 
     # ---- the CPU's share ----
     def _check_staging(self) -> None:
@@ -348,11 +350,30 @@ class GpuTiers:
         bookkeeping, on the current stream."""
         while self._swapping and self._swapping[0][1].done:
             self.cache.land(self._swapping.pop(0)[0])
-        if self._version != self.cache.version:
-            self.table.set(self.cache.table)
-            self.full.set(self.cache.full)
-            self.where.set(self.cache.where_kinds())
-            self._version = self.cache.version
+        if self._version == self.cache.version:
+            return
+        c = self.cache
+        assert c.dirty is not None
+        pairs = np.asarray(sorted(set(c.dirty)), np.int64).reshape(-1, 2)
+        c.dirty.clear()
+        if 0 < len(pairs) <= PATCH_MAX:  # a few swaps: scatter the changed entries (tables are ~0.6 MB each)
+            cp = cupy_module()
+            li, e = pairs[:, 0], pairs[:, 1]
+            n_e = self.layout.n_expert
+            at = ((li * 3)[:, None] + np.arange(3)) * n_e + e[:, None]  # [n, P] into [L, P, E]
+            host = np.concatenate([at.reshape(-1), c.table.reshape(-1)[at.reshape(-1)], c.full.reshape(-1)[at.reshape(-1)],
+                                   li * n_e + e, c.where_kinds()[li, e].astype(np.int64)])
+            dev = cp.asarray(host)
+            k = at.size
+            idx, tab, full = dev[:k], dev[k : 2 * k], dev[2 * k : 3 * k]
+            self.table.ravel()[idx] = tab
+            self.full.ravel()[idx] = full
+            self.where.ravel()[dev[3 * k : 3 * k + len(li)]] = dev[3 * k + len(li) :].astype(cp.int32)
+        else:
+            self.table.set(c.table)
+            self.full.set(c.full)
+            self.where.set(c.where_kinds())
+        self._version = c.version
 
     def take_counts(self, n: int) -> np.ndarray:
         """This pass's per-row (lookups, hits, PCIe bytes, CPU calls) [n, 4], zeroed for the next (syncs the
