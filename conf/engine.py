@@ -10,6 +10,8 @@ from typing import Any
 
 from strata.tiers.budget import RESERVE_MIB, check_expert_cache
 from strata.tiers.policy import POLICIES, check_policy
+from strata.tiers.profile import MODES as PROFILE_MODES
+from strata.tiers.profile import check_mode as check_profile_mode
 from strata.tiers.share import parse_pcie_frac
 from strata.tiers.tables import MODES as TABLE_MODES
 from strata.tiers.tables import check_mode as check_table_mode
@@ -37,6 +39,7 @@ class EngineOptions:
     probe: bool = False  # measure the PCIe and CPU expert rates again instead of reading them from the cache dir
     cache_policy: str = "static"  # static | lru | adaptive: which experts the slots keep, swapped between windows
     swap_budget_mib: int = 64  # what one pass may copy into the slots when the policy swaps experts
+    routing_profile: str = "auto"  # auto: fill the expert cache from the saved routing profile, count and save; off
     record_routes: str | None = None  # write every routed (token, layer, experts) here (.npz; the CPU's tiers)
     ple_io: str = "auto"  # Qwen4-Exp's n-gram table: auto | ram | mmap | direct (strata.tiers.tables)
 
@@ -66,6 +69,7 @@ class EngineOptions:
         parse_pcie_frac(self.pcie_frac, "pcie_frac")
         check_table_mode(self.ple_io, "ple_io")
         check_policy(self.cache_policy, "cache_policy")
+        check_profile_mode(self.routing_profile, "routing_profile")
         if self.swap_budget_mib < 0:
             raise ConfigError("swap_budget_mib", self.swap_budget_mib, "must be >= 0 (0: the cache never swaps)")
         if self.n_seq < 1:
@@ -157,6 +161,9 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-policy", default="static", choices=POLICIES, help="which experts the cache keeps: static "
                    "(the fill), lru, adaptive (decayed use counts with hysteresis), swapped between passes beside the "
                    "decode (on the GPU every miss is then read over PCIe: no CPU share)")
+    p.add_argument("--routing-profile", default="auto", choices=PROFILE_MODES, help="auto (default): fill the expert "
+                   "cache from this model's routing profile in the cache dir, count routing while running and save it "
+                   "at exit; off: the static fill, nothing saved")
     p.add_argument("--swap-budget-mib", type=int, default=64, help="what one pass may copy into the cache's slots "
                    "when the policy swaps experts (default 64; 0: never swap)")
     p.add_argument("--record-routes", default=None, metavar="FILE", help="write every routed (token, layer, "
@@ -182,7 +189,8 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.swap_budget_mib < 0:
         raise ConfigError("--swap-budget-mib", args.swap_budget_mib, "must be >= 0 (0: the cache never swaps)")
     return {"pcie_frac": args.pcie_frac, "probe": args.probe, "ple_io": args.ple_io, "record_routes": args.record_routes, "cache_policy": args.cache_policy,
-            "swap_budget_mib": args.swap_budget_mib, "override_kv": tuple(args.override_kv),
+            "swap_budget_mib": args.swap_budget_mib, "routing_profile": args.routing_profile,
+            "override_kv": tuple(args.override_kv),
             "backend": args.backend, "pool_workers": args.pool_workers, "aux_cpus": args.aux_cpus,
             "device": args.device, "vram_budget_mib": args.vram_budget_mib, "vram_reserve_mib": args.vram_reserve_mib,
             "expert_cache": args.expert_cache, "prefill_chunk": args.prefill}

@@ -192,7 +192,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
 
     from strata.gguf import GGUFFile
     from strata.gpu.model import GpuModel, GpuOptions
-    from strata.gpu.tiers import ShareOptions
+    from strata.gpu.tiers import TierOptions
     from strata.models import model_class
     from strata.weights import WeightStore
 
@@ -203,7 +203,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     gpu = GpuModel(cpu, GpuOptions(chunk=a.chunk, n_ctx=max(a.prompts) + a.gen + 64, max_batch=max(a.batches),
                                    split=not a.v1, q8=not a.no_q8, budget_mib=a.vram_budget_mib,
                                    expert_cache=a.expert_cache, seqs=max(a.batches),
-                                   share=ShareOptions(parse_pcie_frac(a.pcie_frac), a.probe, a.pool_workers,
+                                   tiers=TierOptions(parse_pcie_frac(a.pcie_frac), a.probe, a.pool_workers,
                                                       cache_policy=a.cache_policy,
                                                       swap_budget=a.swap_budget_mib << 20)))
     res: dict[str, Any] = {"load_s": time.perf_counter() - t0, "chunk": a.chunk,

@@ -62,6 +62,13 @@ def _add_tiers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     add_tiers_flags(sub.add_parser("tiers", help="routing traces and the expert-cache policy simulator"))
 
 
+def _add_profile(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from strata.cli_profile import add_profile_flags
+
+    add_profile_flags(sub.add_parser("profile", help="count a model's expert routing over prompts and save it, so "
+                                     "the expert cache starts from the experts the workload uses"))
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from strata.conf.server import add_server_flags
 
@@ -86,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_synth(sub)
     _add_plan(sub)
     _add_tiers(sub)
+    _add_profile(sub)
     return p
 
 
@@ -121,6 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from strata.cli_tiers import run_tiers
 
             return run_tiers(args)
+        if args.command == "profile":
+            from strata.cli_profile import run_profile
+
+            return run_profile(args)
         if args.command == "synth":
             from strata.cli_synth import run_synth
 

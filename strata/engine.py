@@ -21,6 +21,10 @@ from strata.models import Model, model_class
 from strata.sampling import SamplingParams
 from strata.sequence import ActiveSequence, Chunk, Constraint, GenerationResult, Timings
 from strata.state import SequenceState
+from strata.tiers.layout import ExpertLayout
+from strata.tiers.profile import Digests, Profile, cache_root
+from strata.tiers.profile import Keeper as ProfileKeeper
+from strata.tiers.profile import load as load_profile
 from strata.tiers.share import parse_pcie_frac
 from strata.tiers.slots import ExpertCache, cpu_tiers
 from strata.tiers.telemetry import TierUse
@@ -54,12 +58,40 @@ def _device(opts: EngineOptions, arch: str) -> str:
     return resolve_device(opts.device, arch)
 
 
+def _profile_keeper(gguf: GGUFFile, opts: EngineOptions) -> ProfileKeeper | None:
+    """The routing profile of a MoE file: the saved one (if its digest is known and one was saved) to fill the
+    cache from, and the counts this run adds, saved at exit."""
+    layout = ExpertLayout.from_gguf(gguf)
+    if layout is None:
+        return None
+    root = cache_root(opts.jit_cache)
+    shape = (len(layout.layers), layout.n_expert)
+    digest = Digests(root).known(gguf.path)
+    saved = load_profile(root, digest, shape) if digest else None
+    counts = Profile(saved.uses.copy() if saved else np.zeros(shape), saved.tokens if saved else 0)
+    return ProfileKeeper(root, gguf, counts, digest, saved)
+
+
+def _count_routing(cache: ExpertCache | None, keeper: ProfileKeeper | None) -> ProfileKeeper | None:
+    """Let the expert cache count into the profile and save it at exit (no cache: every expert is resident, and
+    nothing needs a profile)."""
+    if cache is None or keeper is None:
+        return None
+    import atexit
+
+    cache.profile = keeper.profile
+    keeper.start()
+    atexit.register(keeper.save)
+    return keeper
+
+
 class Engine:
     def __init__(self, gguf: GGUFFile, model: Model, tokenizer: Tokenizer, options: EngineOptions) -> None:
         self.gguf = gguf
         self.model = model
         self.tokenizer = tokenizer
         self.options = options
+        self.profile_keeper: ProfileKeeper | None = None  # counts routing into the saved profile (tiers only)
         self.template = ChatTemplate.from_gguf(gguf, tokenizer)
         trained = model.params.n_ctx_train
         self.n_ctx = options.n_ctx or trained
@@ -81,22 +113,27 @@ class Engine:
         weights = WeightStore(gguf, opts.weight_cache_mib << 20)
         weights.table_io = opts.ple_io
         device = _device(opts, gguf.architecture)
+        keeper = _profile_keeper(gguf, opts) if opts.routing_profile == "auto" else None
         if not opts.prefill_chunk:  # the GPU's passes cost little per token: long chunks amortise each layer
             opts = dataclasses.replace(opts, prefill_chunk=2048 if device == "cuda" else 512)
         if device == "cuda":
             from strata.gpu import gpu_model
             from strata.gpu.model import GpuOptions
-            from strata.gpu.tiers import ShareOptions
+            from strata.gpu.tiers import TierOptions
 
-            share = ShareOptions(parse_pcie_frac(opts.pcie_frac), opts.probe, opts.pool_workers, opts.aux_cpus,
+            share = TierOptions(parse_pcie_frac(opts.pcie_frac), opts.probe, opts.pool_workers, opts.aux_cpus,
                                  opts.jit_cache, cache_policy=opts.cache_policy,
-                                 swap_budget=opts.swap_budget_mib << 20)
+                                 swap_budget=opts.swap_budget_mib << 20, profile=keeper.saved if keeper else None)
             gpu_opts = GpuOptions(opts.vram_budget_mib, opts.n_ctx, opts.prefill_chunk,
                                   reserve_mib=opts.vram_reserve_mib, expert_cache=opts.expert_cache, seqs=opts.n_seq,
-                                  share=share)
-            return cls(gguf, gpu_model(model_cls(gguf, weights), gpu_opts), Tokenizer.from_gguf(gguf), opts)
+                                  tiers=share)
+            engine = cls(gguf, gpu_model(model_cls(gguf, weights), gpu_opts), Tokenizer.from_gguf(gguf), opts)
+            engine.profile_keeper = _count_routing(engine.expert_cache, keeper)
+            return engine
+        counted = None
         if opts.expert_cache != "auto":
-            weights.tiers = cpu_tiers(gguf, opts.expert_cache)
+            weights.tiers = cpu_tiers(gguf, opts.expert_cache, keeper.saved if keeper else None)
+            counted = _count_routing(weights.tiers, keeper)
             weights.tiers.use_policy(opts.cache_policy, opts.swap_budget_mib << 20)
             if opts.record_routes:
                 weights.tiers.record(Path(opts.record_routes))
@@ -105,7 +142,9 @@ class Engine:
 
             cache = Path(opts.jit_cache) if opts.jit_cache else None
             weights.jit = start(gguf, cache, opts.pool_workers, opts.aux_cpus)
-        return cls(gguf, model_cls(gguf, weights), Tokenizer.from_gguf(gguf), opts)
+        engine = cls(gguf, model_cls(gguf, weights), Tokenizer.from_gguf(gguf), opts)
+        engine.profile_keeper = counted
+        return engine
 
     @property
     def expert_cache(self) -> ExpertCache | None:

@@ -7,7 +7,9 @@ CI runs `python tests/oracle/build_fixtures.py` first. Tests never re-run transf
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -18,6 +20,10 @@ if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
 from oracle import assets  # noqa: E402
+
+# Routing profiles (strata/tiers/profile.py) fill later caches from earlier runs: each test session gets its own
+# empty cache dir for them, so one test's routing never changes another's placement.
+os.environ["STRATA_CACHE_DIR"] = tempfile.mkdtemp(prefix="strata-cache-")
 
 
 def _build(fn):

@@ -37,14 +37,14 @@ def _file(tmp_path: Path, arch: str) -> Path:
 
 def _model(path: Path, cache: str = "auto", **share):
     from strata.gpu.model import GpuModel, GpuOptions
-    from strata.gpu.tiers import ShareOptions
+    from strata.gpu.tiers import TierOptions
 
     g = GGUFFile(path)
     cpu = model_class(g)(g, WeightStore(g, 1 << 30))
     if cache == "one":  # exactly one slot
         cache = f"{(ExpertLayout.from_gguf(g).slot_bytes + 1) / MIB:.6f}MiB"
     return GpuModel(cpu, GpuOptions(chunk=16, n_ctx=256, expert_cache=cache,
-                                    share=ShareOptions(**{"pcie_frac": 1.0, **share})))
+                                    tiers=TierOptions(**{"pcie_frac": 1.0, **share})))
 
 
 def _run(m, prompt: np.ndarray, steps: int):

@@ -124,7 +124,7 @@ def test_tier_count_twin_matches_host_counting():
         np.array([1000]),
         np.zeros((6, 3), np.int64),
     )
-    cache.recorder = cache.policy = None  # neither recording nor a policy: counting only
+    cache.recorder = cache.policy = cache.profile = None  # neither recording nor a policy: counting only
     cache.count_rows(0, ids)
     np.testing.assert_array_equal(twin, cache._rows)
 

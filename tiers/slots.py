@@ -25,6 +25,7 @@ Legend: L = MoE layers, E = experts per layer, P = 3 parts, S = slots.
 from __future__ import annotations
 
 import ctypes
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -33,7 +34,8 @@ import numpy as np
 from strata.tiers.budget import cache_request
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.policy import Policy, check_policy, make
-from strata.tiers.telemetry import TierUse
+from strata.tiers.profile import Profile
+from strata.tiers.telemetry import TierUse, note
 from strata.tiers.trace import Recorder
 
 from strata.errors import ConfigError
@@ -52,6 +54,9 @@ class Bytes(Protocol):
 
     def copy_rows(self, rows: np.ndarray) -> None:
         """Copy rows [n, 3] of (source address, destination address, bytes), in order with the kernels."""
+
+    def sync(self) -> None:
+        """Wait until the copies issued so far are done."""
 
 
 class Arena(Protocol):
@@ -110,6 +115,7 @@ class ExpertCache:
         self.swap_budget: int | None = None  # experts a window may bring in
         self.swaps = 0  # experts the policy brought in since start
         self.swap_bytes = 0
+        self.profile: Profile | None = None  # counts every pass's routing (--routing-profile)
         self._pass_ids: list[np.ndarray | None] = []  # this pass's routed ids [T, A] per layer (recorded, learned)
 
     # ---- addresses ----
@@ -174,11 +180,25 @@ class ExpertCache:
         self.land(placements)
 
     def fill_static(self) -> None:
-        """Spread the slots evenly over the layers, lowest expert ids first. Under uniform routing any
-        choice hits equally often; a routing profile (issue 17) picks better ones."""
+        self.fill(None)
+
+    def fill(self, profile: Profile | None) -> None:
+        """Spread the slots evenly over the layers; each layer's share holds its most used experts in `profile`,
+        else (the static fill) its lowest ids. Under uniform routing any choice hits equally often."""
         n_l, n_e = self.where.shape
         order = [(li, e) for e in range(n_e) for li in range(n_l)]  # expert-major: every layer gets its share
+        if profile is not None:
+            per = np.bincount([li for li, _ in order[: self.n_slots]], minlength=n_l)
+            keep = profile.top(per)
+            order = [(li, e) for e in range(n_e) for li in range(n_l) if keep[li, e]]
+        t = time.perf_counter()
         self.load([(s, li, e) for s, (li, e) in enumerate(order[: self.n_slots])])
+        if profile is not None:
+            self.slots.sync()
+            dt = max(time.perf_counter() - t, 1e-9)
+            nbytes = int(self.expert_bytes[[li for li, _ in order[: self.n_slots]]].sum())
+            note(f"pre-filled {self.n_slots:,} of {self.n_slots:,} slots from the profile in {dt:.1f} s "
+                 f"({nbytes / dt / 1e6:,.0f} MB/s; {profile.tokens:,} tokens counted)")
 
     def resident(self) -> int:
         return int((self.where >= 0).sum())
@@ -261,6 +281,8 @@ class ExpertCache:
         """Count the routed ids [T, A] of MoE layer li into this pass's per-row counters (and record them)."""
         if self.recorder is not None or self.policy is not None:
             self._pass_ids[li] = np.asarray(ids)
+        if self.profile is not None:
+            self.profile.add(li, ids)
         hit = self.where[li][ids] >= 0  # [T, A]
         self._rows[:, 0] += ids.shape[1]
         self._rows[:, 1] += hit.sum(axis=1)
@@ -370,8 +392,11 @@ class NumpyBytes:
         for src, dst, n in rows.tolist():
             ctypes.memmove(dst, src, n)
 
+    def sync(self) -> None:
+        pass
 
-def cpu_tiers(gguf: GGUFFile, expert_cache: str) -> ExpertCache:
+
+def cpu_tiers(gguf: GGUFFile, expert_cache: str, profile: Profile | None = None) -> ExpertCache:
     """The tier manager on the CPU: numpy slots stand in for VRAM, the file's mapping for pinned RAM, so
     the slot table, borrowing and counters run (and are tested) without a GPU."""
     from strata.tiers.arena import MmapArena
@@ -382,5 +407,5 @@ def cpu_tiers(gguf: GGUFFile, expert_cache: str) -> ExpertCache:
     n_slots = cache_request(expert_cache, layout.slot_bytes, layout.n_total)
     assert n_slots is not None, "auto keeps every expert resident on the CPU: no tiers"
     cache = ExpertCache(layout, n_slots, NumpyBytes(n_slots, layout.strides), MmapArena(gguf, layout))
-    cache.fill_static()
+    cache.fill(profile)
     return cache

@@ -34,7 +34,7 @@ from strata.gpu.layers import (
 )
 from strata.gpu.ops import HEAD_DIMS, Ops
 from strata.gpu.runtime import cupy_module, ptr
-from strata.gpu.tiers import GpuTiers, ShareOptions
+from strata.gpu.tiers import GpuTiers, TierOptions
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
 from strata.models.base import Model
 from strata.models.qwen3moe import Qwen3Moe
@@ -57,7 +57,7 @@ class GpuOptions:
     reserve_mib: int = RESERVE_MIB  # VRAM left to the driver when the budget is the free memory
     expert_cache: str = "auto"  # see strata.tiers.budget
     seqs: int = 1  # sequences the plan keeps KV and recurrent-state room for (more may fit, drawn from the ledger)
-    share: ShareOptions = dataclasses.field(default_factory=ShareOptions)  # the CPU's share of the decode misses (--pcie-frac)
+    tiers: TierOptions = dataclasses.field(default_factory=TierOptions)  # the CPU share, the policy, the profile
 
 
 GROWING = ("KV cache", "DeltaNet state")  # plan parts that sequences take from the ledger as they come
@@ -146,7 +146,7 @@ class GpuModel(Model):
         with self.stream:
             self.w = GpuWeights(gguf)
             self.tiers = (GpuTiers(gguf, layout, plan.n_slots, self.chunk + 64, GEMV_ROWS,
-                                   opts.share) if tiered else None)
+                                   opts.tiers) if tiered else None)
             self.layers = [self._layer(i, moe, hybrid) for i in range(p.n_layer)]
             out = tensor(T.OUTPUT)
             self.embd = self.w.matrix(tensor(T.TOKEN_EMBD))

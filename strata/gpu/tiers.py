@@ -45,6 +45,7 @@ from strata.gpu.weights import DevMatrix
 from strata.tiers import share as split
 from strata.tiers.arena import MmapArena, PinnedArena
 from strata.tiers.layout import ExpertLayout
+from strata.tiers.profile import Profile
 from strata.tiers.slots import ExpertCache, Staging
 from strata.tiers.telemetry import note
 
@@ -86,8 +87,10 @@ class TierHook:
 
 
 @dataclass(frozen=True, slots=True)
-class ShareOptions:
-    """How to split decode misses with the CPU (EngineOptions' --pcie-frac, --probe, pool flags)."""
+class TierOptions:
+    """The tiers' engine options: how to split decode misses with the CPU (--pcie-frac, --probe, the pool
+    flags), which experts the cache keeps (--cache-policy, --swap-budget-mib) and the routing profile to fill it
+    from."""
 
     pcie_frac: float | None = None  # None: from the probe
     probe: bool = False  # measure again even when the cache dir has rates
@@ -97,6 +100,7 @@ class ShareOptions:
     pin: bool = True  # False: act as if pinning the arena failed (tests the fallback)
     cache_policy: str = "static"  # --cache-policy; lru and adaptive keep every miss on PCIe (no CPU share)
     swap_budget: int = 64 << 20  # --swap-budget-mib: bytes a pass may copy into slots
+    profile: Profile | None = None  # a saved routing profile: the fill takes each layer's most used experts
 
 
 class DeviceSlots:
@@ -123,6 +127,9 @@ class DeviceSlots:
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays)
+
+    def sync(self) -> None:
+        cupy_module().cuda.get_current_stream().synchronize()
 
 
 def gather(kernels: Kernels, rows: np.ndarray, keep: list[Any]) -> None:
@@ -157,7 +164,7 @@ def coalesce(rows: np.ndarray, strides: tuple[int, int, int]) -> list[tuple[int,
 
 class GpuTiers:
     def __init__(self, gguf: GGUFFile, layout: ExpertLayout, n_slots: int, max_rows: int, decode_rows: int,
-                 opts: ShareOptions) -> None:
+                 opts: TierOptions) -> None:
         """decode_rows: passes of up to this many rows run the decode layers (the CPU share); more rows stage
         or read every miss over PCIe."""
         cp = cupy_module()
@@ -176,7 +183,7 @@ class GpuTiers:
             note("expert arena: not pinned (asked); decode misses run on the CPU, prefill stages them")
         self.slots = DeviceSlots(n_slots, layout.strides, self.kernels, self.pageable)
         self.cache = ExpertCache(layout, n_slots, self.slots, self.arena)
-        self.cache.fill_static()
+        self.cache.fill(opts.profile)
         self.cache.use_policy(opts.cache_policy, LEARN_EVERY * opts.swap_budget)
         if self.pageable:  # the GPU cannot read pageable RAM in place: every pass of more rows stages
             self._check_staging()
@@ -213,7 +220,7 @@ class GpuTiers:
                               "them; give the cache more VRAM (--expert-cache, --vram-budget-mib) or allow pinning "
                               "(ulimit -l)")
 
-    def _start_share(self, gguf: GGUFFile, opts: ShareOptions, rows: int) -> None:
+    def _start_share(self, gguf: GGUFFile, opts: TierOptions, rows: int) -> None:
         """Start the CPU server, probe (or read) the rates, choose the split and mark the CPU's experts."""
         from strata.jit.cpus import host_plan
         from strata.jit.kernels import Kernels as CpuKernels
@@ -277,7 +284,7 @@ class GpuTiers:
             return
         c.share_with_cpu(1.0 - frac, tuple(int(z.data.ptr) for z in self.zero))
 
-    def _rates(self, opts: ShareOptions, jit_dir: Path | None, workers: int) -> split.Rates:
+    def _rates(self, opts: TierOptions, jit_dir: Path | None, workers: int) -> split.Rates:
         cp = cupy_module()
         lay = self.layout.layers
         name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
@@ -398,9 +405,16 @@ class GpuTiers:
     def after_pass(self, n: int) -> None:
         """A pass of n rows is over (its stream synchronised): keep its routing, and every LEARN_EVERY passes
         let the policy choose swaps and start them."""
-        if self.cache.policy is None:
+        c = self.cache
+        if c.policy is None and c.profile is None:
             return
-        self._seen.append(self.routes[:, :n].get().transpose(1, 0, 2))
+        ids = self.routes[:, :n].get().transpose(1, 0, 2)  # [n, L, A]
+        if c.profile is not None:
+            for li in range(ids.shape[1]):
+                c.profile.add(li, ids[:, li])
+        if c.policy is None:
+            return
+        self._seen.append(ids)
         self._passes += 1
         if self._passes % LEARN_EVERY:
             return
