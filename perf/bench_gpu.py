@@ -196,8 +196,17 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     from strata.models import model_class
     from strata.weights import WeightStore
 
+    from strata.tiers import profile as rp
+    from strata.tiers.layout import ExpertLayout
+
     g = GGUFFile(path)
     cpu = model_class(g)(g, WeightStore(g, 0))
+    filled = None
+    if a.routing_profile_in:  # fill the cache from a profile an earlier run counted
+        lay = ExpertLayout.from_gguf(g)
+        assert lay is not None
+        filled = rp.load_file(a.routing_profile_in, (len(lay.layers), lay.n_expert))
+        assert filled is not None, f"{a.routing_profile_in}: no profile of this model's shape"
     free0 = cp.cuda.runtime.memGetInfo()[0]  # the context exists now: what follows is Strata's
     t0 = time.perf_counter()
     gpu = GpuModel(cpu, GpuOptions(chunk=a.chunk, n_ctx=max(a.prompts) + a.gen + 64, max_batch=max(a.batches),
@@ -205,10 +214,12 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
                                    expert_cache=a.expert_cache, seqs=max(a.batches),
                                    tiers=TierOptions(parse_pcie_frac(a.pcie_frac), a.probe, a.pool_workers,
                                                       cache_policy=a.cache_policy,
-                                                      swap_budget=a.swap_budget_mib << 20)))
+                                                      swap_budget=a.swap_budget_mib << 20, profile=filled)))
     res: dict[str, Any] = {"load_s": time.perf_counter() - t0, "chunk": a.chunk,
                            "kernels": "v1" if a.v1 else ("split" if a.no_q8 else "split+q8")}
     cache = gpu.expert_cache
+    if cache is not None and a.routing_profile_out:  # count every pass's routing (the learning passes see each)
+        cache.profile = rp.Profile(np.zeros(cache.where.shape))
     if cache is not None:
         res["tiers"] = {"slots": cache.n_slots, "experts": cache.layout.n_total, "slot_bytes": cache.layout.slot_bytes,
                         "budget_mib": a.vram_budget_mib, "pcie": gpu.tiers.probe(),
@@ -309,6 +320,8 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     print(f"  VRAM used by Strata: {res['vram_used_mib']:,.0f} MiB (budget {a.vram_budget_mib or '-'} MiB; the pool holds "
           f"{res['vram_pool_mib']:,.0f} MiB, {res['vram_pool_used_mib']:,.0f} in use; the rest: modules, graphs, "
           "driver)", flush=True)
+    if cache is not None and cache.profile is not None:
+        rp.save_file(a.routing_profile_out, cache.profile)
     pool.set_limit(size=0)  # the copy-rate buffers below are the bench's, not Strata's: outside its budget
     res["copy_bw"] = copy_bandwidth(cp)
     return res
@@ -358,6 +371,9 @@ def main() -> None:
     ap.add_argument("--probe", action="store_true", help="Strata's --probe: measure the split's rates again")
     ap.add_argument("--cache-policy", default="static", help="Strata's --cache-policy (static, lru, adaptive)")
     ap.add_argument("--swap-budget-mib", type=int, default=64, help="Strata's --swap-budget-mib")
+    ap.add_argument("--routing-profile-out", type=Path, default=None, help="count the run's routing into this "
+                    "profile file (.npz)")
+    ap.add_argument("--routing-profile-in", type=Path, default=None, help="fill the cache from this profile file")
     ap.add_argument("--warm-decode", type=int, default=0, help="decode this many tokens before measuring decode "
                     "(a learning cache follows the routing first)")
     a = ap.parse_args()

@@ -166,6 +166,9 @@ def test_a_learning_cache_equals_all_resident(tmp_path, name):
             assert np.array_equal(slots[p][s * stride : s * stride + n], want), (li, e, p)
     use = st.experts
     assert use.decode.lookups == steps * cache.layout.top_k * len(cache.layout.layers)
+    # per-layer counts (host-side, from the routed ids) add up to the device's own counters
+    assert cache.layer_lookups.sum() == use.prefill.lookups + use.decode.lookups
+    assert cache.layer_hits.sum() == use.prefill.hits + use.decode.hits
     # the greedy loop learns too (a round trip a token) and picks the same tokens
     m_ref = _model(path)
     st_ref = m_ref.new_state()

@@ -44,4 +44,7 @@ def test_tier_counters_reach_every_surface(tiny_moe):
         assert status["slots"] == layout.n_total // 2 and status["decode"]["lookups"] == t["expert_lookups"]
         assert f"strata_decode_expert_hits_total {t['expert_hits']}" in metrics
         assert f"strata_expert_cache_slots {layout.n_total // 2}" in metrics
+        assert status["policy"] == "static" and status["swaps"] == 0 and "strata_expert_swaps_total 0" in metrics
+        assert len(status["per_layer_hit_rate"]) == len(layout.layers)
+        assert all(0.0 <= r <= 1.0 for r in status["per_layer_hit_rate"])
         assert "decode expert cache hit rate" in srv.output()

@@ -84,6 +84,8 @@ def test_any_cache_size_gives_the_all_resident_tokens(arch):
         assert (
             t["pcie_bytes"] == (t["expert_lookups"] - t["expert_hits"]) * per_expert
         )  # every layer alike here
+        assert cache.layer_lookups.sum() == t["prompt_expert_lookups"] + t["expert_lookups"]  # per layer: the same
+        assert cache.layer_hits.sum() == t["prompt_expert_hits"] + t["expert_hits"]
 
 
 def test_jit_pool_reads_experts_through_the_tiers():
@@ -125,8 +127,10 @@ def test_tier_count_twin_matches_host_counting():
         np.zeros((6, 3), np.int64),
     )
     cache.recorder = cache.policy = cache.profile = None  # neither recording nor a policy: counting only
+    cache.layer_lookups, cache.layer_hits = np.zeros(1, np.int64), np.zeros(1, np.int64)
     cache.count_rows(0, ids)
     np.testing.assert_array_equal(twin, cache._rows)
+    assert cache.layer_lookups[0] == twin[:, 0].sum() and cache.layer_hits[0] == twin[:, 1].sum()
 
 
 def test_budgets_refuse_with_the_plan():

@@ -65,7 +65,16 @@ def path_for(root: Path, digest: str) -> Path:
 
 
 def save(root: Path, digest: str, p: Profile) -> Path:
-    out = path_for(root, digest)
+    return save_file(path_for(root, digest), p)
+
+
+def load(root: Path, digest: str, shape: tuple[int, int]) -> Profile | None:
+    """The saved profile, or None when there is none or it does not fit this model's shape (a stale or foreign
+    file is ignored, never an error)."""
+    return load_file(path_for(root, digest), shape)
+
+
+def save_file(out: Path, p: Profile) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp.npz")
     np.savez_compressed(tmp, uses=p.uses, tokens=np.int64(p.tokens))
@@ -73,10 +82,7 @@ def save(root: Path, digest: str, p: Profile) -> Path:
     return out
 
 
-def load(root: Path, digest: str, shape: tuple[int, int]) -> Profile | None:
-    """The saved profile, or None when there is none or it does not fit this model's shape (a stale or foreign
-    file is ignored, never an error)."""
-    path = path_for(root, digest)
+def load_file(path: Path, shape: tuple[int, int]) -> Profile | None:
     try:
         with np.load(path) as z:
             uses, tokens = z["uses"].astype(np.float64), int(z["tokens"])

@@ -116,6 +116,9 @@ class ExpertCache:
         self.swaps = 0  # experts the policy brought in since start
         self.swap_bytes = 0
         self.profile: Profile | None = None  # counts every pass's routing (--routing-profile)
+        self.layer_lookups = np.zeros(n_l, np.int64)  # [L] since start, decode and prefill
+        self.layer_hits = np.zeros(n_l, np.int64)
+        self.started = time.monotonic()
         self._pass_ids: list[np.ndarray | None] = []  # this pass's routed ids [T, A] per layer (recorded, learned)
 
     # ---- addresses ----
@@ -284,6 +287,8 @@ class ExpertCache:
         if self.profile is not None:
             self.profile.add(li, ids)
         hit = self.where[li][ids] >= 0  # [T, A]
+        self.layer_lookups[li] += hit.size
+        self.layer_hits[li] += int(hit.sum())
         self._rows[:, 0] += ids.shape[1]
         self._rows[:, 1] += hit.sum(axis=1)
         self._rows[:, 2] += (~hit).sum(axis=1) * self.expert_bytes[li]

@@ -403,12 +403,15 @@ class GpuTiers:
 
     # ---- the policy ----
     def after_pass(self, n: int) -> None:
-        """A pass of n rows is over (its stream synchronised): keep its routing, and every LEARN_EVERY passes
-        let the policy choose swaps and start them."""
+        """A pass of n rows is over (its stream synchronised): count its routing per layer and into the profile,
+        and every LEARN_EVERY passes let the policy choose swaps and start them."""
         c = self.cache
-        if c.policy is None and c.profile is None:
-            return
-        ids = self.routes[:, :n].get().transpose(1, 0, 2)  # [n, L, A]
+        routed = self.routes[:, :n].get()  # [L, n, A]
+        ids = routed.transpose(1, 0, 2)  # [n, L, A]
+        # the pass read `where` as the host has it now: swaps land before a pass and are released after it
+        hit = np.take_along_axis(c.where, routed.reshape(len(routed), -1), axis=1) >= 0
+        c.layer_lookups += hit.shape[1]
+        c.layer_hits += hit.sum(axis=1)
         if c.profile is not None:
             for li in range(ids.shape[1]):
                 c.profile.add(li, ids[:, li])
