@@ -20,6 +20,10 @@ def test_save_load_round_trip_and_bad_files(tmp_path) -> None:
     p.add(0, np.array([[1, 2], [1, 3]]))
     p.add(1, np.array([[7, 7]]))
     assert p.tokens == 2 and p.uses[0, 1] == 2 and p.uses[1, 7] == 2
+    q = profile.Profile(np.zeros((2, 8)))
+    q.add_all(np.array([[[1, 2], [7, 7]], [[1, 3], [0, 0]]]))  # [T, L, A]: the same ids, layer by layer
+    q.uses[1, 0] -= 2
+    assert q.tokens == 2 and np.array_equal(q.uses, p.uses)
     profile.save(tmp_path, "ab" * 32, p)
     got = profile.load(tmp_path, "ab" * 32, (2, 8))
     assert got is not None and got.tokens == 2 and np.array_equal(got.uses, p.uses)

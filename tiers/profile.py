@@ -52,6 +52,13 @@ class Profile:
         if li == 0:
             self.tokens += int(np.asarray(ids).shape[0])
 
+    def add_all(self, ids: np.ndarray) -> None:
+        """Count a pass's routed ids [T, L, A] of every layer at once."""
+        n_l, n_e = self.uses.shape
+        flat = (np.arange(n_l)[None, :, None] * n_e + ids).reshape(-1)
+        self.uses += np.bincount(flat, minlength=n_l * n_e).reshape(n_l, n_e)
+        self.tokens += int(ids.shape[0])
+
     def top(self, slots: np.ndarray) -> np.ndarray:
         """[L, E] bool: each layer's slots[l] most used experts (ties: the lower id)."""
         out = np.zeros(self.uses.shape, bool)

@@ -104,6 +104,8 @@ class DecodeGraphs:
             if tiers is not None:
                 tiers.publish()
             self._launch(b)
+            if tiers is not None:
+                tiers.overlap()
             logits = act.logits[:b].get(stream=self.model.stream)
             if tiers is not None:
                 tiers.cache.settle(tiers.take_counts(b), 0, [s.experts for s in states], [1] * b)
@@ -131,6 +133,7 @@ class DecodeGraphs:
                 self._launch(b)
                 out[k] = self.tab[:b, 4]
                 if learning:
+                    tiers.overlap()
                     tiers.cache.settle(tiers.take_counts(b), 0, [s.experts for s in states], [1] * b)
                     tiers.after_pass(b)
             chosen = out.get(stream=self.model.stream)

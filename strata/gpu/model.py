@@ -287,6 +287,8 @@ class GpuModel(Model):
                 run_layer(self.ops, i, self._prefill_layers[i], self.dims, act, n, tab, segs, self.inv_freq)
                 tiers.after_layer(staging, li)
             staged_bytes = tiers.end_staging(staging) if tiers is not None and staging is not None else 0
+            if tiers is not None:
+                tiers.overlap()
             for t, s, g in zip(tokens, states, segs):
                 s.n_past += len(t)
                 s.tokens.extend(int(v) for v in t)

@@ -18,10 +18,11 @@ kept in the cache dir.
 
 With `--cache-policy lru|adaptive` the cache follows the routing (tiers/policy.py). `tier_count` leaves each
 pass's routed ids in `routes`; every LEARN_EVERY passes the policy learns from them and picks at most the swap
-budget's experts to bring in. A swap first points the leaving expert's table entries at the arena (published
-before the next pass, so no later pass reads the slot), then copies the newcomer into the slot on the copy
-stream while the next windows run, and flips the newcomer's entries to the slot at the first pass that starts
-after the copy landed: decode never waits for a swap.
+budget's experts to bring in, while the GPU runs the next pass (`overlap`, called between a pass's launch and
+its wait). A swap points the leaving expert's table entries at the arena (a patch queued behind the running
+pass, so every later pass reads it from there), copies the newcomer into the slot on the copy stream once the
+running pass is done with the slot, and flips the newcomer's entries to the slot at the first pass that starts
+after the copy landed: decode never waits for a swap, nor for the policy.
 
 If the arena cannot be pinned, the experts stay in the file's pageable mapping, which the GPU cannot read
 in place: every decode miss is then the CPU's and every longer pass stages its misses into borrowed slots
@@ -198,6 +199,9 @@ class GpuTiers:
         self.routes = cp.zeros((len(layout.layers), max_rows, layout.top_k), cp.int32)  # [L, rows, A]
         self._seen: list[np.ndarray] = []  # routed ids [n, L, A] of this policy window's passes
         self._passes = 0
+        self._learn_due = False  # a policy window is complete: learn from it beside the next pass
+        self._pass_where = self.cache.where.copy()  # [L, E] what the device's `where` held for the last pass
+        self._snap = self.cache.version
         self._swapping: list[tuple[list[tuple[int, int, int]], Any]] = []  # placements, their copies' event
         self.copy_stream = cp.cuda.Stream(non_blocking=True)
         self._keep: list[Any] = []
@@ -357,8 +361,13 @@ class GpuTiers:
         bookkeeping, on the current stream."""
         while self._swapping and self._swapping[0][1].done:
             self.cache.land(self._swapping.pop(0)[0])
-        if self._version == self.cache.version:
-            return
+        if self._version != self.cache.version:
+            self._push()
+        if self._snap != self.cache.version:  # what this pass's `where` holds, for the per-layer counts
+            self._pass_where, self._snap = self.cache.where.copy(), self.cache.version
+
+    def _push(self) -> None:
+        """Queue the tables' changes on the current stream."""
         c = self.cache
         assert c.dirty is not None
         pairs = np.asarray(sorted(set(c.dirty)), np.int64).reshape(-1, 2)
@@ -408,30 +417,36 @@ class GpuTiers:
         c = self.cache
         routed = self.routes[:, :n].get()  # [L, n, A]
         ids = routed.transpose(1, 0, 2)  # [n, L, A]
-        # the pass read `where` as the host has it now: swaps land before a pass and are released after it
-        hit = np.take_along_axis(c.where, routed.reshape(len(routed), -1), axis=1) >= 0
+        hit = np.take_along_axis(self._pass_where, routed.reshape(len(routed), -1), axis=1) >= 0
         c.layer_lookups += hit.shape[1]
         c.layer_hits += hit.sum(axis=1)
         if c.profile is not None:
-            for li in range(ids.shape[1]):
-                c.profile.add(li, ids[:, li])
+            c.profile.add_all(ids)
         if c.policy is None:
             return
         self._seen.append(ids)
         self._passes += 1
-        if self._passes % LEARN_EVERY:
+        self._learn_due = self._passes % LEARN_EVERY == 0
+
+    def overlap(self) -> None:
+        """A pass has been launched: learn from the last policy window meanwhile and start its swaps."""
+        if not self._learn_due:
             return
+        self._learn_due = False
         moves = self.cache.learn(np.concatenate(self._seen).astype(np.int64))
         self._seen.clear()
         if moves:
             self._swap(moves)
 
     def _swap(self, moves: list[tuple[int, int, int]]) -> None:
-        """Point the leavers at the arena before the next pass (the stream is idle: nothing reads their slots
-        any more), then fill the slots on the copy stream; `publish` lands them once the copies are done."""
+        """Point the leavers at the arena behind the running pass, then fill their slots on the copy stream once
+        that pass is done with them; `publish` lands the swaps when the copies are done."""
         cp = cupy_module()
         rows = self.cache.release(moves)
-        self.publish()
+        self._push()
+        after = cp.cuda.Event(disable_timing=True)
+        after.record()  # the running pass and the patch: the slots are free from here
+        self.copy_stream.wait_event(after)
         with self.copy_stream:
             for src, dst, n in coalesce(rows, self.layout.strides):
                 cp.cuda.runtime.memcpyAsync(dst, src, n, HOST_TO_DEVICE, self.copy_stream.ptr)
