@@ -4,9 +4,9 @@
 #   perf/run_tiers.sh [tests] [bench]   (output under ${OUT:-/tmp/out})
 # ARCH / SHAPE pick the synth file (default qwen3next 80b-a3b, 42 GiB), SKEW its router skew (default 0, uniform);
 # CAPS the VRAM budgets in MiB (commas); the `policies` step runs bench_gpu.py at CAP (default 22528) once per
-# --cache-policy in POLICIES (default "static adaptive lru"), after WARM (default 256) decode tokens;
+# RUNS entry (policy:swap-budget[:out|:in], see below), after WARM (default 256) decode tokens;
 # PCIE_FRACS the --pcie-frac values per cap (default auto); BENCH_ARGS adds perf/bench_tiers.py options; LLAMA_BIN (a llama.cpp CUDA build's bin) sweeps llama.cpp in the
-# same run, else its earlier numbers come from perf/peer_tiers_2026-12-02.json. Carried in (git-ignored): .whl/, .gpu_fixtures/ (see run_gpu.sh).
+# same run, else its earlier numbers come from perf/peer_tiers_2026-12-02.json. REUSE=1 keeps a file already written. Carried in (git-ignored): .whl/, .gpu_fixtures/ (see run_gpu.sh).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=${*:-tests bench}
@@ -14,7 +14,7 @@ source perf/device_setup.sh
 ARCH=${ARCH:-qwen3next}; SHAPE=${SHAPE:-80b-a3b}
 MODEL=/tmp/$ARCH-$SHAPE-q4_k.gguf
 case " $STEPS " in *" bench "*|*" policies "*)
-  (cd /tmp && python3 -m strata synth --arch $ARCH --shape $SHAPE --quant q4_k --output-quant q6_k --router-skew ${SKEW:-0} \
+  [ -n "${REUSE:-}" ] && [ -f $MODEL ] && { echo "reusing $MODEL" >"$OUT/synth.log"; true; } || (cd /tmp && python3 -m strata synth --arch $ARCH --shape $SHAPE --quant q4_k --output-quant q6_k --router-skew ${SKEW:-0} \
      -o $MODEL >"$OUT/synth.log" 2>&1; echo "rc=$?" >>"$OUT/synth.log") &
   SYNTH_PID=$! ;; esac
 case " $STEPS " in *" tests "*)
@@ -28,8 +28,14 @@ case " $STEPS " in *" bench "*)
     --pcie-fracs ${PCIE_FRACS:-auto} --out "$OUT/tiers" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v "^WARNING" | grep -E "strata|probe|share|misses|tok/s|cap|\\|" | tail -60 ;; esac
 case " $STEPS " in *" policies "*)
   wait $SYNTH_PID 2>/dev/null; tail -2 "$OUT/synth.log"
-  for pol in ${POLICIES:-static adaptive lru}; do
+  # RUNS: policy:swap-budget-MiB[:out|:in] each; out counts a routing profile, in fills the cache from it
+  for spec in ${RUNS:-adaptive:64:out static:64:in static:64 adaptive:16 lru:64}; do
+    IFS=: read -r pol budget prof <<<"$spec"
+    extra=""; [ "$prof" = out ] && extra="--routing-profile-out /tmp/profile.npz"
+    [ "$prof" = in ] && extra="--routing-profile-in /tmp/profile.npz"
+    echo "== $spec"
     timeout ${BENCH_TIMEOUT:-300} python3 $REPO/perf/bench_gpu.py --model $MODEL --vram-budget-mib ${CAP:-22528} \
-      --prompts ${PROMPTS:-512,4096} --gen 64 --batches 1,4 --pcie-frac 1 --cache-policy $pol --warm-decode ${WARM:-256} \
-      --no-table --json "$OUT/policy_$pol.json" ${BENCH_ARGS:-} 2>&1 | grep -v "^WARNING" | grep -E "strata|swaps|warm|hit rate|VRAM|rc=|Error|error" | tail -20
+      --prompts ${PROMPTS:-512,4096} --gen 64 --batches 1,4 --pcie-frac 1 --cache-policy $pol --swap-budget-mib $budget \
+      --warm-decode ${WARM:-256} $extra --no-table --json "$OUT/policy_${pol}_${budget}${prof:+_$prof}.json" ${BENCH_ARGS:-} 2>&1 \
+      | grep -v "^WARNING" | grep -E "strata|swaps|warm|hit rate|VRAM|pre-filled|rc=|Error|error" | tail -20
   done ;; esac
