@@ -110,9 +110,11 @@ class Lru:
 
     def update(self, ids: np.ndarray, budget: int | None = None) -> None:
         t, n_l, a = ids.shape
-        order = self.clock + np.arange(t)[:, None, None] * a + np.arange(a)[None, None, :]  # [T, 1, A]
-        layer = np.broadcast_to(np.arange(n_l)[None, :, None], ids.shape)
-        np.maximum.at(self.stamp, (layer, ids), np.broadcast_to(order, ids.shape).astype(np.float64))
+        n_e = self.stamp.shape[1]
+        key = (np.arange(n_l)[None, :, None] * n_e + ids).reshape(-1)  # (t, l, slot) order: later is more recent
+        order = np.broadcast_to(self.clock + np.arange(t)[:, None, None] * a + np.arange(a), ids.shape).reshape(-1)
+        uniq, last = np.unique(key[::-1], return_index=True)  # each expert's last lookup of the window
+        self.stamp.reshape(-1)[uniq] = order[::-1][last]
         used = self.stamp >= self.clock
         self.clock += t * a
         _admit(self.resident, self.stamp, used & ~self.resident, self.slots, 0.0, budget)
@@ -129,9 +131,9 @@ class Adaptive:
     def update(self, ids: np.ndarray, budget: int | None = None) -> None:
         t, n_l, _ = ids.shape
         self.score *= self.decay**t
-        w = np.broadcast_to((self.decay ** np.arange(t - 1, -1, -1.0))[:, None, None], ids.shape)
-        layer = np.broadcast_to(np.arange(n_l)[None, :, None], ids.shape)
-        np.add.at(self.score, (layer, ids), w)
+        w = np.broadcast_to((self.decay ** np.arange(t - 1, -1, -1.0))[:, None, None], ids.shape).reshape(-1)
+        key = (np.arange(n_l)[None, :, None] * self.score.shape[1] + ids).reshape(-1)
+        self.score += np.bincount(key, weights=w, minlength=self.score.size).reshape(self.score.shape)
         _admit(self.resident, self.score, ~self.resident & (self.score > 0), self.slots, self.margin, budget)
 
 
