@@ -40,7 +40,7 @@ class EngineOptions:
     cache_policy: str = "static"  # static | lru | adaptive: which experts the slots keep, swapped between windows
     swap_budget_mib: int = 64  # what one pass may copy into the slots when the policy swaps experts
     routing_profile: str = "auto"  # auto: fill the expert cache from the saved routing profile, count and save; off
-    record_routes: str | None = None  # write every routed (token, layer, experts) here (.npz; the CPU's tiers)
+    record_routes: str | None = None  # write every routed (token, layer, experts) here (.npz) when there are tiers
     ple_io: str = "auto"  # Qwen4-Exp's n-gram table: auto | ram | mmap | direct (strata.tiers.tables)
 
     @classmethod
@@ -167,8 +167,8 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--swap-budget-mib", type=int, default=64, help="what one pass may copy into the cache's slots "
                    "when the policy swaps experts (default 64; 0: never swap)")
     p.add_argument("--record-routes", default=None, metavar="FILE", help="write every routed (token, layer, "
-                   "experts) of the run to FILE (.npz) at exit, for `strata tiers simulate` (CPU expert tiers: "
-                   "--device cpu --expert-cache SIZE)")
+                   "experts) of the run to FILE (.npz) at exit, for `strata tiers simulate` (the expert tiers: a GPU "
+                   "whose experts do not all fit, or --device cpu --expert-cache SIZE)")
     p.add_argument("--ple-io", default="auto", choices=TABLE_MODES, help="Qwen4-Exp's n-gram (PLE) table: ram "
                    "(locked in RAM; the page cache when locking is refused), mmap (the page cache), direct "
                    "(O_DIRECT row reads, for RAM that cannot hold it); auto: ram when it fits in half the free RAM")

@@ -129,6 +129,8 @@ class Engine:
                                   tiers=share)
             engine = cls(gguf, gpu_model(model_cls(gguf, weights), gpu_opts), Tokenizer.from_gguf(gguf), opts)
             engine.profile_keeper = _count_routing(engine.expert_cache, keeper)
+            if opts.record_routes and engine.expert_cache is not None:
+                engine.expert_cache.record(Path(opts.record_routes))
             return engine
         counted = None
         if opts.expert_cache != "auto":

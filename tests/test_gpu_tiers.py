@@ -196,3 +196,20 @@ def test_a_learning_cache_equals_all_resident(tmp_path, name):
     have = m.graphs.greedy_loop([5], [st_got], steps)
     assert np.array_equal(want, have)
     assert cache.swaps >= before
+
+
+def test_recorded_gpu_routes_replay_to_the_counters(tmp_path):
+    """--record-routes on the GPU: the routed ids the graph leaves behind, replayed by the simulator with the static
+    policy from the engine's placement, give exactly the lookups and hits the device counted."""
+    from strata.tiers import sim, trace
+
+    m = _model(_file(tmp_path, "qwen3moe"), "50%")
+    rec = m.expert_cache.record(tmp_path / "routes.npz")
+    _, st = _run(m, np.random.default_rng(4).integers(0, 900, 20), 5)
+    rec.save()
+    ids, n_expert = trace.load(tmp_path / "routes.npz")
+    resident, windows, budget = trace.load_recorded(tmp_path / "routes.npz")
+    got = sim.simulate(ids, n_expert, 0, "static", resident=resident, windows=windows, budget=budget)
+    use = st.experts
+    assert got.lookups == use.prefill.lookups + use.decode.lookups
+    assert got.hits == use.prefill.hits + use.decode.hits

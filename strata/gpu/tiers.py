@@ -426,6 +426,8 @@ class GpuTiers:
         c.layer_hits += hit.sum(axis=1)
         if c.profile is not None:
             c.profile.add_all(ids)
+        if c.recorder is not None:
+            c.recorder.end_pass(list(routed))
         if c.policy is None:
             return
         self._seen.append(ids)
