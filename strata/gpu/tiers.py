@@ -59,9 +59,6 @@ COLLECT_TIMEOUT_NS = 2_000_000_000  # a CPU answer later than this fails the pas
 # passes per policy window: a decode pass is ~10 ms at b=1, and an update of every layer's policy ~0.3 ms; the
 # budget of a window is this many passes' worth
 LEARN_EVERY = 4
-# a staged layer of more contiguous runs than this is gathered by one kernel instead (80B shape at 24 GiB, pp4096:
-# 6,526 tok/s with the static fill's ~3 runs a layer, 2,209 with a profile's placement through ~400 copies)
-STAGE_COPIES = 48
 PATCH_MAX = 4096  # (layer, expert) entries changed: up to this many, publish scatters them instead of whole tables
 
 
@@ -207,7 +204,6 @@ class GpuTiers:
         self._snap = self.cache.version
         self._swapping: list[tuple[list[tuple[int, int, int]], Any]] = []  # placements, their copies' event
         self.copy_stream = cp.cuda.Stream(non_blocking=True)
-        self.stage_copies = STAGE_COPIES  # tests lower it to run the gather path on small models
         self._keep: list[Any] = []
         self._start_share(gguf, opts, decode_rows)
         self.table = cp.asarray(self.cache.table)  # [L, P, E] int64: decode rows
@@ -479,18 +475,12 @@ class GpuTiers:
         return staging
 
     def _stage(self, li: int) -> None:
-        """Layer li's staging copies on a side stream: contiguous runs as one copy-engine copy each (a gather
-        kernel would have to win SMs from the GEMMs it is meant to overlap), unless the layer's misses lie in more
-        than STAGE_COPIES runs (a profile's or a policy's placement scatters them): then one gather launch, since
-        hundreds of sub-MB copies a layer cost more in per-copy latency than the kernel takes from the GEMMs."""
+        """Layer li's staging copies on the copy engines (a side stream): contiguous runs as one copy each.
+        A gather kernel would have to win SMs from the GEMMs it is meant to overlap."""
         cp = cupy_module()
-        runs = coalesce(self._rows[li], self.layout.strides)
         with self.copy_stream:
-            if len(runs) > self.stage_copies and not self.pageable:
-                gather(self.kernels, self._rows[li], self._keep)
-            else:
-                for src, dst, n in runs:
-                    cp.cuda.runtime.memcpyAsync(dst, src, n, HOST_TO_DEVICE, self.copy_stream.ptr)
+            for src, dst, n in coalesce(self._rows[li], self.layout.strides):
+                cp.cuda.runtime.memcpyAsync(dst, src, n, HOST_TO_DEVICE, self.copy_stream.ptr)
             self._staged[li].record()
 
     def before_layer(self, li: int) -> None:
