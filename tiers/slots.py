@@ -330,8 +330,15 @@ class ExpertCache:
             return None
         cap0 = int(missing.max())
         cap = cap0 + -(-2 * cap0 // n_l) + 1  # borrowing takes residents away, adding misses
-        buffers = 2 if self.n_slots >= 2 * cap else 1
-        plan = self._staging_plan(min(cap, self.n_slots // buffers), buffers)
+        # a placement that is not the static fill (a profile's, a policy's) gives up residents unevenly over the
+        # layers: grow the buffers until every layer's misses fit (80B shape at 24 GiB with a profile's fill: the
+        # first guess fell back to one buffer that staged all 512 experts a layer, pp4096 2,209 against 6,526)
+        while 2 * cap <= self.n_slots:
+            plan = self._staging_plan(cap, 2)
+            if plan.complete:
+                return plan
+            cap += max(1, cap // 16)
+        plan = self._staging_plan(min(cap, self.n_slots), 1)
         if not plan.complete:  # one buffer of every slot: less overlap, but no miss left to read over PCIe
             plan = self._staging_plan(self.n_slots, 1)
         return plan
