@@ -164,7 +164,7 @@ def test_cache_marks_the_cpu_share_and_keeps_the_full_table() -> None:
         strides = np.full((2, 3), 1088, np.int64)
 
     cache = ExpertCache(layout, 4, NumpyBytes(4, layout.strides), Arena())
-    cache.fill_static()  # experts 0 and 1 of each layer resident
+    cache.fill(None)  # the static fill: experts 0 and 1 of each layer resident
     zero = (11, 22, 33)
     cache.share_with_cpu(0.5, zero)
     assert cache.cpu.sum(axis=1).tolist() == [3, 3]  # half of the 6 misses, the highest ids

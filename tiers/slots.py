@@ -182,9 +182,6 @@ class ExpertCache:
             self.slots.copy_rows(rows)
         self.land(placements)
 
-    def fill_static(self) -> None:
-        self.fill(None)
-
     def fill(self, profile: Profile | None) -> None:
         """Spread the slots evenly over the layers; each layer's share holds its most used experts in `profile`,
         else (the static fill) its lowest ids. Under uniform routing any choice hits equally often."""
