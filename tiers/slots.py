@@ -166,6 +166,10 @@ class ExpertCache:
         once they are done."""
         for s, li, e in placements:
             self._release(s, li, e)
+        return self._fill_rows(placements)
+
+    def _fill_rows(self, placements: list[tuple[int, int, int]]) -> np.ndarray:
+        """The copies [n, 3] that put each (slot, layer, expert)'s expert into its slot."""
         return np.asarray([r for s, li, e in placements for r in self._copies(li, e, s)], np.int64).reshape(-1, 3)
 
     def land(self, placements: list[tuple[int, int, int]]) -> None:
@@ -379,15 +383,11 @@ class ExpertCache:
 
     def stage_rows(self, staging: Staging, li: int) -> np.ndarray:
         """The copies [n, 3] that put layer li's staged experts into their borrowed slots."""
-        return np.asarray(
-            [r for e, s in staging.per_layer[li] for r in self._copies(li, e, s)], np.int64
-        ).reshape(-1, 3)
+        return self._fill_rows([(s, li, e) for e, s in staging.per_layer[li]])
 
     def restore_rows(self, staging: Staging) -> np.ndarray:
         """The copies [n, 3] that give each borrowed slot its own expert back when the chunk is over."""
-        return np.asarray(
-            [r for s, li, e in staging.restore for r in self._copies(li, e, s)], np.int64
-        ).reshape(-1, 3)
+        return self._fill_rows(staging.restore)
 
 
 class NumpyBytes:

@@ -56,8 +56,8 @@ BLOCKS_PER_ROW = 4  # an expert part is ~0.2-2 MB: a few blocks each keep enough
 
 
 COLLECT_TIMEOUT_NS = 2_000_000_000  # a CPU answer later than this fails the pass instead of hanging the GPU
-# passes per policy window: a decode pass is ~10 ms at b=1, and an update of every layer's policy ~0.3 ms; the
-# budget of a window is this many passes' worth
+# passes per policy window: a decode pass is ~10 ms at b=1, and an update of every layer's policy 1-4 ms of host
+# time (2-core machine, 4-token windows; it runs beside the next pass); the budget of a window is this many passes' worth
 LEARN_EVERY = 4
 PATCH_MAX = 4096  # (layer, expert) entries changed: up to this many, publish scatters them instead of whole tables
 
@@ -121,10 +121,7 @@ class DeviceSlots:
         if not self.pageable:
             gather(self.kernels, rows, self._keep)
             return
-        cp = cupy_module()
-        stream = cp.cuda.get_current_stream().ptr
-        for src, dst, n in coalesce(rows, self.strides):
-            cp.cuda.runtime.memcpyAsync(dst, src, n, HOST_TO_DEVICE, stream)
+        engine_copies(rows, self.strides, cupy_module().cuda.get_current_stream())
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays)
@@ -143,6 +140,14 @@ def gather(kernels: Kernels, rows: np.ndarray, keep: list[Any]) -> None:
         keep.append(part)
         n = part.shape[1]
         launch(kernels["gather_rows"], (BLOCKS_PER_ROW, n), 256, (part[0], part[1], part[2]))
+
+
+def engine_copies(rows: np.ndarray, strides: tuple[int, int, int], stream: Any) -> None:
+    """Copy rows [n, 3] (source, destination, bytes) host to device on the copy engines, queued on `stream`: one
+    `cudaMemcpyAsync` per contiguous run."""
+    rt = cupy_module().cuda.runtime
+    for src, dst, n in coalesce(rows, strides):
+        rt.memcpyAsync(dst, src, n, HOST_TO_DEVICE, stream.ptr)
 
 
 def coalesce(rows: np.ndarray, strides: tuple[int, int, int]) -> list[tuple[int, int, int]]:
@@ -449,11 +454,9 @@ class GpuTiers:
         after = cp.cuda.Event(disable_timing=True)
         after.record()  # the running pass and the patch: the slots are free from here
         self.copy_stream.wait_event(after)
-        with self.copy_stream:
-            for src, dst, n in coalesce(rows, self.layout.strides):
-                cp.cuda.runtime.memcpyAsync(dst, src, n, HOST_TO_DEVICE, self.copy_stream.ptr)
-            done = cp.cuda.Event(disable_timing=True)
-            done.record()
+        engine_copies(rows, self.layout.strides, self.copy_stream)
+        done = cp.cuda.Event(disable_timing=True)
+        done.record(self.copy_stream)
         self._swapping.append((moves, done))
 
     # ---- borrowing prefill ----
@@ -477,11 +480,8 @@ class GpuTiers:
     def _stage(self, li: int) -> None:
         """Layer li's staging copies on the copy engines (a side stream): contiguous runs as one copy each.
         A gather kernel would have to win SMs from the GEMMs it is meant to overlap."""
-        cp = cupy_module()
-        with self.copy_stream:
-            for src, dst, n in coalesce(self._rows[li], self.layout.strides):
-                cp.cuda.runtime.memcpyAsync(dst, src, n, HOST_TO_DEVICE, self.copy_stream.ptr)
-            self._staged[li].record()
+        engine_copies(self._rows[li], self.layout.strides, self.copy_stream)
+        self._staged[li].record(self.copy_stream)
 
     def before_layer(self, li: int) -> None:
         cupy_module().cuda.get_current_stream().wait_event(self._staged[li])
