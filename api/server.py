@@ -35,21 +35,18 @@ DEFAULT_CTX = 8192
 def check_model(cfg: ServerConfig) -> tuple[Path, int]:
     """The model file and the context, from its header alone: what can be refused before the socket opens."""
     path = Path(cfg.model) if cfg.model else hub.pull()
-    trained = int(GGUFFile(path, parse_overrides(cfg.override_kv)).arch_get(Keys.CONTEXT_LENGTH, DEFAULT_CTX))
+    trained = int(GGUFFile(path, parse_overrides(cfg.engine.get("override_kv", ()))).arch_get(Keys.CONTEXT_LENGTH, DEFAULT_CTX))
     if cfg.ctx_size > trained:
         raise ConfigError("--ctx-size", cfg.ctx_size, f"{path.name} was trained for at most {trained} tokens")
     return path, cfg.ctx_size or min(trained, DEFAULT_CTX)
 
 
 def load_state(cfg: ServerConfig, path: Path, n_ctx: int) -> AppState:
-    engine = Engine.load(path, n_ctx=n_ctx, weight_cache_mib=cfg.weight_cache_mib, backend=cfg.backend,
-                         pool_workers=cfg.pool_workers, aux_cpus=cfg.aux_cpus, device=cfg.device,
-                         vram_budget_mib=cfg.vram_budget_mib, vram_reserve_mib=cfg.vram_reserve_mib,
-                         expert_cache=cfg.expert_cache, prefill_chunk=cfg.prefill_chunk, n_seq=cfg.parallel,
-                         override_kv=cfg.override_kv)
+    engine = Engine.load(path, n_ctx=n_ctx, weight_cache_mib=cfg.weight_cache_mib, n_seq=cfg.parallel, **cfg.engine)
     alias = cfg.alias or path.stem
     cache = PrefixCache(cfg.cache_ram_mib << 20) if cfg.prompt_cache else None
-    return AppState(engine, Scheduler(engine, cfg.parallel, cfg.queue_limit, cache, cfg.watchdog_s), cfg, alias)
+    return AppState(engine, Scheduler(engine, cfg.parallel, cfg.queue_limit, cache, cfg.watchdog_s,
+                                         decode_ahead=cfg.decode_ahead), cfg, alias)
 
 
 def serve(cfg: ServerConfig) -> int:

@@ -7,12 +7,11 @@ import argparse
 import ipaddress
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from strata.conf.engine import add_backend_flags, check_backend, check_device, check_tiers, parse_overrides
-from strata.tiers.budget import RESERVE_MIB
-
+from strata.conf.engine import add_backend_flags, backend_options
 from strata.errors import ConfigError
 
 ENV_MODEL = "STRATA_MODEL"
@@ -31,17 +30,12 @@ class ServerConfig:
     strict_model: bool = False
     queue_limit: int = 0  # 0 = unbounded FIFO; else overflow gets 429 / 529
     weight_cache_mib: int = 4096
-    backend: str = "jit"  # see conf/engine.py: jit (CPU kernels and expert pool) or numpy
-    pool_workers: int = 0
-    aux_cpus: str = "auto"
-    device: str = "auto"  # see conf/engine.py: auto (cupy GPU when visible), cuda, cpu
-    vram_budget_mib: int = 0  # 0 = the GPU's free memory
-    vram_reserve_mib: int = RESERVE_MIB  # see conf/engine.py
-    expert_cache: str = "auto"  # see strata.tiers.budget
-    prefill_chunk: int = 0  # 0 = 2048 on the GPU, 512 on the CPU
-    override_kv: tuple[str, ...] = ()  # KEY=TYPE:VALUE GGUF metadata overrides
+    # Engine.load keywords from the engine flags (conf/engine.py backend_options, checked there), the same on
+    # serve, generate and the Python API
+    engine: dict[str, Any] = field(default_factory=dict)
     prompt_cache: bool = True
     cache_ram_mib: int = 1024  # prefix cache budget
+    decode_ahead: bool = True  # decode windows queued one ahead of the host's work (sched/ahead.py)
     max_body_mib: float = 16.0  # larger request bodies get a 413
     watchdog_s: float = 60.0  # /health turns 503 when the scheduler makes no progress this long with work waiting
     shutdown_grace_s: float = 10.0  # after SIGTERM: in-flight requests get this long to finish
@@ -70,10 +64,6 @@ class ServerConfig:
                             ("--shutdown-grace-s", self.shutdown_grace_s)):
             if not 0 < value < 1e6:  # also refuses nan and inf
                 raise ConfigError(flag, value, "must be a positive number")
-        check_backend(self.backend, self.pool_workers, self.aux_cpus)
-        check_device(self.device, self.vram_budget_mib)
-        check_tiers(self.expert_cache, self.vram_reserve_mib)
-        parse_overrides(self.override_kv)
         for k in self.api_keys:
             if not k or any(c.isspace() for c in k):
                 raise ConfigError("--api-key", "***", "keys must be non-empty and contain no whitespace")
@@ -101,6 +91,9 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     add_backend_flags(p)
     p.add_argument("--prompt-cache", choices=("on", "off"), default="on", help="reuse cached prompt prefixes")
     p.add_argument("--cache-ram-mib", type=int, default=1024, help="RAM for the prompt prefix cache")
+    p.add_argument("--decode-ahead", choices=("on", "off"), default="on",
+                   help="queue each decode step before the host has handled the last one's tokens (off: one at a "
+                   "time, the host's sampling, detokenising and SSE between steps; for comparison)")
     p.add_argument("--max-body-mib", type=float, default=16.0, help="largest request body (MiB); more is a 413")
     p.add_argument("--watchdog-s", type=float, default=60.0,
                    help="/health reports 503 when the scheduler makes no progress this long while work waits")
@@ -126,10 +119,9 @@ def server_config(args: argparse.Namespace, env: Mapping[str, str] | None = None
         host=args.host, port=args.port, api_keys=tuple(keys), ctx_size=args.ctx_size,
         parallel=args.parallel, alias=args.alias, strict_model=args.strict_model,
         queue_limit=args.queue_limit, weight_cache_mib=args.weight_cache_mib, verbose=args.verbose,
-        backend=args.backend, pool_workers=args.pool_workers, aux_cpus=args.aux_cpus,
-        device=args.device, vram_budget_mib=args.vram_budget_mib, vram_reserve_mib=args.vram_reserve_mib,
-        expert_cache=args.expert_cache, prefill_chunk=args.prefill, override_kv=tuple(args.override_kv),
+        engine=backend_options(args),
         prompt_cache=args.prompt_cache == "on", cache_ram_mib=args.cache_ram_mib, test_hooks=args.test_hooks,
+        decode_ahead=args.decode_ahead == "on",
         max_body_mib=args.max_body_mib, watchdog_s=args.watchdog_s, shutdown_grace_s=args.shutdown_grace_s,
     )
     cfg.validate()

@@ -159,9 +159,15 @@ def write_report(out: Path, rows: list[dict[str, float]], extra: dict[str, dict[
 async def bench(url: str, key: str, a: argparse.Namespace) -> None:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=3600) as c:
-        await stream_one(c, "warm up", 4)
+        t0 = time.perf_counter()
+        first = await stream_one(c, "warm up", 4)  # the first request after /health said ready
+        first_s = time.perf_counter() - t0
         rows = [await level(c, n, a.tokens) for n in a.levels]
-        extra = {"prefill interference": await prefill_interference(c, a.long_prompt, a.tokens),
+        t0 = time.perf_counter()
+        await stream_one(c, "warm up", 4)
+        extra = {"first request after ready": {"first_s": first_s, "first_ttft_s": first.ttft,
+                                               "steady_s": time.perf_counter() - t0},
+                 "prefill interference": await prefill_interference(c, a.long_prompt, a.tokens),
                  "prefix reuse": await prefix_reuse(c, a.long_prompt)}
     write_report(a.out, rows, extra)
 

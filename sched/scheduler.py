@@ -9,6 +9,11 @@ A request that runs alone is SOLO; when others join it becomes BATCHED in place:
 SequenceState moves with it, so no prompt is ever re-read. A window that raises fails only the
 requests in it (each gets the reason), bumps the epoch, and the queue carries on.
 
+Decode-only windows run through a pipeline (sched/ahead.py): the next step is queued before the
+host takes the last one's tokens, so sampling, detokenising and SSE never leave the model idle. It
+is drained (its last step's tokens taken) before the set of sequences changes: a request ends or
+leaves, another is admitted, or the server stops.
+
 The loop cannot die on a request: an error while admitting or committing one request fails that
 request alone (slot freed, an ErrorEvent with the reason) and any other error inside a step fails
 the requests in flight, never the loop. `stalled()` is the watchdog /health reads: it reports the
@@ -29,6 +34,7 @@ from strata.constrain import JsonConstraint, SchemaConstraint
 from strata.engine import Engine
 from strata.errors import StrataError
 from strata.reasoning_budget import ThinkBudget
+from strata.sched.ahead import Ahead, HostAhead
 from strata.sched.pacer import PrefillPacer
 from strata.sched.prefix_cache import PrefixCache
 from strata.sched.request import (
@@ -53,7 +59,7 @@ class ShuttingDownError(StrataError):
 
 class Scheduler:
     def __init__(self, engine: Engine, parallel: int = 4, queue_limit: int = 0,
-                 prefix_cache: PrefixCache | None = None, watchdog_s: float = 60.0) -> None:
+                 prefix_cache: PrefixCache | None = None, watchdog_s: float = 60.0, decode_ahead: bool = True) -> None:
         self.engine = engine
         self.parallel = parallel
         self.queue_limit = queue_limit
@@ -70,6 +76,12 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="strata-engine")
+        # the model's own pipeline (the GPU's draws inside the decode graph) or the host's, for any model
+        make = getattr(engine.model, "decode_ahead", None)
+        self._ahead: Ahead = (make() if make is not None else None) or HostAhead(engine.model, parallel)
+        self.decode_ahead = decode_ahead  # False: every window waits for the host's work on the last (--decode-ahead off)
+        self._live: list[Slot] | None = None  # the slots of the pipeline's launch in flight
+        self._reset_due = False  # a failed window left the pipeline with launches to drop
 
     # ---- public, on the loop ----------------------------------------------------------------
     def start(self) -> None:
@@ -138,6 +150,11 @@ class Scheduler:
                 await asyncio.sleep(0)  # never a hot loop that starves the HTTP side
 
     async def _step(self) -> None:
+        if self._reset_due:
+            self._reset_due = False
+            await self._in_engine(self._ahead.reset)
+        if self._live is not None and not self._may_continue():
+            await self._drain()
         self._reap_cancelled()
         self._admit()
         if not self._slots:
@@ -145,6 +162,9 @@ class Scheduler:
             await self._wake.wait()
             return
         window = self._plan()
+        if self._live is not None or self._pipelined(window):
+            await self._ahead_window(window)
+            return
         epoch = self.epoch
         t0 = time.perf_counter()
         try:
@@ -154,6 +174,89 @@ class Scheduler:
             return
         if epoch == self.epoch:  # results of a failed epoch are never applied
             self._commit(window, logits, time.perf_counter() - t0)
+
+    # ---- decode windows through the pipeline ------------------------------------------------
+    async def _in_engine(self, fn):  # type: ignore[no-untyped-def]
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+    def _may_continue(self) -> bool:
+        """The pipeline's next launch would serve the same slots: nobody left, nobody waits for a slot."""
+        live = self._live
+        assert live is not None
+        return (live == self._slots and not any(s.req.cancelled for s in live)
+                and not (self._queue and len(self._slots) < self.parallel))
+
+    def _pipelined(self, window: list[tuple[Slot, np.ndarray]]) -> bool:
+        ahead = self._ahead
+        return (self.decode_ahead and 0 < len(window) == len(self._slots) <= ahead.max_batch
+                and all(s.req.state is not RequestState.ADMITTING and not s.seq.constraints
+                        and ahead.drawable(s.seq.params) for s, _ in window))
+
+    async def _ahead_window(self, window: list[tuple[Slot, np.ndarray]]) -> None:
+        slots = [s for s, _ in window]
+        epoch = self.epoch
+        t0 = time.perf_counter()
+        if self._live is None:
+            tokens = [int(t[0]) for _, t in window]
+            draws = [(s.seq.params, s.seq.seed) for s in slots]
+
+            def first() -> np.ndarray:
+                self._ahead.start([s.seq.state for s in slots], tokens, draws)
+                return self._ahead.advance()
+
+            step = first
+        else:
+            step = self._ahead.advance
+        self._live = slots
+        try:
+            chosen = await self._in_engine(step)
+        except Exception as e:
+            self._fail_window(window, _describe(e))
+            return
+        if epoch != self.epoch:
+            return
+        seconds = time.perf_counter() - t0
+        self.counters.add_window(seconds, 0, len(slots))
+        self.pacer.observe(seconds, 0)
+        ended = self._take_tokens(slots, chosen)
+        if ended or not self._may_continue():
+            await self._drain()
+        for slot in ended:
+            self._finish(slot, self._reason(slot.seq))
+
+    def _take_tokens(self, slots: list[Slot], chosen: np.ndarray) -> list[Slot]:
+        """Each slot's token from the pipeline; returns the slots it ended (not finished yet: the pipeline may
+        still be writing their states)."""
+        ended = []
+        for slot, tok in zip(slots, chosen):
+            if slot not in self._slots or slot.seq.finished:
+                continue
+            try:
+                for chunk in slot.seq.accept_token(int(tok)):
+                    slot.req.events.put_nowait(TokenEvent(chunk.token, chunk.text))
+            except Exception as e:  # detokenizing this request failed: it alone ends
+                log.exception("committing request %d failed", slot.req.id)
+                self._slots.remove(slot)
+                self._fail_request(slot.req, _describe(e))
+                continue
+            if slot.seq.finished:
+                ended.append(slot)
+        return ended
+
+    async def _drain(self) -> None:
+        """Take the pipeline's launch in flight: its tokens go to the slots still running."""
+        slots, self._live = self._live, None
+        assert slots is not None
+        epoch = self.epoch
+        try:
+            chosen = await self._in_engine(self._ahead.drain)
+        except Exception as e:
+            self._fail_window([(s, None) for s in slots], _describe(e))
+            return
+        if epoch != self.epoch:
+            return
+        for slot in self._take_tokens(slots, chosen):
+            self._finish(slot, self._reason(slot.seq))
 
     def _forward(self, window: list[tuple[Slot, np.ndarray]]) -> list[np.ndarray]:
         if self.pending_faults > 0:
@@ -269,6 +372,8 @@ class Scheduler:
     def _fail_window(self, window: list[tuple[Slot, np.ndarray | None]], reason: str) -> None:
         """Every request in the failed window ends with the reason; their states are discarded."""
         self.epoch += 1
+        if self._live is not None:  # its launches are dropped before the next window
+            self._live, self._reset_due = None, True
         for slot, _ in window:
             if slot in self._slots:
                 self._slots.remove(slot)

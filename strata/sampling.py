@@ -195,6 +195,25 @@ def uniform(seed: int, position: int) -> float:
     return float(np.random.Generator(bitgen).random())
 
 
+# A draw the decode graph can make on the device (strata/gpu/kernels/sample.py): greedy, or top_k up to this
+# many candidates, without penalties. Other draws need the whole vocabulary sorted or the history, on the host.
+DEVICE_TOP_K = 256
+DRAW_COLS = 8  # a device draw row: temperature, top_k, top_p, min_p, u, then zeros
+
+
+def device_drawable(p: SamplingParams, vocab: int) -> bool:
+    """Whether the device's sampler picks the same token as `sample` for these parameters."""
+    no_penalty = p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
+    return no_penalty and (p.greedy or 0 < p.top_k <= min(DEVICE_TOP_K, vocab - 1))
+
+
+def draw_row(p: SamplingParams, seed: int, position: int) -> list[float]:
+    """The device sampler's row for the draw at `position` (the uniform is computed here, on the host, from
+    the same counter-based Philox as `sample`: the device needs no RNG of its own)."""
+    u = 0.0 if p.greedy else uniform(seed, position)
+    return [p.temperature, float(p.top_k), p.top_p, p.min_p, u, 0.0, 0.0, 0.0]
+
+
 def sample(logits: np.ndarray, history: Sequence[int], p: SamplingParams, seed: int, position: int) -> int:
     """Pick the next token from logits [vocab] for a sequence at `position`."""
     logits = apply_penalties(logits, history, p)

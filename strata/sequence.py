@@ -138,6 +138,16 @@ class ActiveSequence:
         tm.predicted_ms = (time.perf_counter() - self._t_decode) * 1000
         return out
 
+    def accept_token(self, tok: int) -> list[Chunk]:
+        """Take a token chosen elsewhere (the decode pipeline's sampler, strata.sampling.device_drawable) for
+        this decode step, as `accept` would have sampled it."""
+        assert self.phase is Phase.DECODE and not self.constraints
+        tm = self.result.timings
+        out = self._finish() if len(self.result.tokens) >= self.max_tokens else self._take(tok)
+        tm.predicted_n = len(self.result.tokens)
+        tm.predicted_ms = (time.perf_counter() - self._t_decode) * 1000
+        return out
+
     def cancel(self) -> list[Chunk]:
         """Stop now (client gone); releases held-back text."""
         return self._finish() if not self.finished else []
@@ -148,7 +158,10 @@ class ActiveSequence:
             return self._finish()
         for c in self.constraints:
             logits = c.mask(logits)
-        tok = sample(logits, self.state.tokens, self.params, self.seed, self.state.n_past)
+        return self._take(sample(logits, self.state.tokens, self.params, self.seed, self.state.n_past))
+
+    def _take(self, tok: int) -> list[Chunk]:
+        r = self.result
         if tok in self._eot:
             r.finish_reason = "stop"
             return self._finish()

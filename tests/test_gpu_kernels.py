@@ -22,7 +22,8 @@ from strata.blocks.rope import Rope, RopeStyle
 from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
 from strata.gpu.weights import DevMatrix, resident
 from strata.quants import dequantize
-from strata.sampling import SamplingParams
+from strata import sampling
+from strata.sampling import SamplingParams, draw_row
 
 pytestmark = pytest.mark.gpu
 
@@ -409,16 +410,26 @@ def test_router_topk_equals_matvec_then_topk(cp, ops, qt):
 
 def test_argmax_and_sampler(cp, ops):
     rng = np.random.default_rng(10)
-    logits = rng.standard_normal((3, 151_936)).astype(np.float32)
+    v = 151_936
+    logits = rng.standard_normal((3, v)).astype(np.float32)
     logits[1, [7, 90_000]] = 50.0  # a tie: the lower index wins, as np.argmax
     out = cp.zeros(3 * 5, cp.int64)
     ops.argmax(cp.asarray(logits), 3, logits.shape[1], out, 5)
     np.testing.assert_array_equal(out.get()[::5], sample.ref_argmax(logits))
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+              SamplingParams(temperature=1.3, top_k=256, top_p=0.5), SamplingParams(temperature=0.7, top_k=1)]
     same = total = 0
-    for params in (SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05), SamplingParams(temperature=1.0)):
-        for pos in range(30):
-            row = (rng.standard_normal(151_936) * 4).astype(np.float32)
-            want = sample.ref_sample(row, [1, 2, 3], params, 99, pos)
-            same += sample.sample_gpu(cp.asarray(row), [1, 2, 3], params, 99, pos) == want
-            total += 1
-    assert same >= total - 1, f"GPU sampler agreed with the CPU sampler on {same} of {total} draws"
+    for pos in range(24):
+        lg = (rng.standard_normal((4, v)) * 4).astype(np.float32)
+        lg[:, rng.integers(0, v, 300)] = lg.max()  # ties across the top-k cut
+        draws = np.asarray([draw_row(p, 99, pos) for p in params])
+        tab = cp.zeros((4, 7), cp.int64)
+        chosen = cp.zeros(4, cp.int64)
+        ops.sample_rows(cp.asarray(lg), 4, v, cp.asarray(draws), tab, 7, chosen)
+        got = chosen.get()
+        np.testing.assert_array_equal(tab.get()[:, 4], got)
+        want = [sampling.sample(r, [], p, 99, pos) for r, p in zip(lg, params)]
+        same += int((got == np.asarray(want)).sum())
+        np.testing.assert_array_equal(got, sample.ref_sample_rows(lg, draws))  # the twin, bit for bit
+        total += 4
+    assert same >= total - 1, f"the device draw agreed with the CPU sampler on {same} of {total} draws"

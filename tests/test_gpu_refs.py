@@ -23,7 +23,8 @@ from strata.tiers.budget import MIB, Ledger, VramBudgetError, VramPlan
 from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
 from strata.gpu.kernels import deltanet as dk
 from strata.quants import dequantize
-from strata.sampling import SamplingParams
+from strata import sampling as sample_mod
+from strata.sampling import SamplingParams, device_drawable, draw_row
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -158,19 +159,39 @@ def test_qkv_post_twin_partial_rotary_keeps_the_tail():
     np.testing.assert_array_equal(rows.inv_freq(rope), 1.0 / (np.float32(10000.0) ** (np.arange(0, 16, 2) / 16)).astype(np.float32))
 
 
-@pytest.mark.parametrize("params", [
+DRAWS = [
     SamplingParams(temperature=0.0),
-    SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
-    SamplingParams(temperature=1.3, top_p=0.5),
-    SamplingParams(temperature=0.7, repeat_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.2),
-])
-def test_sampler_twin_picks_the_cpu_token(params):
+    SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),  # the server's defaults
+    SamplingParams(temperature=1.3, top_k=256, top_p=0.5),
+    SamplingParams(temperature=0.7, top_k=5),
+    SamplingParams(temperature=1e-30, top_k=40),  # every token but the top one underflows
+]
+
+
+@pytest.mark.parametrize("params", DRAWS)
+def test_device_draw_twin_picks_the_cpu_token(params):
     rng = np.random.default_rng(6)
-    history = [int(v) for v in rng.integers(0, 500, 50)]
-    for pos in range(40):
+    same = total = 0
+    for pos in range(60):
         logits = (rng.standard_normal(500) * 3).astype(np.float32)
-        want = sample.ref_sample(logits, history, params, 1234, pos)
-        assert sample.sample_with(np, logits, history, params, 1234, pos) == want
+        logits[rng.integers(0, 500, 40)] = logits.max()  # ties at the top, cut by id
+        logits[rng.integers(0, 500, 5)] = np.nan  # masked, as on the CPU
+        want = sample_mod.sample(logits, [], params, 1234, pos)
+        row = np.asarray([draw_row(params, 1234, pos)])
+        same += int(sample.ref_sample_rows(logits[None], row)[0]) == want
+        total += 1
+    # the twin sums in sequence where numpy sums pairwise: only a draw within rounding of an edge may differ
+    assert same >= total - 1, f"the device draw agreed with strata.sampling.sample on {same} of {total} draws"
+
+
+def test_device_draws_are_the_ones_it_can_make():
+    assert device_drawable(SamplingParams(temperature=0.0), 100)
+    assert device_drawable(SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.1), 151_936)
+    assert not device_drawable(SamplingParams(temperature=0.8, top_k=0), 151_936)  # the whole vocabulary
+    assert not device_drawable(SamplingParams(temperature=0.8, top_k=257), 151_936)
+    assert not device_drawable(SamplingParams(temperature=0.8, top_k=40), 40)  # top_k >= vocab: untruncated
+    assert not device_drawable(SamplingParams(temperature=0.8, top_k=40, repeat_penalty=1.1), 151_936)
+    assert not device_drawable(SamplingParams(temperature=0.0, presence_penalty=0.5), 151_936)
 
 
 def _deltanet_store(p: DeltaNetParams, d: int, seed: int) -> DictWeights:

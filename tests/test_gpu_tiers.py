@@ -197,3 +197,26 @@ def test_recorded_gpu_routes_replay_to_the_counters(tmp_path):
     use = st.experts
     assert got.lookups == use.prefill.lookups + use.decode.lookups
     assert got.hits == use.prefill.hits + use.decode.hits
+
+
+@pytest.mark.parametrize("size,policy", [("50%", "static"), ("50%", "adaptive"), ("one", "static")])
+def test_decode_pipeline_through_the_tiers(tmp_path, size, policy):
+    """The server's decode pipeline over a cache (counts recorded to pinned memory per launch, credited when the
+    host takes the pass; swaps beside it): the tokens and states of plain windows, and the same counters."""
+    from test_gpu_model import pipelined_equals_plain
+
+    from strata.sampling import SamplingParams
+
+    path = _file(tmp_path, "qwen3next")
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 900, n) for n in (4, 9)]
+    draws = [(SamplingParams(temperature=0.0), 1), (SamplingParams(temperature=0.9, top_k=20, top_p=0.9), 3)]
+    m = _model(path, size, cache_policy=policy)
+    steps = 40
+    pipelined_equals_plain(m, prompts, draws, steps)
+    cache = m.expert_cache
+    per = cache.layout.top_k * len(cache.layout.layers)
+    # two runs of the same prompts and steps: plain then pipelined, each prefilled, each row decoding `steps`
+    assert cache.use.decode.lookups == 2 * steps * len(prompts) * per
+    assert cache.layer_lookups.sum() == cache.use.prefill.lookups + cache.use.decode.lookups
+    assert cache.layer_hits.sum() == cache.use.prefill.hits + cache.use.decode.hits

@@ -66,3 +66,19 @@ def test_server_flags_are_validated_with_the_flag_name(smollm2_path: Path) -> No
                              capture_output=True, text=True, timeout=60)
         assert out.returncode != 0 and flag in out.stderr, (flag, out.stderr)
         assert "Traceback" not in out.stderr
+
+
+def test_engine_flags_reach_the_engine_on_serve(smollm2_path: Path) -> None:
+    """Every engine flag means on `serve` what it means on `generate` and in Engine.load: the server hands
+    conf/engine.py's backend_options to Engine.load unchanged (tier policy, split and profile flags included)."""
+    from strata.cli import build_parser
+    from strata.conf.engine import backend_options
+    from strata.conf.server import server_config
+
+    argv = ["--model", str(smollm2_path), "--cache-policy", "adaptive", "--pcie-frac", "0.5", "--swap-budget-mib", "8",
+            "--routing-profile", "off", "--expert-cache", "40%", "--prefill", "256", "--decode-ahead", "off"]
+    serve = build_parser().parse_args(["serve", *argv])
+    cfg = server_config(serve, env={})
+    assert cfg.engine == backend_options(build_parser().parse_args(["generate", "--prompt", "x", *argv[:-2]]))
+    assert cfg.engine["cache_policy"] == "adaptive" and cfg.engine["swap_budget_mib"] == 8
+    assert cfg.engine["prefill_chunk"] == 256 and not cfg.decode_ahead

@@ -6,9 +6,11 @@ slot (k address, v address, cap, position, token, DeltaNet state addresses), so 
 the slots, where their caches live and how long they are change by a host write of B rows, not by a
 new capture.
 
-The captured step ends with greedy argmax into the token column and `advance` (position + 1), so
-`greedy_loop` can replay it back to back with no host round trip (the benchmark's decode loop);
-`step` instead rewrites the table each time and hands the logits back.
+The captured step ends with the draw of each slot's next token (kernels/sample.py, by the draw rows
+in `draws`: all zeros is greedy) into the token column and `advance` (position + 1), so
+`greedy_loop` (the benchmark's decode loop) and the server's decode pipeline (strata/gpu/ahead.py)
+replay it back to back with no host round trip; `step` instead rewrites the table each time and
+hands the logits back.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 from strata.gpu.deltanet import RECURRENT
 from strata.gpu.layers import TAB, Activations, run_layer
 from strata.gpu.runtime import cupy_module, ptr
+from strata.sampling import DRAW_COLS
 from strata.state import SequenceState
 
 if TYPE_CHECKING:
@@ -33,6 +36,8 @@ class DecodeGraphs:
         self._graphs: dict[int, Any] = {}
         self._act: Activations | None = None
         self.tab: Any = None
+        self.draws: Any = None
+        self.chosen: Any = None
         self._recurrent: list[Any] = []  # the loaded slots' DeltaNet states (RecurrentState), if any
         self.use_graphs = True  # False: launch the same kernels eagerly (tests compare the two)
 
@@ -42,7 +47,13 @@ class DecodeGraphs:
             m = self.model
             self._act = Activations(m.dims, self.max_batch, self.max_batch, m.params.vocab)
             self.tab = cp.zeros((self.max_batch, TAB), cp.int64)
+            self.draws = cp.zeros((self.max_batch, DRAW_COLS), cp.float64)  # strata.sampling.draw_row per slot
+            self.chosen = cp.zeros(self.max_batch, cp.int64)  # the tokens the last step drew
         return self._act
+
+    def greedy(self, b: int) -> None:
+        """Draw greedily for slots 0..b-1 (what a pipeline's draw rows left behind goes)."""
+        self.draws[:b].fill(0)
 
     def _kernels(self, b: int) -> None:
         """The whole step for slots 0..b-1, reading `tab` and writing logits and the next tokens."""
@@ -52,7 +63,7 @@ class DecodeGraphs:
         for i, layer in enumerate(m.layers_for(b)):
             run_layer(m.ops, i, layer, m.dims, act, b, self.tab, None, m.inv_freq)
         m.head_logits(act.x, b, act.logits)
-        m.ops.argmax(act.logits, b, m.params.vocab, ptr(self.tab, 32), TAB)
+        m.ops.sample_rows(act.logits, b, m.params.vocab, self.draws, self.tab, TAB, self.chosen)
         m.ops.advance(self.tab, TAB, b)
 
     def _launch(self, b: int) -> None:
@@ -122,6 +133,7 @@ class DecodeGraphs:
         cp = cupy_module()
         with self.model.stream:
             self._buffers()
+            self.greedy(b)
             self._load(tokens, states, extra=steps)
             out = cp.empty((steps, b), cp.int64)
             tiers = self.model.tiers

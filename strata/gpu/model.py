@@ -18,6 +18,7 @@ import numpy as np
 from strata.blocks.rope import RopeStyle
 from strata.errors import ConfigError
 from strata.gguf.names import T, tensor
+from strata.gpu.ahead import GraphAhead
 from strata.gpu.deltanet import RECURRENT, DeltaNetWeights, DNDims, RecurrentState
 from strata.gpu.graphs import DecodeGraphs
 from strata.gpu.kernels.rows import inv_freq
@@ -223,6 +224,13 @@ class GpuModel(Model):
             kv_layer=self.linear[:i].count(False), tier=hook)
 
     # ---- Model interface ----
+    def decode_ahead(self) -> GraphAhead | None:
+        """The scheduler's decode pipeline inside the graph; None (the host's pipeline) while the CPU takes a
+        share of the misses, whose calls are counted pass by pass in sync."""
+        if not self.graphs.max_batch or (self.tiers is not None and self.tiers.share is not None):
+            return None
+        return GraphAhead(self)
+
     def new_state(self) -> SequenceState:
         d = self.dims
         st = SequenceState(GpuKV(self.ledger, self.n_attn, d.n_kv, d.hd, self.n_ctx))  # type: ignore[arg-type]

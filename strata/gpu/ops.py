@@ -66,7 +66,7 @@ class Ops:
         self.moe = Kernels(moe.SOURCE, ["moe_topk", "moe_count", "moe_plan", "moe_scatter", "moe_combine"]
                            + [moe.gate_up_name(g, u) for g, u in pairs] + [moe.down_name(q) for q in qts]
                            + [moe.gate_up_split_name(g, u) for g, u in pairs] + [moe.down_split_name(q) for q in qts])
-        self.sample = Kernels(sample.SOURCE, ["argmax_rows", "advance"])
+        self.sample = Kernels(sample.SOURCE, ["argmax_rows", "sample_rows", "advance"])
         self.tiers = Kernels(tiers.SOURCE, tiers.NAMES)
         q8t = sorted(mmvq.MMVQ_TYPES)
         q8pairs = sorted({(q, q) for q in q8t} | {(g, u) for g, u, _ in moe_types if g in q8t and u in q8t})
@@ -301,6 +301,10 @@ class Ops:
     # ---- sampling ----
     def argmax(self, logits: Any, n: int, v: int, out: Any, out_stride: int = 1) -> None:
         launch(self.sample["argmax_rows"], (n,), 1024, (logits, i32(v), dev_ptr(out), i32(out_stride)))
+
+    def sample_rows(self, logits: Any, n: int, v: int, draws: Any, tab: Any, tab_stride: int, chosen: Any) -> None:
+        """One token per row by its draw row (strata.sampling.draw_row), into tab's token column and chosen."""
+        launch(self.sample["sample_rows"], (n,), 1024, (logits, i32(v), draws, tab, i32(tab_stride), chosen))
 
     def advance(self, tab: Any, stride: int, n: int) -> None:
         launch(self.sample["advance"], (1,), 32, (tab, i32(stride), i32(n)))

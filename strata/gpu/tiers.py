@@ -88,6 +88,16 @@ class TierHook:
 
 
 @dataclass(frozen=True, slots=True)
+class PassRecord:
+    """A launched pass's counters on their way to pinned host memory (GpuTiers.record)."""
+
+    counts: np.ndarray  # [n, 3] lookups, hits, PCIe bytes
+    routes: np.ndarray  # [L, n, A] routed expert ids
+    where: np.ndarray  # [L, E] what the device's `where` held for the pass
+    keep: list[Any]  # row lists and buffers the pass reads, alive until it is done
+
+
+@dataclass(frozen=True, slots=True)
 class TierOptions:
     """The tiers' engine options: how to split decode misses with the CPU (--pcie-frac, --probe, the pool
     flags), which experts the cache keeps (--cache-policy, --swap-budget-mib) and the routing profile to fill it
@@ -415,14 +425,43 @@ class GpuTiers:
             cpu[:k, 0] = self.share.take_calls(k)
         return np.concatenate([gpu, cpu], axis=1)
 
+    def record(self, n: int) -> PassRecord:
+        """After a launched pass (no CPU share): queue copies of its counts and routed ids to the host and zero
+        the counts for the next pass, all on the current stream, so the host reads them later with no sync
+        (the decode pipeline, strata/gpu/ahead.py). `finish` takes them once the pass's event is done."""
+        assert self.share is None, "the CPU share counts its calls by pass: its passes are taken in sync"
+        cp = cupy_module()
+        import cupyx
+
+        stream = cp.cuda.get_current_stream()
+        counts = cupyx.empty_pinned((n, 3), np.uint64)
+        routes = cupyx.empty_pinned((self.routes.shape[0], n, self.routes.shape[2]), np.int32)
+        packed = cp.ascontiguousarray(self.routes[:, :n])
+        cp.cuda.runtime.memcpyAsync(counts.ctypes.data, self.counts.data.ptr, counts.nbytes, 2, stream.ptr)
+        cp.cuda.runtime.memcpyAsync(routes.ctypes.data, packed.data.ptr, routes.nbytes, 2, stream.ptr)
+        self.counts[:n].fill(0)
+        keep = [*self._keep, *self.slots._keep, packed]
+        self._keep, self.slots._keep = [], []
+        return PassRecord(counts, routes, self._pass_where, keep)
+
+    def finish(self, rec: PassRecord, experts: list[Any], rows: list[int]) -> None:
+        """A recorded pass is done (its event synchronised): credit its counts and learn from its routing."""
+        n = len(rec.counts)
+        counts = np.concatenate([rec.counts.astype(np.int64), np.zeros((n, 1), np.int64)], axis=1)
+        self.cache.settle(counts, 0, experts, rows)
+        self._routed(rec.routes, rec.where)
+
     # ---- the policy ----
     def after_pass(self, n: int) -> None:
         """A pass of n rows is over (its stream synchronised): count its routing per layer and into the profile,
         and every LEARN_EVERY passes let the policy choose swaps and start them."""
+        self._routed(self.routes[:, :n].get(), self._pass_where)
+
+    def _routed(self, routed: np.ndarray, where: np.ndarray) -> None:
+        """One pass's routed ids [L, n, A], looked up in what `where` [L, E] held for it."""
         c = self.cache
-        routed = self.routes[:, :n].get()  # [L, n, A]
         ids = routed.transpose(1, 0, 2)  # [n, L, A]
-        hit = np.take_along_axis(self._pass_where, routed.reshape(len(routed), -1), axis=1) >= 0
+        hit = np.take_along_axis(where, routed.reshape(len(routed), -1), axis=1) >= 0
         c.layer_lookups += hit.shape[1]
         c.layer_hits += hit.sum(axis=1)
         if c.profile is not None:

@@ -1,34 +1,37 @@
-"""Token choice on the GPU: greedy argmax (a kernel, so it sits inside the decode graph) and
-top-k / top-p / min-p sampling (cupy array ops, mirroring strata.sampling step for step).
+"""Token choice on the GPU, inside the decode graph: greedy argmax, and the top-k draw of strata.sampling.
 
-Sampling keeps the CPU sampler's contract: the same logits, parameters, seed and position give the
-same token. The uniform draw comes from the same counter-based Philox (`strata.sampling.uniform`)
-and the candidate set, order and probabilities are computed in float64 as on the CPU, so draws
-agree except where a parallel float64 sum rounds differently right at a bucket edge.
+`sample_rows` reads one draw row per sequence (strata.sampling.draw_row: temperature, top_k, top_p,
+min_p and the uniform u, which the host computes from the same counter-based Philox as the CPU
+sampler) and writes the chosen token into the table's token column, so the next replay of the graph
+feeds it with no host round trip. Temperature 0 is greedy. Otherwise:
 
-Numpy twins: `ref_argmax` (np.argmax) and `ref_sample` (strata.sampling.sample).
+- the k largest logits, ties by the lower id as the CPU's stable sort, are found by a radix select
+  over order-preserving keys (four 8-bit digits, per-warp histograms) and gathered;
+- the rest is strata.sampling.candidates on those k in float64, one thread, in the CPU's order:
+  exp(z - z0) normalised, the top_p prefix, the min_p cut, the draw on the renormalised cdf.
+
+Draws the device cannot make the same way (penalties, top_k 0 or above DEVICE_TOP_K) stay on the
+host (strata.sampling.device_drawable). Sums run in sequence here where numpy sums pairwise, so a
+draw can differ from the CPU's only when u lands within rounding of a bucket edge.
+
+Numpy twins: `ref_argmax` (np.argmax) and `ref_sample_rows`, which CI checks against
+strata.sampling.sample.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
-
 import numpy as np
 
 from strata.gpu.kernels.common import HEADER
-from strata.sampling import SamplingParams, sample, uniform
-
-if TYPE_CHECKING:
-    import cupy
+from strata.sampling import DEVICE_TOP_K
 
 SOURCE = HEADER + r"""
-// out[b] = argmax(logits[b]); ties to the lowest index like np.argmax; grid B, block 1024
-__global__ void __launch_bounds__(1024) argmax_rows(const float* __restrict__ logits, int V, i64* __restrict__ out,
-                                                    int out_stride) {
+#define SAMPLE_KMAX """ + str(DEVICE_TOP_K) + r"""
+
+// The row's argmax, ties to the lowest index like np.argmax; the answer is valid in thread 0
+__device__ int block_argmax(const float* __restrict__ l, int V) {
   __shared__ float bv[32];
   __shared__ int bi[32];
-  const float* l = logits + (i64)blockIdx.x * V;
   float best = -INFINITY; int idx = 0x7fffffff;
   for (int i = threadIdx.x; i < V; i += blockDim.x)
     if (l[i] > best) { best = l[i]; idx = i; }
@@ -49,7 +52,168 @@ __global__ void __launch_bounds__(1024) argmax_rows(const float* __restrict__ lo
       const int oi = __shfl_xor_sync(0xffffffffu, idx, o);
       if (ob > best || (ob == best && oi < idx)) { best = ob; idx = oi; }
     }
-    if (threadIdx.x == 0) out[(i64)blockIdx.x * out_stride] = idx == 0x7fffffff ? 0 : idx;
+  }
+  return idx == 0x7fffffff ? 0 : idx;
+}
+
+// out[b] = argmax(logits[b]); grid B, block 1024
+__global__ void __launch_bounds__(1024) argmax_rows(const float* __restrict__ logits, int V, i64* __restrict__ out,
+                                                    int out_stride) {
+  const int idx = block_argmax(logits + (i64)blockIdx.x * V, V);
+  if (threadIdx.x == 0) out[(i64)blockIdx.x * out_stride] = idx;
+}
+
+// Larger floats give larger keys; NaN (a masked token on the CPU) sorts below -inf
+__device__ __forceinline__ unsigned order_key(float f) {
+  const unsigned u = __float_as_uint(f);
+  if (f != f) return 0u;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The CPU sampler's float64 view of a logit: NaN is -inf, +inf the largest double
+__device__ __forceinline__ double as_finite(float f) {
+  if (f != f) return -INFINITY;
+  if (isinf(f) && f > 0.0f) return 1.7976931348623157e308;
+  return (double)f;
+}
+
+// Exclusive prefix sum over the block (block 1024); wsum is 32 words of shared memory
+__device__ unsigned block_exclusive_scan(unsigned v, unsigned* wsum) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  unsigned x = v;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) wsum[w] = x;
+  __syncthreads();
+  if (w == 0) {
+    unsigned t = lane < (int)(blockDim.x >> 5) ? wsum[lane] : 0u;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned y = __shfl_up_sync(0xffffffffu, t, o);
+      if (lane >= o) t += y;
+    }
+    wsum[lane] = t;
+  }
+  __syncthreads();
+  return x - v + (w ? wsum[w - 1] : 0u);
+}
+
+// One token per row from logits [B, V] and draw rows [B, 8] (temperature, top_k, top_p, min_p, u); the token
+// goes to tab[b * tab_stride + 4] (the next step's input) and chosen[b]. grid B, block 1024
+__global__ void __launch_bounds__(1024) sample_rows(const float* __restrict__ logits, int V,
+                                                    const double* __restrict__ draws, i64* __restrict__ tab,
+                                                    int tab_stride, i64* __restrict__ chosen) {
+  __shared__ unsigned whist[32][256];
+  __shared__ unsigned hist[256];
+  __shared__ unsigned wsum[32];
+  __shared__ unsigned s_prefix, s_need;
+  __shared__ int s_n;
+  __shared__ unsigned ck[SAMPLE_KMAX];
+  __shared__ int ci[SAMPLE_KMAX];
+  __shared__ int si[SAMPLE_KMAX];
+  __shared__ double sp[SAMPLE_KMAX];
+  const float* l = logits + (i64)blockIdx.x * V;
+  const double* d = draws + (i64)blockIdx.x * 8;
+  const double temp = d[0];
+  int k = (int)d[1];
+  int token = 0;
+  if (temp == 0.0 || k <= 0) {
+    token = block_argmax(l, V);
+  } else {
+    k = min(min(k, V), SAMPLE_KMAX);
+    // radix select of the k-th largest key, most significant digit first
+    unsigned prefix = 0u, mask = 0u, need = (unsigned)k;
+    unsigned* mine = whist[threadIdx.x >> 5];
+    const int lane = threadIdx.x & 31;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+      for (int i = threadIdx.x; i < 32 * 256; i += blockDim.x) (&whist[0][0])[i] = 0u;
+      __syncthreads();
+      for (int i0 = 0; i0 < V; i0 += blockDim.x) {  // whole warps step together: the match below needs them
+        const int i = i0 + threadIdx.x;
+        const unsigned key = i < V ? order_key(l[i]) : 0u;
+        const bool counted = i < V && (key & mask) == prefix;
+        const unsigned active = __ballot_sync(0xffffffffu, counted);
+        if (counted) {  // one leader per distinct digit adds its peers' count: no atomics, no conflicts
+          const unsigned bin = (key >> shift) & 255u;
+          const unsigned peers = __match_any_sync(active, bin);
+          if (lane == __ffs(peers) - 1) mine[bin] += __popc(peers);
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x < 256) {
+        unsigned t = 0u;
+        for (int w = 0; w < 32; ++w) t += whist[w][threadIdx.x];
+        hist[threadIdx.x] = t;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        unsigned cum = 0u; int dg = 255;
+        for (; dg > 0; --dg) {
+          if (cum + hist[dg] >= need) break;
+          cum += hist[dg];
+        }
+        s_prefix = prefix | ((unsigned)dg << shift);
+        s_need = need - cum;
+        s_n = 0;
+      }
+      __syncthreads();
+      prefix = s_prefix; need = s_need; mask |= 255u << shift;
+    }
+    // every key above the k-th, and the first `need` equal to it by id (each thread owns a contiguous range)
+    const int per = (V + (int)blockDim.x - 1) / (int)blockDim.x;
+    const int lo = min(V, (int)threadIdx.x * per), hi = min(V, lo + per);
+    unsigned ties = 0u;
+    for (int i = lo; i < hi; ++i) ties += order_key(l[i]) == prefix;
+    unsigned rank = block_exclusive_scan(ties, wsum);
+    for (int i = lo; i < hi; ++i) {
+      const unsigned key = order_key(l[i]);
+      bool take = key > prefix;
+      if (key == prefix) { take = rank < need; ++rank; }
+      if (take) { const int at = atomicAdd(&s_n, 1); ck[at] = key; ci[at] = i; }
+    }
+    __syncthreads();
+    // sorted by key, descending, ties by id
+    if ((int)threadIdx.x < k) {
+      const unsigned key = ck[threadIdx.x];
+      const int id = ci[threadIdx.x];
+      int r = 0;
+      for (int j = 0; j < k; ++j) r += ck[j] > key || (ck[j] == key && ci[j] < id);
+      si[r] = id;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // strata.sampling.candidates and the draw, in float64 and in its order
+      const double top = as_finite(l[si[0]]);
+      double tot = 0.0;
+      for (int i = 0; i < k; ++i) { sp[i] = exp((as_finite(l[si[i]]) - top) / temp); tot += sp[i]; }
+      for (int i = 0; i < k; ++i) sp[i] /= tot;
+      int n = k;
+      if (d[2] < 1.0) {
+        double c = 0.0;
+        for (int i = 0; i < n; ++i) { c += sp[i]; if (c >= d[2]) { n = i + 1; break; } }
+      }
+      if (d[3] > 0.0) {
+        const double thr = d[3] * sp[0];
+        int m = 0;
+        for (int i = 0; i < n; ++i) m += sp[i] >= thr;
+        n = m;
+      }
+      double s = 0.0;
+      for (int i = 0; i < n; ++i) s += sp[i];
+      double c = 0.0;
+      for (int i = 0; i < n; ++i) c += sp[i] / s;
+      const double target = d[4] * c;
+      int pick = n - 1;
+      c = 0.0;
+      for (int i = 0; i < n; ++i) { c += sp[i] / s; if (c > target) { pick = i; break; } }
+      token = si[pick];
+    }
+  }
+  if (threadIdx.x == 0) {
+    tab[(i64)blockIdx.x * tab_stride + 4] = token;
+    chosen[blockIdx.x] = token;
   }
 }
 
@@ -65,52 +229,37 @@ def ref_argmax(logits: np.ndarray) -> np.ndarray:
     return np.argmax(logits, axis=-1)
 
 
-def ref_sample(logits: np.ndarray, history: Sequence[int], p: SamplingParams, seed: int, position: int) -> int:
-    return sample(logits, history, p, seed, position)
+def _order_key(f: np.ndarray) -> np.ndarray:
+    u = f.astype(np.float32).view(np.uint32)
+    key = np.where(u & np.uint32(0x80000000), ~u, u | np.uint32(0x80000000))
+    return np.where(np.isnan(f), np.uint32(0), key)
 
 
-def sample_gpu(logits: cupy.ndarray, history: Sequence[int], p: SamplingParams, seed: int, position: int) -> int:
-    """strata.sampling.sample on a device row of logits [vocab]; only the chosen id comes back."""
-    import cupy
-
-    return sample_with(cupy, logits, history, p, seed, position)
+def _as_finite(f: np.ndarray) -> np.ndarray:
+    return np.nan_to_num(f.astype(np.float64), nan=-np.inf, posinf=np.finfo(np.float64).max, neginf=-np.inf)
 
 
-def sample_with(xp: Any, logits: Any, history: Sequence[int], p: SamplingParams, seed: int, position: int) -> int:
-    """The sampler written once over an array module: cupy on the GPU; numpy in CI, where it must
-    agree with strata.sampling.sample token for token."""
-    z = _penalised(xp, logits, history, p)
-    if p.greedy:
-        return int(xp.argmax(z))
-    z = z.astype(xp.float64) / p.temperature
-    order = xp.argsort(-z, kind="stable")  # the CPU's candidate order: descending, ties by id
-    if 0 < p.top_k < z.size:
-        order = order[: p.top_k]
-    zs = z[order]
-    probs = xp.exp(zs - zs[0])
-    probs /= probs.sum()
-    if p.top_p < 1.0:
-        keep = int(xp.searchsorted(xp.cumsum(probs), p.top_p)) + 1
-        order, probs = order[:keep], probs[:keep]
-    if p.min_p > 0.0:
-        mask = probs >= p.min_p * probs[0]
-        order, probs = order[mask], probs[mask]
-    probs = probs / probs.sum()
-    cdf = xp.cumsum(probs)
-    i = int(xp.searchsorted(cdf, uniform(seed, position) * cdf[-1], side="right"))
-    return int(order[min(i, order.size - 1)])
-
-
-def _penalised(xp: Any, logits: Any, history: Sequence[int], p: SamplingParams) -> Any:
-    """strata.sampling.apply_penalties over an array module (the counted ids go up as a short list)."""
-    if not history or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0):
-        return logits
-    window = history[-p.repeat_last_n :] if p.repeat_last_n > 0 else history
-    ids_h, n_h = np.unique(np.asarray(window, np.int64), return_counts=True)
-    ids, n = xp.asarray(ids_h), xp.asarray(n_h.astype(np.float32))
-    out = logits.copy()
-    sel = out[ids]
-    if p.repeat_penalty != 1.0:
-        sel = xp.where(sel > 0, sel / p.repeat_penalty, sel * p.repeat_penalty)
-    out[ids] = sel - n * p.frequency_penalty - p.presence_penalty
+def ref_sample_rows(logits: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """sample_rows on the host: logits [B, V] float32, draw rows [B, 8] -> tokens [B]."""
+    out = np.empty(len(logits), np.int64)
+    for b, (row, d) in enumerate(zip(logits, draws)):
+        temp, k = float(d[0]), int(d[1])
+        if temp == 0.0 or k <= 0:
+            out[b] = int(np.argmax(np.where(np.isnan(row), -np.inf, row)))  # NaN is masked, never the max
+            continue
+        k = min(k, row.size, DEVICE_TOP_K)
+        ids = np.lexsort((np.arange(row.size), -_order_key(row).astype(np.int64)))[:k]
+        z = _as_finite(row[ids])
+        sp = np.exp((z - z[0]) / temp)
+        sp = sp / np.cumsum(sp)[-1]  # sequential sums, as the kernel's one thread
+        n = k
+        if d[2] < 1.0:
+            reach = np.flatnonzero(np.cumsum(sp) >= d[2])
+            n = int(reach[0]) + 1 if reach.size else n
+        if d[3] > 0.0:
+            n = int(np.count_nonzero(sp[:n] >= d[3] * sp[0]))
+        q = sp[:n] / np.cumsum(sp[:n])[-1]
+        cdf = np.cumsum(q)
+        above = np.flatnonzero(cdf > d[4] * cdf[-1])
+        out[b] = ids[int(above[0]) if above.size else n - 1]
     return out

@@ -1,0 +1,133 @@
+"""The decode pipeline on the GPU (sched/ahead.py's protocol): steps replay the captured graph back to back.
+
+Each launch writes the slots' draw rows (strata.sampling.draw_row, the uniform computed on the host
+from the position the step samples at) through pinned memory, replays the graph, which draws the
+next tokens into the table's token column and advances the positions, and queues the chosen tokens'
+copy to pinned memory behind an event. The next launch needs nothing from the host, so the host
+waits on launch j while launch j+1 is already queued: sampling, detokenising and SSE of one token
+overlap the next token's compute. The expert tiers count each pass into pinned memory too
+(GpuTiers.record), and are credited when the host takes the pass.
+
+Host bookkeeping follows the device: a launch advances each state's n_past (its KV row is written);
+the token it fed joins `state.tokens` when the host learns it, so after `drain` every state is as a
+plain window leaves it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from strata.gpu.runtime import cupy_module
+from strata.sampling import DRAW_COLS, SamplingParams, device_drawable, draw_row
+from strata.state import SequenceState
+
+if TYPE_CHECKING:
+    from strata.gpu.model import GpuModel
+    from strata.gpu.tiers import PassRecord
+
+_H2D, _D2H = 1, 2  # cudaMemcpyKind
+RING = 3  # pinned buffers in turn: at most two launches are in flight
+
+
+@dataclass(slots=True)
+class _Launch:
+    event: Any
+    out: np.ndarray  # pinned: the tokens the launch drew
+    record: PassRecord | None
+
+
+class GraphAhead:
+    def __init__(self, model: GpuModel) -> None:
+        import cupyx
+
+        self.model = model
+        self.graphs = model.graphs
+        self.max_batch = model.graphs.max_batch
+        n = self.max_batch
+        self._rows = [cupyx.empty_pinned((n, DRAW_COLS), np.float64) for _ in range(RING)]
+        self._outs = [cupyx.empty_pinned((n,), np.int64) for _ in range(RING)]
+        self._turn = 0
+        self._pending: deque[_Launch] = deque()
+        self._states: list[SequenceState] = []
+        self._draws: Sequence[tuple[SamplingParams, int]] = ()
+
+    def drawable(self, params: SamplingParams) -> bool:
+        return device_drawable(params, self.model.params.vocab)
+
+    def start(self, states: list[SequenceState], tokens: list[int], draws: Sequence[tuple[SamplingParams, int]]) -> None:
+        assert not self._pending and 0 < len(states) <= self.max_batch
+        self._states, self._draws = states, draws
+        with self.model.stream:
+            self.graphs._buffers()
+            self.graphs._load(tokens, states, extra=2)
+        for s, t in zip(states, tokens):
+            s.tokens.append(t)
+        self._launch()
+
+    def advance(self) -> np.ndarray:
+        self._launch()
+        return self._collect()
+
+    def drain(self) -> np.ndarray:
+        assert len(self._pending) == 1, "drain follows advance"
+        out = self._collect()
+        self._greedy()
+        return out
+
+    def reset(self) -> None:
+        self.model.stream.synchronize()
+        self._pending.clear()
+        self._greedy()
+
+    def _greedy(self) -> None:
+        if self._states:
+            with self.model.stream:
+                self.graphs.greedy(len(self._states))
+
+    def _launch(self) -> None:
+        cp = cupy_module()
+        g, m, states = self.graphs, self.model, self._states
+        b = len(states)
+        stream = m.stream
+        rows, out = self._rows[self._turn], self._outs[self._turn]
+        self._turn = (self._turn + 1) % RING
+        with stream:
+            for i, s in enumerate(states):
+                cap = s.kv.cap  # type: ignore[attr-defined]
+                s.kv.reserve(s.n_past + 2)  # type: ignore[attr-defined]
+                if s.kv.cap != cap:  # type: ignore[attr-defined]  # grown: the table points at the new buffers
+                    g.tab[i, :3] = cp.asarray(s.kv.table_row(0)[:3], cp.int64)  # type: ignore[attr-defined]
+                s.n_past += 1
+                s.kv.length = s.n_past  # type: ignore[attr-defined]
+                params, seed = self._draws[i]
+                rows[i] = draw_row(params, seed, s.n_past)
+            cp.cuda.runtime.memcpyAsync(g.draws.data.ptr, rows.ctypes.data, b * DRAW_COLS * 8, _H2D, stream.ptr)
+            tiers = m.tiers
+            if tiers is not None:
+                tiers.publish()
+            g._launch(b)
+            if tiers is not None:
+                tiers.overlap()
+            cp.cuda.runtime.memcpyAsync(out.ctypes.data, g.chosen.data.ptr, b * 8, _D2H, stream.ptr)
+            record = tiers.record(b) if tiers is not None else None
+            event = cp.cuda.Event(disable_timing=True)
+            event.record(stream)
+        self._pending.append(_Launch(event, out, record))
+
+    def _collect(self) -> np.ndarray:
+        """Wait for the oldest launch; its tokens join the states' tokens when a later launch fed them."""
+        launch = self._pending.popleft()
+        launch.event.synchronize()
+        states = self._states
+        chosen = launch.out[: len(states)].copy()
+        if launch.record is not None:
+            self.model.tiers.finish(launch.record, [s.experts for s in states], [1] * len(states))  # type: ignore[union-attr]
+        if self._pending:
+            for s, t in zip(states, chosen):
+                s.tokens.append(int(t))
+        return chosen
