@@ -4,7 +4,7 @@
 #   perf/run_serve.sh [tests] [engine] [serve]   (default: all three; output under ${OUT:-/tmp/out})
 # ARCH / SHAPE / SKEW pick the synth file (default qwen3next 80b-a3b, uniform routing); REUSE=1 keeps one already
 # written. CAP (MiB) runs engine and server under a VRAM budget (default: all-resident) with POLICY (default
-# static); LEVELS, TOKENS and LONG are bench_serve.py's --levels, --tokens and --long-prompt.
+# static); AHEADS the --decode-ahead values to serve with (default on); LEVELS, TOKENS and LONG are bench_serve.py's --levels, --tokens and --long-prompt.
 # Carried in (git-ignored): .whl/ (gguf, starlette, sse-starlette, uvicorn, pydantic and what they need),
 # .gpu_fixtures/ (the Qwen3 tokenizer for the synth writer).
 set -uo pipefail
@@ -29,15 +29,18 @@ case " $STEPS " in *" engine "*)
     --batches 1,4 $TIER_ARGS ${CAP:+--warm-decode 256} --no-table --json "$OUT/engine.json" 2>&1 | grep -v "^WARNING" | tail -12) ;; esac
 case " $STEPS " in *" serve "*)
   wait $SYNTH_PID 2>/dev/null
-  (cd /tmp && exec python3 -m strata serve --model $MODEL --port 8377 --parallel 4 --ctx-size 16384 --cache-ram-mib 4096 \
-     $TIER_ARGS >"$OUT/server.log" 2>&1) &
-  SERVER_PID=$!
-  t0=$(date +%s)
-  until curl -sf http://127.0.0.1:8377/health >/dev/null; do
-    sleep 1; [ $(( $(date +%s) - t0 )) -gt 300 ] && { echo "server not ready in 300 s"; tail -20 "$OUT/server.log"; break; }
-  done
-  echo "server ready after $(( $(date +%s) - t0 )) s"
-  (cd /tmp && timeout ${SERVE_TIMEOUT:-300} python3 $REPO/perf/bench_serve.py --url http://127.0.0.1:8377 \
-    --levels ${LEVELS:-1,4,16} --tokens ${TOKENS:-64} --long-prompt ${LONG:-4096} --out "$OUT/serve" 2>&1 | tail -30)
-  kill $SERVER_PID; wait $SERVER_PID 2>/dev/null
-  grep -E "hit rate|pipeline|Error|error|Traceback" "$OUT/server.log" | tail -10 ;; esac
+  for ahead in ${AHEADS:-on}; do  # AHEADS="on off": the same server without the decode pipeline, for comparison
+    echo "== serve --decode-ahead $ahead"
+    (cd /tmp && exec python3 -m strata serve --model $MODEL --port 8377 --parallel 4 --ctx-size 16384 --cache-ram-mib 4096 \
+       --decode-ahead $ahead $TIER_ARGS >"$OUT/server_$ahead.log" 2>&1) &
+    SERVER_PID=$!
+    t0=$(date +%s)
+    until curl -sf http://127.0.0.1:8377/health >/dev/null; do
+      sleep 1; [ $(( $(date +%s) - t0 )) -gt 300 ] && { echo "server not ready in 300 s"; tail -20 "$OUT/server_$ahead.log"; break; }
+    done
+    echo "server ready after $(( $(date +%s) - t0 )) s"
+    (cd /tmp && timeout ${SERVE_TIMEOUT:-300} python3 $REPO/perf/bench_serve.py --url http://127.0.0.1:8377 \
+      --levels ${LEVELS:-1,4,16} --tokens ${TOKENS:-64} --long-prompt ${LONG:-4096} --out "$OUT/serve_$ahead" 2>&1 | tail -14)
+    kill $SERVER_PID; wait $SERVER_PID 2>/dev/null
+    grep -E "hit rate|Error|error|Traceback" "$OUT/server_$ahead.log" | tail -6
+  done ;; esac
