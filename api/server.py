@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import sys
@@ -57,6 +58,11 @@ def serve(cfg: ServerConfig) -> int:
     if not cfg.api_keys:
         print("strata: warning: no API key set (--api-key / STRATA_API_KEY): the server is open to anyone "
               "who can reach it", file=sys.stderr)
+    if cfg.verbose:  # the scheduler's and tiers' debug lines (each window's cost and the pacer's model) too
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("strata %(name)s: %(message)s"))
+        logging.getLogger("strata").addHandler(handler)
+        logging.getLogger("strata").setLevel(logging.DEBUG)
     loading = Loading()
     app = build_app(cfg, loading)
     # uvicorn waits for open connections a little past the grace: the requests the grace cut short

@@ -100,7 +100,7 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shutdown-grace-s", type=float, default=10.0,
                    help="on SIGTERM, how long in-flight requests may take to finish (a second SIGTERM exits now)")
     p.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--verbose", "-v", action="store_true")
+    p.add_argument("--verbose", "-v", action="store_true", help="request logs, and each window's cost and the pacer's model")
 
 
 def server_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> ServerConfig:

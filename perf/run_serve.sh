@@ -4,7 +4,7 @@
 #   perf/run_serve.sh [tests] [engine] [serve]   (default: all three; output under ${OUT:-/tmp/out})
 # ARCH / SHAPE / SKEW pick the synth file (default qwen3next 80b-a3b, uniform routing); REUSE=1 keeps one already
 # written. CAP (MiB) runs engine and server under a VRAM budget (default: all-resident) with POLICY (default
-# static); AHEADS the --decode-ahead values to serve with (default on); LEVELS, TOKENS and LONG are bench_serve.py's --levels, --tokens and --long-prompt.
+# static); SERVE_ARGS adds serve flags (--verbose logs each window and the pacer); AHEADS the --decode-ahead values to serve with (default on); LEVELS, TOKENS and LONG are bench_serve.py's --levels, --tokens and --long-prompt.
 # Carried in (git-ignored): .whl/ (gguf, starlette, sse-starlette, uvicorn, pydantic and what they need),
 # .gpu_fixtures/ (the Qwen3 tokenizer for the synth writer).
 set -uo pipefail
@@ -32,7 +32,7 @@ case " $STEPS " in *" serve "*)
   for ahead in ${AHEADS:-on}; do  # AHEADS="on off": the same server without the decode pipeline, for comparison
     echo "== serve --decode-ahead $ahead"
     (cd /tmp && exec python3 -m strata serve --model $MODEL --port 8377 --parallel 4 --ctx-size 16384 --cache-ram-mib 4096 \
-       --decode-ahead $ahead $TIER_ARGS >"$OUT/server_$ahead.log" 2>&1) &
+       --decode-ahead $ahead $TIER_ARGS ${SERVE_ARGS:-} >"$OUT/server_$ahead.log" 2>&1) &
     SERVER_PID=$!
     t0=$(date +%s)
     until curl -sf http://127.0.0.1:8377/health >/dev/null; do

@@ -82,6 +82,7 @@ class Scheduler:
         self.decode_ahead = decode_ahead  # False: every window waits for the host's work on the last (--decode-ahead off)
         self._live: list[Slot] | None = None  # the slots of the pipeline's launch in flight
         self._reset_due = False  # a failed window left the pipeline with launches to drop
+        self._decode_mark: float | None = None  # when the last decode-only window's tokens came (pacer cadence)
 
     # ---- public, on the loop ----------------------------------------------------------------
     def start(self) -> None:
@@ -179,6 +180,13 @@ class Scheduler:
     async def _in_engine(self, fn):  # type: ignore[no-untyped-def]
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
+    def _cadence(self, seconds: float) -> float:
+        """The streams' time per token at a decode-only window that took `seconds`: the time since the last
+        one's tokens when it came straight before (the host's share of each token included)."""
+        now = time.perf_counter()
+        mark, self._decode_mark = self._decode_mark, now
+        return now - mark if mark is not None else seconds
+
     def _may_continue(self) -> bool:
         """The pipeline's next launch would serve the same slots: nobody left, nobody waits for a slot."""
         live = self._live
@@ -217,7 +225,7 @@ class Scheduler:
             return
         seconds = time.perf_counter() - t0
         self.counters.add_window(seconds, 0, len(slots))
-        self.pacer.observe(seconds, 0)
+        self.pacer.observe(self._cadence(seconds), 0)
         ended = self._take_tokens(slots, chosen)
         if ended or not self._may_continue():
             await self._drain()
@@ -307,7 +315,8 @@ class Scheduler:
         for s in self._slots:
             if s.req.state is RequestState.ADMITTING:
                 full = self.engine.options.prefill_chunk
-                chunk = self.pacer.chunk(full) if decoding else full
+                left = len(s.seq.prompt) - s.seq.state.n_past
+                chunk = self.pacer.chunk(full, left) if decoding else full
                 if chunk == 0:  # the streams are owed a decode-only window after a full chunk
                     continue
                 if self.prefix_cache is not None:  # a hybrid model's chunk ends where its state is kept
@@ -323,7 +332,11 @@ class Scheduler:
         n_prefill = sum(len(t) for s, t in window if s.req.state is RequestState.ADMITTING)
         self.counters.add_window(seconds, n_prefill, len(window))
         if len(window) > (1 if n_prefill else 0):  # only windows with running streams teach the pacer
-            self.pacer.observe(seconds, n_prefill)
+            self.pacer.observe(self._cadence(seconds) if not n_prefill else seconds, n_prefill)
+        if n_prefill:
+            self._decode_mark = None
+            log.debug("window: %d rows, %d prompt tokens, %.1f ms; pacer fit %s, decode %s, owed %d", len(window),
+                      n_prefill, seconds * 1e3, self.pacer.cost(), self.pacer.decode_s, self.pacer.owed)
         for (slot, _), row in zip(window, logits):
             try:
                 self._commit_one(slot, row)

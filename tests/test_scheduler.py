@@ -180,7 +180,7 @@ def test_long_prompt_prefills_in_shared_chunks_while_others_decode() -> None:
         eng = FakeEngine()
         eng.options.prefill_chunk = 1000
         sch = Scheduler(eng, parallel=2)  # type: ignore[arg-type]
-        sch.pacer.chunk = lambda max_chunk: 16  # type: ignore[method-assign]  # fake windows take no time
+        sch.pacer.chunk = lambda max_chunk, left: min(16, left)  # type: ignore[method-assign]  # fake windows take no time
         sch.start()
         runner = make([1, 2, 3], 40)
         sch.submit(runner)
@@ -296,13 +296,13 @@ def _simulate(d: float, a: float, b: float, chunk: int, prompt: int) -> tuple[fl
         p.observe(d, 0)
     left, elapsed, tokens, longest = prompt, 0.0, 0, 0.0
     while left > 0:
-        n = min(p.chunk(chunk), left)
+        n = p.chunk(chunk, left)
         t = d if n == 0 else a + b * n
         p.observe(t, n)
         left, elapsed, tokens, longest = left - n, elapsed + t, tokens + 1, max(longest, t)
     ttft = elapsed
     while p.owed:  # the decode-only windows owed for the last chunk run after it
-        p.chunk(chunk)
+        p.observe(d, 0)
         elapsed, tokens = elapsed + d, tokens + 1
     solo = math.ceil(prompt / chunk) * (a - d) + b * prompt  # alone: no decode rows in its windows
     return tokens * d / elapsed, ttft / solo, longest / d
@@ -326,13 +326,19 @@ def test_pacer_fits_the_fixed_and_per_token_costs() -> None:
     from strata.sched.pacer import PrefillPacer
 
     p = PrefillPacer(first_guess=64)
-    assert p.chunk(512) == 64
+    assert p.chunk(512, 1000) == 64 and p.chunk(512, 20) == 20
     p.observe(0.004, 0)
     for n in (64, 200, 32, 512):
         p.observe(0.008 + 0.00012 * n, n)
     a, b = p.cost()
     assert abs(a - 0.008) < 1e-9 and abs(b - 0.00012) < 1e-12
-    assert p.chunk(20) in (0, 20)
+    assert p.chunk(512, 20) == 20  # 8 + 0.12 * 20 ms fits the pace budget of 8 ms: no debt
+    assert p.chunk(512, 5000) == 512 and p.owed == 0  # too long for the budget: a full chunk, charged when run
+    p.observe(0.070, 512)  # it took 70 ms (the fit said 69): (0.5 * 70 / 4 - 1) / 0.5 -> 16 windows owed
+    assert p.owed == 16 and p.chunk(512, 4488) == 0
+    for _ in range(16):  # decode-only windows pay it back, whoever planned them
+        p.observe(0.004, 0)
+    assert p.owed == 0 and p.chunk(512, 4488) == 512
 
 
 
