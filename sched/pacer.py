@@ -1,20 +1,24 @@
 """How much of a newcomer's prompt to feed in a window shared with running streams, and when.
 
-A decode-only window costs d; a window that also reads n prompt tokens costs a + b * n, with a the
-fixed part of such a pass (the decode rows, launches, weights read once) and b the per-token part. Both
-are fit by least squares over recent windows, since on a GPU a is large and b small, and a model that
-charged everything to b (n * per_token) fed the GPU 8-token slices that crawled.
+A decode-only window costs d (the streams' cadence: the time between two of their tokens, the host's
+share included, which is what their pace is); a window that also reads n prompt tokens costs a + b * n,
+a its fixed part (the decode rows, launches, weights read once) and b the per-token part. On a GPU a is
+large and b small (a model that charged everything to b fed the GPU 8-token slices that crawled), and b
+is only measurable on large windows: it is taken from windows of BIG or more prompt tokens (with or
+without streams beside them), a from the least-squares fit of the mixed windows, at least d.
 
-Two promises: running streams keep KEEP of their solo pace, and a long prompt's TTFT stays within about
-1 / KEEP of its solo TTFT. Two ways to keep them, and the pacer takes the one that reads the prompt faster:
+Two promises: running streams keep KEEP of their solo pace while a prompt is read, and a long prompt's
+TTFT stays within about 1 / KEEP of its solo TTFT. Two ways to keep them; the pacer takes the one that
+reads the prompt faster:
 - every window mixed, with n such that a + b * n <= d / KEEP;
-- a full chunk in one window, then k decode-only windows so that the streams' average pace still holds:
-  (k + 1) / (t + k * d) >= KEEP / d, t the chunk window's measured time. Prompt throughput then tends to
+- a full chunk in one window, with k decode-only windows before it, so that over the k + 1 windows the
+  streams keep their pace: (k + 1) / (t + k * d) >= KEEP / d, t the chunk window's time. The k windows
+  are paid before the chunk (predicted from the fit), so the promise holds up to the prompt's first
+  token, and what the chunk took beyond the prediction is paid after it. Prompt throughput then tends to
   KEEP of the solo rate.
-A chunk is never larger than what is left of the prompt, and the windows owed are charged from what the
-chunk window really took, not from a full chunk's prediction: a 15-token prompt owes nothing. d is the
-streams' cadence (the time between two decode windows' tokens, the host's share included), which is
-what their pace is. `chunk()` returns 0 for a window that must stay decode-only.
+A chunk is never larger than what is left of the prompt: a short prompt that fits the budget owes
+nothing. Any decode-only window pays one owed window back. `chunk()` returns 0 for a window that must
+stay decode-only.
 """
 
 from __future__ import annotations
@@ -24,59 +28,74 @@ from collections import deque
 
 KEEP = 0.5  # fraction of the solo decode rate running streams keep while a prompt is read
 MIN_CHUNK = 8  # below this, per-window overhead dominates and the newcomer crawls
-_ALPHA = 0.3  # weight of the newest decode-only window in its moving average
+BIG = 256  # prompt tokens from which a window's time is mostly the per-token part
+_ALPHA = 0.3  # weight of the newest window in the moving averages
 _WINDOWS = 24  # mixed windows the cost fit looks back on
+
+
+def _owed(t: float, d: float) -> int:
+    """Decode-only windows that keep the streams at KEEP of their pace beside a window of t seconds."""
+    return max(0, math.ceil((KEEP * t / d - 1) / (1 - KEEP)))
 
 
 class PrefillPacer:
     def __init__(self, first_guess: int = 64) -> None:
         self.first_guess = first_guess
-        self.decode_s: float | None = None  # a decode-only window
+        self.decode_s: float | None = None  # the streams' cadence in decode-only windows
+        self._per_token: float | None = None  # b, from windows of BIG or more prompt tokens
         self._mixed: deque[tuple[int, float]] = deque(maxlen=_WINDOWS)  # (prompt tokens, seconds)
-        self._owed = 0  # decode-only windows still owed to the streams after a full chunk
-        self._charge = False  # the window just planned reads a full chunk: observe() charges what it took
+        self._owed = 0  # decode-only windows still owed to the streams
+        self._prepaid: int | None = None  # windows paid ahead of the full chunk that comes next
+        self._charge: int | None = None  # the window planned reads a full chunk, this much paid ahead
 
     @property
     def owed(self) -> int:
         """Decode-only windows the streams are still owed (they run once the prompt is read, if not before)."""
         return self._owed
 
-    def observe(self, seconds: float, n_prefill: int) -> None:
-        """A window with running streams took `seconds` (a decode-only one: the streams' cadence)."""
-        if n_prefill == 0:  # whatever planned it, a decode-only window pays one owed to the streams
+    def observe(self, seconds: float, n_prefill: int, streams: bool = True) -> None:
+        """A window took `seconds`: decode-only (n_prefill 0: the streams' cadence), or reading n_prefill
+        prompt tokens beside running streams (streams) or alone."""
+        if n_prefill == 0:
             self.decode_s = seconds if self.decode_s is None else (1 - _ALPHA) * self.decode_s + _ALPHA * seconds
             self._owed = max(0, self._owed - 1)
             return
+        if n_prefill >= BIG:  # what the window took beyond a decode window's fixed part, per token
+            b = max(seconds - (self.decode_s or 0.0), seconds / 2) / n_prefill
+            self._per_token = b if self._per_token is None else (1 - _ALPHA) * self._per_token + _ALPHA * b
+        if not streams:
+            return
         self._mixed.append((n_prefill, seconds))
-        if self._charge and self.decode_s:
-            self._owed = max(0, math.ceil((KEEP * seconds / self.decode_s - 1) / (1 - KEEP)))
-        self._charge = False
+        if self._charge is not None and self.decode_s:  # what the chunk took beyond what was paid ahead
+            self._owed = max(0, _owed(seconds, self.decode_s) - self._charge)
+        self._charge = None
 
     def cost(self) -> tuple[float, float] | None:
-        """(a, b) of a mixed window, a + b * n seconds; None until there is something to fit."""
-        if not self._mixed or self.decode_s is None:
+        """(a, b) of a mixed window, a + b * n seconds; None until there is something to go on."""
+        if self.decode_s is None or (not self._mixed and self._per_token is None):
             return None
+        d = self.decode_s
         ns = [n for n, _ in self._mixed]
         ts = [t for _, t in self._mixed]
-        if len(set(ns)) >= 2:  # least squares over the recent windows
+        if len(set(ns)) >= 2 and max(ns) >= BIG:  # least squares over recent mixed windows, large ones among them
             mn, mt = sum(ns) / len(ns), sum(ts) / len(ts)
-            var = sum((n - mn) ** 2 for n in ns)
-            b = sum((n - mn) * (t - mt) for n, t in zip(ns, ts)) / var
-            a = mt - b * mn
-            if b > 0 and a >= 0:
-                return a, b
-        # one size seen (or a fit that makes no sense): the fixed part is at least a decode window
-        a = self.decode_s
-        b = max(sum(t - a for t in ts) / sum(ns), 1e-9)
-        return a, b
+            b = sum((n - mn) * (t - mt) for n, t in zip(ns, ts)) / sum((n - mn) ** 2 for n in ns)
+            if b > 0 and mt - b * mn >= 0:
+                return mt - b * mn, b
+        if self._per_token is not None:  # the fixed part is at least a decode window
+            return max(d, max((t - self._per_token * n for n, t in self._mixed), default=d)), self._per_token
+        return d, max(sum(t - d for t in ts) / sum(ns), 1e-9)  # one size seen: beyond a decode window, per token
 
     def chunk(self, max_chunk: int, remaining: int) -> int:
         """Prompt tokens for the next window beside running streams, of `remaining` still to read (0: this one
         stays decode-only)."""
-        self._charge = False
-        if self._owed > 0:  # the decode-only window this plans pays it back (observe)
+        self._charge = None
+        if self._owed > 0:  # the decode-only window this plans pays one back (observe)
             return 0
         full = max(1, min(max_chunk, remaining))
+        if self._prepaid is not None:  # its windows were paid ahead: the chunk now
+            self._charge, self._prepaid = self._prepaid, None
+            return full
         fit = self.cost()
         if fit is None:
             return min(self.first_guess, full)
@@ -88,10 +107,13 @@ class PrefillPacer:
         if n_mixed >= full:  # the rest of the prompt fits a window that keeps the pace
             return full
         t_full = a + b * full
-        owed = max(0, math.ceil((KEEP * t_full / d - 1) / (1 - KEEP)))
+        owed = _owed(t_full, d)
         rate_mixed = n_mixed / (a + b * n_mixed) if n_mixed >= MIN_CHUNK else 0.0
         rate_full = full / (t_full + owed * d)
         if rate_mixed >= rate_full:
             return n_mixed
-        self._charge = True
-        return full
+        if owed == 0:
+            self._charge = 0
+            return full
+        self._owed, self._prepaid = owed, owed
+        return 0

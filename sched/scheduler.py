@@ -331,8 +331,10 @@ class Scheduler:
     def _commit(self, window: list[tuple[Slot, np.ndarray]], logits: list[np.ndarray], seconds: float) -> None:
         n_prefill = sum(len(t) for s, t in window if s.req.state is RequestState.ADMITTING)
         self.counters.add_window(seconds, n_prefill, len(window))
-        if len(window) > (1 if n_prefill else 0):  # only windows with running streams teach the pacer
-            self.pacer.observe(self._cadence(seconds) if not n_prefill else seconds, n_prefill)
+        if n_prefill:  # a prompt read beside streams, or alone (large ones still teach the per-token cost)
+            self.pacer.observe(seconds, n_prefill, streams=len(window) > 1)
+        elif window:
+            self.pacer.observe(self._cadence(seconds), 0)
         if n_prefill:
             self._decode_mark = None
             log.debug("window: %d rows, %d prompt tokens, %.1f ms; pacer fit %s, decode %s, owed %d", len(window),
