@@ -8,3 +8,11 @@ REPO=$PWD
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 STRATA_FIXTURES=$REPO/.gpu_fixtures
 tok=.gpu_fixtures/qwen3_tokenizer/package/models
 [ -f $tok/tokenizer.json ] || gunzip -k $tok/tokenizer.json.gz
+
+# Write $MODEL (strata synth: $ARCH, $SHAPE, router skew ${SKEW:-0}, Q4_K experts, Q6_K output) in the background,
+# or keep the one already there with REUSE=1; the log goes to $OUT/synth.log and SYNTH_PID is the job to wait for.
+start_synth() {
+  [ -n "${REUSE:-}" ] && [ -f $MODEL ] && { echo "reusing $MODEL" >"$OUT/synth.log"; true; } || (cd /tmp && python3 -m strata synth --arch $ARCH --shape $SHAPE --quant q4_k --output-quant q6_k --router-skew ${SKEW:-0} \
+     -o $MODEL >"$OUT/synth.log" 2>&1; echo "rc=$?" >>"$OUT/synth.log") &
+  SYNTH_PID=$!
+}

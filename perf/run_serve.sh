@@ -15,9 +15,7 @@ ARCH=${ARCH:-qwen3next}; SHAPE=${SHAPE:-80b-a3b}
 MODEL=/tmp/$ARCH-$SHAPE-q4_k.gguf
 TIER_ARGS=""; [ -n "${CAP:-}" ] && TIER_ARGS="--vram-budget-mib $CAP --cache-policy ${POLICY:-static} --pcie-frac 1"
 case " $STEPS " in *" engine "*|*" serve "*)
-  [ -n "${REUSE:-}" ] && [ -f $MODEL ] && { echo "reusing $MODEL" >"$OUT/synth.log"; true; } || (cd /tmp && python3 -m strata synth --arch $ARCH --shape $SHAPE --quant q4_k --output-quant q6_k --router-skew ${SKEW:-0} \
-     -o $MODEL >"$OUT/synth.log" 2>&1; echo "rc=$?" >>"$OUT/synth.log") &
-  SYNTH_PID=$! ;; esac
+  start_synth ;; esac
 case " $STEPS " in *" tests "*)
   (cd /tmp && timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -rA -s -p no:cacheprovider -W "ignore:::cupy" \
     -k "${TEST_K:-sampler or pipeline or draw}" $REPO/tests/test_gpu_refs.py $REPO/tests/test_gpu_kernels.py \

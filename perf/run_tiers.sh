@@ -14,9 +14,7 @@ source perf/device_setup.sh
 ARCH=${ARCH:-qwen3next}; SHAPE=${SHAPE:-80b-a3b}
 MODEL=/tmp/$ARCH-$SHAPE-q4_k.gguf
 case " $STEPS " in *" bench "*|*" policies "*)
-  [ -n "${REUSE:-}" ] && [ -f $MODEL ] && { echo "reusing $MODEL" >"$OUT/synth.log"; true; } || (cd /tmp && python3 -m strata synth --arch $ARCH --shape $SHAPE --quant q4_k --output-quant q6_k --router-skew ${SKEW:-0} \
-     -o $MODEL >"$OUT/synth.log" 2>&1; echo "rc=$?" >>"$OUT/synth.log") &
-  SYNTH_PID=$! ;; esac
+  start_synth ;; esac
 case " $STEPS " in *" tests "*)
   (cd /tmp && timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -rA -s -p no:cacheprovider -W "ignore:::cupy" \
     ${TEST_K:+-k "$TEST_K"} $REPO/tests/test_gpu_tiers.py $REPO/tests/test_gpu_share.py ${TEST_FILES:-} >"$OUT/tests.log" 2>&1)

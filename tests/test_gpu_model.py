@@ -205,6 +205,13 @@ def write_next(tmp_path: Path, shape: str, quant: Q) -> Path:
     return path
 
 
+def tiny_file(tmp_path: Path, arch: str) -> Path:
+    """The tiny Q4_K file of a MoE architecture: qwen3moe, or qwen3next through the synth writer."""
+    if arch == "qwen3moe":
+        return write_tiny(tmp_path / "tiny.gguf", "qwen3moe", "q4_k_m")
+    return write_next(tmp_path, "tiny", Q.Q4_K)
+
+
 @pytest.mark.parametrize("q8", [True, False], ids=["q8", "fp32"])
 @pytest.mark.parametrize("quant", [Q.Q4_K, Q.Q8_0], ids=lambda q: q.name)
 @pytest.mark.parametrize("shape", list(NEXT_SHAPES))
@@ -216,7 +223,7 @@ def test_qwen3next_matches_cpu(tmp_path, shape, quant, q8):
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
 def test_graph_replay_equals_eager_and_batch_equals_solo(tmp_path, arch):
-    path = write_tiny(tmp_path / "m.gguf", arch, "q4_k_m") if arch == "qwen3moe" else write_next(tmp_path, "tiny", Q.Q4_K)
+    path = tiny_file(tmp_path, arch)
     _, gpu = _models(path)
     rng = np.random.default_rng(2)
     prompts = [rng.integers(0, VOCAB, n) for n in (3, 7, 20)]
@@ -300,7 +307,7 @@ def pipelined_equals_plain(gpu, prompts, draws, steps: int) -> None:
 def test_decode_pipeline_equals_plain_windows(tmp_path, arch):
     from strata.sampling import SamplingParams
 
-    path = write_tiny(tmp_path / "m.gguf", arch, "q4_k_m") if arch == "qwen3moe" else write_next(tmp_path, "tiny", Q.Q4_K)
+    path = tiny_file(tmp_path, arch)
     _, gpu = _models(path)
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, VOCAB, n) for n in (3, 7, 20)]

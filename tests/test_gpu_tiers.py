@@ -14,8 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf.constants import GGMLQuantizationType as Q
-from test_gpu_model import write_next, write_tiny
+from test_gpu_model import tiny_file
 
 from strata.gguf import GGUFFile
 from strata.gpu.kernels import tiers as kt
@@ -27,12 +26,6 @@ from strata.weights import WeightStore
 pytestmark = pytest.mark.gpu
 
 SIZES = ["off", "one", "50%", "100%"]
-
-
-def _file(tmp_path: Path, arch: str) -> Path:
-    if arch == "qwen3moe":
-        return write_tiny(tmp_path / "tiny.gguf", "qwen3moe", "q4_k_m")
-    return write_next(tmp_path, "tiny", Q.Q4_K)
 
 
 def _model(path: Path, cache: str = "auto", **share):
@@ -60,7 +53,7 @@ def _run(m, prompt: np.ndarray, steps: int):
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
 def test_any_cache_size_equals_all_resident(tmp_path, arch):
-    path = _file(tmp_path, arch)
+    path = tiny_file(tmp_path, arch)
     prompt = np.random.default_rng(1).integers(0, 900, 40)  # chunks of 16, 16 (borrowing) and 8 (zero-copy)
     ref, _ = _run(_model(path), prompt, 6)
     for size in SIZES:
@@ -88,7 +81,7 @@ def test_any_cache_size_equals_all_resident(tmp_path, arch):
 
 
 def test_batch_with_tiers_equals_solo(tmp_path):
-    path = _file(tmp_path, "qwen3moe")
+    path = tiny_file(tmp_path, "qwen3moe")
     m = _model(path, "50%")
     prompts = [np.arange(5, 25), np.arange(30, 41)]
     solo = []
@@ -139,7 +132,7 @@ def test_a_learning_cache_equals_all_resident(tmp_path, name):
     and the greedy loop), and every landed slot holds its expert's bytes."""
     from strata.gpu import tiers as gt
 
-    path = _file(tmp_path, "qwen3next")
+    path = tiny_file(tmp_path, "qwen3next")
     prompt = np.random.default_rng(2).integers(0, 900, 20)
     steps = 6 * gt.LEARN_EVERY
     ref, _ = _run(_model(path), prompt, steps)
@@ -187,7 +180,7 @@ def test_recorded_gpu_routes_replay_to_the_counters(tmp_path):
     policy from the engine's placement, give exactly the lookups and hits the device counted."""
     from strata.tiers import sim, trace
 
-    m = _model(_file(tmp_path, "qwen3moe"), "50%")
+    m = _model(tiny_file(tmp_path, "qwen3moe"), "50%")
     rec = m.expert_cache.record(tmp_path / "routes.npz")
     _, st = _run(m, np.random.default_rng(4).integers(0, 900, 20), 5)
     rec.save()
@@ -207,7 +200,7 @@ def test_decode_pipeline_through_the_tiers(tmp_path, size, policy):
 
     from strata.sampling import SamplingParams
 
-    path = _file(tmp_path, "qwen3next")
+    path = tiny_file(tmp_path, "qwen3next")
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, 900, n) for n in (4, 9)]
     draws = [(SamplingParams(temperature=0.0), 1), (SamplingParams(temperature=0.9, top_k=20, top_p=0.9), 3)]

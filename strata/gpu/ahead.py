@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from strata.gpu.runtime import cupy_module
+from strata.gpu.runtime import DEVICE_TO_HOST, HOST_TO_DEVICE, cupy_module
 from strata.sampling import DRAW_COLS, SamplingParams, device_drawable, draw_row
 from strata.state import SequenceState
 
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from strata.gpu.model import GpuModel
     from strata.gpu.tiers import PassRecord
 
-_H2D, _D2H = 1, 2  # cudaMemcpyKind
 RING = 3  # pinned buffers in turn: at most two launches are in flight
 
 
@@ -106,14 +105,14 @@ class GraphAhead:
                 s.kv.length = s.n_past  # type: ignore[attr-defined]
                 params, seed = self._draws[i]
                 rows[i] = draw_row(params, seed, s.n_past)
-            cp.cuda.runtime.memcpyAsync(g.draws.data.ptr, rows.ctypes.data, b * DRAW_COLS * 8, _H2D, stream.ptr)
+            cp.cuda.runtime.memcpyAsync(g.draws.data.ptr, rows.ctypes.data, b * DRAW_COLS * 8, HOST_TO_DEVICE, stream.ptr)
             tiers = m.tiers
             if tiers is not None:
                 tiers.publish()
             g._launch(b)
             if tiers is not None:
                 tiers.overlap()
-            cp.cuda.runtime.memcpyAsync(out.ctypes.data, g.chosen.data.ptr, b * 8, _D2H, stream.ptr)
+            cp.cuda.runtime.memcpyAsync(out.ctypes.data, g.chosen.data.ptr, b * 8, DEVICE_TO_HOST, stream.ptr)
             record = tiers.record(b) if tiers is not None else None
             event = cp.cuda.Event(disable_timing=True)
             event.record(stream)

@@ -58,6 +58,9 @@ class Kernels:
         return fn
 
 
+HOST_TO_DEVICE, DEVICE_TO_HOST = 1, 2  # cudaMemcpyKind, for cudaMemcpyAsync on pinned host memory
+
+
 def launch(fn: Any, grid: tuple[int, ...], block: int, args: tuple[Any, ...], smem: int = 0) -> None:
     """Launch on the current stream, raising the kernel's dynamic shared-memory cap when needed."""
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:

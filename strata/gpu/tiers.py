@@ -41,7 +41,7 @@ import numpy as np
 from strata.errors import ConfigError
 from strata.gguf import GGUFFile
 from strata.gpu.kernels import tiers as kt
-from strata.gpu.runtime import Kernels, cupy_module, launch, ptr
+from strata.gpu.runtime import DEVICE_TO_HOST, HOST_TO_DEVICE, Kernels, cupy_module, launch, ptr
 from strata.gpu.weights import DevMatrix
 from strata.tiers import share as split
 from strata.tiers.arena import MmapArena, PinnedArena
@@ -51,7 +51,6 @@ from strata.tiers.slots import ExpertCache, Staging
 from strata.tiers.telemetry import note
 
 MAX_ROWS_PER_LAUNCH = 60000  # gridDim.y limit is 65535
-HOST_TO_DEVICE = 1  # cudaMemcpyHostToDevice
 BLOCKS_PER_ROW = 4  # an expert part is ~0.2-2 MB: a few blocks each keep enough reads in flight
 
 
@@ -437,8 +436,8 @@ class GpuTiers:
         counts = cupyx.empty_pinned((n, 3), np.uint64)
         routes = cupyx.empty_pinned((self.routes.shape[0], n, self.routes.shape[2]), np.int32)
         packed = cp.ascontiguousarray(self.routes[:, :n])
-        cp.cuda.runtime.memcpyAsync(counts.ctypes.data, self.counts.data.ptr, counts.nbytes, 2, stream.ptr)
-        cp.cuda.runtime.memcpyAsync(routes.ctypes.data, packed.data.ptr, routes.nbytes, 2, stream.ptr)
+        cp.cuda.runtime.memcpyAsync(counts.ctypes.data, self.counts.data.ptr, counts.nbytes, DEVICE_TO_HOST, stream.ptr)
+        cp.cuda.runtime.memcpyAsync(routes.ctypes.data, packed.data.ptr, routes.nbytes, DEVICE_TO_HOST, stream.ptr)
         self.counts[:n].fill(0)
         keep = [*self._keep, *self.slots._keep, packed]
         self._keep, self.slots._keep = [], []
