@@ -21,7 +21,8 @@ import time
 import numpy as np
 import pytest
 from strata.jit.share import Mailbox
-from test_gpu_tiers import _file, _model, _run
+from test_gpu_model import tiny_file
+from test_gpu_tiers import _model, _run
 
 from strata.gpu.kernels import tiers as kt
 
@@ -51,7 +52,7 @@ def _close(a: np.ndarray, b: np.ndarray, what: str) -> float:
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
 @pytest.mark.parametrize("frac", [0.5, 0.0])
 def test_cpu_share_agrees_with_all_resident(tmp_path, arch, frac):
-    path = _file(tmp_path, arch)
+    path = tiny_file(tmp_path, arch)
     prompt = np.random.default_rng(1).integers(0, 900, 32)  # two 16-row chunks: no share
     ref, _ = _run(_model(path), prompt, 6)
     tokens = [int(r[-1].argmax()) for r in ref[:-1]]
@@ -74,7 +75,7 @@ def test_cpu_share_agrees_with_all_resident(tmp_path, arch, frac):
 
 
 def test_pageable_arena_runs_every_decode_miss_on_the_cpu(tmp_path):
-    path = _file(tmp_path, "qwen3next")
+    path = tiny_file(tmp_path, "qwen3next")
     prompt = np.random.default_rng(2).integers(0, 900, 20)  # 16 rows (staged), then 4 (the CPU's)
     ref, _ = _run(_model(path), prompt, 4)
     m = _model(path, "50%", pin=False)
@@ -87,7 +88,7 @@ def test_pageable_arena_runs_every_decode_miss_on_the_cpu(tmp_path):
 
 
 def test_a_silent_cpu_fails_the_pass_instead_of_hanging(tmp_path):
-    m = _model(_file(tmp_path, "qwen3moe"), "50%", pcie_frac=0.0)
+    m = _model(tiny_file(tmp_path, "qwen3moe"), "50%", pcie_frac=0.0)
     st = m.new_state()
     m.forward(np.arange(3, 20), st, all_logits=False)
     m.tiers.share.close()  # nobody answers the mailbox now
@@ -170,7 +171,7 @@ def _q8_twin(m):
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
 def test_the_share_plumbing_is_exact_with_the_gpus_own_arithmetic(tmp_path, arch):
-    path = _file(tmp_path, arch)
+    path = tiny_file(tmp_path, arch)
     prompt = np.random.default_rng(1).integers(0, 900, 32)
     ref, _ = _run(_model(path), prompt, 6)
     m = _model(path, "50%", pcie_frac=0.0)
