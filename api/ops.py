@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 
 from strata.api.body import read_json
 from strata.api.errors import APIError, bad_request, error_response
@@ -82,40 +82,9 @@ async def props(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    s = _state(request)
-    c, sch = s.scheduler.counters, s.scheduler
-    rows = [
-        ("strata_requests_total", "counter", "Requests completed", c.requests),
-        ("strata_requests_failed_total", "counter", "Requests failed by an engine error", c.requests_failed),
-        ("strata_prompt_tokens_total", "counter", "Prompt tokens prefilled", c.prompt_tokens),
-        ("strata_prompt_tokens_cached_total", "counter", "Prompt tokens reused from the prefix cache",
-         c.cached_prompt_tokens),
-        ("strata_tokens_predicted_total", "counter", "Tokens generated", c.generated_tokens),
-        ("strata_prompt_seconds_total", "counter", "Seconds spent in prefill", round(c.prompt_seconds, 6)),
-        ("strata_decode_seconds_total", "counter", "Seconds spent decoding", round(c.decode_seconds, 6)),
-        ("strata_slots_busy", "gauge", "Slots generating now", sch.busy_slots),
-        ("strata_slots_total", "gauge", "Configured slots", sch.parallel),
-        ("strata_queue_depth", "gauge", "Requests waiting for a slot", sch.queue_depth),
-    ]
-    cache = s.engine.expert_cache
-    if cache is not None:
-        rows.append(("strata_expert_cache_slots", "gauge", "Expert cache slots in VRAM", cache.n_slots))
-        rows.append(("strata_expert_swaps_total", "counter", "Experts the cache policy copied into slots",
-                     cache.swaps))
-        rows.append(("strata_expert_swap_bytes_total", "counter", "Bytes the cache policy copied into slots",
-                     cache.swap_bytes))
-        for phase, c in (("decode", cache.use.decode), ("prefill", cache.use.prefill)):
-            rows += [
-                (f"strata_{phase}_expert_lookups_total", "counter", f"Routed experts looked up ({phase})", c.lookups),
-                (f"strata_{phase}_expert_hits_total", "counter", f"Routed experts found in a slot ({phase})", c.hits),
-                (f"strata_{phase}_pcie_bytes_total", "counter", f"Expert bytes read from RAM over PCIe ({phase})",
-                 c.pcie_bytes),
-                (f"strata_{phase}_cpu_expert_calls_total", "counter",
-                 f"Routed experts computed on the CPU pool ({phase})", c.cpu_calls)]
-    lines = []
-    for name, kind, help_, value in rows:
-        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
-    return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+    """Prometheus text format, from the scheduler's own registry (sched/metrics.py)."""
+    m = _state(request).scheduler.metrics
+    return Response(m.render(), media_type=m.media_type)
 
 
 async def tokenize(request: Request) -> Response:

@@ -88,6 +88,7 @@ class Request:
     state: RequestState = RequestState.QUEUED
     finish: FinishReason | None = None
     cancelled: bool = False  # set from the loop; the engine thread checks it every token
+    submitted: float = 0.0  # perf_counter when the scheduler queued it (TTFT and queue wait count from here)
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
 
     def cancel(self) -> None:

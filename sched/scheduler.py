@@ -35,13 +35,14 @@ from strata.engine import Engine
 from strata.errors import StrataError
 from strata.reasoning_budget import ThinkBudget
 from strata.sched.ahead import Ahead, HostAhead
+from strata.sched.metrics import Metrics
 from strata.sched.pacer import PrefillPacer
 from strata.sched.prefix_cache import PrefixCache
 from strata.sched.request import (
     DoneEvent, ErrorEvent, FinishReason, Request, RequestState, TokenEvent,
 )
 from strata.sched.slots import Counters, QueueFullError, Slot
-from strata.sequence import ActiveSequence, Constraint
+from strata.sequence import ActiveSequence, Chunk, Constraint
 from strata.tiers.telemetry import hit_rate_line, note
 
 __all__ = ["QueueFullError", "Scheduler", "ShuttingDownError"]
@@ -68,6 +69,7 @@ class Scheduler:
         self.heartbeat = time.monotonic()  # when the loop last finished a step
         self.prefix_cache = prefix_cache
         self.counters = Counters()
+        self.metrics = Metrics(self)
         self.epoch = 0
         self.pending_faults = 0  # test hook: windows left to fail on purpose
         self.pacer = PrefillPacer()
@@ -112,6 +114,7 @@ class Scheduler:
                 raise QueueFullError(self.queue_limit, retry_after=max(1, self.queue_depth))
         if not self.in_flight:
             self.heartbeat = time.monotonic()  # the loop was idle until now, which is not a stall
+        req.submitted = time.perf_counter()
         self._queue.append(req)
         self._wake.set()
 
@@ -225,6 +228,7 @@ class Scheduler:
             return
         seconds = time.perf_counter() - t0
         self.counters.add_window(seconds, 0, len(slots))
+        self.metrics.window_done(seconds, 0)
         self.pacer.observe(self._cadence(seconds), 0)
         ended = self._take_tokens(slots, chosen)
         if ended or not self._may_continue():
@@ -240,8 +244,7 @@ class Scheduler:
             if slot not in self._slots or slot.seq.finished:
                 continue
             try:
-                for chunk in slot.seq.accept_token(int(tok)):
-                    slot.req.events.put_nowait(TokenEvent(chunk.token, chunk.text))
+                self._emit(slot, slot.seq.accept_token(int(tok)))
             except Exception as e:  # detokenizing this request failed: it alone ends
                 log.exception("committing request %d failed", slot.req.id)
                 self._slots.remove(slot)
@@ -288,6 +291,7 @@ class Scheduler:
                 continue
             req.state = RequestState.ADMITTING
             self._slots.append(slot)
+            self.metrics.admitted(req)
 
     def _new_slot(self, req: Request) -> Slot:
         state = self.engine.new_state()
@@ -331,6 +335,7 @@ class Scheduler:
     def _commit(self, window: list[tuple[Slot, np.ndarray]], logits: list[np.ndarray], seconds: float) -> None:
         n_prefill = sum(len(t) for s, t in window if s.req.state is RequestState.ADMITTING)
         self.counters.add_window(seconds, n_prefill, len(window))
+        self.metrics.window_done(seconds, n_prefill)
         if n_prefill:  # a prompt read beside streams, or alone (large ones still teach the per-token cost)
             self.pacer.observe(seconds, n_prefill, streams=len(window) > 1)
         elif window:
@@ -352,12 +357,18 @@ class Scheduler:
         if (req.state is RequestState.ADMITTING and self.prefix_cache is not None
                 and self.prefix_cache.wants(seq.state, len(seq.prompt))):
             self.prefix_cache.store(seq.state)
-        for chunk in seq.accept(row):
-            req.events.put_nowait(TokenEvent(chunk.token, chunk.text))
+        self._emit(slot, seq.accept(row))
         if req.state is RequestState.ADMITTING and seq.state.n_past >= len(seq.prompt):
             req.state = RequestState.SOLO
         if seq.finished:
             self._finish(slot, self._reason(seq))
+
+    def _emit(self, slot: Slot, chunks: list[Chunk]) -> None:
+        """A window's text for the slot's stream; a sampled token in it counts for the latency histograms."""
+        for chunk in chunks:
+            slot.req.events.put_nowait(TokenEvent(chunk.token, chunk.text))
+        if any(c.token is not None for c in chunks):
+            self.metrics.token(slot)
 
     @staticmethod
     def _reason(seq: ActiveSequence) -> FinishReason:
@@ -370,7 +381,7 @@ class Scheduler:
         req, r = slot.req, slot.seq.result
         req.state, req.finish = RequestState.FINISHED, reason
         self._slots.remove(slot)
-        self.counters.finished(r)
+        self.counters.finished(r, reason)
         cache = self.engine.expert_cache
         if cache is not None and r.timings.experts is not None:  # the seeds' line, per request
             note(hit_rate_line(r.timings.experts.decode))
@@ -397,7 +408,7 @@ class Scheduler:
     def _fail_request(self, req: Request, reason: str) -> None:
         req.state, req.finish = RequestState.FINISHED, FinishReason.ERROR
         req.events.put_nowait(ErrorEvent(reason))
-        self.counters.requests_failed += 1
+        self.counters.ended(FinishReason.ERROR)
 
 
 def _describe(e: BaseException) -> str:

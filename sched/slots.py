@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from strata.errors import StrataError
-from strata.sched.request import Request
+from strata.sched.request import FinishReason, Request
 from strata.sequence import ActiveSequence, GenerationResult
 
 
@@ -24,14 +24,14 @@ class Slot:
     req: Request
     seq: ActiveSequence
     cached: int  # prompt tokens restored from the prefix cache
+    last_token: float = 0.0  # perf_counter of the stream's last token (0: none yet), for /metrics' latencies
 
 
 @dataclass(slots=True)
 class Counters:
-    """Monotonic totals for /metrics."""
+    """Monotonic totals for /metrics and /v1/status."""
 
-    requests: int = 0
-    requests_failed: int = 0
+    outcomes: dict[FinishReason, int] = field(default_factory=dict)  # requests ended, by finish reason
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
     generated_tokens: int = 0
@@ -48,8 +48,20 @@ class Counters:
             self.prompt_seconds += seconds * n_prefill / total
             self.decode_seconds += seconds * n_decode / total
 
-    def finished(self, r: GenerationResult) -> None:
-        self.requests += 1
+    @property
+    def requests(self) -> int:
+        """Requests completed (cancelled ones too): every outcome but an engine error."""
+        return sum(n for reason, n in self.outcomes.items() if reason is not FinishReason.ERROR)
+
+    @property
+    def requests_failed(self) -> int:
+        return self.outcomes.get(FinishReason.ERROR, 0)
+
+    def ended(self, reason: FinishReason) -> None:
+        self.outcomes[reason] = self.outcomes.get(reason, 0) + 1
+
+    def finished(self, r: GenerationResult, reason: FinishReason) -> None:
+        self.ended(reason)
         self.prompt_tokens += r.timings.prompt_n
         self.cached_prompt_tokens += r.cached_tokens
         self.generated_tokens += len(r.tokens)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from server_fixture import Server, running_server
 
@@ -116,11 +117,47 @@ def test_ops_endpoints(server: Server) -> None:
         text = c.post("/detokenize", json={"tokens": toks}).json()["content"]
     assert status["slots"] == 4 and status["queue_depth"] == 0 and status["model"]
     assert props["n_ctx"] == 2048 and "im_start" in props["chat_template"] and props["version"]
-    for name in ("strata_requests_total", "strata_tokens_predicted_total", "strata_prompt_seconds_total",
-                 "strata_decode_seconds_total", "strata_slots_busy", "strata_queue_depth"):
+    for name in ("strata_generated_tokens_total", "strata_prompt_seconds_total", "strata_decode_seconds_total",
+                 "strata_slots_busy", "strata_queue_depth"):
         assert f"\n{name} " in "\n" + metrics
-    assert "# TYPE strata_requests_total counter" in metrics
+    assert "# TYPE strata_requests_total counter" in metrics and 'strata_requests_total{outcome="length"}' in metrics
     assert text == "Hello world"
+
+
+def _scrape(c: httpx.Client) -> dict[tuple[str, str], float]:
+    """/metrics through prometheus-client's own parser: (name, outcome label) -> value."""
+    r = c.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return {(s.name, s.labels.get("outcome", "")): s.value
+            for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+
+
+def test_metrics_parse_and_count_the_request(server: Server) -> None:
+    """Histograms gain an observation per request (TTFT, queue wait) and per token gap; the counters move by
+    the request's own usage and timings."""
+    with server.client() as c:
+        before = _scrape(c)
+        body = c.post("/v1/completions", json={"prompt": "Count to ten:", "max_tokens": 6, "temperature": 0,
+                                                "ignore_eos": True}).json()
+        after = _scrape(c)
+
+    def moved(name: str, outcome: str = "") -> float:
+        return after[(name, outcome)] - before.get((name, outcome), 0.0)
+
+    t = body["timings"]
+    assert t["predicted_n"] == 6 == body["usage"]["completion_tokens"]
+    assert moved("strata_generated_tokens_total") == t["predicted_n"]
+    assert moved("strata_prompt_tokens_total") == t["prompt_n"]
+    assert moved("strata_prompt_tokens_cached_total") == body["usage"]["prompt_tokens"] - t["prompt_n"]
+    assert moved("strata_requests_total", "length") == 1 and moved("strata_requests_total", "error") == 0
+    assert moved("strata_time_to_first_token_seconds_count") == 1
+    assert moved("strata_queue_wait_seconds_count") == 1
+    assert moved("strata_inter_token_latency_seconds_count") == t["predicted_n"] - 1
+    assert moved("strata_window_seconds_count") >= t["predicted_n"]
+    assert moved("strata_prefill_chunk_seconds_count") >= 1
+    # a stream's token gaps are its decode time, less what came after its last token
+    assert 0 < moved("strata_inter_token_latency_seconds_sum") <= t["predicted_ms"] / 1000 + 1e-3
+    assert after[("strata_slots_total", "")] == 4 and after[("strata_slots_busy", "")] == 0
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
