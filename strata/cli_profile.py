@@ -8,6 +8,7 @@ from pathlib import Path
 
 from strata.conf.engine import add_backend_flags, backend_options
 from strata.errors import ConfigError
+from strata.progress import ProgressBar
 from strata.sampling import SamplingParams
 
 
@@ -37,8 +38,10 @@ def run_profile(args: argparse.Namespace) -> int:
     cache = engine.expert_cache
     if cache is None or cache.profile is None:
         raise ConfigError("model", args.model, "has no routed experts to profile")
-    for text in prompts:
+    bar = ProgressBar(f"profile {Path(args.model).name}", len(prompts), unit="prompt")
+    for i, text in enumerate(prompts, 1):
         engine.generate(text, max_tokens=args.max_tokens, params=SamplingParams(temperature=0.0)).run()
+        bar(i)
     keeper = engine.profile_keeper
     assert keeper is not None
     keeper.wait()
