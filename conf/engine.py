@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from strata.tiers.budget import RESERVE_MIB, check_expert_cache
+from strata.tiers.lookahead import PREFETCH_DEFAULT, check_prefetch
 from strata.tiers.policy import POLICIES, check_policy
 from strata.tiers.profile import MODES as PROFILE_MODES
 from strata.tiers.profile import check_mode as check_profile_mode
@@ -39,6 +40,7 @@ class EngineOptions:
     probe: bool = False  # measure the PCIe and CPU expert rates again instead of reading them from the cache dir
     cache_policy: str = "static"  # static | lru | adaptive: which experts the slots keep, swapped between windows
     swap_budget_mib: int = 64  # what one pass may copy into the slots when the policy swaps experts
+    prefetch: int = PREFETCH_DEFAULT  # experts a GPU decode layer copies ahead of its router (0: off)
     routing_profile: str = "auto"  # auto: fill the expert cache from the saved routing profile, count and save; off
     record_routes: str | None = None  # write every routed (token, layer, experts) here (.npz) when there are tiers
     ple_io: str = "auto"  # Qwen4-Exp's n-gram table: auto | ram | mmap | direct (strata.tiers.tables)
@@ -72,6 +74,7 @@ class EngineOptions:
         check_profile_mode(self.routing_profile, "routing_profile")
         if self.swap_budget_mib < 0:
             raise ConfigError("swap_budget_mib", self.swap_budget_mib, "must be >= 0 (0: the cache never swaps)")
+        check_prefetch(self.prefetch, "prefetch")
         if self.n_seq < 1:
             raise ConfigError("n_seq", self.n_seq, "must be >= 1")
         parse_overrides(self.override_kv, "override_kv")
@@ -166,6 +169,9 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
                    "at exit; off: the static fill, nothing saved")
     p.add_argument("--swap-budget-mib", type=int, default=64, help="what one pass may copy into the cache's slots "
                    "when the policy swaps experts (default 64; 0: never swap)")
+    p.add_argument("--prefetch", type=int, default=PREFETCH_DEFAULT, help="lookahead prefetch: experts each GPU "
+                   "decode layer copies from RAM ahead of its router, predicted by the router on the layer's input "
+                   f"while its attention or DeltaNet runs (default {PREFETCH_DEFAULT}; 0: off)")
     p.add_argument("--record-routes", default=None, metavar="FILE", help="write every routed (token, layer, "
                    "experts) of the run to FILE (.npz) at exit, for `strata tiers simulate` (the expert tiers: a GPU "
                    "whose experts do not all fit, or --device cpu --expert-cache SIZE)")
@@ -188,7 +194,8 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     parse_pcie_frac(args.pcie_frac)
     if args.swap_budget_mib < 0:
         raise ConfigError("--swap-budget-mib", args.swap_budget_mib, "must be >= 0 (0: the cache never swaps)")
-    return {"pcie_frac": args.pcie_frac, "probe": args.probe, "ple_io": args.ple_io, "record_routes": args.record_routes, "cache_policy": args.cache_policy,
+    check_prefetch(args.prefetch)
+    return {"prefetch": args.prefetch, "pcie_frac": args.pcie_frac, "probe": args.probe, "ple_io": args.ple_io, "record_routes": args.record_routes, "cache_policy": args.cache_policy,
             "swap_budget_mib": args.swap_budget_mib, "routing_profile": args.routing_profile,
             "override_kv": tuple(args.override_kv),
             "backend": args.backend, "pool_workers": args.pool_workers, "aux_cpus": args.aux_cpus,

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
+from strata.tiers.lookahead import PREFETCH_DEFAULT
 
 
 def copy_bandwidth(cp: Any) -> float:
@@ -214,7 +215,8 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
                                    expert_cache=a.expert_cache, seqs=max(a.batches),
                                    tiers=TierOptions(parse_pcie_frac(a.pcie_frac), a.probe, a.pool_workers,
                                                       cache_policy=a.cache_policy,
-                                                      swap_budget=a.swap_budget_mib << 20, profile=filled)))
+                                                      swap_budget=a.swap_budget_mib << 20, profile=filled,
+                                                      prefetch=a.prefetch)))
     res: dict[str, Any] = {"load_s": time.perf_counter() - t0, "chunk": a.chunk,
                            "kernels": "v1" if a.v1 else ("split" if a.no_q8 else "split+q8")}
     cache = gpu.expert_cache
@@ -225,7 +227,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
                         "budget_mib": a.vram_budget_mib, "pcie": gpu.tiers.probe(),
                         "layers": len(cache.layout.layers), "expert_bytes": cache.layout.total_bytes,
                         "pcie_frac": cache.pcie_frac, "pageable": gpu.tiers.pageable,
-                        "policy": a.cache_policy, "swap_budget_mib": a.swap_budget_mib,
+                        "policy": a.cache_policy, "swap_budget_mib": a.swap_budget_mib, "prefetch": a.prefetch,
                         "rates": None if gpu.tiers.rates is None else dataclasses.asdict(gpu.tiers.rates)}
         print(f"  PCIe: zero-copy {res['tiers']['pcie']['zero_copy'] / 1e9:.1f} GB/s, copy engine "
               f"{res['tiers']['pcie']['copy_engine'] / 1e9:.1f} GB/s", flush=True)
@@ -268,6 +270,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
         share = None if gpu.tiers is None else gpu.tiers.share
         r0, s0 = (share.requests, share.busy_s) if share is not None else (0, 0.0)
         w0 = (cache.swaps, cache.swap_bytes) if cache is not None else (0, 0)
+        pf0 = dataclasses.replace(cache.prefetch) if cache is not None else None
         t = time.perf_counter()
         gpu.graphs.greedy_loop(list(range(1, b + 1)), states, a.gen)
         dt = time.perf_counter() - t
@@ -291,6 +294,14 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
             print(f"  decode expert cache hit rate {hits / max(lk, 1):.1%}, "
                   f"{nb / (b * a.gen) / 1e6:.0f} MB/token over PCIe, {cc * per_call / (b * a.gen) / 1e6:.0f} MB/token "
                   f"on the CPU (pcie_frac {cache.pcie_frac:.2f})", flush=True)
+            pf = cache.prefetch
+            if pf.staged > pf0.staged:
+                got = {k: getattr(pf, k) - getattr(pf0, k) for k in ("staged", "used", "used_bytes", "wasted_bytes")}
+                res[f"prefetch_b{b}"] = {**got, "accuracy": got["used"] / got["staged"],
+                                         "saved_bytes_per_token": got["used_bytes"] / (b * a.gen)}
+                print(f"  lookahead: {got['used']:,} of {got['staged']:,} staged used "
+                      f"({got['used'] / got['staged']:.1%}), {got['used_bytes'] / (b * a.gen) / 1e6:.0f} MB/token read "
+                      f"ahead, {got['wasted_bytes'] / (b * a.gen) / 1e6:.0f} wasted", flush=True)
     s = gpu.new_state()
     gpu.forward(np.array([1]), s, all_logits=False)
     t = time.perf_counter()
@@ -371,6 +382,7 @@ def main() -> None:
     ap.add_argument("--probe", action="store_true", help="Strata's --probe: measure the split's rates again")
     ap.add_argument("--cache-policy", default="static", help="Strata's --cache-policy (static, lru, adaptive)")
     ap.add_argument("--swap-budget-mib", type=int, default=64, help="Strata's --swap-budget-mib")
+    ap.add_argument("--prefetch", type=int, default=PREFETCH_DEFAULT, help="Strata's --prefetch (0: off)")
     ap.add_argument("--routing-profile-out", type=Path, default=None, help="count the run's routing into this "
                     "profile file (.npz)")
     ap.add_argument("--routing-profile-in", type=Path, default=None, help="fill the cache from this profile file")

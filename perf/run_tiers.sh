@@ -5,15 +5,17 @@
 # ARCH / SHAPE pick the synth file (default qwen3next 80b-a3b, 42 GiB), SKEW its router skew (default 0, uniform);
 # CAPS the VRAM budgets in MiB (commas); the `policies` step runs bench_gpu.py at CAP (default 22528) once per
 # RUNS entry (policy:swap-budget[:out|:in], see below), after WARM (default 256) decode tokens;
+# the `prefetch` step runs bench_gpu.py at CAP once per --prefetch value in PREFETCHES (default 0,1,2,3);
 # PCIE_FRACS the --pcie-frac values per cap (default auto); BENCH_ARGS adds perf/bench_tiers.py options; LLAMA_BIN (a llama.cpp CUDA build's bin) sweeps llama.cpp in the
 # same run, else its earlier numbers come from perf/peer_tiers_2026-12-02.json. REUSE=1 keeps a file already written. Carried in (git-ignored): .whl/, .gpu_fixtures/ (see run_gpu.sh).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=${*:-tests bench}
+PREFETCHES=${PREFETCHES:-0,1,2,3}
 source perf/device_setup.sh
 ARCH=${ARCH:-qwen3next}; SHAPE=${SHAPE:-80b-a3b}
 MODEL=/tmp/$ARCH-$SHAPE-q4_k.gguf
-case " $STEPS " in *" bench "*|*" policies "*)
+case " $STEPS " in *" bench "*|*" policies "*|*" prefetch "*)
   start_synth ;; esac
 case " $STEPS " in *" tests "*)
   (cd /tmp && timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -rA -s -p no:cacheprovider -W "ignore:::cupy" \
@@ -36,4 +38,13 @@ case " $STEPS " in *" policies "*)
       --prompts ${PROMPTS:-512,4096} --gen 64 --batches 1,4 --pcie-frac 1 --cache-policy $pol --swap-budget-mib $budget \
       --warm-decode ${WARM:-256} $extra --no-table --json "$OUT/policy_${pol}_${budget}${prof:+_$prof}.json" ${BENCH_ARGS:-} 2>&1 \
       | grep -v "^WARNING" | grep -E "strata|swaps|warm|hit rate|VRAM|pre-filled|rc=|Error|error" | tail -20
+  done ;; esac
+case " $STEPS " in *" prefetch "*)
+  wait $SYNTH_PID 2>/dev/null; tail -2 "$OUT/synth.log"
+  for k in ${PREFETCHES//,/ }; do
+    echo "== --prefetch $k"
+    timeout ${BENCH_TIMEOUT:-300} python3 $REPO/perf/bench_gpu.py --model $MODEL --vram-budget-mib ${CAP:-22528} \
+      --prompts ${PROMPTS:-512} --gen ${GEN:-64} --batches ${BATCHES:-1,4} --pcie-frac 1 --prefetch $k --no-table \
+      --json "$OUT/prefetch_$k.json" ${BENCH_ARGS:-} 2>&1 | grep -v "^WARNING" \
+      | grep -E "strata|lookahead|hit rate|VRAM|rc=|Error|error" | tail -20
   done ;; esac

@@ -123,7 +123,8 @@ class Engine:
 
             share = TierOptions(parse_pcie_frac(opts.pcie_frac), opts.probe, opts.pool_workers, opts.aux_cpus,
                                  opts.jit_cache, cache_policy=opts.cache_policy,
-                                 swap_budget=opts.swap_budget_mib << 20, profile=keeper.saved if keeper else None)
+                                 swap_budget=opts.swap_budget_mib << 20, profile=keeper.saved if keeper else None,
+                                 prefetch=opts.prefetch)
             gpu_opts = GpuOptions(opts.vram_budget_mib, opts.n_ctx, opts.prefill_chunk,
                                   reserve_mib=opts.vram_reserve_mib, expert_cache=opts.expert_cache, seqs=opts.n_seq,
                                   tiers=share)

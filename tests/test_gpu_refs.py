@@ -283,3 +283,28 @@ def test_device_selection_names_the_option():
     with pytest.raises(ConfigError, match="^device='cuda'"):
         resolve_device("cuda", "qwen4exp")  # no GPU path (or no GPU at all): an error, never a silent CPU run
     assert resolve_device("auto", "qwen4exp") == "cpu"
+
+
+def test_prefetch_twins_pick_rank_by_rank_and_count_the_used():
+    """The lookahead's picks: each row's best prediction first, rows interleaved, only experts the decode table
+    reads over PCIe (-1; not a slot, not the CPU's -2), no repeats, -1 padding; the restore's counts."""
+    from strata.gpu.kernels import tiers as kt
+
+    where = np.array([-1, 0, -1, -2, -1, -1], np.int32)
+    pred = np.array([[2, 1, 4], [2, 5, 0]], np.int32)  # rank 0: 2, 2 (repeat); rank 1: 1 (slot), 5; rank 2: 4, 0
+    np.testing.assert_array_equal(kt.ref_prefetch_pick(pred, where, 3), [2, 5, 4])
+    np.testing.assert_array_equal(kt.ref_prefetch_pick(pred, where, 6), [2, 5, 4, 0, -1, -1])
+    np.testing.assert_array_equal(kt.ref_prefetch_pick(np.array([[1, 3]], np.int32), where, 2), [-1, -1])
+    stats = kt.ref_prefetch_restore(np.array([2, 5, -1], np.int32), np.array([5, 1, 0]), 100)
+    np.testing.assert_array_equal(stats, [2, 1, 100, 100])
+
+
+def test_prefetch_flag_is_checked():
+    from strata.engine import EngineOptions
+    from strata.tiers.lookahead import PREFETCH_MAX
+
+    with pytest.raises(ConfigError, match="prefetch"):
+        EngineOptions.from_kwargs(prefetch=PREFETCH_MAX + 1)
+    with pytest.raises(ConfigError, match="prefetch"):
+        EngineOptions.from_kwargs(prefetch=-1)
+    assert EngineOptions.from_kwargs(prefetch=0).prefetch == 0

@@ -125,6 +125,70 @@ def test_tier_kernels_match_twins():
     np.testing.assert_array_equal(mem.get(), kt.ref_gather_rows(host, src, dst, nb))
 
 
+def test_prefetch_kernels_match_twins():
+    """prefetch stages the twin's picks byte for byte and points the table at them; restore puts the table back
+    and counts the picks against the routed ids as the twin does."""
+    import cupy as cp
+
+    from strata.gpu.runtime import Kernels, launch
+
+    k = Kernels(kt.SOURCE, kt.NAMES)
+    rng = np.random.default_rng(3)
+    e, a, n, K = 16, 4, 2, 3
+    nbytes = (4096, 1000, 2064)  # a part of odd length is copied whole too
+    stride = 4096
+    arena = [cp.asarray(rng.integers(0, 256, e * stride).astype(np.uint8)) for _ in range(3)]
+    stage = [cp.zeros(K * stride, cp.uint8) for _ in range(3)]
+    where = np.where(rng.random(e) < 0.4, 0, rng.choice([-1, -1, -2], e)).astype(np.int32)
+    table = np.array([[int(arena[j].data.ptr) + x * stride for x in range(e)] for j in range(3)], np.int64)
+    pred = np.stack([rng.permutation(e)[:a] for _ in range(n)]).astype(np.int32)  # [n, A]
+    tab = cp.asarray(table)
+    picked, saved, done = cp.full(K, -1, cp.int32), cp.zeros(3 * K, cp.int64), cp.zeros(1, cp.int32)
+    launch(k["prefetch"], (4, 3 * K), 256,
+           (cp.asarray(pred.reshape(-1)), np.int32(n), np.int32(a), cp.asarray(where), tab, np.int32(e), np.int32(K),
+            *(np.uint64(s.data.ptr) for s in stage), *(np.int64(stride),) * 3, *(np.int64(b) for b in nbytes),
+            picked, saved, done))
+    want = kt.ref_prefetch_pick(pred, where, K)
+    np.testing.assert_array_equal(picked.get(), want)
+    assert int(done.get()[0]) == 0
+    got_tab = tab.get()
+    for q, x in enumerate(want):
+        for j in range(3):
+            if x < 0:
+                continue
+            assert got_tab[j, x] == int(stage[j].data.ptr) + q * stride
+            np.testing.assert_array_equal(stage[j][q * stride : q * stride + nbytes[j]].get(),
+                                          arena[j][x * stride : x * stride + nbytes[j]].get())
+    routed = rng.integers(0, e, n * a).astype(np.int32)
+    routed[0] = want[0]  # at least one pick used
+    stats = cp.zeros(4, cp.uint64)
+    launch(k["prefetch_restore"], (1,), 32, (tab, np.int32(e), np.int32(K), picked, saved, cp.asarray(routed),
+                                            np.int32(n * a), np.int64(777), stats))
+    np.testing.assert_array_equal(tab.get(), table)
+    np.testing.assert_array_equal(stats.get(), kt.ref_prefetch_restore(want, routed, 777))
+    assert (picked.get() == -1).all()
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
+def test_prefetch_equals_all_resident(tmp_path, arch):
+    """Lookahead prefetch only moves bytes: any K gives the all-resident logits, graph-replayed decode included;
+    every pass leaves the decode table as the host's bookkeeping has it, and the counters add up."""
+    path = tiny_file(tmp_path, arch)
+    prompt = np.random.default_rng(2).integers(0, 900, 5)  # a decode-sized prompt: its pass prefetches too
+    ref, _ = _run(_model(path, prefetch=0), prompt, 8)
+    for size, k in (("off", 1), ("one", 2), ("50%", 4)):
+        m = _model(path, size, prefetch=k)
+        assert m.tiers.lookahead is not None
+        got, _ = _run(m, prompt, 8)
+        for step, (x, y) in enumerate(zip(got, ref)):
+            assert np.array_equal(x, y), f"{arch} cache {size} K={k}: step {step} differs by {np.abs(x - y).max()}"
+        np.testing.assert_array_equal(m.tiers.table.get(), m.expert_cache.table)
+        pf, lay = m.expert_cache.prefetch, m.expert_cache.layout
+        assert 0 < pf.staged <= k * len(lay.layers) * 9 and pf.used <= pf.staged
+        assert pf.used_bytes + pf.wasted_bytes == pf.staged * int(m.expert_cache.expert_bytes[0])
+        print(f"{arch} cache {size} K={k}: {pf.line()}")
+
+
 @pytest.mark.parametrize("name", ["lru", "adaptive"])
 def test_a_learning_cache_equals_all_resident(tmp_path, name):
     """--cache-policy on the GPU: swaps copy experts into slots on the copy stream beside decode and flip the

@@ -33,6 +33,7 @@ from typing import Protocol
 import numpy as np
 from strata.tiers.budget import cache_request
 from strata.tiers.layout import ExpertLayout
+from strata.tiers.lookahead import PrefetchCounts
 from strata.tiers.policy import Policy, check_policy, make
 from strata.tiers.profile import Profile
 from strata.tiers.telemetry import TierUse, note
@@ -94,6 +95,7 @@ class ExpertCache:
         self.expert_bytes = self.sizes.sum(axis=1)  # [L]
         self.layer_of = layout.index()  # model layer -> MoE layer
         self.use = TierUse()  # engine-wide counters
+        self.prefetch = PrefetchCounts()  # the GPU's lookahead (tiers/lookahead.py), engine-wide
         self.full = np.empty((n_l, 3, n_e), np.int64)  # [L, P, E]: slot or arena
         e = np.arange(n_e, dtype=np.int64)
         for li in range(n_l):

@@ -81,8 +81,10 @@ class DecodeGraphs:
             self._kernels(b)
             self.tab[:b] = saved
             tiers = self.model.tiers
-            if tiers is not None:  # the warm-up's lookups would be counted twice
+            if tiers is not None:  # the warm-up's lookups (and prefetches) would be counted twice
                 tiers.counts[:b].fill(0)
+                if tiers.lookahead is not None:
+                    tiers.lookahead.stats.fill(0)
                 if tiers.share is not None:  # the CPU counted its calls before answering: once the run is done
                     self.model.stream.synchronize()
                     tiers.share.take_calls(b)

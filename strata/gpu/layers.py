@@ -164,6 +164,10 @@ def run_layer(ops: Ops, i: int, w: LayerWeights, dm: Dims, act: Activations, n: 
     """x[:n] += mixer(norm(x)); x[:n] += ffn(norm(x)) for layer i. segments=None: every row is a
     decode row whose position and cache come from `tab` (the graph case)."""
     small = n <= GEMV_ROWS
+    ahead = w.tier.lookahead if small and w.tier is not None else None
+    if ahead is not None:  # the layer's predicted misses cross PCIe while its mixer runs
+        assert w.router is not None and w.tier is not None
+        ahead.fork(ops, w.tier.layer, w.router, w.ffn_norm, dm.eps, act.x, n, dm.norm_topk)
     if w.dn is not None:
         assert dm.dn is not None
         runs = None if segments is None or all(s.n == 1 for s in segments) else [(s.start, s.n) for s in segments]
@@ -274,16 +278,22 @@ def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
         ops.matvec([w.router], x, n, act.router, norm=w.ffn_norm, eps=dm.eps, h_out=h)
         ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
     pairs = n * a
+    ahead = w.tier.lookahead if n <= GEMV_ROWS and w.tier is not None else None
     if w.tier is not None:
         ops.tier_count(act.ids, pairs, a, w.tier.where, w.tier.expert_bytes, w.tier.counts, w.tier.route)
         if n <= GEMV_ROWS and w.tier.share is not None:  # before the GPU's experts, so the CPU overlaps them
             ops.cpu_publish(h, act.ids, act.wts, n, a, dm.d, w.tier.share)
-    if q8:
-        ops.moe_q8(w.gate, w.up, w.down, act.ids, act.wts, a, act.hq, act.hds, n, act.aq, act.ads, x)
-        return
+    if ahead is not None:
+        ahead.join()
     if n <= GEMV_ROWS:
-        ops.moe_gate_up(w.gate, w.up, act.ids, a, h, pairs, act.gu)
-        ops.moe_down(w.down, act.ids, act.wts, a, act.gu, n, x)
+        if q8:
+            ops.moe_q8(w.gate, w.up, w.down, act.ids, act.wts, a, act.hq, act.hds, n, act.aq, act.ads, x)
+        else:
+            ops.moe_gate_up(w.gate, w.up, act.ids, a, h, pairs, act.gu)
+            ops.moe_down(w.down, act.ids, act.wts, a, act.gu, n, x)
+        if ahead is not None:
+            assert w.tier is not None
+            ahead.restore(w.tier.layer, act.ids, pairs, w.tier.expert_bytes)
         return
     ops.moe_group(act.ids, pairs, a, e, act.counts, act.offsets, act.cursor, act.tiles, act.n_tiles, act.rows,
                   act.tok_of_row)

@@ -23,6 +23,7 @@ from strata.gpu.deltanet import RECURRENT, DeltaNetWeights, DNDims, RecurrentSta
 from strata.gpu.graphs import DecodeGraphs
 from strata.gpu.kernels.rows import inv_freq
 from strata.gpu.kv import GpuKV
+from strata.gpu.lookahead import Lookahead
 from strata.gpu.layers import (
     GEMV_ROWS,
     TAB,
@@ -111,6 +112,10 @@ def vram_plan(gguf: Any, d: Dims, linear: list[bool], n_ctx: int, chunk: int, vo
     plan.parts[f"decode graph buffers (up to {opts.max_batch} sequences)"] = (
         rows * opts.max_batch + 4 * vocab * opts.max_batch)
     plan.size_cache(opts.expert_cache)
+    if layout is not None and opts.tiers.prefetch and plan.n_slots < plan.n_total:  # tiered: the lookahead runs
+        plan.parts[f"lookahead staging ({opts.tiers.prefetch} experts)"] = Lookahead.nbytes_for(
+            layout, opts.tiers.prefetch, GEMV_ROWS)
+        plan.size_cache(opts.expert_cache)
     return plan
 
 

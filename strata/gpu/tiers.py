@@ -41,11 +41,13 @@ import numpy as np
 from strata.errors import ConfigError
 from strata.gguf import GGUFFile
 from strata.gpu.kernels import tiers as kt
+from strata.gpu.lookahead import Lookahead
 from strata.gpu.runtime import DEVICE_TO_HOST, HOST_TO_DEVICE, Kernels, cupy_module, launch, ptr
 from strata.gpu.weights import DevMatrix
 from strata.tiers import share as split
 from strata.tiers.arena import MmapArena, PinnedArena
 from strata.tiers.layout import ExpertLayout
+from strata.tiers.lookahead import PREFETCH_DEFAULT
 from strata.tiers.profile import Profile
 from strata.tiers.slots import ExpertCache, Staging
 from strata.tiers.telemetry import note
@@ -84,6 +86,8 @@ class TierHook:
     counts: Any  # cupy uint64 [rows, 3]
     route: Any  # device address of the layer's int32 [rows, A] row of `routes`
     share: ShareHook | None = None  # set: decode rows give the CPU its share of this layer's misses
+    layer: int = 0  # the MoE layer
+    lookahead: Lookahead | None = None  # set: decode rows prefetch the layer's predicted misses
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,7 @@ class PassRecord:
 
     counts: np.ndarray  # [n, 3] lookups, hits, PCIe bytes
     routes: np.ndarray  # [L, n, A] routed expert ids
+    prefetch: np.ndarray | None  # [4] the lookahead's counts (tiers.lookahead.PrefetchCounts), when it runs
     where: np.ndarray  # [L, E] what the device's `where` held for the pass
     keep: list[Any]  # row lists and buffers the pass reads, alive until it is done
 
@@ -111,6 +116,7 @@ class TierOptions:
     cache_policy: str = "static"  # --cache-policy; lru and adaptive keep every miss on PCIe (no CPU share)
     swap_budget: int = 64 << 20  # --swap-budget-mib: bytes a pass may copy into slots
     profile: Profile | None = None  # a saved routing profile: the fill takes each layer's most used experts
+    prefetch: int = PREFETCH_DEFAULT  # --prefetch: experts a decode layer copies ahead of its router (0: off)
 
 
 class DeviceSlots:
@@ -224,6 +230,10 @@ class GpuTiers:
         self.full = cp.asarray(self.cache.full)  # [L, P, E] int64: passes of more rows
         self.where = cp.asarray(self.cache.where_kinds())  # [L, E] int32
         self.ptab = cp.empty_like(self.table)
+        # the GPU reads no pageable memory in place, and the lookahead copies from the arena like a miss does
+        ahead = opts.prefetch and not self.pageable and self.cache.resident() < self.layout.n_total
+        self.lookahead = (Lookahead(self.kernels, layout, self.table, self.where, opts.prefetch, decode_rows)
+                          if ahead else None)
         self._version = self.cache.version
         self.cache.dirty = []
 
@@ -367,7 +377,7 @@ class GpuTiers:
         """Layer li's counting hook; decode: also its CPU share (passes of more rows have none)."""
         return TierHook(ptr(self.where, 4 * li * self.layout.n_expert), int(self.cache.expert_bytes[li]),
                         self.counts, ptr(self.routes, 4 * li * self.routes.shape[1] * self.routes.shape[2]),
-                        self.share_hook(li) if decode else None)
+                        self.share_hook(li) if decode else None, li, self.lookahead if decode else None)
 
     # ---- between windows ----
     def publish(self) -> None:
@@ -410,6 +420,9 @@ class GpuTiers:
         stream); raises when the CPU share failed the pass."""
         gpu = self.counts[:n].get().astype(np.int64)
         self.counts[:n].fill(0)
+        if self.lookahead is not None:
+            self.cache.prefetch.add(*(int(v) for v in self.lookahead.stats.get()))
+            self.lookahead.stats.fill(0)
         self._keep.clear()
         self.slots._keep.clear()
         cpu = np.zeros((n, 1), np.int64)
@@ -439,15 +452,23 @@ class GpuTiers:
         cp.cuda.runtime.memcpyAsync(counts.ctypes.data, self.counts.data.ptr, counts.nbytes, DEVICE_TO_HOST, stream.ptr)
         cp.cuda.runtime.memcpyAsync(routes.ctypes.data, packed.data.ptr, routes.nbytes, DEVICE_TO_HOST, stream.ptr)
         self.counts[:n].fill(0)
+        ahead = None
+        if self.lookahead is not None:
+            ahead = cupyx.empty_pinned(4, np.uint64)
+            cp.cuda.runtime.memcpyAsync(ahead.ctypes.data, self.lookahead.stats.data.ptr, ahead.nbytes, DEVICE_TO_HOST,
+                                        stream.ptr)
+            self.lookahead.stats.fill(0)
         keep = [*self._keep, *self.slots._keep, packed]
         self._keep, self.slots._keep = [], []
-        return PassRecord(counts, routes, self._pass_where, keep)
+        return PassRecord(counts, routes, ahead, self._pass_where, keep)
 
     def finish(self, rec: PassRecord, experts: list[Any], rows: list[int]) -> None:
         """A recorded pass is done (its event synchronised): credit its counts and learn from its routing."""
         n = len(rec.counts)
         counts = np.concatenate([rec.counts.astype(np.int64), np.zeros((n, 1), np.int64)], axis=1)
         self.cache.settle(counts, 0, experts, rows)
+        if rec.prefetch is not None:
+            self.cache.prefetch.add(*(int(v) for v in rec.prefetch))
         self._routed(rec.routes, rec.where)
 
     # ---- the policy ----
@@ -581,6 +602,8 @@ class GpuTiers:
         return out
 
     def nbytes(self) -> int:
-        """VRAM held: the slots, the zero slot, the three tables, `where` and the counters."""
+        """VRAM held: the slots, the zero slot, the three tables, `where`, the counters and the lookahead."""
+        ahead = 0 if self.lookahead is None else Lookahead.nbytes_for(self.layout, self.lookahead.k,
+                                                                       self.lookahead.x.shape[0])
         return (self.slots.nbytes() + sum(z.nbytes for z in self.zero) + 3 * self.table.nbytes + self.where.nbytes
-                + self.counts.nbytes + self.routes.nbytes)
+                + self.counts.nbytes + self.routes.nbytes + ahead)

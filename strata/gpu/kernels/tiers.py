@@ -16,7 +16,13 @@ prefill chunk's missing experts into borrowed slots.
   collected. A CPU that does not answer within `timeout_ns` sets `err` and every later collect of the
   pass skips its wait, so the host sees the error after the pass instead of a hung GPU.
 
-Numpy twins: `ref_tier_count`, `ref_gather_rows`, `ref_cpu_publish`, `ref_cpu_collect`.
+- `prefetch` / `prefetch_restore`: lookahead prefetch (strata/gpu/lookahead.py). Prefetch picks a decode
+  layer's first K predicted misses, copies them from the arena into K staging slots and points the decode
+  table's entries at the copies; restore, after the layer's experts ran, points them back and counts how many
+  of the picks the router chose.
+
+Numpy twins: `ref_tier_count`, `ref_gather_rows`, `ref_cpu_publish`, `ref_cpu_collect`, `ref_prefetch_pick`,
+`ref_prefetch_restore`.
 """
 
 from __future__ import annotations
@@ -25,9 +31,11 @@ import numpy as np
 
 from strata.gpu.kernels.common import HEADER
 from strata.jit.share import MB_DONE, MB_LAYER, MB_REQ, MB_ROWS
+from strata.tiers.lookahead import PREFETCH_MAX
 
 SOURCE = (
     HEADER
+    + f"#define PF_MAX_K {PREFETCH_MAX}\n"
     + r"""
 typedef unsigned long long u64;
 
@@ -114,11 +122,87 @@ __global__ void __launch_bounds__(256) gather_rows(const i64* __restrict__ src, 
   if (blockIdx.x == 0)
     for (i64 k = (n16 << 4) + threadIdx.x; k < n; k += blockDim.x) d[k] = s[k];
 }
+
+// Lookahead prefetch of a decode layer (strata/gpu/lookahead.py). Grid (blocks, 3 * K), y = slot k * 3 + part j.
+// Every block picks the same K experts: the first distinct predicted ids (pred [n * A], each row's in descending
+// weight, taken rank by rank across the rows) that the decode table reads over PCIe (where == -1); then copies
+// its share of part j of pick k from the arena into staging slot k (stage_j + k * stride_j). The last block to
+// finish points the table's entries (tab [3 * E], the layer's rows) at the copies, keeping the arena's
+// addresses in saved [3 * K] and the picks in picked [K] for prefetch_restore.
+__global__ void __launch_bounds__(256) prefetch(const int* __restrict__ pred, int n, int A, const int* __restrict__ where,
+                                                i64* tab, int E, int K, i64 st0, i64 st1, i64 st2, i64 sd0, i64 sd1,
+                                                i64 sd2, i64 nb0, i64 nb1, i64 nb2, int* __restrict__ picked,
+                                                i64* __restrict__ saved, int* __restrict__ done) {
+  __shared__ int pick[PF_MAX_K];
+  __shared__ int last;
+  if (threadIdx.x == 0) {
+    int m = 0;
+    for (int r = 0; r < A && m < K; r++)
+      for (int t = 0; t < n && m < K; t++) {
+        const int e = pred[t * A + r];
+        bool dup = where[e] != -1;
+        for (int q = 0; q < m && !dup; q++) dup = pick[q] == e;
+        if (!dup) pick[m++] = e;
+      }
+    for (int q = m; q < K; q++) pick[q] = -1;
+  }
+  __syncthreads();
+  const int k = blockIdx.y / 3, j = blockIdx.y % 3, e = pick[k];
+  const i64 base = j == 0 ? st0 : j == 1 ? st1 : st2, stride = j == 0 ? sd0 : j == 1 ? sd1 : sd2;
+  const i64 nb = j == 0 ? nb0 : j == 1 ? nb1 : nb2;
+  if (e >= 0) {
+    const u8* s = (const u8*)tab[(i64)j * E + e];
+    u8* d = (u8*)(base + k * stride);
+    const i64 n16 = nb >> 4, step = (i64)gridDim.x * blockDim.x;
+    const uint4* s4 = (const uint4*)s;
+    uint4* d4 = (uint4*)d;
+    i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * step < n16; i += 4 * step) {  // four reads of pinned memory in flight a thread, as gather_rows
+      const uint4 a = s4[i], b = s4[i + step], c = s4[i + 2 * step], f = s4[i + 3 * step];
+      d4[i] = a; d4[i + step] = b; d4[i + 2 * step] = c; d4[i + 3 * step] = f;
+    }
+    for (; i < n16; i += step) d4[i] = s4[i];
+    if (blockIdx.x == 0)
+      for (i64 q = (n16 << 4) + threadIdx.x; q < nb; q += blockDim.x) d[q] = s[q];
+  }
+  __threadfence();  // this block's copies are visible before the table points at them
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(done, 1) == (int)(gridDim.x * gridDim.y) - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int t = threadIdx.x;
+  if (t < 3 * K && pick[t / 3] >= 0) {
+    const int q = t / 3, p = t % 3;
+    const i64 at = (i64)p * E + pick[q];
+    saved[t] = tab[at];
+    tab[at] = (p == 0 ? st0 : p == 1 ? st1 : st2) + q * (p == 0 ? sd0 : p == 1 ? sd1 : sd2);
+  }
+  if (t < K) picked[t] = pick[t];
+  if (t == 0) *done = 0;
+}
+
+// After the layer's experts ran (one block of >= K threads): the table's entries back to the arena, the picks
+// cleared, and stats [4] += (staged, used, bytes of used, bytes of unused) against the routed ids [P].
+__global__ void prefetch_restore(i64* tab, int E, int K, int* __restrict__ picked, const i64* __restrict__ saved,
+                                 const int* __restrict__ ids, int P, i64 expert_bytes, u64* __restrict__ stats) {
+  const int k = threadIdx.x;
+  if (k >= K) return;
+  const int e = picked[k];
+  if (e < 0) return;
+  for (int p = 0; p < 3; p++) tab[(i64)p * E + e] = saved[k * 3 + p];
+  bool used = false;
+  for (int p = 0; p < P; p++) used |= ids[p] == e;
+  atomicAdd(stats, 1ull);
+  if (used) atomicAdd(stats + 1, 1ull);
+  atomicAdd(stats + (used ? 2 : 3), (u64)expert_bytes);
+  picked[k] = -1;
+}
 """.replace("MAILBOX_WORDS", "\n".join(f"#define {k} {v}" for k, v in
                                           dict(MB_REQ=MB_REQ, MB_LAYER=MB_LAYER, MB_ROWS=MB_ROWS, MB_DONE=MB_DONE).items()))
 )
 
-NAMES = ["tier_count", "gather_rows", "cpu_publish", "cpu_collect"]
+NAMES = ["tier_count", "gather_rows", "cpu_publish", "cpu_collect", "prefetch", "prefetch_restore"]
 # what one layer's hand-off adds beyond the CPU's compute: the publish's writes and the ticket reaching the
 # host, the collect's polls over PCIe seeing the answer. Measured on the H200 (80B shape, 24 GiB): a share of
 # ~1% of the misses decoded at 69.2 tok/s against 72.5 without one, 14 us a layer; added to the CPU pool's
@@ -162,3 +246,22 @@ def ref_gather_rows(memory: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes
     for s, d, n in zip(src, dst, nbytes):
         out[d : d + n] = memory[s : s + n]
     return out
+
+
+def ref_prefetch_pick(pred: np.ndarray, where: np.ndarray, k: int) -> np.ndarray:
+    """The experts `prefetch` stages [k] (-1 pads): predicted ids pred [n, A] (each row's best first) taken rank by
+    rank across the rows, first distinct ones that the decode table reads over PCIe (where == -1)."""
+    out: list[int] = []
+    for e in pred.T.reshape(-1).tolist():
+        if len(out) == k:
+            break
+        if where[e] == -1 and e not in out:
+            out.append(e)
+    return np.array(out + [-1] * (k - len(out)), np.int32)
+
+
+def ref_prefetch_restore(picked: np.ndarray, ids: np.ndarray, expert_bytes: int) -> np.ndarray:
+    """What `prefetch_restore` adds to its stats [4]: staged, used (routed in ids), bytes of used, of unused."""
+    staged = picked[picked >= 0]
+    used = int(np.isin(staged, ids).sum())
+    return np.array([len(staged), used, used * expert_bytes, (len(staged) - used) * expert_bytes], np.uint64)

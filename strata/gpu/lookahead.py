@@ -1,0 +1,79 @@
+"""The device side of lookahead prefetch (strata.tiers.lookahead says why and what): staging slots, the side
+branch a decode layer forks at its start and joins before its experts, and the restore after them.
+
+Inside a captured decode graph the fork and join are edges: the branch (the predicted router, then the
+`prefetch` copy, kernels/tiers.py) runs beside the mixer's kernels. The branch reads a snapshot of the layer's
+input, because the mixer adds its output into x while the branch may still be reading it. One set of K
+staging slots serves every layer: layer l + 1 forks after layer l's restore, on the same stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from strata.gpu.runtime import DEVICE_TO_DEVICE, Kernels, cupy_module, i32, i64, launch, ptr
+from strata.tiers.layout import ExpertLayout
+
+# blocks per (slot, part) of the copy: each keeps 16 KB of pinned reads in flight, and 3K rows of them are enough
+# to keep the link busy without taking the SMs the mixer runs on
+BLOCKS = 8
+
+
+class Lookahead:
+    def __init__(self, kernels: Kernels, layout: ExpertLayout, table: Any, where: Any, k: int, rows: int) -> None:
+        """table [L, P, E] int64 (the decode table) and where [L, E] int32: GpuTiers' device arrays."""
+        cp = cupy_module()
+        self.kernels, self.layout, self.table, self.where, self.k = kernels, layout, table, where, k
+        d, e, a = layout.layers[0].parts[0].cols, layout.n_expert, layout.top_k
+        self.stage = [cp.empty(k * s, cp.uint8) for s in layout.strides]  # part-major, as the slots
+        self.picked = cp.full(k, -1, cp.int32)
+        self.saved = cp.zeros(3 * k, cp.int64)
+        self.done = cp.zeros(1, cp.int32)  # the copy's finished blocks; the last one puts it back to 0
+        self.stats = cp.zeros(4, cp.uint64)  # staged, used, bytes used, bytes wasted: read and zeroed per pass
+        self.x = cp.empty((rows, d), cp.float32)
+        self.logits = cp.empty((rows, e), cp.float32)
+        self.ids = cp.empty(rows * a, cp.int32)
+        self.wts = cp.empty(rows * a, cp.float32)
+        self.counter = cp.zeros(1, cp.int32)
+        self.side = cp.cuda.Stream(non_blocking=True)
+        self.forked = cp.cuda.Event(disable_timing=True)
+        self.landed = cp.cuda.Event(disable_timing=True)
+        self._part_bytes = [[p.nbytes for p in lay.parts] for lay in layout.layers]
+
+    @staticmethod
+    def nbytes_for(layout: ExpertLayout, k: int, rows: int) -> int:
+        """VRAM it holds: K staging slots and the branch's buffers."""
+        d, e, a = layout.layers[0].parts[0].cols, layout.n_expert, layout.top_k
+        return k * layout.slot_bytes + 4 * rows * (d + e + 2 * a) + 40 * k + 64
+
+    def fork(self, ops: Any, li: int, router: Any, norm: Any, eps: float, x: Any, n: int, norm_topk: bool) -> None:
+        """At decode layer li's start (on the current stream): snapshot x[:n], then, on the side branch, route the
+        snapshot with the layer's router and copy the first K predicted misses ahead."""
+        cp = cupy_module()
+        main = cp.cuda.get_current_stream()
+        lay = self.layout
+        e, a = lay.n_expert, lay.top_k
+        cp.cuda.runtime.memcpyAsync(int(self.x.data.ptr), int(x.data.ptr), n * self.x.shape[1] * 4, DEVICE_TO_DEVICE,
+                                    main.ptr)
+        self.forked.record(main)
+        self.side.wait_event(self.forked)
+        with self.side:
+            ops.router_topk(router, self.x, n, self.logits, norm, eps, None, a, norm_topk, self.ids, self.wts,
+                            self.counter)
+            launch(self.kernels["prefetch"], (BLOCKS, 3 * self.k), 256,
+                   (self.ids, i32(n), i32(a), ptr(self.where, 4 * li * e), ptr(self.table, 8 * li * 3 * e), i32(e),
+                    i32(self.k), *(ptr(s) for s in self.stage), *(i64(s) for s in lay.strides),
+                    *(i64(b) for b in self._part_bytes[li]), self.picked, self.saved, self.done))
+            self.landed.record(self.side)
+
+    def join(self) -> None:
+        """Before the layer's experts read the table: the branch has staged its picks."""
+        cupy_module().cuda.get_current_stream().wait_event(self.landed)
+
+    def restore(self, li: int, ids: Any, pairs: int, expert_bytes: int) -> None:
+        """After the layer's experts: the table's entries back to the arena, and the picks counted against the
+        routed ids [pairs]."""
+        e = self.layout.n_expert
+        launch(self.kernels["prefetch_restore"], (1,), 32,
+               (ptr(self.table, 8 * li * 3 * e), i32(e), i32(self.k), self.picked, self.saved, ids, i32(pairs),
+                i64(expert_bytes), self.stats))
