@@ -133,6 +133,12 @@ def _expert_cache(sch: Scheduler) -> Iterator[Metric]:
     yield CounterMetricFamily("strata_expert_swaps_total", "Experts the cache policy copied into slots", cache.swaps)
     yield CounterMetricFamily("strata_expert_swap_bytes_total", "Bytes the cache policy copied into slots",
                               cache.swap_bytes)
+    pf = cache.prefetch
+    yield CounterMetricFamily("strata_prefetch_staged_total", "Experts the lookahead copied ahead of the router",
+                              pf.staged)
+    yield CounterMetricFamily("strata_prefetch_used_total", "Lookahead copies the router then chose", pf.used)
+    yield CounterMetricFamily("strata_prefetch_wasted_bytes_total", "Bytes the lookahead copied for nothing",
+                              pf.wasted_bytes)
     families = {
         "lookups": CounterMetricFamily("strata_expert_lookups_total", "Routed experts looked up", labels=["phase"]),
         "hits": CounterMetricFamily("strata_expert_hits_total", "Routed experts found in a slot", labels=["phase"]),
