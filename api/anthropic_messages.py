@@ -153,7 +153,7 @@ async def messages(request: Request) -> Response:
     fmt = body.output_config.format if body.output_config else None
     schema = fmt.schema_ if fmt is not None else None
     req = await submit(state, prompt, anthropic_params(body), body.max_tokens, tuple(body.stop_sequences or ()),
-                       think_budget=budget, json_mode=schema is not None, json_schema=schema,
+                       think_budget=budget, json_schema=schema,
                        schema_param="output_config.format.schema")
     mid = f"msg_{secrets.token_hex(12)}"
     reasoning = bool(chat.thinking)

@@ -21,10 +21,8 @@ from strata.api.output_parser import ContentDelta, OutputParser, ReasoningDelta,
 from strata.api.prompt import Prompt
 from strata.api.schema_check import compiled
 from strata.api.state import AppState
-from strata.json_guard import JsonPrefix, closing_suffix
-from strata.json_schema import Node
-from strata.json_schema_guard import SchemaPrefix
-from strata.json_schema_guard import closing_suffix as schema_closing_suffix
+from strata.constraints.closing import closing_suffix
+from strata.constraints.schema import Grammar
 from strata.sampling import SamplingParams
 from strata.sched.request import DoneEvent, ErrorEvent, FinishReason, Request, TokenEvent
 from strata.sched.scheduler import ShuttingDownError
@@ -45,18 +43,20 @@ class EngineFailure(APIError):
 
 
 async def submit(state: AppState, prompt: Prompt, params: SamplingParams, max_tokens: int,
-                 stop: tuple[str, ...], json_mode: bool = False, ignore_eos: bool = False,
-                 think_budget: int | None = None, json_schema: dict[str, Any] | None = None,
-                 schema_param: str = "response_format") -> Request:
-    """Queue the request. The schema (the forced tool call's, else json_schema) is compiled here,
-    off the loop, so a bad one is this request's 400 and never reaches the scheduler."""
+                 stop: tuple[str, ...], ignore_eos: bool = False, think_budget: int | None = None,
+                 json_schema: dict[str, Any] | None = None, schema_param: str = "response_format") -> Request:
+    """Queue the request. The schema the output must follow (the forced tool call's, else
+    json_schema) is compiled here, off the loop, so a bad one is this request's 400 and never
+    reaches the scheduler."""
     seed = params.seed if params.seed is not None else secrets.randbits(63)
     max_tokens = min(max_tokens, state.engine.n_ctx - len(prompt.ids))
-    forced = prompt.json_seed is not None
-    schema = await compiled(prompt.json_schema, "tools") if forced else await compiled(json_schema, schema_param)
-    req = Request(prompt.ids, params, max_tokens, seed, stop=stop, ignore_eos=ignore_eos,
-                  json_mode=json_mode or forced, json_seed=prompt.json_seed or "", think_budget=think_budget,
-                  json_schema=schema, in_think=prompt.in_reasoning)
+    tok = state.engine.tokenizer
+    if prompt.json_seed is not None:
+        grammar = await compiled(prompt.json_schema, "tools", tok, prompt.json_seed)
+    else:
+        grammar = await compiled(json_schema, schema_param, tok)
+    req = Request(prompt.ids, params, max_tokens, seed, stop=stop, ignore_eos=ignore_eos, grammar=grammar,
+                  think_budget=think_budget, in_think=prompt.in_reasoning)
     try:
         state.scheduler.submit(req)
     except QueueFullError as e:
@@ -88,7 +88,8 @@ async def deltas(req: Request, prompt: Prompt, reasoning: bool, raw: bool = Fals
                 raise EngineFailure(ev.reason)
             elif isinstance(ev, DoneEvent):
                 if forced:
-                    yield forced_call((prompt.json_seed or "") + "".join(forced_text), req.json_schema)
+                    assert req.grammar is not None  # a forced call is always compiled
+                    yield forced_call((prompt.json_seed or "") + "".join(forced_text), req.grammar)
                 for d in [] if (raw or forced) else parser.finish():
                     yield d
                 reason = ev.reason
@@ -100,17 +101,10 @@ async def deltas(req: Request, prompt: Prompt, reasoning: bool, raw: bool = Fals
         req.cancel()  # no-op once finished; otherwise the client left and the slot is freed
 
 
-def forced_call(text: str, schema: Node | None) -> ToolCallDelta:
+def forced_call(text: str, grammar: Grammar) -> ToolCallDelta:
     """The tool call a schema-constrained forced turn wrote; one cut short by max_tokens is closed
-    with the shortest schema-valid ending, so clients always get parseable arguments."""
-    if schema is not None:
-        sp = SchemaPrefix(schema)
-        sp.feed(text)
-        obj = json.loads(text if sp.complete else text + schema_closing_suffix(sp))
-    else:
-        jp = JsonPrefix()
-        jp.feed(text)
-        obj = json.loads(text if jp.complete else text + closing_suffix(jp))
+    with a schema-valid ending, so clients always get parseable arguments."""
+    obj = json.loads(text + closing_suffix(grammar.text, text))
     args = obj.get("arguments")
     return ToolCallDelta(0, new_call_id(), str(obj.get("name", "")),
                          json.dumps(args if isinstance(args, dict) else {}, ensure_ascii=False))

@@ -19,9 +19,10 @@ from strata.api.body import read_json
 from strata.api.prompt import IMAGE_PARTS, Chat, ToolMode, prepare, vision_error
 from strata.api.sampling_args import openai_params
 from strata.api.schemas import (
-    REFUSED_CHAT, ChatCompletionRequest, ChatMessage, NamedToolChoice, parse, unsupported,
+    REFUSED_CHAT, ChatCompletionRequest, ChatMessage, NamedToolChoice, ResponseFormat, parse, unsupported,
 )
 from strata.api.state import VERSION, AppState
+from strata.constraints.schema import JSON_OBJECT
 from strata.sched.request import OPENAI_FINISH
 
 
@@ -96,6 +97,14 @@ def _tool_choice(choice: str | NamedToolChoice | None, tools: list[dict[str, Any
     return ToolMode.NAMED, name
 
 
+def _output_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
+    """The schema response_format holds the output to: its json_schema's, any object for json_object."""
+    if fmt is None or fmt.type == "text":
+        return None
+    given = fmt.json_schema.schema_ if (fmt.type == "json_schema" and fmt.json_schema) else None
+    return given if given is not None else JSON_OBJECT
+
+
 def _usage(f: Finished) -> dict[str, Any]:
     return {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
             "total_tokens": f.prompt_tokens + f.completion_tokens,
@@ -119,11 +128,9 @@ async def chat_completions(request: Request) -> Response:
     max_tokens = body.max_completion_tokens or body.max_tokens or state.engine.n_ctx
     stops = tuple([body.stop] if isinstance(body.stop, str) else (body.stop or []))
     reasoning = chat.thinking is not False
-    fmt = body.response_format
-    json_mode = fmt is not None and fmt.type != "text"
-    schema = fmt.json_schema.schema_ if (fmt is not None and fmt.type == "json_schema" and fmt.json_schema) else None
-    req = await submit(state, prompt, params, max_tokens, stops, json_mode=json_mode, ignore_eos=body.ignore_eos,
-                 think_budget=EFFORT_BUDGET.get(body.reasoning_effort or ""), json_schema=schema)
+    req = await submit(state, prompt, params, max_tokens, stops, ignore_eos=body.ignore_eos,
+                       think_budget=EFFORT_BUDGET.get(body.reasoning_effort or ""),
+                       json_schema=_output_schema(body.response_format))
     cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)

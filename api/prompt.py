@@ -18,7 +18,7 @@ from strata.api.errors import APIError, bad_request
 from strata.api.prompt_tokens import Marks, min_tokens
 from strata.engine import Engine
 from strata.errors import TemplateError
-from strata.json_schema import tool_call_schema
+from strata.constraints.schema import tool_call_schema
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 

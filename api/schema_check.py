@@ -1,6 +1,7 @@
 """A client's JSON Schema (response_format, output_config, a forced tool's parameters) checked and
-compiled at the edge, in a worker thread with a time limit, so a hostile schema is a 400 for its
-request instead of an error inside the scheduler or a stall of the event loop."""
+compiled at the edge, in a worker thread with a time limit, so a schema llguidance cannot take, or
+a hostile one, is a 400 for its request instead of an error inside the scheduler or a stall of the
+event loop."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import asyncio
 from typing import Any
 
 from strata.api.errors import APIError, bad_request
-from strata.json_schema import Node, compile_schema
+from strata.constraints.schema import Grammar, SchemaError, compile_schema
+from strata.tokenizer import Tokenizer
 
 COMPILE_SECONDS = 5.0
 # keyword pairs where lower > upper leaves no value (JSON Schema: the instance must satisfy both)
@@ -16,23 +18,22 @@ _BOUNDS = (("minimum", "maximum"), ("minLength", "maxLength"), ("minItems", "max
            ("minProperties", "maxProperties"))
 
 
-async def compiled(schema: dict[str, Any] | None, param: str) -> Node | None:
-    """The schema's compiled root, or a 400 naming `param` when it is contradictory, too deep or
-    too slow to compile."""
+async def compiled(schema: dict[str, Any] | None, param: str, tokenizer: Tokenizer,
+                   seed: str = "") -> Grammar | None:
+    """The schema's grammar for the model's vocabulary (its matcher past `seed`), or a 400 naming
+    the part of `param` that is contradictory, that llguidance cannot take, or too slow to compile."""
     if schema is None:
         return None
     check_satisfiable(schema, param)
     try:
-        node = await asyncio.wait_for(asyncio.to_thread(compile_schema, schema), COMPILE_SECONDS)
-    except RecursionError:
-        raise bad_request(f"{param}: the schema is nested too deeply to compile", param=param,
-                          code="invalid_schema") from None
+        work = asyncio.to_thread(compile_schema, schema, tokenizer, seed)
+        return await asyncio.wait_for(work, COMPILE_SECONDS)
+    except SchemaError as e:
+        where = f"{param}.{e.where}" if e.where else param
+        raise bad_request(f"{where}: {e.reason}", param=where, code="invalid_schema") from None
     except TimeoutError:
         raise bad_request(f"{param}: the schema took longer than {COMPILE_SECONDS:g} s to compile",
                           param=param, code="invalid_schema") from None
-    if not node.alts:
-        raise _unsatisfiable(param, "no JSON value satisfies it")
-    return node
 
 
 def check_satisfiable(schema: Any, param: str) -> None:

@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from strata.json_schema import Node
+from strata.constraints.schema import Grammar
 from strata.sampling import SamplingParams
 
 
@@ -79,9 +79,7 @@ class Request:
     seed: int
     stop: Sequence[str] = ()
     ignore_eos: bool = False
-    json_mode: bool = False  # response_format json_object: constrain decoding to one JSON object
-    json_seed: str = ""  # JSON already written in the prompt that the output must continue
-    json_schema: Node | None = None  # with json_mode: the (compiled) schema the object must satisfy
+    grammar: Grammar | None = None  # decoding is held to this JSON (response_format, a forced tool call)
     think_budget: int | None = None  # reasoning tokens allowed before </think> is forced
     in_think: bool = False  # the prompt already opened a <think> block
     id: int = field(default_factory=lambda: next(_ids))

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from strata.constrain import JsonConstraint, SchemaConstraint
+from strata.constraints.constraint import GrammarConstraint
 from strata.engine import Engine
 from strata.errors import StrataError
 from strata.reasoning_budget import ThinkBudget
@@ -78,6 +78,8 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="strata-engine")
+        # grammar masks for the next token, computed while the engine thread runs the next window
+        self._masks = ThreadPoolExecutor(1, thread_name_prefix="strata-mask")
         # the model's own pipeline (the GPU's draws inside the decode graph) or the host's, for any model
         make = getattr(engine.model, "decode_ahead", None)
         self._ahead: Ahead = (make() if make is not None else None) or HostAhead(engine.model, parallel)
@@ -96,6 +98,7 @@ class Scheduler:
         if self._task is not None:
             self._task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._masks.shutdown(wait=False, cancel_futures=True)
 
     def abort(self, reason: str) -> None:
         """Fail every queued and running request with `reason` (shutdown after its grace period)."""
@@ -306,10 +309,8 @@ class Scheduler:
         out: list[Constraint] = []
         if req.think_budget is not None:
             out.append(ThinkBudget(tok, req.think_budget, req.in_think))
-        if req.json_mode and req.json_schema is not None:
-            out.append(SchemaConstraint(tok, req.json_schema, req.json_seed))
-        elif req.json_mode:
-            out.append(JsonConstraint(tok, req.json_seed))
+        if req.grammar is not None:
+            out.append(GrammarConstraint(req.grammar, self._masks))
         return out
 
     def _plan(self) -> list[tuple[Slot, np.ndarray]]:

@@ -9,18 +9,22 @@ import threading
 
 import numpy as np
 import pytest
+from llguidance import LLMatcher
 
+from strata.constraints.schema import Grammar, grammar_text
+from strata.constraints.vocab import byte_vocab
 from strata.sched.request import DoneEvent, ErrorEvent, FinishReason, Request
 from strata.sched.scheduler import QueueFullError, Scheduler, ShuttingDownError
 from strata.sequence import ActiveSequence
 from test_scheduler import PROMPTS, FakeEngine, drain, make, run, solo
 
 
-def _nested_schema(depth: int) -> dict:
-    schema: dict = {"type": "string"}
-    for _ in range(depth):
-        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
-    return schema
+def _failed_grammar() -> Grammar:
+    """A grammar whose matcher already refused a byte: its constraint cannot start."""
+    text = grammar_text({"type": "integer"})
+    matcher = LLMatcher(byte_vocab(), text, log_level=0)
+    matcher.consume_token(ord("x"))
+    return Grammar(text, matcher, byte_vocab().vocab_size)
 
 
 def test_a_request_that_cannot_be_admitted_fails_alone_and_the_loop_serves_the_next() -> None:
@@ -28,12 +32,12 @@ def test_a_request_that_cannot_be_admitted_fails_alone_and_the_loop_serves_the_n
         sch = Scheduler(FakeEngine(), parallel=2)  # type: ignore[arg-type]
         sch.start()
         bad = make(PROMPTS[0], 4)
-        bad.json_mode, bad.json_schema = True, _nested_schema(5000)  # type: ignore[assignment]  # RecursionError while compiling
+        bad.grammar = _failed_grammar()
         good = make(PROMPTS[2], 4)
         sch.submit(bad)
         sch.submit(good)
         (_, e_bad), (toks, e_good) = await asyncio.gather(drain(bad), drain(good))
-        assert isinstance(e_bad, ErrorEvent) and "RecursionError" in e_bad.reason
+        assert isinstance(e_bad, ErrorEvent) and "ConstraintError" in e_bad.reason
         assert bad.finish is FinishReason.ERROR
         assert isinstance(e_good, DoneEvent) and toks == solo(PROMPTS[2], 4)
         assert sch.stalled() is None and sch.busy_slots == 0
