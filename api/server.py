@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -26,11 +25,14 @@ from strata.engine import Engine
 from strata.errors import ConfigError, StrataError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys
+from strata.logs import configure_logging
 from strata.sched.prefix_cache import PrefixCache
 from strata.sched.scheduler import Scheduler
 
 # Without --ctx-size, the KV cache is bounded to this many tokens (or the model's own, if smaller).
 DEFAULT_CTX = 8192
+
+log = logging.getLogger("strata.server")
 
 
 def check_model(cfg: ServerConfig) -> tuple[Path, int]:
@@ -53,28 +55,28 @@ def load_state(cfg: ServerConfig, path: Path, n_ctx: int) -> AppState:
 def serve(cfg: ServerConfig) -> int:
     """Open the socket at once, load and warm the model behind it (/health says loading), then serve.
     A model that fails to load ends the process with one line and exit 1, as before the socket opened."""
+    json_logs = cfg.log_format == "json"
+    # --verbose: the scheduler's debug lines (each window's cost and the pacer's model) too; in json uvicorn's
+    # lines come through the same handler, in text they keep uvicorn's own format
+    configure_logging(cfg.log_format, logging.DEBUG if cfg.verbose else logging.INFO,
+                      ("strata", "uvicorn") if json_logs else ("strata",))
     path, n_ctx = check_model(cfg)
     url = f"http://{cfg.host}:{cfg.port}"
     if not cfg.api_keys:
-        print("strata: warning: no API key set (--api-key / STRATA_API_KEY): the server is open to anyone "
-              "who can reach it", file=sys.stderr)
-    if cfg.verbose:  # the scheduler's and tiers' debug lines (each window's cost and the pacer's model) too
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("strata %(name)s: %(message)s"))
-        logging.getLogger("strata").addHandler(handler)
-        logging.getLogger("strata").setLevel(logging.DEBUG)
+        log.warning("no API key set (--api-key / STRATA_API_KEY): the server is open to anyone who can reach it")
     loading = Loading()
     app = build_app(cfg, loading)
     # uvicorn waits for open connections a little past the grace: the requests the grace cut short
     # still send their error events before their connections close
     config = uvicorn.Config(app, host=cfg.host, port=cfg.port, loop="uvloop", http="h11",
                             log_level="info" if cfg.verbose else "warning",
+                            **({"log_config": None} if json_logs else {}),
                             timeout_graceful_shutdown=int(cfg.shutdown_grace_s) + 2)
     server = DrainingServer(config, cfg, app, loading, (path, n_ctx))
-    print(f"strata: loading the model; {url}/health answers 503 until it is ready", flush=True)
+    log.info("loading the model; %s/health answers 503 until it is ready", url)
     server.run()
     if loading.error is not None:
-        print(f"strata: error: {loading.error}", file=sys.stderr, flush=True)
+        log.error("%s", loading.error)
         return 1
     return 0
 
@@ -82,10 +84,10 @@ def serve(cfg: ServerConfig) -> int:
 def _announce(cfg: ServerConfig, state: AppState, seconds: float) -> None:
     url = f"http://{cfg.host}:{cfg.port}"
     auth = f' -H "Authorization: Bearer {cfg.api_keys[0]}"' if cfg.api_keys else ""
-    print(f"strata: serving {state.alias} ({state.engine.arch}, ctx {state.engine.n_ctx}) at {url} "
-          f"(ready in {seconds:.1f} s)", flush=True)
-    print(f"  curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} "
-          f"""-d '{{"messages":[{{"role":"user","content":"Hello!"}}]}}'""", flush=True)
+    log.info("serving %s (%s, ctx %d) at %s (ready in %.1f s)", state.alias, state.engine.arch, state.engine.n_ctx,
+             url, seconds, extra={"url": url, "model": state.alias, "ready_s": round(seconds, 3)})
+    log.info("  curl %s/v1/chat/completions -H 'Content-Type: application/json'%s "
+             """-d '{"messages":[{"role":"user","content":"Hello!"}]}'""", url, auth)
 
 
 class DrainingServer(uvicorn.Server):
@@ -127,14 +129,14 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit:
-            print("strata: second signal: exiting now", file=sys.stderr, flush=True)
+            log.warning("second signal: exiting now")
             os._exit(1)  # not even the engine thread's current window is waited for
         state = self.app.state.strata
         if state is None:  # still loading: nothing in flight
             super().handle_exit(sig, frame)
             return
         grace = self.cfg.shutdown_grace_s
-        print(f"strata: shutting down: finishing in-flight requests (up to {grace:g} s)", file=sys.stderr, flush=True)
+        log.info("shutting down: finishing in-flight requests (up to %g s)", grace)
         sch = state.scheduler
         sch.draining = True
         loop = asyncio.get_event_loop()

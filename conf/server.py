@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from strata.conf.engine import add_backend_flags, backend_options
+from strata.conf.logs import add_log_flags, check_log_format
 from strata.errors import ConfigError
 
 ENV_MODEL = "STRATA_MODEL"
@@ -41,6 +42,7 @@ class ServerConfig:
     shutdown_grace_s: float = 10.0  # after SIGTERM: in-flight requests get this long to finish
     test_hooks: bool = False  # exposes POST /debug/fault for the crash-epoch tests
     verbose: bool = False
+    log_format: str = "text"  # text | json (strata/logs.py)
 
     def validate(self) -> None:
         if not 0 < self.port < 65536:
@@ -64,6 +66,7 @@ class ServerConfig:
                             ("--shutdown-grace-s", self.shutdown_grace_s)):
             if not 0 < value < 1e6:  # also refuses nan and inf
                 raise ConfigError(flag, value, "must be a positive number")
+        check_log_format(self.log_format)
         for k in self.api_keys:
             if not k or any(c.isspace() for c in k):
                 raise ConfigError("--api-key", "***", "keys must be non-empty and contain no whitespace")
@@ -101,6 +104,7 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                    help="on SIGTERM, how long in-flight requests may take to finish (a second SIGTERM exits now)")
     p.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--verbose", "-v", action="store_true", help="request logs, and each window's cost and the pacer's model")
+    add_log_flags(p)
 
 
 def server_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> ServerConfig:
@@ -119,6 +123,7 @@ def server_config(args: argparse.Namespace, env: Mapping[str, str] | None = None
         host=args.host, port=args.port, api_keys=tuple(keys), ctx_size=args.ctx_size,
         parallel=args.parallel, alias=args.alias, strict_model=args.strict_model,
         queue_limit=args.queue_limit, weight_cache_mib=args.weight_cache_mib, verbose=args.verbose,
+        log_format=args.log_format,
         engine=backend_options(args),
         prompt_cache=args.prompt_cache == "on", cache_ram_mib=args.cache_ram_mib, test_hooks=args.test_hooks,
         decode_ahead=args.decode_ahead == "on",

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from strata.conf.engine import add_backend_flags, add_override_flag
+from strata.conf.logs import add_log_flags
 from strata.errors import StrataError
 
 EXIT_ERROR = 1
@@ -33,6 +34,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type
     g.add_argument("--no-think", action="store_true", help="ask thinking templates not to think")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     add_backend_flags(g)
+    add_log_flags(g)
 
 
 def _add_info(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

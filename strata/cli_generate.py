@@ -10,6 +10,7 @@ from strata.cli import dump_json
 from strata.conf.engine import backend_options
 from strata.engine import Engine
 from strata.errors import ConfigError
+from strata.logs import configure_logging
 from strata.sampling import SamplingError, SamplingParams
 from strata.tiers.telemetry import hit_rate_line
 
@@ -30,6 +31,7 @@ def _params(args: argparse.Namespace) -> SamplingParams:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    configure_logging(args.log_format)
     params = _params(args)
     model = args.model or os.environ.get("STRATA_MODEL") or None  # None: the default model
     engine = Engine.load(model, n_ctx=args.ctx_size, **backend_options(args))

@@ -7,7 +7,9 @@ import argparse
 from pathlib import Path
 
 from strata.conf.engine import add_backend_flags, backend_options
+from strata.conf.logs import add_log_flags
 from strata.errors import ConfigError
+from strata.logs import configure_logging
 from strata.progress import ProgressBar
 from strata.sampling import SamplingParams
 
@@ -17,11 +19,13 @@ def add_profile_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", required=True, type=Path, help="a text file, one prompt per line")
     p.add_argument("--max-tokens", "-n", type=int, default=32, help="greedy tokens generated after each prompt")
     add_backend_flags(p)
+    add_log_flags(p)
 
 
 def run_profile(args: argparse.Namespace) -> int:
     from strata.engine import Engine
 
+    configure_logging(args.log_format)
     if args.max_tokens < 0:
         raise ConfigError("--max-tokens", args.max_tokens, "must be >= 0")
     try:
