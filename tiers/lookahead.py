@@ -4,15 +4,15 @@ A decode layer is serial: the mixer (attention or DeltaNet), the router, then th
 GPU reads zero-copy from the pinned arena. On the H200 with the 80B shape at a 24 GiB budget the misses take
 ~9 ms of a ~13.7 ms token while the link idles through the mixers (~4 ms). Layer l's router applied to the
 layer's input (the residual before its mixer; the real router sees it plus the mixer's output) predicts most
-of its experts, so a side branch of the decode graph copies the first K predicted misses into K staging slots
-while the mixer runs and points the decode table's entries at them (strata/gpu/lookahead.py). The experts wait
-for the branch, and after them the entries are put back: every pass leaves the table as it found it, and the
-cache's bookkeeping (slots.py) never sees the staging.
+of its experts, so a side branch of the decode graph copies up to K predicted misses, best first, into K staging
+slots while the mixer runs, pointing the decode table's entries at each copy that lands (strata/gpu/lookahead.py).
+When the router is done the branch stops where it is: the experts never wait for it, and the copies fill the
+time the mixer leaves. After the experts the entries are put back: every pass leaves the table as it found it,
+and the cache's bookkeeping (slots.py) never sees the staging.
 
 A wrong guess costs link time the mixer was not using and nothing else: the router's choice is exact, and a
-pick it did not make is simply not read. K is bounded by the mixer's time: a copy still running when the
-router is done delays the experts. Decode rows only (passes of up to GEMV_ROWS rows); longer passes stage or
-borrow (slots.py).
+pick it did not make is simply not read. Decode rows only (passes of up to GEMV_ROWS rows); longer passes stage
+or borrow (slots.py).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from strata.errors import ConfigError
 
 PREFETCH_MAX = 32  # most experts one layer prefetches (the kernel keeps its picks in a shared array this size)
-# default K: on the H200 (80B shape, 24 GiB) a DeltaNet mixer lasts ~60-80 us, a Q4_K expert crosses in ~40 us
-PREFETCH_DEFAULT = 2
+# default K: on the H200 (80B shape, 24 GiB) a mixer lasts ~60-80 us and a Q4_K expert crosses in ~35 us, so
+# about two land; more picks only queue behind them (the copy stops at the router)
+PREFETCH_DEFAULT = 4
 
 
 def check_prefetch(k: int, flag: str = "--prefetch") -> int:
@@ -34,8 +35,9 @@ def check_prefetch(k: int, flag: str = "--prefetch") -> int:
 
 @dataclass(slots=True)
 class PrefetchCounts:
-    """What the lookahead did since start: experts staged, how many of them the router then chose, and the
-    bytes of each kind (used: moved off the experts' critical path; wasted: crossed PCIe for nothing)."""
+    """What the lookahead did since start: experts staged (copies that landed before the router was done), how many
+    of them the router then chose, and the bytes of each kind (used: moved off the experts' critical path; wasted:
+    crossed PCIe for nothing)."""
 
     staged: int = 0
     used: int = 0

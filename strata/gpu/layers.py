@@ -279,12 +279,12 @@ def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
         ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
     pairs = n * a
     ahead = w.tier.lookahead if n <= GEMV_ROWS and w.tier is not None else None
+    if ahead is not None:  # routed: the link is the experts' from here
+        ahead.halt()
     if w.tier is not None:
         ops.tier_count(act.ids, pairs, a, w.tier.where, w.tier.expert_bytes, w.tier.counts, w.tier.route)
         if n <= GEMV_ROWS and w.tier.share is not None:  # before the GPU's experts, so the CPU overlaps them
             ops.cpu_publish(h, act.ids, act.wts, n, a, dm.d, w.tier.share)
-    if ahead is not None:
-        ahead.join()
     if n <= GEMV_ROWS:
         if q8:
             ops.moe_q8(w.gate, w.up, w.down, act.ids, act.wts, a, act.hq, act.hds, n, act.aq, act.ads, x)

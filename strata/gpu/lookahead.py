@@ -1,10 +1,12 @@
 """The device side of lookahead prefetch (strata.tiers.lookahead says why and what): staging slots, the side
-branch a decode layer forks at its start and joins before its experts, and the restore after them.
+branch a decode layer forks at its start, the stop its router raises, and the join and restore after its experts.
 
 Inside a captured decode graph the fork and join are edges: the branch (the predicted router, then the
-`prefetch` copy, kernels/tiers.py) runs beside the mixer's kernels. The branch reads a snapshot of the layer's
-input, because the mixer adds its output into x while the branch may still be reading it. One set of K
-staging slots serves every layer: layer l + 1 forks after layer l's restore, on the same stream.
+`prefetch` copy, kernels/tiers.py) runs beside the mixer's kernels, copying predicted misses best first until
+the main stream's router is done and raises `stop`. So the experts never wait for the branch, and the copies
+fill whatever time the mixer leaves (a DeltaNet layer's more than an attention layer's at short context). The
+branch reads a snapshot of the layer's input, because the mixer adds its output into x while the branch may still
+be reading it. One set of K staging slots serves every layer: layer l + 1 forks after layer l's restore.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from typing import Any
 from strata.gpu.runtime import DEVICE_TO_DEVICE, Kernels, cupy_module, i32, i64, launch, ptr
 from strata.tiers.layout import ExpertLayout
 
-# blocks per (slot, part) of the copy: each keeps 16 KB of pinned reads in flight, and 3K rows of them are enough
-# to keep the link busy without taking the SMs the mixer runs on
+# blocks per expert part of the copy: each keeps 16 KB of pinned reads in flight; 3 x 8 of them (~400 KB) cover
+# the link's bandwidth-latency product (50 GB/s x a few us) without taking many of the SMs the mixer runs on
 BLOCKS = 8
 
 
@@ -28,7 +30,8 @@ class Lookahead:
         self.stage = [cp.empty(k * s, cp.uint8) for s in layout.strides]  # part-major, as the slots
         self.picked = cp.full(k, -1, cp.int32)
         self.saved = cp.zeros(3 * k, cp.int64)
-        self.done = cp.zeros(1, cp.int32)  # the copy's finished blocks; the last one puts it back to 0
+        self.landed = cp.zeros(k, cp.int32)  # per pick: blocks done with their share (restore zeroes them)
+        self.stop = cp.zeros(1, cp.int32)  # raised by the layer's router, lowered by its restore
         self.stats = cp.zeros(4, cp.uint64)  # staged, used, bytes used, bytes wasted: read and zeroed per pass
         self.x = cp.empty((rows, d), cp.float32)
         self.logits = cp.empty((rows, e), cp.float32)
@@ -37,18 +40,18 @@ class Lookahead:
         self.counter = cp.zeros(1, cp.int32)
         self.side = cp.cuda.Stream(non_blocking=True)
         self.forked = cp.cuda.Event(disable_timing=True)
-        self.landed = cp.cuda.Event(disable_timing=True)
+        self.ended = cp.cuda.Event(disable_timing=True)
         self._part_bytes = [[p.nbytes for p in lay.parts] for lay in layout.layers]
 
     @staticmethod
     def nbytes_for(layout: ExpertLayout, k: int, rows: int) -> int:
         """VRAM it holds: K staging slots and the branch's buffers."""
         d, e, a = layout.layers[0].parts[0].cols, layout.n_expert, layout.top_k
-        return k * layout.slot_bytes + 4 * rows * (d + e + 2 * a) + 40 * k + 64
+        return k * layout.slot_bytes + 4 * rows * (d + e + 2 * a) + 44 * k + 64
 
     def fork(self, ops: Any, li: int, router: Any, norm: Any, eps: float, x: Any, n: int, norm_topk: bool) -> None:
         """At decode layer li's start (on the current stream): snapshot x[:n], then, on the side branch, route the
-        snapshot with the layer's router and copy the first K predicted misses ahead."""
+        snapshot with the layer's router and copy predicted misses ahead until `halt`."""
         cp = cupy_module()
         main = cp.cuda.get_current_stream()
         lay = self.layout
@@ -60,20 +63,23 @@ class Lookahead:
         with self.side:
             ops.router_topk(router, self.x, n, self.logits, norm, eps, None, a, norm_topk, self.ids, self.wts,
                             self.counter)
-            launch(self.kernels["prefetch"], (BLOCKS, 3 * self.k), 256,
+            launch(self.kernels["prefetch"], (BLOCKS, 3), 256,
                    (self.ids, i32(n), i32(a), ptr(self.where, 4 * li * e), ptr(self.table, 8 * li * 3 * e), i32(e),
                     i32(self.k), *(ptr(s) for s in self.stage), *(i64(s) for s in lay.strides),
-                    *(i64(b) for b in self._part_bytes[li]), self.picked, self.saved, self.done))
-            self.landed.record(self.side)
+                    *(i64(b) for b in self._part_bytes[li]), self.picked, self.saved, self.landed, self.stop))
+            self.ended.record(self.side)
 
-    def join(self) -> None:
-        """Before the layer's experts read the table: the branch has staged its picks."""
-        cupy_module().cuda.get_current_stream().wait_event(self.landed)
+    def halt(self) -> None:
+        """The layer's router has run (current stream): the branch stops copying; the link is the experts'."""
+        cp = cupy_module()
+        cp.cuda.runtime.memsetAsync(int(self.stop.data.ptr), 1, 4, cp.cuda.get_current_stream().ptr)
 
     def restore(self, li: int, ids: Any, pairs: int, expert_bytes: int) -> None:
-        """After the layer's experts: the table's entries back to the arena, and the picks counted against the
-        routed ids [pairs]."""
+        """After the layer's experts (current stream): join the branch, point the table's entries back at the
+        arena, and count the landed picks against the routed ids [pairs]."""
+        cp = cupy_module()
+        cp.cuda.get_current_stream().wait_event(self.ended)
         e = self.layout.n_expert
         launch(self.kernels["prefetch_restore"], (1,), 32,
-               (ptr(self.table, 8 * li * 3 * e), i32(e), i32(self.k), self.picked, self.saved, ids, i32(pairs),
-                i64(expert_bytes), self.stats))
+               (ptr(self.table, 8 * li * 3 * e), i32(e), i32(self.k), self.picked, self.saved, self.landed, self.stop,
+                ids, i32(pairs), i64(expert_bytes), self.stats))

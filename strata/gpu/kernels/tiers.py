@@ -17,9 +17,9 @@ prefill chunk's missing experts into borrowed slots.
   pass skips its wait, so the host sees the error after the pass instead of a hung GPU.
 
 - `prefetch` / `prefetch_restore`: lookahead prefetch (strata/gpu/lookahead.py). Prefetch picks a decode
-  layer's first K predicted misses, copies them from the arena into K staging slots and points the decode
-  table's entries at the copies; restore, after the layer's experts ran, points them back and counts how many
-  of the picks the router chose.
+  layer's first K predicted misses and copies them, best first, from the arena into K staging slots until the
+  main stream raises `stop`, pointing the decode table's entries at each copy that lands; restore, after the
+  layer's experts ran, points them back and counts how many of the landed picks the router chose.
 
 Numpy twins: `ref_tier_count`, `ref_gather_rows`, `ref_cpu_publish`, `ref_cpu_collect`, `ref_prefetch_pick`,
 `ref_prefetch_restore`.
@@ -123,18 +123,22 @@ __global__ void __launch_bounds__(256) gather_rows(const i64* __restrict__ src, 
     for (i64 k = (n16 << 4) + threadIdx.x; k < n; k += blockDim.x) d[k] = s[k];
 }
 
-// Lookahead prefetch of a decode layer (strata/gpu/lookahead.py). Grid (blocks, 3 * K), y = slot k * 3 + part j.
+// Lookahead prefetch of a decode layer (strata/gpu/lookahead.py), beside its mixer. Grid (blocks, 3): y = part j.
 // Every block picks the same K experts: the first distinct predicted ids (pred [n * A], each row's in descending
-// weight, taken rank by rank across the rows) that the decode table reads over PCIe (where == -1); then copies
-// its share of part j of pick k from the arena into staging slot k (stage_j + k * stride_j). The last block to
-// finish points the table's entries (tab [3 * E], the layer's rows) at the copies, keeping the arena's
-// addresses in saved [3 * K] and the picks in picked [K] for prefetch_restore.
+// weight, taken rank by rank across the rows) that the decode table reads over PCIe (where == -1). Then, pick by
+// pick, best first, the blocks copy their share of the pick's part j from the arena into staging slot k
+// (stage_j + k * stride_j); the block that completes a pick's last share (landed[k] counts them) points the
+// table's entries (tab [3 * E], the layer's rows) at the copies, keeping the arena's addresses in saved [3 * K]
+// and the pick in picked [k]. The main stream raises *stop once its router has run: every block then abandons
+// what it copies, so the link is the experts' again; a pick that did not land is read zero-copy as before. An
+// entry that flips while the experts' kernel reads the table gives it one of two copies of the same bytes.
 __global__ void __launch_bounds__(256) prefetch(const int* __restrict__ pred, int n, int A, const int* __restrict__ where,
                                                 i64* tab, int E, int K, i64 st0, i64 st1, i64 st2, i64 sd0, i64 sd1,
                                                 i64 sd2, i64 nb0, i64 nb1, i64 nb2, int* __restrict__ picked,
-                                                i64* __restrict__ saved, int* __restrict__ done) {
+                                                i64* __restrict__ saved, int* __restrict__ landed,
+                                                volatile const int* stop) {
   __shared__ int pick[PF_MAX_K];
-  __shared__ int last;
+  __shared__ int halt, last;
   if (threadIdx.x == 0) {
     int m = 0;
     for (int r = 0; r < A && m < K; r++)
@@ -146,48 +150,56 @@ __global__ void __launch_bounds__(256) prefetch(const int* __restrict__ pred, in
       }
     for (int q = m; q < K; q++) pick[q] = -1;
   }
-  __syncthreads();
-  const int k = blockIdx.y / 3, j = blockIdx.y % 3, e = pick[k];
+  const int j = blockIdx.y;
   const i64 base = j == 0 ? st0 : j == 1 ? st1 : st2, stride = j == 0 ? sd0 : j == 1 ? sd1 : sd2;
-  const i64 nb = j == 0 ? nb0 : j == 1 ? nb1 : nb2;
-  if (e >= 0) {
-    const u8* s = (const u8*)tab[(i64)j * E + e];
-    u8* d = (u8*)(base + k * stride);
-    const i64 n16 = nb >> 4, step = (i64)gridDim.x * blockDim.x;
-    const uint4* s4 = (const uint4*)s;
-    uint4* d4 = (uint4*)d;
-    i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i + 3 * step < n16; i += 4 * step) {  // four reads of pinned memory in flight a thread, as gather_rows
-      const uint4 a = s4[i], b = s4[i + step], c = s4[i + 2 * step], f = s4[i + 3 * step];
-      d4[i] = a; d4[i + step] = b; d4[i + 2 * step] = c; d4[i + 3 * step] = f;
+  const i64 nb = j == 0 ? nb0 : j == 1 ? nb1 : nb2, n16 = nb >> 4, step = (i64)gridDim.x * blockDim.x;
+  const int shares = gridDim.x * gridDim.y;
+  for (int k = 0; k < K; k++) {
+    __syncthreads();
+    const int e = pick[k];
+    if (e < 0) return;
+    const uint4* s4 = (const uint4*)tab[(i64)j * E + e];
+    uint4* d4 = (uint4*)(base + k * stride);
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;; i += 4 * step) {
+      if (threadIdx.x == 0) halt = *stop;
+      __syncthreads();
+      if (halt) return;
+      if (i - threadIdx.x >= n16) break;  // the block's first thread is past the end: so is every thread
+      uint4 v[4];  // four reads of pinned memory in flight a thread, as gather_rows
+#pragma unroll
+      for (int u = 0; u < 4; u++) if (i + u * step < n16) v[u] = s4[i + u * step];
+#pragma unroll
+      for (int u = 0; u < 4; u++) if (i + u * step < n16) d4[i + u * step] = v[u];
+      __syncthreads();  // halt is read again only after every thread used it
     }
-    for (; i < n16; i += step) d4[i] = s4[i];
     if (blockIdx.x == 0)
-      for (i64 q = (n16 << 4) + threadIdx.x; q < nb; q += blockDim.x) d[q] = s[q];
+      for (i64 q = (n16 << 4) + threadIdx.x; q < nb; q += blockDim.x)
+        ((u8*)(base + k * stride))[q] = ((const u8*)tab[(i64)j * E + e])[q];
+    __threadfence();  // this block's share is visible before the table can point at it
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(landed + k, 1) == shares - 1;
+    __syncthreads();
+    if (last && threadIdx.x < 3) {
+      __threadfence();
+      const int p = threadIdx.x;
+      const i64 at = (i64)p * E + e;
+      saved[k * 3 + p] = tab[at];
+      tab[at] = (p == 0 ? st0 : p == 1 ? st1 : st2) + k * (p == 0 ? sd0 : p == 1 ? sd1 : sd2);
+      if (p == 0) picked[k] = e;
+    }
   }
-  __threadfence();  // this block's copies are visible before the table points at them
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(done, 1) == (int)(gridDim.x * gridDim.y) - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int t = threadIdx.x;
-  if (t < 3 * K && pick[t / 3] >= 0) {
-    const int q = t / 3, p = t % 3;
-    const i64 at = (i64)p * E + pick[q];
-    saved[t] = tab[at];
-    tab[at] = (p == 0 ? st0 : p == 1 ? st1 : st2) + q * (p == 0 ? sd0 : p == 1 ? sd1 : sd2);
-  }
-  if (t < K) picked[t] = pick[t];
-  if (t == 0) *done = 0;
 }
 
-// After the layer's experts ran (one block of >= K threads): the table's entries back to the arena, the picks
-// cleared, and stats [4] += (staged, used, bytes of used, bytes of unused) against the routed ids [P].
+// After the layer's experts ran and the prefetch branch joined (one block of >= K threads): the table's entries
+// back to the arena, stats [4] += (landed, used, bytes of used, bytes of unused) against the routed ids [P], and
+// picked, landed and stop cleared for the next layer.
 __global__ void prefetch_restore(i64* tab, int E, int K, int* __restrict__ picked, const i64* __restrict__ saved,
-                                 const int* __restrict__ ids, int P, i64 expert_bytes, u64* __restrict__ stats) {
+                                 int* __restrict__ landed, int* __restrict__ stop, const int* __restrict__ ids, int P,
+                                 i64 expert_bytes, u64* __restrict__ stats) {
   const int k = threadIdx.x;
+  if (k == 0) *stop = 0;
   if (k >= K) return;
+  landed[k] = 0;
   const int e = picked[k];
   if (e < 0) return;
   for (int p = 0; p < 3; p++) tab[(i64)p * E + e] = saved[k * 3 + p];
@@ -249,7 +261,7 @@ def ref_gather_rows(memory: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes
 
 
 def ref_prefetch_pick(pred: np.ndarray, where: np.ndarray, k: int) -> np.ndarray:
-    """The experts `prefetch` stages [k] (-1 pads): predicted ids pred [n, A] (each row's best first) taken rank by
+    """The experts `prefetch` picks [k] (-1 pads), and stages when stop stays down: predicted ids pred [n, A] (each row's best first) taken rank by
     rank across the rows, first distinct ones that the decode table reads over PCIe (where == -1)."""
     out: list[int] = []
     for e in pred.T.reshape(-1).tolist():
