@@ -15,6 +15,7 @@ hands the logits back.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,7 +39,10 @@ class DecodeGraphs:
         self.tab: Any = None
         self.draws: Any = None
         self.chosen: Any = None
-        self._recurrent: list[Any] = []  # the loaded slots' DeltaNet states (RecurrentState), if any
+        # the loaded slots' DeltaNet states (RecurrentState), if any, for the capture's put-back; weak, so that a
+        # finished sequence's state goes back to the ledger before the next load (a benchmark's warm-up sequences
+        # kept alive here beside its measured ones went past a 24 GiB plan by one state each)
+        self._recurrent: list[weakref.ref[Any]] = []
         self.use_graphs = True  # False: launch the same kernels eagerly (tests compare the two)
 
     def _buffers(self) -> Activations:
@@ -77,7 +81,8 @@ class DecodeGraphs:
             # table it advanced is put back, so the captured run below repeats it exactly.
             # DeltaNet states are not rewritten but advanced, so they are put back too.
             saved = self.tab[:b].copy()
-            recurrent = [(r, r.conv.copy(), r.ssm.copy()) for r in self._recurrent]
+            live = [r for r in (ref() for ref in self._recurrent) if r is not None]
+            recurrent = [(r, r.conv.copy(), r.ssm.copy()) for r in live]
             self._kernels(b)
             self.tab[:b] = saved
             tiers = self.model.tiers
@@ -101,7 +106,7 @@ class DecodeGraphs:
 
     def _load(self, tokens: list[int], states: list[SequenceState], extra: int = 1) -> None:
         rows = []
-        self._recurrent = [s.layers[RECURRENT] for s in states if RECURRENT in s.layers]
+        self._recurrent = [weakref.ref(s.layers[RECURRENT]) for s in states if RECURRENT in s.layers]
         for t, s in zip(tokens, states):
             s.kv.reserve(s.n_past + extra)  # type: ignore[attr-defined]
             rows.append(self.model.table_row(s, s.n_past, t))
