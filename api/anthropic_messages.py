@@ -26,6 +26,7 @@ from strata.api.schemas import parse
 from strata.api.schemas_anthropic import (
     AnthropicMessage, Block, CountTokensRequest, MessagesRequest, SystemBlock, ToolChoice,
 )
+from strata.api.sse import event_json
 from strata.api.state import AppState
 from strata.sched.request import ANTHROPIC_STOP, FinishReason
 
@@ -169,7 +170,7 @@ async def messages(request: Request) -> Response:
 
 
 def _event(kind: str, **data: Any) -> dict[str, str]:
-    return {"event": kind, "data": json.dumps({"type": kind, **data}, ensure_ascii=False)}
+    return {"event": kind, "data": event_json({"type": kind, **data})}
 
 
 async def _stream(req: Any, prompt: Any, reasoning: bool, mid: str, name: str) -> AsyncIterator[dict[str, str]]:

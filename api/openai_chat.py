@@ -21,6 +21,7 @@ from strata.api.sampling_args import openai_params
 from strata.api.schemas import (
     REFUSED_CHAT, ChatCompletionRequest, ChatMessage, NamedToolChoice, ResponseFormat, parse, unsupported,
 )
+from strata.api.sse import event_json
 from strata.api.state import VERSION, AppState
 from strata.constraints.schema import JSON_OBJECT
 from strata.sched.request import OPENAI_FINISH
@@ -159,7 +160,7 @@ async def _stream(req: Any, prompt: Any, reasoning: bool, cid: str, created: int
         obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
                "system_fingerprint": f"strata-{VERSION}",
                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra}
-        return {"data": json.dumps(obj, ensure_ascii=False)}
+        return {"data": event_json(obj)}
 
     yield chunk({"role": "assistant", "content": ""})
     try:
@@ -175,7 +176,7 @@ async def _stream(req: Any, prompt: Any, reasoning: bool, cid: str, created: int
                 if include_usage:
                     usage = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
                              "choices": [], "usage": _usage(d)}
-                    yield {"data": json.dumps(usage)}
+                    yield {"data": event_json(usage)}
     except APIError as e:
-        yield {"data": json.dumps({"error": {"message": e.message, "type": "server_error", "code": e.code}})}
+        yield {"data": event_json({"error": {"message": e.message, "type": "server_error", "code": e.code}})}
     yield {"data": "[DONE]"}

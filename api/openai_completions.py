@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -21,6 +20,7 @@ from strata.api.prompt import Prompt, check_context
 from strata.api.prompt_tokens import min_tokens
 from strata.api.sampling_args import openai_params
 from strata.api.schemas import REFUSED_COMPLETION, CompletionRequest, parse, unsupported
+from strata.api.sse import event_json
 from strata.api.state import AppState
 from strata.sched.request import OPENAI_FINISH
 
@@ -72,9 +72,9 @@ async def completions(request: Request) -> Response:
 async def _stream(req: Any, prompt: Prompt, cid: str, created: int, name: str,
                   echo: str) -> AsyncIterator[dict[str, str]]:
     def chunk(text: str, finish: str | None = None, **extra: Any) -> dict[str, str]:
-        return {"data": json.dumps({"id": cid, "object": "text_completion", "created": created, "model": name,
-                                    "choices": [{"index": 0, "text": text, "logprobs": None,
-                                                 "finish_reason": finish}], **extra}, ensure_ascii=False)}
+        return {"data": event_json({"id": cid, "object": "text_completion", "created": created, "model": name,
+                                   "choices": [{"index": 0, "text": text, "logprobs": None,
+                                                "finish_reason": finish}], **extra})}
 
     if echo:
         yield chunk(echo)
@@ -85,5 +85,5 @@ async def _stream(req: Any, prompt: Prompt, cid: str, created: int, name: str,
             elif isinstance(d, ContentDelta):
                 yield chunk(d.text)
     except APIError as e:
-        yield {"data": json.dumps({"error": {"message": e.message, "type": "server_error", "code": e.code}})}
+        yield {"data": event_json({"error": {"message": e.message, "type": "server_error", "code": e.code}})}
     yield {"data": "[DONE]"}
