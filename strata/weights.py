@@ -40,8 +40,9 @@ class WeightStore:
     def shape(self, name: str) -> tuple[int, ...]:
         return self.gguf.tensors[name].shape
 
-    def _full(self, name: str, expert: int = -1) -> np.ndarray | None:
-        """The whole (expert slice of the) tensor as f32, cached if the budget allows; None if not."""
+    def _full(self, name: str, expert: int = -1, always: bool = False) -> np.ndarray | None:
+        """The whole (expert slice of the) tensor as f32, cached if the budget allows (always: regardless); None
+        if not."""
         key = (name, expert)
         hit = self._cache.get(key)
         if hit is not None:
@@ -51,7 +52,7 @@ class WeightStore:
         if expert >= 0:
             raw = raw[expert]
         n_out = int(np.prod(info.shape[1:] if expert >= 0 else info.shape)) * 4
-        if self.cached_bytes + n_out > self.cache_bytes and len(info.shape) > 1:
+        if self.cached_bytes + n_out > self.cache_bytes and not always:
             return None
         w = dequantize(raw, info.qtype, info.shape[-1])
         self._cache[key] = w
@@ -59,8 +60,9 @@ class WeightStore:
         return w
 
     def vector(self, name: str) -> np.ndarray:
-        """A 1-D tensor (norm weights, biases): always cached, they are tiny."""
-        w = self._full(name)
+        """A small tensor as a vector (norm weights, biases, DeltaNet's conv kernel): always cached, they are tiny
+        (the conv kernel is 2-D: under the budget rule of matrices it failed once experts filled the cache)."""
+        w = self._full(name, always=True)
         assert w is not None
         return w.reshape(-1)
 

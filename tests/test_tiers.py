@@ -250,3 +250,18 @@ def test_a_scattered_placement_still_double_buffers_its_staging():
         missing = int((cache.where < 0).sum(axis=1).max())
         assert st.complete and st.buffers == 2
         assert max(len(x) for x in st.per_layer) < missing + 20  # the misses and a few given-up residents
+
+
+def test_a_full_weight_cache_still_serves_small_tensors():
+    """With the f32 weight cache spent (experts fill it first in a long model), DeltaNet's 2-D conv kernel and
+    the norms are still read: a qwen3next forward with a 0-byte cache gives the logits of an ample one."""
+    from strata.gguf import GGUFFile
+    from strata.models import model_class
+    from strata.weights import WeightStore
+
+    path = _fixture("qwen3next")
+    g = GGUFFile(path)
+    ids = np.arange(1, 9)
+    got = [model_class(g)(g, WeightStore(g, size)) for size in (0, 1 << 30)]
+    a, b = (m.forward(ids, m.new_state()) for m in got)
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
