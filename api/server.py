@@ -63,7 +63,8 @@ def serve(cfg: ServerConfig) -> int:
     path, n_ctx = check_model(cfg)
     url = f"http://{cfg.host}:{cfg.port}"
     if not cfg.api_keys:
-        log.warning("no API key set (--api-key / STRATA_API_KEY): the server is open to anyone who can reach it")
+        log.warning("no API key set (--api-key / STRATA_API_KEY): the server is open to anyone who can "
+                    "reach it")
     loading = Loading()
     app = build_app(cfg, loading)
     # uvicorn waits for open connections a little past the grace: the requests the grace cut short
@@ -84,8 +85,9 @@ def serve(cfg: ServerConfig) -> int:
 def _announce(cfg: ServerConfig, state: AppState, seconds: float) -> None:
     url = f"http://{cfg.host}:{cfg.port}"
     auth = f' -H "Authorization: Bearer {cfg.api_keys[0]}"' if cfg.api_keys else ""
-    log.info("serving %s (%s, ctx %d) at %s (ready in %.1f s)", state.alias, state.engine.arch, state.engine.n_ctx,
-             url, seconds, extra={"url": url, "model": state.alias, "ready_s": round(seconds, 3)})
+    log.info("serving %s (%s, ctx %d) at %s (ready in %.1f s)", state.alias, state.engine.arch,
+             state.engine.n_ctx, url, seconds,
+             extra={"url": url, "model": state.alias, "ready_s": round(seconds, 3)})
     log.info("  curl %s/v1/chat/completions -H 'Content-Type: application/json'%s "
              """-d '{"messages":[{"role":"user","content":"Hello!"}]}'""", url, auth)
 

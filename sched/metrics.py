@@ -38,18 +38,20 @@ class Metrics:
     media_type = CONTENT_TYPE_LATEST
 
     def __init__(self, scheduler: Scheduler) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.ttft = Histogram("strata_time_to_first_token_seconds", "Submit to a request's first token "
-                              "(queue wait included)", buckets=WAIT_BUCKETS, registry=r)
-        self.inter_token = Histogram("strata_inter_token_latency_seconds", "Between a stream's consecutive tokens",
-                                     buckets=STEP_BUCKETS, registry=r)
-        self.queue_wait = Histogram("strata_queue_wait_seconds", "Submit to a batch slot", buckets=WAIT_BUCKETS,
-                                    registry=r)
-        self.window = Histogram("strata_window_seconds", "One engine step: a token for every running slot and at "
-                                "most one prompt chunk", buckets=STEP_BUCKETS, registry=r)
-        self.prefill_chunk = Histogram("strata_prefill_chunk_seconds", "Windows that read a prompt chunk (streams "
-                                       "decoding beside it included)", buckets=WAIT_BUCKETS, registry=r)
+        self.registry = r = CollectorRegistry()
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, buckets=buckets, registry=r)
+
+        self.ttft = histogram("strata_time_to_first_token_seconds",
+                              "Submit to a request's first token (queue wait included)", WAIT_BUCKETS)
+        self.inter_token = histogram("strata_inter_token_latency_seconds",
+                                     "Between a stream's consecutive tokens", STEP_BUCKETS)
+        self.queue_wait = histogram("strata_queue_wait_seconds", "Submit to a batch slot", WAIT_BUCKETS)
+        self.window = histogram("strata_window_seconds", "One engine step: a token for every running slot "
+                                "and at most one prompt chunk", STEP_BUCKETS)
+        self.prefill_chunk = histogram("strata_prefill_chunk_seconds", "Windows that read a prompt chunk "
+                                       "(streams decoding beside it included)", WAIT_BUCKETS)
         r.register(_Totals(scheduler))
 
     def render(self) -> bytes:
@@ -88,8 +90,8 @@ class _Totals:
             outcomes.add_metric([reason.value], c.outcomes.get(reason, 0))
         yield outcomes
         yield CounterMetricFamily("strata_prompt_tokens_total", "Prompt tokens prefilled", c.prompt_tokens)
-        yield CounterMetricFamily("strata_prompt_tokens_cached_total", "Prompt tokens reused from the prefix cache",
-                                  c.cached_prompt_tokens)
+        yield CounterMetricFamily("strata_prompt_tokens_cached_total",
+                                  "Prompt tokens reused from the prefix cache", c.cached_prompt_tokens)
         yield CounterMetricFamily("strata_generated_tokens_total", "Tokens generated", c.generated_tokens)
         yield CounterMetricFamily("strata_prompt_seconds_total", "Window seconds spent on prompt tokens "
                                   "(a window's time split by the tokens it fed)", c.prompt_seconds)
@@ -102,8 +104,10 @@ class _Totals:
         yield from _expert_cache(sch)
         ledger = getattr(sch.engine.model, "ledger", None)  # the GPU model's VRAM account
         if ledger is not None:
-            yield GaugeMetricFamily("strata_vram_used_bytes", "VRAM Strata holds (weights, buffers, KV)", ledger.used)
-            yield GaugeMetricFamily("strata_vram_budget_bytes", "The VRAM budget (--vram-budget-mib)", ledger.budget)
+            yield GaugeMetricFamily("strata_vram_used_bytes", "VRAM Strata holds (weights, buffers, KV)",
+                                    ledger.used)
+            yield GaugeMetricFamily("strata_vram_budget_bytes", "The VRAM budget (--vram-budget-mib)",
+                                    ledger.budget)
 
 
 def _prefix_cache(sch: Scheduler) -> Iterator[Metric]:
@@ -114,7 +118,8 @@ def _prefix_cache(sch: Scheduler) -> Iterator[Metric]:
     yield GaugeMetricFamily("strata_prefix_cache_bytes", "RAM the kept prompt states take", pc.used)
     yield GaugeMetricFamily("strata_prefix_cache_budget_bytes", "The prefix cache's RAM (--cache-ram-mib)",
                             pc.budget)
-    yield CounterMetricFamily("strata_prefix_cache_hits_total", "Requests that restored a cached prefix", pc.hits)
+    yield CounterMetricFamily("strata_prefix_cache_hits_total", "Requests that restored a cached prefix",
+                              pc.hits)
     yield CounterMetricFamily("strata_prefix_cache_reused_tokens_total", "Prompt tokens restored from it",
                               pc.reused_tokens)
 
@@ -123,32 +128,31 @@ def _expert_cache(sch: Scheduler) -> Iterator[Metric]:
     cache = sch.engine.expert_cache
     if cache is None:
         return
-    yield GaugeMetricFamily("strata_expert_cache_slots", "Expert cache slots (VRAM; RAM for the CPU stand-in)",
-                            cache.n_slots)
+    yield GaugeMetricFamily("strata_expert_cache_slots",
+                            "Expert cache slots (VRAM; RAM for the CPU stand-in)", cache.n_slots)
     yield GaugeMetricFamily("strata_expert_cache_bytes", "Bytes of the expert cache's slots",
                             cache.n_slots * cache.layout.slot_bytes)
-    pinned = getattr(cache.arena, "nbytes", None)  # a pinned arena; the file's own mapping has no size of its own
+    pinned = getattr(cache.arena, "nbytes", None)  # a pinned arena; the file's mapping has no size of its own
     if pinned is not None:
         yield GaugeMetricFamily("strata_pinned_arena_bytes", "Page-locked RAM holding every expert", pinned())
-    yield CounterMetricFamily("strata_expert_swaps_total", "Experts the cache policy copied into slots", cache.swaps)
+    yield CounterMetricFamily("strata_expert_swaps_total", "Experts the cache policy copied into slots",
+                              cache.swaps)
     yield CounterMetricFamily("strata_expert_swap_bytes_total", "Bytes the cache policy copied into slots",
                               cache.swap_bytes)
     pf = cache.prefetch
-    yield CounterMetricFamily("strata_prefetch_staged_total", "Experts the lookahead copied ahead of the router",
-                              pf.staged)
+    yield CounterMetricFamily("strata_prefetch_staged_total",
+                              "Experts the lookahead copied ahead of the router", pf.staged)
     yield CounterMetricFamily("strata_prefetch_used_total", "Lookahead copies the router then chose", pf.used)
     yield CounterMetricFamily("strata_prefetch_wasted_bytes_total", "Bytes the lookahead copied for nothing",
                               pf.wasted_bytes)
-    families = {
-        "lookups": CounterMetricFamily("strata_expert_lookups_total", "Routed experts looked up", labels=["phase"]),
-        "hits": CounterMetricFamily("strata_expert_hits_total", "Routed experts found in a slot", labels=["phase"]),
-        "misses": CounterMetricFamily("strata_expert_misses_total", "Routed experts not in a slot",
-                                      labels=["phase"]),
-        "pcie": CounterMetricFamily("strata_pcie_bytes_total", "Expert bytes read from RAM over PCIe",
-                                    labels=["phase"]),
-        "cpu": CounterMetricFamily("strata_cpu_expert_calls_total", "Routed experts computed on the CPU pool",
-                                   labels=["phase"]),
+    by_phase = {  # a counter each, labelled decode / prefill
+        "lookups": ("strata_expert_lookups_total", "Routed experts looked up"),
+        "hits": ("strata_expert_hits_total", "Routed experts found in a slot"),
+        "misses": ("strata_expert_misses_total", "Routed experts not in a slot"),
+        "pcie": ("strata_pcie_bytes_total", "Expert bytes read from RAM over PCIe"),
+        "cpu": ("strata_cpu_expert_calls_total", "Routed experts computed on the CPU pool"),
     }
+    families = {k: CounterMetricFamily(name, doc, labels=["phase"]) for k, (name, doc) in by_phase.items()}
     for phase, t in (("decode", cache.use.decode), ("prefill", cache.use.prefill)):
         for key, value in (("lookups", t.lookups), ("hits", t.hits), ("misses", t.lookups - t.hits),
                            ("pcie", t.pcie_bytes), ("cpu", t.cpu_calls)):

@@ -1,7 +1,7 @@
 """Progress of long start-up work (download, checksum, arena fill, profile pre-fill) through tqdm on stderr.
 
-On a terminal the bar shows the amount, the rate and the ETA. When stderr is not a terminal (a service's log, a
-test's captured output) no bar is drawn: the work ends with one log line that says how much took how long.
+On a terminal the bar shows the amount, the rate and the ETA. When stderr is not a terminal (a service's log,
+a test's captured output) no bar is drawn: the work ends with one log line that says how much took how long.
 """
 
 from __future__ import annotations

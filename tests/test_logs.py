@@ -34,10 +34,11 @@ def test_json_lines_carry_the_fields_and_the_extras() -> None:
     try:
         raise ValueError("bad")
     except ValueError:
-        rec = logging.getLogger("strata.test").makeRecord("strata.test", logging.ERROR, __file__, 1, "failed", (),
-                                                          sys.exc_info())
+        rec = logging.getLogger("strata.test").makeRecord("strata.test", logging.ERROR, __file__, 1, "failed",
+                                                          (), sys.exc_info())
     obj = json.loads(JsonFormatter().format(rec))
-    assert obj["level"] == "error" and "ValueError: bad" in obj["exc"] and "\n" not in JsonFormatter().format(rec)
+    assert obj["level"] == "error" and "ValueError: bad" in obj["exc"]
+    assert "\n" not in JsonFormatter().format(rec)  # the traceback is escaped: still one line
 
 
 def test_text_lines_read_like_the_cli_s_others() -> None:
@@ -82,8 +83,9 @@ def test_serve_json_logs_one_object_a_line(smollm2_path: Path) -> None:
 
 
 def test_generate_takes_the_flag(smollm2_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "strata", "generate", "--model", str(smollm2_path), "--prompt", "Hi",
-                          "--max-tokens", "2", "--temperature", "0", "--json", "--log-format", "json"],
+    out = subprocess.run([sys.executable, "-m", "strata", "generate", "--model", str(smollm2_path),
+                          "--prompt", "Hi", "--max-tokens", "2", "--temperature", "0", "--json",
+                          "--log-format", "json"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert len(json.loads(out.stdout)["tokens"]) == 2

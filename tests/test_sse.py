@@ -9,8 +9,8 @@ import pytest
 
 from strata.api.sse import event_json
 
-TEXTS = [" world", "héllo — 世界 🙂", "line\nbreak\ttab \"quoted\" back\\slash", "\x00\x1f\x7f", "\u2028\u2029",
-         "</script>", ""]
+TEXTS = [" world", "héllo — 世界 🙂", "line\nbreak\ttab \"quoted\" back\\slash", "\x00\x1f\x7f",
+         "\u2028\u2029", "</script>", ""]
 
 
 @pytest.mark.parametrize("text", TEXTS)
