@@ -39,6 +39,7 @@ _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSch
 _UNKNOWN_FORMAT = re.compile(r"Unknown format: (\S+)")
 _UNIMPLEMENTED = re.compile(r"Unimplemented keys: (\[.*?\])")
 _QUOTED = ("type", "format", "pattern", "$ref")  # keywords whose rejected value an error message quotes
+_OPEN_KEYS = {"additionalProperties", "patternProperties", "unevaluatedProperties"}  # say what else may come
 
 
 class SchemaError(StrataError):
@@ -64,51 +65,82 @@ def compile_schema(schema: Any, tokenizer: Tokenizer, seed: str = "") -> Grammar
     """The grammar of `schema` for `tokenizer`'s vocabulary; its matcher has consumed `seed`, JSON the
     prompt already holds (a forced tool call's opening), which must be a prefix of an instance."""
     vocab = model_vocab(tokenizer)
-    unknown: set[str] = set()
-    while True:
-        text = grammar_text(schema, unknown)
-        matcher = LLMatcher(vocab, text, log_level=0)
-        if not matcher.is_error():
-            break
-        error = matcher.get_error()
-        fmt = _UNKNOWN_FORMAT.match(error)
-        if fmt is None or fmt.group(1) in unknown:
-            raise SchemaError(_locate(schema, error), error.splitlines()[0] if error else "rejected")
-        unknown.add(fmt.group(1))
+    text = grammar_text(schema)
+    matcher = LLMatcher(vocab, text, log_level=0)
+    if matcher.is_error():  # a limit only the vocabulary reaches (the lexer's size)
+        raise SchemaError("", " ".join(matcher.get_error().split())[:300])
     if seed and not matcher.consume_tokens(tokenizer.encode(seed, add_special=False, parse_special=False)):
         raise ValueError(f"JSON seed {seed!r} does not start an instance: {matcher.get_error()}")
     return Grammar(text, matcher, vocab.vocab_size)
 
 
-def grammar_text(schema: Any, drop_formats: set[str] | frozenset[str] = frozenset()) -> str:
-    """llguidance's grammar for the schema under our two rules (see the module docstring)."""
-    try:
-        body = json.dumps(_normalised(schema, drop_formats))
-    except RecursionError:
-        raise SchemaError("", "the schema is nested too deeply") from None
-    return LLMatcher.grammar_from_json_schema(body, overrides=OPTIONS)  # type: ignore[arg-type]
+def grammar_text(schema: Any) -> str:
+    """llguidance's grammar for the schema under our two rules (see the module docstring); a
+    SchemaError names the part llguidance rejects."""
+    merged, unknown = _merged_refs(schema), set[str]()
+    while True:
+        try:
+            body = json.dumps(_normalised(schema, unknown, merged))
+            text = LLMatcher.grammar_from_json_schema(body, overrides=OPTIONS)  # type: ignore[arg-type]
+        except RecursionError:
+            raise SchemaError("", "the schema is nested too deeply") from None
+        except ValueError as e:  # not a schema at all (false), or too deep for llguidance's parser
+            error = str(e)
+        else:
+            failed, messages = LLMatcher.validate_grammar_with_warnings(text)
+            if not failed:
+                return text
+            error = messages[0]
+        fmt = _UNKNOWN_FORMAT.match(error)
+        if fmt is None or fmt.group(1) in unknown:
+            raise SchemaError(_locate(schema, error), " ".join(error.split())[:300] or "rejected")
+        unknown.add(fmt.group(1))
 
 
-def _normalised(schema: Any, drop: set[str] | frozenset[str], in_all_of: bool = False) -> Any:
-    """A copy with undeclared properties closed and the `drop` formats removed. allOf branches stay
-    open: closing each would forbid the properties the others declare."""
+def _normalised(schema: Any, drop: set[str], merged: set[str], pointer: str = "#") -> Any:
+    """A copy with undeclared properties closed and the `drop` formats removed. Objects that allOf
+    merges (its branches, and what they $ref) stay open: closing one would forbid the properties
+    the others declare. `pointer`: where the schema sits, as a $ref would name it."""
     if not isinstance(schema, Mapping):
         return schema
     out: dict[str, Any] = {}
     for key, value in schema.items():
+        here = f"{pointer}/{_escaped(key)}"
         if key == "format" and value in drop:
             continue
         if key in _MAP and isinstance(value, Mapping):
-            value = {k: _normalised(v, drop) for k, v in value.items()}
+            value = {k: _normalised(v, drop, merged, f"{here}/{_escaped(k)}") for k, v in value.items()}
         elif key in _LIST and isinstance(value, list):
-            value = [_normalised(v, drop, key == "allOf") for v in value]
+            value = [_normalised(v, drop, merged, f"{here}/{i}") for i, v in enumerate(value)]
         elif key in _ONE:
-            value = _normalised(value, drop)
+            value = _normalised(value, drop, merged, here)
         out[key] = value
-    if ("properties" in out and not in_all_of and "additionalProperties" not in out
-            and "patternProperties" not in out and "unevaluatedProperties" not in out):
+    if ("properties" in out and pointer not in merged and not _OPEN_KEYS & out.keys()):
         out["additionalProperties"] = False
     return out
+
+
+def _merged_refs(schema: Any) -> set[str]:
+    """The pointers of every allOf branch and of what a branch's $ref names."""
+    out: set[str] = set()
+    stack: list[tuple[Any, str]] = [(schema, "#")]
+    while stack:
+        node, pointer = stack.pop()
+        if isinstance(node, list):
+            stack.extend((v, f"{pointer}/{i}") for i, v in enumerate(node))
+        elif isinstance(node, Mapping):
+            branches = node.get("allOf")
+            for i, branch in enumerate(branches if isinstance(branches, list) else []):
+                out.add(f"{pointer}/allOf/{i}")
+                if isinstance(branch, Mapping) and isinstance(branch.get("$ref"), str):
+                    out.add(branch["$ref"])
+            stack.extend((v, f"{pointer}/{_escaped(k)}") for k, v in node.items())
+    return out
+
+
+def _escaped(key: str) -> str:
+    """key as one JSON pointer step (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def _locate(schema: Any, error: str) -> str:
