@@ -89,7 +89,9 @@ async def deltas(req: Request, prompt: Prompt, reasoning: bool, raw: bool = Fals
             elif isinstance(ev, DoneEvent):
                 if forced:
                     assert req.grammar is not None  # a forced call is always compiled
-                    yield forced_call((prompt.json_seed or "") + "".join(forced_text), req.grammar)
+                    # closing a call cut short walks the grammar: off the loop
+                    text = (prompt.json_seed or "") + "".join(forced_text)
+                    yield await asyncio.to_thread(forced_call, text, req.grammar)
                 for d in [] if (raw or forced) else parser.finish():
                     yield d
                 reason = ev.reason

@@ -10,6 +10,7 @@ from typing import Any
 
 from strata.api.errors import APIError, bad_request
 from strata.constraints.schema import Grammar, SchemaError, compile_schema
+from strata.constraints.vocab import model_vocab
 from strata.tokenizer import Tokenizer
 
 COMPILE_SECONDS = 5.0
@@ -25,6 +26,7 @@ async def compiled(schema: dict[str, Any] | None, param: str, tokenizer: Tokeniz
     if schema is None:
         return None
     check_satisfiable(schema, param)
+    await asyncio.to_thread(model_vocab, tokenizer)  # built once per model (seconds), outside the limit
     try:
         work = asyncio.to_thread(compile_schema, schema, tokenizer, seed)
         return await asyncio.wait_for(work, COMPILE_SECONDS)
