@@ -106,7 +106,7 @@ def _normalised(schema: Any, drop: set[str], merged: set[str], pointer: str = "#
     out: dict[str, Any] = {}
     for key, value in schema.items():
         here = f"{pointer}/{_escaped(key)}"
-        if key == "format" and value in drop:
+        if key == "format" and isinstance(value, str) and value in drop:
             continue
         if key in _MAP and isinstance(value, Mapping):
             value = {k: _normalised(v, drop, merged, f"{here}/{_escaped(k)}") for k, v in value.items()}
