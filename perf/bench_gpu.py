@@ -295,13 +295,18 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
                   f"{nb / (b * a.gen) / 1e6:.0f} MB/token over PCIe, {cc * per_call / (b * a.gen) / 1e6:.0f} MB/token "
                   f"on the CPU (pcie_frac {cache.pcie_frac:.2f})", flush=True)
             pf = cache.prefetch
-            if pf.staged > pf0.staged:
-                got = {k: getattr(pf, k) - getattr(pf0, k) for k in ("staged", "used", "used_bytes", "wasted_bytes")}
-                res[f"prefetch_b{b}"] = {**got, "accuracy": got["used"] / got["staged"],
-                                         "saved_bytes_per_token": got["used_bytes"] / (b * a.gen)}
-                print(f"  lookahead: {got['used']:,} of {got['staged']:,} staged used "
-                      f"({got['used'] / got['staged']:.1%}), {got['used_bytes'] / (b * a.gen) / 1e6:.0f} MB/token read "
-                      f"ahead, {got['wasted_bytes'] / (b * a.gen) / 1e6:.0f} wasted", flush=True)
+            if pf.copy_ns > pf0.copy_ns:
+                got = {k: getattr(pf, k) - getattr(pf0, k)
+                       for k in ("staged", "used", "used_bytes", "wasted_bytes", "copied_bytes", "copy_ns")}
+                forks = a.gen * len(cache.layout.layers)  # a branch per MoE layer and step
+                res[f"prefetch_b{b}"] = {**got, "accuracy": got["used"] / max(got["staged"], 1),
+                                         "saved_bytes_per_token": got["used_bytes"] / (b * a.gen),
+                                         "copy_us_per_layer": got["copy_ns"] / forks / 1e3}
+                print(f"  lookahead: {got['used']:,} of {got['staged']:,} staged parts used "
+                      f"({got['used'] / max(got['staged'], 1):.1%}), {got['used_bytes'] / (b * a.gen) / 1e6:.0f} MB/token "
+                      f"read ahead, {got['wasted_bytes'] / (b * a.gen) / 1e6:.0f} wasted; copies ran "
+                      f"{got['copy_ns'] / forks / 1e3:.1f} us a layer at {got['copied_bytes'] / max(got['copy_ns'], 1):.1f} "
+                      "GB/s", flush=True)
     s = gpu.new_state()
     gpu.forward(np.array([1]), s, all_logits=False)
     t = time.perf_counter()

@@ -141,8 +141,10 @@ def _expert_cache(sch: Scheduler) -> Iterator[Metric]:
                               cache.swap_bytes)
     pf = cache.prefetch
     yield CounterMetricFamily("strata_prefetch_staged_total",
-                              "Experts the lookahead copied ahead of the router", pf.staged)
-    yield CounterMetricFamily("strata_prefetch_used_total", "Lookahead copies the router then chose", pf.used)
+                              "Expert parts the lookahead copied ahead of the router", pf.staged)
+    yield CounterMetricFamily("strata_prefetch_used_total", "Staged parts the router then used", pf.used)
+    yield CounterMetricFamily("strata_prefetch_saved_bytes_total", "Bytes of staged parts the router used",
+                              pf.used_bytes)
     yield CounterMetricFamily("strata_prefetch_wasted_bytes_total", "Bytes the lookahead copied for nothing",
                               pf.wasted_bytes)
     by_phase = {  # a counter each, labelled decode / prefill

@@ -295,8 +295,9 @@ def test_prefetch_twins_pick_rank_by_rank_and_count_the_used():
     np.testing.assert_array_equal(kt.ref_prefetch_pick(pred, where, 3), [2, 5, 4])
     np.testing.assert_array_equal(kt.ref_prefetch_pick(pred, where, 6), [2, 5, 4, 0, -1, -1])
     np.testing.assert_array_equal(kt.ref_prefetch_pick(np.array([[1, 3]], np.int32), where, 2), [-1, -1])
-    stats = kt.ref_prefetch_restore(np.array([2, 5, -1], np.int32), np.array([5, 1, 0]), 100)
-    np.testing.assert_array_equal(stats, [2, 1, 100, 100])
+    flipped = np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1]], bool)  # pick 2 (-1) has nothing to restore
+    stats = kt.ref_prefetch_restore(np.array([2, 5, -1], np.int32), flipped, np.array([5, 1, 0]), (10, 20, 30))
+    np.testing.assert_array_equal(stats, [3, 1, 10, 30])  # 2's gate and up unused, 5's gate used
 
 
 def test_prefetch_flag_is_checked():

@@ -143,23 +143,26 @@ def test_prefetch_kernels_match_twins():
     table = np.array([[int(arena[j].data.ptr) + x * stride for x in range(e)] for j in range(3)], np.int64)
     pred = np.stack([rng.permutation(e)[:a] for _ in range(n)]).astype(np.int32)  # [n, A]
     tab = cp.asarray(table)
-    picked, saved, landed = cp.full(K, -1, cp.int32), cp.zeros(3 * K, cp.int64), cp.zeros(K, cp.int32)
-    stop = cp.ones(1, cp.int32)
+    picked, saved, landed = cp.full(K, -1, cp.int32), cp.zeros(3 * K, cp.int64), cp.zeros(3 * K, cp.int32)
+    stop, stats = cp.ones(1, cp.int32), cp.zeros(6, cp.uint64)
+    blocks = 5
 
     def run() -> None:
-        launch(k["prefetch"], (4, 3), 256,
+        launch(k["prefetch"], (blocks,), 256,
                (cp.asarray(pred.reshape(-1)), np.int32(n), np.int32(a), cp.asarray(where), tab, np.int32(e),
                 np.int32(K), *(np.uint64(s.data.ptr) for s in stage), *(np.int64(stride),) * 3,
-                *(np.int64(b) for b in nbytes), picked, saved, landed, stop))
+                *(np.int64(b) for b in nbytes), picked, saved, landed, stop, stats))
 
     run()  # the router was done before the copy began: nothing lands, the table is untouched
-    assert (picked.get() == -1).all() and (landed.get() == 0).all()
+    assert (landed.get() == 0).all() and (saved.get() == 0).all() and int(stats[4].get()) == 0
     np.testing.assert_array_equal(tab.get(), table)
     stop.fill(0)
     run()
     want = kt.ref_prefetch_pick(pred, where, K)
     np.testing.assert_array_equal(picked.get(), want)
-    np.testing.assert_array_equal(landed.get(), np.where(want >= 0, 12, 0))  # every block's share of each pick
+    # every block's slice of every part of each pick
+    np.testing.assert_array_equal(landed.get().reshape(K, 3), np.repeat(np.where(want >= 0, blocks, 0)[:, None], 3, 1))
+    assert int(stats[4].get()) == sum(16 * (b // 16) for b in nbytes) * int((want >= 0).sum())  # tails: not counted
     got_tab = tab.get()
     for q, x in enumerate(want):
         for j in range(3):
@@ -170,13 +173,15 @@ def test_prefetch_kernels_match_twins():
                                           arena[j][x * stride : x * stride + nbytes[j]].get())
     routed = rng.integers(0, e, n * a).astype(np.int32)
     routed[0] = want[0]  # at least one pick used
-    stats = cp.zeros(4, cp.uint64)
+    stats.fill(0)
     stop.fill(1)
-    launch(k["prefetch_restore"], (1,), 32, (tab, np.int32(e), np.int32(K), picked, saved, landed, stop,
-                                            cp.asarray(routed), np.int32(n * a), np.int64(777), stats))
+    launch(k["prefetch_restore"], (1,), 128, (tab, np.int32(e), np.int32(K), picked, saved, landed, stop,
+                                             cp.asarray(routed), np.int32(n * a), *(np.int64(b) for b in nbytes), stats))
     np.testing.assert_array_equal(tab.get(), table)
-    np.testing.assert_array_equal(stats.get(), kt.ref_prefetch_restore(want, routed, 777))
-    assert (picked.get() == -1).all() and (landed.get() == 0).all() and int(stop.get()[0]) == 0
+    flipped = np.repeat((want >= 0)[:, None], 3, axis=1)
+    np.testing.assert_array_equal(stats.get()[:4], kt.ref_prefetch_restore(want, flipped, routed, nbytes))
+    assert (picked.get() == -1).all() and (landed.get() == 0).all() and (saved.get() == 0).all()
+    assert int(stop.get()[0]) == 0
 
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
@@ -194,8 +199,8 @@ def test_prefetch_equals_all_resident(tmp_path, arch):
             assert np.array_equal(x, y), f"{arch} cache {size} K={k}: step {step} differs by {np.abs(x - y).max()}"
         np.testing.assert_array_equal(m.tiers.table.get(), m.expert_cache.table)
         pf, lay = m.expert_cache.prefetch, m.expert_cache.layout
-        assert 0 <= pf.staged <= k * len(lay.layers) * 9 and pf.used <= pf.staged
-        assert pf.used_bytes + pf.wasted_bytes == pf.staged * int(m.expert_cache.expert_bytes[0])
+        assert 0 <= pf.staged <= 3 * k * len(lay.layers) * 9 and pf.used <= pf.staged
+        assert pf.used_bytes + pf.wasted_bytes <= pf.copied_bytes + 3 * 16 * pf.staged  # landed parts were copied
         print(f"{arch} cache {size} K={k}: {pf.line()}")
 
 

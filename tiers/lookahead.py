@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from strata.errors import ConfigError
 
 PREFETCH_MAX = 32  # most experts one layer prefetches (the kernel keeps its picks in a shared array this size)
+STATS = 6  # the device counters PrefetchCounts.add takes, in its field order
 # default K: on the H200 (80B shape, 24 GiB) a mixer lasts ~60-80 us and a Q4_K expert crosses in ~35 us, so
 # about two land; more picks only queue behind them (the copy stops at the router)
 PREFETCH_DEFAULT = 4
@@ -35,29 +36,38 @@ def check_prefetch(k: int, flag: str = "--prefetch") -> int:
 
 @dataclass(slots=True)
 class PrefetchCounts:
-    """What the lookahead did since start: experts staged (copies that landed before the router was done), how many
-    of them the router then chose, and the bytes of each kind (used: moved off the experts' critical path; wasted:
-    crossed PCIe for nothing)."""
+    """What the lookahead did since start: expert parts staged (a gate, up or down matrix whose copy landed before
+    the router was done), how many of them the router then used, the bytes of each kind (used: moved off the
+    experts' critical path; wasted: crossed PCIe for nothing), all bytes the copies moved (landed or abandoned
+    at the router) and how long the copies ran (ns, summed over layers)."""
 
     staged: int = 0
     used: int = 0
     used_bytes: int = 0
     wasted_bytes: int = 0
+    copied_bytes: int = 0
+    copy_ns: int = 0
 
-    def add(self, staged: int, used: int, used_bytes: int, wasted_bytes: int) -> None:
+    def add(self, staged: int, used: int, used_bytes: int, wasted_bytes: int, copied_bytes: int = 0,
+            copy_ns: int = 0) -> None:
         self.staged += staged
         self.used += used
         self.used_bytes += used_bytes
         self.wasted_bytes += wasted_bytes
+        self.copied_bytes += copied_bytes
+        self.copy_ns += copy_ns
 
     @property
     def accuracy(self) -> float:
         return self.used / self.staged if self.staged else 0.0
 
     def status(self) -> dict[str, float | int]:
-        return {"staged": self.staged, "used": self.used, "accuracy": round(self.accuracy, 4),
-                "saved_bytes": self.used_bytes, "wasted_bytes": self.wasted_bytes}
+        return {"staged_parts": self.staged, "used_parts": self.used, "accuracy": round(self.accuracy, 4),
+                "saved_bytes": self.used_bytes, "wasted_bytes": self.wasted_bytes, "copied_bytes": self.copied_bytes,
+                "copy_seconds": round(self.copy_ns / 1e9, 6)}
 
     def line(self) -> str:
-        return (f"lookahead prefetch: {self.used:,} of {self.staged:,} staged experts used ({self.accuracy:.1%}); "
-                f"{self.used_bytes / 2**30:,.2f} GiB read ahead, {self.wasted_bytes / 2**30:,.2f} GiB wasted")
+        rate = self.copied_bytes / self.copy_ns if self.copy_ns else 0.0  # bytes/ns = GB/s
+        return (f"lookahead prefetch: {self.used:,} of {self.staged:,} staged expert parts used ({self.accuracy:.1%}); "
+                f"{self.used_bytes / 2**30:,.2f} GiB read ahead, {self.wasted_bytes / 2**30:,.2f} GiB wasted; copies "
+                f"moved {self.copied_bytes / 2**30:,.2f} GiB in {self.copy_ns / 1e9:,.3f} s ({rate:,.1f} GB/s)")

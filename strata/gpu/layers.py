@@ -293,7 +293,7 @@ def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
             ops.moe_down(w.down, act.ids, act.wts, a, act.gu, n, x)
         if ahead is not None:
             assert w.tier is not None
-            ahead.restore(w.tier.layer, act.ids, pairs, w.tier.expert_bytes)
+            ahead.restore(w.tier.layer, act.ids, pairs)
         return
     ops.moe_group(act.ids, pairs, a, e, act.counts, act.offsets, act.cursor, act.tiles, act.n_tiles, act.rows,
                   act.tok_of_row)

@@ -15,10 +15,11 @@ from typing import Any
 
 from strata.gpu.runtime import DEVICE_TO_DEVICE, Kernels, cupy_module, i32, i64, launch, ptr
 from strata.tiers.layout import ExpertLayout
+from strata.tiers.lookahead import STATS
 
-# blocks per expert part of the copy: each keeps 16 KB of pinned reads in flight; 3 x 8 of them (~400 KB) cover
-# the link's bandwidth-latency product (50 GB/s x a few us) without taking many of the SMs the mixer runs on
-BLOCKS = 8
+# blocks of the copy: each keeps 16 KB of pinned reads in flight; 24 of them (~400 KB) cover the link's
+# bandwidth-latency product (50 GB/s x a few us) without taking many of the SMs the mixer runs on
+BLOCKS = 24
 
 
 class Lookahead:
@@ -30,9 +31,10 @@ class Lookahead:
         self.stage = [cp.empty(k * s, cp.uint8) for s in layout.strides]  # part-major, as the slots
         self.picked = cp.full(k, -1, cp.int32)
         self.saved = cp.zeros(3 * k, cp.int64)
-        self.landed = cp.zeros(k, cp.int32)  # per pick: blocks done with their share (restore zeroes them)
+        self.landed = cp.zeros(3 * k, cp.int32)  # per part of a pick: blocks done with their slice (restore zeroes)
         self.stop = cp.zeros(1, cp.int32)  # raised by the layer's router, lowered by its restore
-        self.stats = cp.zeros(4, cp.uint64)  # staged, used, bytes used, bytes wasted: read and zeroed per pass
+        # parts landed, used, bytes used, bytes wasted, bytes copied, ns the branch ran: read and zeroed per pass
+        self.stats = cp.zeros(STATS, cp.uint64)
         self.x = cp.empty((rows, d), cp.float32)
         self.logits = cp.empty((rows, e), cp.float32)
         self.ids = cp.empty(rows * a, cp.int32)
@@ -63,10 +65,11 @@ class Lookahead:
         with self.side:
             ops.router_topk(router, self.x, n, self.logits, norm, eps, None, a, norm_topk, self.ids, self.wts,
                             self.counter)
-            launch(self.kernels["prefetch"], (BLOCKS, 3), 256,
+            launch(self.kernels["prefetch"], (BLOCKS,), 256,
                    (self.ids, i32(n), i32(a), ptr(self.where, 4 * li * e), ptr(self.table, 8 * li * 3 * e), i32(e),
                     i32(self.k), *(ptr(s) for s in self.stage), *(i64(s) for s in lay.strides),
-                    *(i64(b) for b in self._part_bytes[li]), self.picked, self.saved, self.landed, self.stop))
+                    *(i64(b) for b in self._part_bytes[li]), self.picked, self.saved, self.landed, self.stop,
+                    self.stats))
             self.ended.record(self.side)
 
     def halt(self) -> None:
@@ -74,12 +77,12 @@ class Lookahead:
         cp = cupy_module()
         cp.cuda.runtime.memsetAsync(int(self.stop.data.ptr), 1, 4, cp.cuda.get_current_stream().ptr)
 
-    def restore(self, li: int, ids: Any, pairs: int, expert_bytes: int) -> None:
+    def restore(self, li: int, ids: Any, pairs: int) -> None:
         """After the layer's experts (current stream): join the branch, point the table's entries back at the
         arena, and count the landed picks against the routed ids [pairs]."""
         cp = cupy_module()
         cp.cuda.get_current_stream().wait_event(self.ended)
         e = self.layout.n_expert
-        launch(self.kernels["prefetch_restore"], (1,), 32,
+        launch(self.kernels["prefetch_restore"], (1,), 128,
                (ptr(self.table, 8 * li * 3 * e), i32(e), i32(self.k), self.picked, self.saved, self.landed, self.stop,
-                ids, i32(pairs), i64(expert_bytes), self.stats))
+                ids, i32(pairs), *(i64(b) for b in self._part_bytes[li]), self.stats))

@@ -96,7 +96,7 @@ class PassRecord:
 
     counts: np.ndarray  # [n, 3] lookups, hits, PCIe bytes
     routes: np.ndarray  # [L, n, A] routed expert ids
-    prefetch: np.ndarray | None  # [4] the lookahead's counts (tiers.lookahead.PrefetchCounts), when it runs
+    prefetch: np.ndarray | None  # [STATS] the lookahead's counts (tiers.lookahead.PrefetchCounts), when it runs
     where: np.ndarray  # [L, E] what the device's `where` held for the pass
     keep: list[Any]  # row lists and buffers the pass reads, alive until it is done
 
@@ -454,7 +454,7 @@ class GpuTiers:
         self.counts[:n].fill(0)
         ahead = None
         if self.lookahead is not None:
-            ahead = cupyx.empty_pinned(4, np.uint64)
+            ahead = cupyx.empty_pinned(self.lookahead.stats.size, np.uint64)
             cp.cuda.runtime.memcpyAsync(ahead.ctypes.data, self.lookahead.stats.data.ptr, ahead.nbytes, DEVICE_TO_HOST,
                                         stream.ptr)
             self.lookahead.stats.fill(0)

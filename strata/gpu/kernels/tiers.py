@@ -17,9 +17,9 @@ prefill chunk's missing experts into borrowed slots.
   pass skips its wait, so the host sees the error after the pass instead of a hung GPU.
 
 - `prefetch` / `prefetch_restore`: lookahead prefetch (strata/gpu/lookahead.py). Prefetch picks a decode
-  layer's first K predicted misses and copies them, best first, from the arena into K staging slots until the
-  main stream raises `stop`, pointing the decode table's entries at each copy that lands; restore, after the
-  layer's experts ran, points them back and counts how many of the landed picks the router chose.
+  layer's first K predicted misses and copies their parts, best first, from the arena into K staging slots until
+  the main stream raises `stop`, pointing the decode table's entry of each part that lands at its copy; restore,
+  after the layer's experts ran, points them back and counts how many landed parts the router used.
 
 Numpy twins: `ref_tier_count`, `ref_gather_rows`, `ref_cpu_publish`, `ref_cpu_collect`, `ref_prefetch_pick`,
 `ref_prefetch_restore`.
@@ -123,23 +123,27 @@ __global__ void __launch_bounds__(256) gather_rows(const i64* __restrict__ src, 
     for (i64 k = (n16 << 4) + threadIdx.x; k < n; k += blockDim.x) d[k] = s[k];
 }
 
-// Lookahead prefetch of a decode layer (strata/gpu/lookahead.py), beside its mixer. Grid (blocks, 3): y = part j.
-// Every block picks the same K experts: the first distinct predicted ids (pred [n * A], each row's in descending
-// weight, taken rank by rank across the rows) that the decode table reads over PCIe (where == -1). Then, pick by
-// pick, best first, the blocks copy their share of the pick's part j from the arena into staging slot k
-// (stage_j + k * stride_j); the block that completes a pick's last share (landed[k] counts them) points the
-// table's entries (tab [3 * E], the layer's rows) at the copies, keeping the arena's addresses in saved [3 * K]
-// and the pick in picked [k]. The main stream raises *stop once its router has run: every block then abandons
-// what it copies, so the link is the experts' again; a pick that did not land is read zero-copy as before. An
+// Lookahead prefetch of a decode layer (strata/gpu/lookahead.py), beside its mixer. Grid (blocks): every block
+// picks the same K experts: the first distinct predicted ids (pred [n * A], each row's in descending weight, taken
+// rank by rank across the rows) that the decode table reads over PCIe (where == -1). Then the blocks copy the
+// picks' parts in that order, best pick first and gate, up, down within it, each block a slice of the part, from
+// the arena into staging slot k (stage_j + k * stride_j). The block that completes a part's last slice (landed
+// [3K] counts them) points the part's table entry (tab [3 * E], the layer's rows) at the copy, keeping the
+// arena's address in saved [3K]: a part is the unit that lands, so a mixer too short for a whole expert still
+// moves its gate and up ahead. The main stream raises *stop once its router has run: every block then abandons
+// what it copies, so the link is the experts' again; a part that did not land is read zero-copy as before. An
 // entry that flips while the experts' kernel reads the table gives it one of two copies of the same bytes.
+// stats[4] += bytes copied (landed or not), stats[5] += ns block 0 ran.
 __global__ void __launch_bounds__(256) prefetch(const int* __restrict__ pred, int n, int A, const int* __restrict__ where,
                                                 i64* tab, int E, int K, i64 st0, i64 st1, i64 st2, i64 sd0, i64 sd1,
                                                 i64 sd2, i64 nb0, i64 nb1, i64 nb2, int* __restrict__ picked,
                                                 i64* __restrict__ saved, int* __restrict__ landed,
-                                                volatile const int* stop) {
+                                                volatile const int* stop, u64* __restrict__ stats) {
   __shared__ int pick[PF_MAX_K];
   __shared__ int halt, last;
+  u64 t0 = 0;
   if (threadIdx.x == 0) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
     int m = 0;
     for (int r = 0; r < A && m < K; r++)
       for (int t = 0; t < n && m < K; t++) {
@@ -150,65 +154,77 @@ __global__ void __launch_bounds__(256) prefetch(const int* __restrict__ pred, in
       }
     for (int q = m; q < K; q++) pick[q] = -1;
   }
-  const int j = blockIdx.y;
-  const i64 base = j == 0 ? st0 : j == 1 ? st1 : st2, stride = j == 0 ? sd0 : j == 1 ? sd1 : sd2;
-  const i64 nb = j == 0 ? nb0 : j == 1 ? nb1 : nb2, n16 = nb >> 4, step = (i64)gridDim.x * blockDim.x;
-  const int shares = gridDim.x * gridDim.y;
-  for (int k = 0; k < K; k++) {
+  const int nblk = gridDim.x, b = blockIdx.x;
+  u64 copied = 0;
+  for (int c = 0; c < 3 * K; c++) {
     __syncthreads();
-    const int e = pick[k];
-    if (e < 0) return;
-    const uint4* s4 = (const uint4*)tab[(i64)j * E + e];
-    uint4* d4 = (uint4*)(base + k * stride);
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;; i += 4 * step) {
+    const int k = c / 3, j = c % 3, e = pick[k];
+    if (e < 0) break;
+    if (b == 0 && threadIdx.x == 0 && j == 0) picked[k] = e;
+    const i64 nb = j == 0 ? nb0 : j == 1 ? nb1 : nb2, n16 = nb >> 4, per = (n16 + nblk - 1) / nblk;
+    const i64 lo = min(n16, b * per), hi = min(n16, lo + per);
+    const u8* src = (const u8*)tab[(i64)j * E + e];
+    u8* dst = (u8*)((j == 0 ? st0 : j == 1 ? st1 : st2) + k * (j == 0 ? sd0 : j == 1 ? sd1 : sd2));
+    const uint4* s4 = (const uint4*)src;
+    uint4* d4 = (uint4*)dst;
+    for (i64 i0 = lo; i0 < hi; i0 += 4 * blockDim.x) {
       if (threadIdx.x == 0) halt = *stop;
       __syncthreads();
-      if (halt) return;
-      if (i - threadIdx.x >= n16) break;  // the block's first thread is past the end: so is every thread
+      if (halt) { c = 3 * K; break; }
       uint4 v[4];  // four reads of pinned memory in flight a thread, as gather_rows
 #pragma unroll
-      for (int u = 0; u < 4; u++) if (i + u * step < n16) v[u] = s4[i + u * step];
+      for (int u = 0; u < 4; u++) { const i64 i = i0 + u * blockDim.x + threadIdx.x; if (i < hi) v[u] = s4[i]; }
 #pragma unroll
-      for (int u = 0; u < 4; u++) if (i + u * step < n16) d4[i + u * step] = v[u];
+      for (int u = 0; u < 4; u++) { const i64 i = i0 + u * blockDim.x + threadIdx.x; if (i < hi) d4[i] = v[u]; }
+      copied += 16 * (u64)min((i64)4 * blockDim.x, hi - i0);
       __syncthreads();  // halt is read again only after every thread used it
     }
-    if (blockIdx.x == 0)
-      for (i64 q = (n16 << 4) + threadIdx.x; q < nb; q += blockDim.x)
-        ((u8*)(base + k * stride))[q] = ((const u8*)tab[(i64)j * E + e])[q];
-    __threadfence();  // this block's share is visible before the table can point at it
+    if (c == 3 * K) break;  // stopped
+    if (b == nblk - 1)
+      for (i64 q = (n16 << 4) + threadIdx.x; q < nb; q += blockDim.x) dst[q] = src[q];
+    __threadfence();  // this block's slice is visible before the table can point at it
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(landed + k, 1) == shares - 1;
+    if (threadIdx.x == 0) last = atomicAdd(landed + c, 1) == nblk - 1;
     __syncthreads();
-    if (last && threadIdx.x < 3) {
+    if (last && threadIdx.x == 0) {
       __threadfence();
-      const int p = threadIdx.x;
-      const i64 at = (i64)p * E + e;
-      saved[k * 3 + p] = tab[at];
-      tab[at] = (p == 0 ? st0 : p == 1 ? st1 : st2) + k * (p == 0 ? sd0 : p == 1 ? sd1 : sd2);
-      if (p == 0) picked[k] = e;
+      saved[c] = tab[(i64)j * E + e];
+      tab[(i64)j * E + e] = (i64)dst;
+    }
+  }
+  if (threadIdx.x == 0) {
+    atomicAdd(stats + 4, copied);
+    if (b == 0) {
+      u64 t1;
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+      atomicAdd(stats + 5, t1 - t0);
     }
   }
 }
 
-// After the layer's experts ran and the prefetch branch joined (one block of >= K threads): the table's entries
-// back to the arena, stats [4] += (landed, used, bytes of used, bytes of unused) against the routed ids [P], and
-// picked, landed and stop cleared for the next layer.
-__global__ void prefetch_restore(i64* tab, int E, int K, int* __restrict__ picked, const i64* __restrict__ saved,
+// After the layer's experts ran and the prefetch branch joined (one block of >= 3K threads): each landed part's
+// table entry back to the arena, stats [4] += (parts landed, parts the router used, bytes of used, of unused)
+// against the routed ids [P], and picked, saved, landed and stop cleared for the next layer.
+__global__ void prefetch_restore(i64* tab, int E, int K, int* __restrict__ picked, i64* __restrict__ saved,
                                  int* __restrict__ landed, int* __restrict__ stop, const int* __restrict__ ids, int P,
-                                 i64 expert_bytes, u64* __restrict__ stats) {
-  const int k = threadIdx.x;
-  if (k == 0) *stop = 0;
-  if (k >= K) return;
-  landed[k] = 0;
-  const int e = picked[k];
-  if (e < 0) return;
-  for (int p = 0; p < 3; p++) tab[(i64)p * E + e] = saved[k * 3 + p];
+                                 i64 nb0, i64 nb1, i64 nb2, u64* __restrict__ stats) {
+  const int c = threadIdx.x, k = c / 3, j = c % 3;
+  const int e = c < 3 * K ? picked[k] : -1;
+  __syncthreads();  // every thread has read its pick before the picks are cleared
+  if (c == 0) *stop = 0;
+  if (c < K) picked[c] = -1;
+  if (c >= 3 * K) return;
+  landed[c] = 0;
+  const i64 was = saved[c];
+  if (was == 0) return;
+  saved[c] = 0;
+  tab[(i64)j * E + e] = was;
   bool used = false;
   for (int p = 0; p < P; p++) used |= ids[p] == e;
+  const i64 nb = j == 0 ? nb0 : j == 1 ? nb1 : nb2;
   atomicAdd(stats, 1ull);
   if (used) atomicAdd(stats + 1, 1ull);
-  atomicAdd(stats + (used ? 2 : 3), (u64)expert_bytes);
-  picked[k] = -1;
+  atomicAdd(stats + (used ? 2 : 3), (u64)nb);
 }
 """.replace("MAILBOX_WORDS", "\n".join(f"#define {k} {v}" for k, v in
                                           dict(MB_REQ=MB_REQ, MB_LAYER=MB_LAYER, MB_ROWS=MB_ROWS, MB_DONE=MB_DONE).items()))
@@ -272,8 +288,15 @@ def ref_prefetch_pick(pred: np.ndarray, where: np.ndarray, k: int) -> np.ndarray
     return np.array(out + [-1] * (k - len(out)), np.int32)
 
 
-def ref_prefetch_restore(picked: np.ndarray, ids: np.ndarray, expert_bytes: int) -> np.ndarray:
-    """What `prefetch_restore` adds to its stats [4]: staged, used (routed in ids), bytes of used, of unused."""
-    staged = picked[picked >= 0]
-    used = int(np.isin(staged, ids).sum())
-    return np.array([len(staged), used, used * expert_bytes, (len(staged) - used) * expert_bytes], np.uint64)
+def ref_prefetch_restore(picked: np.ndarray, flipped: np.ndarray, ids: np.ndarray, part_bytes: tuple[int, int, int]
+                         ) -> np.ndarray:
+    """What `prefetch_restore` adds to stats[:4]: parts landed, parts used (their expert routed in ids), bytes of
+    used parts, of unused; picked [K], flipped [K, 3] bool (the parts whose copy landed)."""
+    out = np.zeros(4, np.int64)
+    for k, e in enumerate(picked.tolist()):
+        for j in range(3):
+            if e < 0 or not flipped[k, j]:
+                continue
+            used = bool(np.isin(e, ids))
+            out += (1, int(used), part_bytes[j] if used else 0, 0 if used else part_bytes[j])
+    return out.astype(np.uint64)
