@@ -17,7 +17,7 @@ from jsonschema.validators import validator_for
 from llguidance import LLMatcher
 
 from strata.constraints.closing import closing_suffix
-from strata.constraints.constraint import GrammarConstraint
+from strata.constraints.constraint import ConstraintError, GrammarConstraint
 from strata.constraints.schema import SchemaError, compile_schema, grammar_text, tool_call_schema
 from strata.constraints.vocab import byte_vocab
 from strata.tokenizer import Tokenizer
@@ -81,7 +81,7 @@ def test_masks_from_the_mask_thread_equal_masks_computed_inline(qwen3: Tokenizer
 
 def test_a_refused_token_is_a_constraint_error(qwen3: Tokenizer) -> None:
     c = GrammarConstraint(compile_schema(WEATHER, qwen3))
-    with pytest.raises(Exception, match="refused token"):
+    with pytest.raises(ConstraintError, match="refused token"):
         c.advance(qwen3.encode("hello", add_special=False)[0])
 
 
