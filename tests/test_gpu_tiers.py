@@ -107,15 +107,16 @@ def test_tier_kernels_match_twins():
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 16, 24).astype(np.int32)
     where = np.where(rng.random(16) < 0.5, rng.integers(0, 9, 16), rng.choice([-1, -2], 16)).astype(np.int32)
-    counts, route = cp.zeros((6, 3), cp.uint64), cp.full(24, -1, cp.int32)
+    counts, route, stop = cp.zeros((6, 3), cp.uint64), cp.full(24, -1, cp.int32), cp.zeros(1, cp.int32)
     launch(
         k["tier_count"],
         (1,),
         128,
-        (cp.asarray(ids), np.int32(24), np.int32(4), cp.asarray(where), np.int64(1000), counts, route),
+        (cp.asarray(ids), np.int32(24), np.int32(4), cp.asarray(where), np.int64(1000), counts, route, stop),
     )
     np.testing.assert_array_equal(counts.get(), kt.ref_tier_count(ids, 4, where, 1000, 6))
     np.testing.assert_array_equal(route.get(), ids)
+    assert int(stop.get()[0]) == 1  # the lookahead's stop, raised once the routing is known
     mem = cp.asarray(rng.integers(0, 256, 1 << 16).astype(np.uint8))
     host = mem.get()
     # addresses 16-byte aligned, as every slot and arena row is (ALIGN); lengths need not be

@@ -10,6 +10,7 @@ takes one conv and one recurrence launch per sequence segment, each running its 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -135,9 +136,11 @@ class HostRecurrent:
 
 
 def run_deltanet(ops: Any, j: int, w: DeltaNetWeights, dn: DNDims, norm: Any, eps: float, act: Any, n: int,
-                 tab: Any, tab_stride: int, segments: list[tuple[int, int]] | None, small: bool) -> None:
+                 tab: Any, tab_stride: int, segments: list[tuple[int, int]] | None, small: bool,
+                 before_write: Callable[[], None] | None = None) -> None:
     """x[:n] += DeltaNet_j(rmsnorm(x)) for DeltaNet layer j (its index among DeltaNet layers). segments:
-    (start, length) per sequence, or None when every row is one sequence's single decode token."""
+    (start, length) per sequence, or None when every row is one sequence's single decode token. before_write:
+    called before the launch that adds into x (the lookahead's branch reads x until then)."""
     mix, ld, c = act.dn_mix, dn.mix_cols, dn.conv_channels
     if small:
         _grouped(w.proj, lambda ms, col: ops.matvec(ms, act.x, n, ptr(mix, 4 * col), ldy=ld, norm=norm, eps=eps))
@@ -154,6 +157,8 @@ def run_deltanet(ops: Any, j: int, w: DeltaNetWeights, dn: DNDims, norm: Any, ep
                      dn.n_k, dn.n_v, dn.v, dn.tiled, dn.fused_r, w.a, w.dt_bias, ptr(act.dn_o, 4 * dn.inner * start),
                      dn.inner)
     ops.dn_gated_norm(act.dn_o, dn.inner, ptr(mix, 4 * c), ld, w.norm, dn.n_v, dn.v, dn.eps, n)
+    if before_write is not None:
+        before_write()
     if small:
         ops.matvec([w.out], act.dn_o, n, act.x, accumulate=True)
     else:

@@ -19,6 +19,7 @@ shared expert behind a sigmoid gate after the routed ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from strata.gpu.deltanet import DeltaNetWeights, DNDims, run_deltanet
@@ -165,15 +166,17 @@ def run_layer(ops: Ops, i: int, w: LayerWeights, dm: Dims, act: Activations, n: 
     decode row whose position and cache come from `tab` (the graph case)."""
     small = n <= GEMV_ROWS
     ahead = w.tier.lookahead if small and w.tier is not None else None
+    before_write = None
     if ahead is not None:  # the layer's predicted misses cross PCIe while its mixer runs
         assert w.router is not None and w.tier is not None
         ahead.fork(ops, w.tier.layer, w.router, w.ffn_norm, dm.eps, act.x, n, dm.norm_topk)
+        before_write = ahead.read_done
     if w.dn is not None:
         assert dm.dn is not None
         runs = None if segments is None or all(s.n == 1 for s in segments) else [(s.start, s.n) for s in segments]
-        run_deltanet(ops, w.dn_layer, w.dn, dm.dn, w.attn_norm, dm.eps, act, n, tab, TAB, runs, small)
+        run_deltanet(ops, w.dn_layer, w.dn, dm.dn, w.attn_norm, dm.eps, act, n, tab, TAB, runs, small, before_write)
     else:
-        _attention_block(ops, w, dm, act, n, tab, segments, inv_freq, small)
+        _attention_block(ops, w, dm, act, n, tab, segments, inv_freq, small, before_write)
     if dm.n_expert:
         _moe(ops, w, dm, act, n)
     else:
@@ -185,7 +188,8 @@ def run_layer(ops: Ops, i: int, w: LayerWeights, dm: Dims, act: Activations, n: 
 
 
 def _attention_block(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int, tab: Any,
-                     segments: list[Segment] | None, inv_freq: Any, small: bool) -> None:
+                     segments: list[Segment] | None, inv_freq: Any, small: bool,
+                     before_write: Callable[[], None] | None = None) -> None:
     x, h, layer = act.x, act.h, w.kv_layer
     assert w.o is not None
     if small and _same_kind(w.qkv):
@@ -217,6 +221,8 @@ def _attention_block(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: i
         _attention(ops, layer, dm, act, n, tab, segments)
     if w.attn_gate is not None:
         ops.gate_mul(act.att, act.gate, n, dm.n_head * dm.hd)
+    if before_write is not None:  # the lookahead's branch reads x until here
+        before_write()
     if small:
         ops.matvec([w.o], act.att, n, x, accumulate=True)
     else:
@@ -279,10 +285,9 @@ def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
         ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
     pairs = n * a
     ahead = w.tier.lookahead if n <= GEMV_ROWS and w.tier is not None else None
-    if ahead is not None:  # routed: the link is the experts' from here
-        ahead.halt()
-    if w.tier is not None:
-        ops.tier_count(act.ids, pairs, a, w.tier.where, w.tier.expert_bytes, w.tier.counts, w.tier.route)
+    if w.tier is not None:  # (with the lookahead, its launch raises the branch's stop: the link is the experts')
+        ops.tier_count(act.ids, pairs, a, w.tier.where, w.tier.expert_bytes, w.tier.counts, w.tier.route,
+                       None if ahead is None else ahead.stop)
         if n <= GEMV_ROWS and w.tier.share is not None:  # before the GPU's experts, so the CPU overlaps them
             ops.cpu_publish(h, act.ids, act.wts, n, a, dm.d, w.tier.share)
     if n <= GEMV_ROWS:

@@ -3,17 +3,17 @@ branch a decode layer forks at its start, the stop its router raises, and the jo
 
 Inside a captured decode graph the fork and join are edges: the branch (the predicted router, then the
 `prefetch` copy, kernels/tiers.py) runs beside the mixer's kernels, copying predicted misses best first until
-the main stream's router is done and raises `stop`. So the experts never wait for the branch, and the copies
-fill whatever time the mixer leaves (a DeltaNet layer's more than an attention layer's at short context). The
-branch reads a snapshot of the layer's input, because the mixer adds its output into x while the branch may still
-be reading it. One set of K staging slots serves every layer: layer l + 1 forks after layer l's restore.
+the main stream's router is done and raises `stop` (in tier_count's launch). So the experts never wait for the
+branch, and the copies fill whatever time the mixer leaves (a DeltaNet layer's more than an attention layer's at
+short context). The mixer's launch that adds into x waits for the branch's router to have read x (an edge, no
+copy). One set of K staging slots serves every layer: layer l + 1 forks after layer l's restore.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from strata.gpu.runtime import DEVICE_TO_DEVICE, Kernels, cupy_module, i32, i64, launch, ptr
+from strata.gpu.runtime import Kernels, cupy_module, i32, i64, launch, ptr
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.lookahead import STATS
 
@@ -27,7 +27,7 @@ class Lookahead:
         """table [L, P, E] int64 (the decode table) and where [L, E] int32: GpuTiers' device arrays."""
         cp = cupy_module()
         self.kernels, self.layout, self.table, self.where, self.k = kernels, layout, table, where, k
-        d, e, a = layout.layers[0].parts[0].cols, layout.n_expert, layout.top_k
+        e, a = layout.n_expert, layout.top_k
         self.stage = [cp.empty(k * s, cp.uint8) for s in layout.strides]  # part-major, as the slots
         self.picked = cp.full(k, -1, cp.int32)
         self.saved = cp.zeros(3 * k, cp.int64)
@@ -35,36 +35,35 @@ class Lookahead:
         self.stop = cp.zeros(1, cp.int32)  # raised by the layer's router, lowered by its restore
         # parts landed, used, bytes used, bytes wasted, bytes copied, ns the branch ran: read and zeroed per pass
         self.stats = cp.zeros(STATS, cp.uint64)
-        self.x = cp.empty((rows, d), cp.float32)
         self.logits = cp.empty((rows, e), cp.float32)
         self.ids = cp.empty(rows * a, cp.int32)
         self.wts = cp.empty(rows * a, cp.float32)
         self.counter = cp.zeros(1, cp.int32)
         self.side = cp.cuda.Stream(non_blocking=True)
         self.forked = cp.cuda.Event(disable_timing=True)
+        self.routed = cp.cuda.Event(disable_timing=True)
         self.ended = cp.cuda.Event(disable_timing=True)
         self._part_bytes = [[p.nbytes for p in lay.parts] for lay in layout.layers]
 
     @staticmethod
     def nbytes_for(layout: ExpertLayout, k: int, rows: int) -> int:
         """VRAM it holds: K staging slots and the branch's buffers."""
-        d, e, a = layout.layers[0].parts[0].cols, layout.n_expert, layout.top_k
-        return k * layout.slot_bytes + 4 * rows * (d + e + 2 * a) + 44 * k + 64
+        e, a = layout.n_expert, layout.top_k
+        return k * layout.slot_bytes + 4 * rows * (e + 2 * a) + 44 * k + 64
 
     def fork(self, ops: Any, li: int, router: Any, norm: Any, eps: float, x: Any, n: int, norm_topk: bool) -> None:
-        """At decode layer li's start (on the current stream): snapshot x[:n], then, on the side branch, route the
-        snapshot with the layer's router and copy predicted misses ahead until `halt`."""
+        """At decode layer li's start (on the current stream): on the side branch, route x[:n] with the layer's
+        router and copy predicted misses ahead until the layer's tier_count raises `stop`; the mixer must call
+        `read_done` before it writes x."""
         cp = cupy_module()
         main = cp.cuda.get_current_stream()
         lay = self.layout
         e, a = lay.n_expert, lay.top_k
-        cp.cuda.runtime.memcpyAsync(int(self.x.data.ptr), int(x.data.ptr), n * self.x.shape[1] * 4, DEVICE_TO_DEVICE,
-                                    main.ptr)
         self.forked.record(main)
         self.side.wait_event(self.forked)
         with self.side:
-            ops.router_topk(router, self.x, n, self.logits, norm, eps, None, a, norm_topk, self.ids, self.wts,
-                            self.counter)
+            ops.router_topk(router, x, n, self.logits, norm, eps, None, a, norm_topk, self.ids, self.wts, self.counter)
+            self.routed.record(self.side)
             launch(self.kernels["prefetch"], (BLOCKS,), 256,
                    (self.ids, i32(n), i32(a), ptr(self.where, 4 * li * e), ptr(self.table, 8 * li * 3 * e), i32(e),
                     i32(self.k), *(ptr(s) for s in self.stage), *(i64(s) for s in lay.strides),
@@ -72,10 +71,9 @@ class Lookahead:
                     self.stats))
             self.ended.record(self.side)
 
-    def halt(self) -> None:
-        """The layer's router has run (current stream): the branch stops copying; the link is the experts'."""
-        cp = cupy_module()
-        cp.cuda.runtime.memsetAsync(int(self.stop.data.ptr), 1, 4, cp.cuda.get_current_stream().ptr)
+    def read_done(self) -> None:
+        """Before the mixer adds into x (current stream): the branch's router has read it."""
+        cupy_module().cuda.get_current_stream().wait_event(self.routed)
 
     def restore(self, li: int, ids: Any, pairs: int) -> None:
         """After the layer's experts (current stream): join the branch, point the table's entries back at the

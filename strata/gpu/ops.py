@@ -269,10 +269,11 @@ class Ops:
                (dw.table, i64(dw.row_bytes), ids, wts, i32(a), aq, ads, i32(dw.rows), i32(f), x))
 
     def tier_count(self, ids: Any, pairs: int, a: int, where: Any, expert_bytes: int, counts: Any,
-                   route: Any) -> None:
-        """counts[row] += (lookups, hits, miss bytes) of one MoE layer's routed ids (a per row); route = ids."""
+                   route: Any, stop: Any = None) -> None:
+        """counts[row] += (lookups, hits, miss bytes) of one MoE layer's routed ids (a per row); route = ids;
+        *stop = 1 when given (the lookahead's)."""
         launch(self.tiers["tier_count"], (-(-pairs // 128),), 128,
-               (ids, i32(pairs), i32(a), where, i64(expert_bytes), counts, route))
+               (ids, i32(pairs), i32(a), where, i64(expert_bytes), counts, route, NULL if stop is None else stop))
 
     def cpu_publish(self, h: Any, ids: Any, wts: Any, n: int, a: int, d: int, s: Any) -> None:
         """Hand decode rows [n] of MoE layer s.layer to the CPU share (s: gpu.tiers.ShareHook)."""

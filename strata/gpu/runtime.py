@@ -58,7 +58,7 @@ class Kernels:
         return fn
 
 
-HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE = 1, 2, 3  # cudaMemcpyKind, for cudaMemcpyAsync
+HOST_TO_DEVICE, DEVICE_TO_HOST = 1, 2  # cudaMemcpyKind, for cudaMemcpyAsync on pinned host memory
 
 
 def launch(fn: Any, grid: tuple[int, ...], block: int, args: tuple[Any, ...], smem: int = 0) -> None:

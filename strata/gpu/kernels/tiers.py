@@ -1,7 +1,7 @@
 """Kernels of the expert tiers: hit counting inside the decode graph, and the gather that stages a
 prefill chunk's missing experts into borrowed slots.
 
-- `tier_count`: after a MoE layer's routing, per routed (row, slot) pair: one lookup, a hit when the
+- `tier_count`: after a MoE layer's routing (raising the lookahead's stop), per routed (row, slot) pair: one lookup, a hit when the
   cache's `where[e] >= 0`, else the expert's bytes as read over PCIe; summed per row (atomics), so
   the host can give each sequence of a batch its own counters. It also copies the ids into the layer's
   row of `route`, which the cache policy (tiers/policy.py) learns from between windows.
@@ -39,10 +39,12 @@ SOURCE = (
     + r"""
 typedef unsigned long long u64;
 
-// counts [rows, 3] += (lookups, hits, miss bytes) of ids [P] (A per row) against where [E]; route[p] = ids[p]
+// counts [rows, 3] += (lookups, hits, miss bytes) of ids [P] (A per row) against where [E]; route[p] = ids[p];
+// stop != null: *stop = 1 (the layer's lookahead branch stops copying: the routing is known)
 __global__ void tier_count(const int* __restrict__ ids, int P, int A, const int* __restrict__ where,
-                           i64 expert_bytes, u64* __restrict__ counts, int* __restrict__ route) {
+                           i64 expert_bytes, u64* __restrict__ counts, int* __restrict__ route, int* stop) {
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p == 0 && stop != nullptr) *stop = 1;
   if (p >= P) return;
   u64* c = counts + (i64)(p / A) * 3;
   atomicAdd(c, 1ull);
