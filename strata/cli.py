@@ -1,4 +1,4 @@
-"""Command line: `python -m strata generate|info|synth`. Errors are one line on stderr and exit 1."""
+"""Command line: `python -m strata generate|info|synth|bench|...`. Errors are one line on stderr and exit 1."""
 
 from __future__ import annotations
 
@@ -71,6 +71,13 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
                                      "the expert cache starts from the experts the workload uses"))
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from strata.conf.bench import add_bench_flags
+
+    add_bench_flags(sub.add_parser("bench", help="benchmark a server (a running one at --url, or one started "
+                                   "on --model): concurrency, prompt sizes, tools, thinking; a table, JSON, plots"))
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from strata.conf.server import add_server_flags
 
@@ -96,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan(sub)
     _add_tiers(sub)
     _add_profile(sub)
+    _add_bench(sub)
     return p
 
 
@@ -135,6 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from strata.cli_profile import run_profile
 
             return run_profile(args)
+        if args.command == "bench":
+            from strata.cli_bench import run_bench_command
+
+            return run_bench_command(args)
         if args.command == "synth":
             from strata.cli_synth import run_synth
 

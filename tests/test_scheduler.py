@@ -288,8 +288,8 @@ def test_every_finish_reason_maps_to_both_protocols() -> None:
 def _simulate(d: float, a: float, b: float, chunk: int, prompt: int) -> tuple[float, float, float]:
     """A newcomer's prompt read beside running streams under the cost model decode-only = d, mixed =
     a + b n (the pacer sees only the times, after one earlier prompt read alone taught it b). Returns (the
-    streams' pace / solo pace until the prompt's first token, as perf/bench_serve.py measures it; TTFT /
-    solo TTFT; the longest window in d)."""
+    streams' pace / solo pace until the prompt's first token, as `strata bench`'s prefill scenario measures
+    it; TTFT / solo TTFT; the longest window in d)."""
     from strata.sched.pacer import PrefillPacer
 
     p = PrefillPacer()

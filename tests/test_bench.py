@@ -1,0 +1,90 @@
+"""`strata bench`: the decode rate from timestamps (TTFT not spread over the tokens), the flags' errors, and
+the whole command against the CPU server on SmolLM2 writing its JSON and PNGs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from strata.bench.stats import Stream, decode_rate, percentile, windowed_rates
+from strata.cli import main
+from strata.conf.bench import SCENARIOS, BenchConfig
+from strata.errors import ConfigError
+
+
+def test_decode_rate_leaves_ttft_out() -> None:
+    # sent at 0, the first token at 2.0 s (a long prefill), then ten more 0.1 s apart
+    s = Stream(sent=0.0, stamps=[2.0 + 0.1 * i for i in range(11)])
+    assert s.ttft == pytest.approx(2.0)
+    assert s.decode_tok_s == pytest.approx(10.0)  # 10 tokens after the first in 1.0 s
+    amortised = s.tokens / s.stamps[-1]  # what the seeds warn about: 11 / 3.0 = 3.7 tok/s
+    assert s.decode_tok_s > 2.5 * amortised
+    summary = s.summary()
+    assert summary["itl_p50_ms"] == pytest.approx(100.0) and summary["itl_p99_ms"] == pytest.approx(100.0)
+
+
+def test_decode_rate_counts_the_servers_tokens() -> None:
+    # 3 chunks carrying 5 tokens (usage.completion_tokens): 4 tokens after the first over 2 s
+    s = Stream(sent=0.0, stamps=[1.0, 2.0, 3.0], usage_tokens=5)
+    assert s.decode_tok_s == pytest.approx(2.0)
+    assert decode_rate([1.0], 1) == 0.0 and decode_rate([], 0) == 0.0  # nothing after the first to time
+    assert math.isnan(Stream(sent=0.0).ttft)
+
+
+def test_percentile_and_windows() -> None:
+    xs = [float(i) for i in range(101)]
+    assert percentile(xs, 0.5) == 50.0 and percentile(xs, 0.99) == 99.0 and percentile(xs, 0.0) == 0.0
+    assert math.isnan(percentile([], 0.5))
+    # 8 gaps of 0.1 s then 8 of 0.2 s: windows of 8 read 10 and 5 tok/s
+    stamps = [0.1 * i for i in range(9)] + [0.8 + 0.2 * i for i in range(1, 9)]
+    assert windowed_rates(stamps, 8) == pytest.approx([10.0, 5.0])
+
+
+@pytest.mark.parametrize(("cfg", "flag"), [
+    (BenchConfig(scenarios=("concurrency", "nope")), "--scenarios"),
+    (BenchConfig(concurrency=(0, 2)), "--concurrency"),
+    (BenchConfig(tokens=1), "--tokens"),
+    (BenchConfig(efforts=("max",)), "--efforts"),
+    (BenchConfig(url="localhost:8080"), "--url"),
+    (BenchConfig(url="http://127.0.0.1:8080", model="m.gguf"), "--url"),
+    (BenchConfig(sample_hz=0), "--sample-hz"),
+])
+def test_bad_flags_name_themselves(cfg: BenchConfig, flag: str) -> None:
+    with pytest.raises(ConfigError, match=flag):
+        cfg.validate()
+
+
+@pytest.mark.slow
+def test_bench_json_and_plots(smollm2_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_json, out_dir = tmp_path / "bench.json", tmp_path / "plots"
+    rc = main(["bench", "--model", str(smollm2_path), "--serve-args", "--parallel 2 --ctx-size 1024",
+               "--scenarios", ",".join(SCENARIOS), "--concurrency", "1,2", "--tokens", "8", "--contexts", "64,256",
+               "--long-tokens", "24", "--long-prompt", "200", "--tool-rounds", "2", "--efforts", "none",
+               "--sample-hz", "4", "--json", str(out_json), "--out", str(out_dir)])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    res = json.loads(out_json.read_text())
+    assert set(res) >= {"meta", "warmup", "scenarios", "samples", "notes", "overhead"}
+    assert list(res["scenarios"]) == list(SCENARIOS)
+    assert "no vision" in res["scenarios"]["images"]["skipped"]  # SmolLM2 reads text only
+    sweep = res["scenarios"]["concurrency"]["rows"]
+    assert [r["concurrency"] for r in sweep] == [1, 2] and all(r["failures"] == 0 for r in sweep)
+    requests = [q for r in sweep for q in r["requests"]]
+    requests += [r for name in ("context", "long", "thinking", "tools") for r in res["scenarios"][name]["rows"]]
+    for q in requests:
+        assert q["error"] is None and q["ttft_s"] > 0, q
+        # a tool call arrives as one chunk: no gap to time (null in the JSON)
+        assert q["itl_p50_ms"] <= q["itl_p99_ms"] if q["itl_p50_ms"] is not None else "calls" in q, q
+    assert all(q["decode_tok_s"] > 0 and q["tokens"] == 8 for q in requests[:3])  # the sweep's 3 requests
+    assert res["scenarios"]["long"]["rows"][0]["tokens"] == 24
+    assert res["scenarios"]["tools"]["rows"][0]["calls"] >= 1
+    assert res["scenarios"]["prefix"]["rows"][0]["repeat_cached_tokens"] > 0
+    s = res["samples"]
+    assert len(s["t"]) >= 4 and len(s["rss_bytes"]) == len(s["t"]) and min(s["rss_bytes"]) > 10 << 20
+    assert res["notes"]["process"] is None and res["overhead"]["chunks"] > 0
+    for png in ("concurrency.png", "timeline.png"):
+        assert (out_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "== concurrency" in printed and "bench overhead" in printed
