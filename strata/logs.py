@@ -43,12 +43,28 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str, ensure_ascii=False)
 
 
+class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler on whatever sys.stderr is when a record comes, not when it was made: a program (or a test
+    runner) that swaps stderr later must not leave the handler writing into a closed stream."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self):  # type: ignore[no-untyped-def]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+
 def configure_logging(log_format: str = "text", level: int = logging.INFO,
                       loggers: Sequence[str] = ("strata",)) -> logging.Handler:
     """Send these loggers' records at `level` and above to stderr in `log_format` ("text" or "json"). Called
     again, it replaces the handler it installed before rather than adding a second one."""
     check_log_format(log_format, "log_format")
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     handler.set_name("strata")
     for name in loggers:

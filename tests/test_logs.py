@@ -90,3 +90,21 @@ def test_generate_takes_the_flag(smollm2_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert len(json.loads(out.stdout)["tokens"]) == 2
     assert all(json.loads(ln)["msg"] for ln in out.stderr.splitlines() if ln.strip())
+
+
+def test_the_handler_follows_sys_stderr(monkeypatch) -> None:
+    """A handler made while one stderr was in place writes to the stderr of the moment (a closed one was hit when
+    test order put a server's configure_logging before pytest swapped stderr again)."""
+    import io
+    import logging
+
+    from strata.logs import configure_logging
+
+    handler = configure_logging("text", loggers=("strata.test_follow",))
+    try:
+        now = io.StringIO()
+        monkeypatch.setattr("sys.stderr", now)
+        logging.getLogger("strata.test_follow").info("hello")
+        assert now.getvalue() == "strata: hello\n"
+    finally:
+        logging.getLogger("strata.test_follow").removeHandler(handler)
