@@ -5,10 +5,18 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
+import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from strata.bench.run import add_joules
+from strata.bench.sampler import Sampler
+from strata.bench.server import listening_pid
 from strata.bench.stats import Stream, decode_rate, percentile, windowed_rates
 from strata.cli import main
 from strata.conf.bench import SCENARIOS, BenchConfig
@@ -41,6 +49,58 @@ def test_percentile_and_windows() -> None:
     # 8 gaps of 0.1 s then 8 of 0.2 s: windows of 8 read 10 and 5 tok/s
     stamps = [0.1 * i for i in range(9)] + [0.8 + 0.2 * i for i in range(1, 9)]
     assert windowed_rates(stamps, 8) == pytest.approx([10.0, 5.0])
+
+
+class FakeNVML:
+    """Two GPUs at 50% busy and 100 W each: what nvidia-ml-py answers, without a GPU."""
+
+    class NVMLError(Exception):
+        pass
+
+    nvmlInit = nvmlShutdown = staticmethod(lambda: None)
+    nvmlDeviceGetCount = staticmethod(lambda: 2)
+    nvmlDeviceGetHandleByIndex = staticmethod(lambda i: i)
+    nvmlDeviceGetUtilizationRates = staticmethod(lambda h: SimpleNamespace(gpu=50))
+    nvmlDeviceGetPowerUsage = staticmethod(lambda h: 100_000)  # milliwatts
+    nvmlDeviceGetMemoryInfo = staticmethod(lambda h: SimpleNamespace(used=(h + 1) << 30))
+
+
+def test_sampler_gpu_series_andadd_joules(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNVML)
+    sampler = Sampler(os.getpid(), hz=40)
+    sampler.start()
+    time.sleep(0.3)
+    sampler.stop()
+    s = sampler.series
+    assert sampler.notes() == {"process": None, "gpu": None}
+    assert len(s.t) >= 5 and len(s.gpu_power_w) == len(s.gpu_util_pct) == len(s.rss_bytes) == len(s.t)
+    assert s.gpu_mem_bytes[0] == [1 << 30, 2 << 30] and s.gpu_util_pct[0] == [50.0, 50.0]
+    assert sampler.power_w(s.t[0], s.t[-1]) == pytest.approx(200.0)  # both GPUs
+    rows = {"x": {"rows": [{"t0": s.t[1], "t1": s.t[1] + 2.0, "tokens": 100}, {"note": "no span"}]}}
+    add_joules(sampler, rows)
+    assert rows["x"]["rows"][0]["j_per_token"] == pytest.approx(4.0)  # 200 W x 2 s / 100 tokens
+    assert "j_per_token" not in rows["x"]["rows"][1]
+
+
+def test_sampler_without_nvml_or_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import raises ImportError
+    sampler = Sampler(None, hz=40)
+    sampler.start()
+    time.sleep(0.1)
+    sampler.stop()
+    notes = sampler.notes()
+    assert "nvidia-ml-py is not installed" in str(notes["gpu"]) and "--pid" in str(notes["process"])
+    assert sampler.series.t and not sampler.series.gpu_power_w and not sampler.series.rss_bytes
+    assert sampler.power_w(0.0, 1.0) is None
+
+
+def test_listening_pid_finds_the_server_by_its_port() -> None:
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        assert listening_pid(f"http://127.0.0.1:{port}") == os.getpid()
+    assert listening_pid("http://192.0.2.1:8080") is None  # not loopback: not ours to see
 
 
 @pytest.mark.parametrize(("cfg", "flag"), [

@@ -18,7 +18,8 @@ WEATHER_TOOL = {"type": "function", "function": {
 
 async def tools(b: Bench) -> list[Row]:
     """Round trips of a forced tool call and its result: the prompt grows each round, and the prefix cache
-    should keep TTFT from growing with it."""
+    should keep TTFT from growing with it. A call streams whole (the server holds it until it closes), so
+    a round's TTFT is the time to its complete call, with no gaps to time."""
     messages: list[dict[str, object]] = [
         {"role": "user", "content": "What is the weather in Paris, Berlin and Rome? Ask get_weather, one city at a time."}]
     rows = []

@@ -64,7 +64,8 @@ async def _scenarios(cfg: BenchConfig, t: Target) -> dict[str, Any]:
     return {"model": model, "n_ctx": n_ctx, "warmup": warm, "scenarios": done, "chunks": chunks}
 
 
-def _joules(sampler: Sampler, done: dict[str, Any]) -> None:
+def add_joules(sampler: Sampler, done: dict[str, Any]) -> None:
+    """j_per_token on every row with a span and tokens: the GPUs' mean power over the span x its length."""
     for res in done.values():
         for r in res.get("rows", ()):
             if "t0" in r and r.get("tokens"):
@@ -96,7 +97,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         finally:
             sampler.stop()
         wall, cpu = time.perf_counter() - origin, time.process_time() - cpu0
-    _joules(sampler, out["scenarios"])
+    add_joules(sampler, out["scenarios"])
     # the client's CPU, all in (parsing, the event loop, httpx), apart from the sampler thread's
     client_cpu, chunks, cost = cpu - sampler.cpu_s, out.pop("chunks"), sampler.cost_s
     overhead = {
