@@ -1,4 +1,4 @@
-"""Command line: `python -m strata generate|info|synth|bench|...`. Errors are one line on stderr and exit 1."""
+"""Command line: `python -m strata serve|generate|info|bench|...`. Errors: one line on stderr, exit 1."""
 
 from __future__ import annotations
 

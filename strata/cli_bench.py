@@ -25,6 +25,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
             for path in write_plots(result, cfg.out):
                 print(f"plot: {path}")
         except ImportError:  # matplotlib is an extra: the numbers stand without the pictures
-            print("strata bench: matplotlib is not installed (pip install 'strata[bench]'): no plots",
-                  file=sys.stderr)
+            print(
+                "strata bench: matplotlib is not installed (pip install 'strata[bench]'): no plots",
+                file=sys.stderr,
+            )
     return 0

@@ -103,15 +103,18 @@ def test_listening_pid_finds_the_server_by_its_port() -> None:
     assert listening_pid("http://192.0.2.1:8080") is None  # not loopback: not ours to see
 
 
-@pytest.mark.parametrize(("cfg", "flag"), [
-    (BenchConfig(scenarios=("concurrency", "nope")), "--scenarios"),
-    (BenchConfig(concurrency=(0, 2)), "--concurrency"),
-    (BenchConfig(tokens=1), "--tokens"),
-    (BenchConfig(efforts=("max",)), "--efforts"),
-    (BenchConfig(url="localhost:8080"), "--url"),
-    (BenchConfig(url="http://127.0.0.1:8080", model="m.gguf"), "--url"),
-    (BenchConfig(sample_hz=0), "--sample-hz"),
-])
+@pytest.mark.parametrize(
+    ("cfg", "flag"),
+    [
+        (BenchConfig(scenarios=("concurrency", "nope")), "--scenarios"),
+        (BenchConfig(concurrency=(0, 2)), "--concurrency"),
+        (BenchConfig(tokens=1), "--tokens"),
+        (BenchConfig(efforts=("max",)), "--efforts"),
+        (BenchConfig(url="localhost:8080"), "--url"),
+        (BenchConfig(url="http://127.0.0.1:8080", model="m.gguf"), "--url"),
+        (BenchConfig(sample_hz=0), "--sample-hz"),
+    ],
+)
 def test_bad_flags_name_themselves(cfg: BenchConfig, flag: str) -> None:
     with pytest.raises(ConfigError, match=flag):
         cfg.validate()
@@ -120,10 +123,37 @@ def test_bad_flags_name_themselves(cfg: BenchConfig, flag: str) -> None:
 @pytest.mark.slow
 def test_bench_json_and_plots(smollm2_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out_json, out_dir = tmp_path / "bench.json", tmp_path / "plots"
-    rc = main(["bench", "--model", str(smollm2_path), "--serve-args", "--parallel 2 --ctx-size 1024",
-               "--scenarios", ",".join(SCENARIOS), "--concurrency", "1,2", "--tokens", "8", "--contexts", "64,256",
-               "--long-tokens", "24", "--long-prompt", "200", "--tool-rounds", "2", "--efforts", "none",
-               "--sample-hz", "4", "--json", str(out_json), "--out", str(out_dir)])
+    rc = main(
+        [
+            "bench",
+            "--model",
+            str(smollm2_path),
+            "--serve-args",
+            "--parallel 2 --ctx-size 1024",
+            "--scenarios",
+            ",".join(SCENARIOS),
+            "--concurrency",
+            "1,2",
+            "--tokens",
+            "8",
+            "--contexts",
+            "64,256",
+            "--long-tokens",
+            "24",
+            "--long-prompt",
+            "200",
+            "--tool-rounds",
+            "2",
+            "--efforts",
+            "none",
+            "--sample-hz",
+            "4",
+            "--json",
+            str(out_json),
+            "--out",
+            str(out_dir),
+        ]
+    )
     printed = capsys.readouterr().out
     assert rc == 0
     res = json.loads(out_json.read_text())
@@ -133,7 +163,9 @@ def test_bench_json_and_plots(smollm2_path: Path, tmp_path: Path, capsys: pytest
     sweep = res["scenarios"]["concurrency"]["rows"]
     assert [r["concurrency"] for r in sweep] == [1, 2] and all(r["failures"] == 0 for r in sweep)
     requests = [q for r in sweep for q in r["requests"]]
-    requests += [r for name in ("context", "long", "thinking", "tools") for r in res["scenarios"][name]["rows"]]
+    requests += [
+        r for name in ("context", "long", "thinking", "tools") for r in res["scenarios"][name]["rows"]
+    ]
     for q in requests:
         assert q["error"] is None and q["ttft_s"] > 0, q
         # a tool call arrives as one chunk: no gap to time (null in the JSON)

@@ -74,8 +74,9 @@ def _timeline(plt: Any, result: dict[str, Any]) -> Any:
 
 def _rate(t: list[float], cumulative: list[int]) -> list[float]:
     """MB/s between samples (the first sample's rate is 0)."""
-    return [0.0] + [(b - a) / 1e6 / max(t1 - t0, 1e-9)
-                    for a, b, t0, t1 in zip(cumulative, cumulative[1:], t, t[1:])]
+    return [0.0] + [
+        (b - a) / 1e6 / max(t1 - t0, 1e-9) for a, b, t0, t1 in zip(cumulative, cumulative[1:], t, t[1:])
+    ]
 
 
 def _save(fig: Any, path: Path) -> Path:

@@ -30,16 +30,24 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
 
 def tables(result: dict[str, Any]) -> str:
     m, o = result["meta"], result["overhead"]
-    lines = [f"strata bench: {m['model']} at {m['url']}, n_ctx {m['n_ctx']}",
-             f"first request after ready: {result['warmup']['first_s']:.2f} s"]
+    lines = [
+        f"strata bench: {m['model']} at {m['url']}, n_ctx {m['n_ctx']}",
+        f"first request after ready: {result['warmup']['first_s']:.2f} s",
+    ]
     for name, res in result["scenarios"].items():
         lines += ["", f"== {name}"]
         lines += [f"skipped: {res['skipped']}"] if "skipped" in res else _table(res["rows"])
     notes = [f"{k}: {v}" for k, v in result["notes"].items() if v]
-    lines += ["", "sampler: " + ("; ".join(notes) if notes else "process and GPU series recorded"),
-              (f"bench overhead: client {o['client_cpu_s']:.2f} s CPU for {o['chunks']} chunks "
-               f"({o['client_cpu_us_per_chunk']:.0f} us a chunk), sampler {o['samples']} samples at "
-               f"{o['sample_ms_mean']:.2f} ms each (max {o['sample_ms_max']:.2f}), {o['sampler_cpu_s']:.2f} s CPU")]
+    lines += [
+        "",
+        "sampler: " + ("; ".join(notes) if notes else "process and GPU series recorded"),
+        (
+            f"bench overhead: client {o['client_cpu_s']:.2f} s CPU for {o['chunks']} chunks "
+            f"({o['client_cpu_us_per_chunk']:.0f} us a chunk), sampler {o['samples']} samples at "
+            f"{o['sample_ms_mean']:.2f} ms each (max {o['sample_ms_max']:.2f}), "
+            f"{o['sampler_cpu_s']:.2f} s CPU"
+        ),
+    ]
     return "\n".join(lines)
 
 

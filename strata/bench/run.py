@@ -22,9 +22,14 @@ from strata.bench.server import BenchError, Target, target
 from strata.conf.bench import SCENARIOS, BenchConfig
 
 RUNS: dict[str, Callable[[Bench], Awaitable[list[Row]]]] = {
-    "concurrency": scenarios.concurrency, "context": scenarios.context, "long": scenarios.long,
-    "tools": features.tools, "thinking": features.thinking, "images": features.images,
-    "prefill": scenarios.prefill, "prefix": scenarios.prefix,
+    "concurrency": scenarios.concurrency,
+    "context": scenarios.context,
+    "long": scenarios.long,
+    "tools": features.tools,
+    "thinking": features.thinking,
+    "images": features.images,
+    "prefill": scenarios.prefill,
+    "prefix": scenarios.prefix,
 }
 assert tuple(RUNS) == SCENARIOS  # conf/bench.py validates the names; the two lists are one vocabulary
 
@@ -50,6 +55,8 @@ async def _scenarios(cfg: BenchConfig, t: Target) -> dict[str, Any]:
         if first.error is not None:
             raise BenchError(f"the first request failed: {first.error}")
         warm = {"first_s": time.perf_counter() - t0, "first_ttft_s": first.ttft}
+        # the client's cost is counted from here: the warm-up paid the lazy imports
+        cpu0, b.seen = time.process_time(), []
         done: dict[str, Any] = {}
         for name in cfg.scenarios:
             start = time.perf_counter()
@@ -58,10 +65,20 @@ async def _scenarios(cfg: BenchConfig, t: Target) -> dict[str, Any]:
             except Skipped as e:
                 done[name] = {"skipped": str(e)}
             done[name]["span"] = [start, time.perf_counter()]
-            print(f"strata bench: {name}: {done[name]['span'][1] - start:.1f} s"
-                  + (f" (skipped: {done[name]['skipped']})" if "skipped" in done[name] else ""), file=sys.stderr)
+            print(
+                f"strata bench: {name}: {done[name]['span'][1] - start:.1f} s"
+                + (f" (skipped: {done[name]['skipped']})" if "skipped" in done[name] else ""),
+                file=sys.stderr,
+            )
         chunks = sum(len(s.stamps) for s in b.seen)
-    return {"model": model, "n_ctx": n_ctx, "warmup": warm, "scenarios": done, "chunks": chunks}
+    return {
+        "model": model,
+        "n_ctx": n_ctx,
+        "warmup": warm,
+        "scenarios": done,
+        "chunks": chunks,
+        "client_cpu_s": time.process_time() - cpu0,
+    }
 
 
 def add_joules(sampler: Sampler, done: dict[str, Any]) -> None:
@@ -76,8 +93,15 @@ def add_joules(sampler: Sampler, done: dict[str, Any]) -> None:
 def _shift(obj: Any, origin: float) -> Any:
     """Every perf_counter time (t0, t1, span, t) as seconds since the bench began."""
     if isinstance(obj, dict):
-        return {k: ([x - origin for x in v] if k in ("span", "t") else v - origin if k in ("t0", "t1")
-                    else _shift(v, origin)) for k, v in obj.items()}
+        out = {}
+        for k, v in obj.items():
+            if k in ("span", "t"):
+                out[k] = [x - origin for x in v]
+            elif k in ("t0", "t1"):
+                out[k] = v - origin
+            else:
+                out[k] = _shift(v, origin)
+        return out
     if isinstance(obj, list):
         return [_shift(x, origin) for x in obj]
     return obj
@@ -88,7 +112,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     started = datetime.now(UTC).isoformat(timespec="seconds")
     with target(cfg) as t:
         sampler = Sampler(t.pid, cfg.sample_hz)
-        origin, cpu0 = time.perf_counter(), time.process_time()
+        origin = time.perf_counter()
         sampler.start()
         try:
             out = asyncio.run(_scenarios(cfg, t))
@@ -96,19 +120,36 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             raise BenchError(f"{t.url}: {type(e).__name__}: {e}") from None
         finally:
             sampler.stop()
-        wall, cpu = time.perf_counter() - origin, time.process_time() - cpu0
+        wall = time.perf_counter() - origin
     add_joules(sampler, out["scenarios"])
-    # the client's CPU, all in (parsing, the event loop, httpx), apart from the sampler thread's
-    client_cpu, chunks, cost = cpu - sampler.cpu_s, out.pop("chunks"), sampler.cost_s
+    # the client's CPU, all in (parsing, the event loop, httpx), less the sampler thread's
+    client_cpu, chunks, cost = out.pop("client_cpu_s") - sampler.cpu_s, out.pop("chunks"), sampler.cost_s
     overhead = {
-        "wall_s": wall, "client_cpu_s": client_cpu, "chunks": chunks,
+        "wall_s": wall,
+        "client_cpu_s": client_cpu,
+        "chunks": chunks,
         "client_cpu_us_per_chunk": 1e6 * client_cpu / max(1, chunks),
-        "sampler_cpu_s": sampler.cpu_s, "samples": len(cost),
+        "sampler_cpu_s": sampler.cpu_s,
+        "samples": len(cost),
         "sample_ms_mean": 1e3 * sum(cost) / len(cost) if cost else 0.0,
-        "sample_ms_max": 1e3 * max(cost, default=0.0)}
-    meta = {"started": started, "url": cfg.url or f"{t.url} (started on {cfg.model or 'the default model'})",
-            "model": out.pop("model"), "n_ctx": out.pop("n_ctx"), "cpus": os.cpu_count(),
-            "config": {k: (str(v) if v is not None and not isinstance(v, (int, float, str, tuple)) else v)
-                       for k, v in dataclasses.asdict(cfg).items() if k != "api_key"}}
-    return {"meta": meta, **_shift(out, origin), "samples": _shift(dataclasses.asdict(sampler.series), origin),
-            "notes": sampler.notes(), "overhead": overhead}
+        "sample_ms_max": 1e3 * max(cost, default=0.0),
+    }
+    meta = {
+        "started": started,
+        "url": cfg.url or f"{t.url} (started on {cfg.model or 'the default model'})",
+        "model": out.pop("model"),
+        "n_ctx": out.pop("n_ctx"),
+        "cpus": os.cpu_count(),
+        "config": {
+            k: (str(v) if v is not None and not isinstance(v, (int, float, str, tuple)) else v)
+            for k, v in dataclasses.asdict(cfg).items()
+            if k != "api_key"
+        },
+    }
+    return {
+        "meta": meta,
+        **_shift(out, origin),
+        "samples": _shift(dataclasses.asdict(sampler.series), origin),
+        "notes": sampler.notes(),
+        "overhead": overhead,
+    }

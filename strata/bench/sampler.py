@@ -37,7 +37,11 @@ def _open_gpus() -> tuple[Any, list[Any], str | None]:
         return None, [], "nvidia-ml-py is not installed (pip install 'strata[bench]')"
     try:
         pynvml.nvmlInit()
-        return pynvml, [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())], None
+        return (
+            pynvml,
+            [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())],
+            None,
+        )
     except pynvml.NVMLError as e:
         return None, [], f"NVML: {e}"
 
@@ -90,7 +94,11 @@ class Sampler:
         if self.proc is not None:
             try:
                 with self.proc.oneshot():
-                    cpu, rss, io = self.proc.cpu_percent(None), self.proc.memory_info().rss, self.proc.io_counters()
+                    cpu, rss, io = (
+                        self.proc.cpu_percent(None),
+                        self.proc.memory_info().rss,
+                        self.proc.io_counters(),
+                    )
             except psutil.Error as e:  # the server exited, or its IO is not ours to read: the series end here
                 self.proc, self.proc_note = None, f"process series stopped: {e}"
             else:

@@ -18,8 +18,14 @@ from strata.bench.stats import Stream, percentile, windowed_rates
 from strata.conf.bench import BenchConfig
 
 Row = dict[str, Any]
-QUESTIONS = ["Explain how a rainbow forms.", "Write a short poem about the sea.", "What is a prime number?",
-             "Describe the water cycle.", "Why is the sky blue?", "How do plants make food?"]
+QUESTIONS = [
+    "Explain how a rainbow forms.",
+    "Write a short poem about the sea.",
+    "What is a prime number?",
+    "Describe the water cycle.",
+    "Why is the sky blue?",
+    "How do plants make food?",
+]
 
 
 class Skipped(Exception):
@@ -41,8 +47,14 @@ class Bench:
 
 def ask(content: Any, max_tokens: int, seed: int = 1, **extra: Any) -> dict[str, Any]:
     """A chat body; ignore_eos (llama-server's extension) keeps every request at its max_tokens."""
-    return {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0.7,
-            "seed": seed, "ignore_eos": True, **extra}
+    return {
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0.7,
+        "seed": seed,
+        "ignore_eos": True,
+        **extra,
+    }
 
 
 def row(s: Stream, **keys: Any) -> Row:
@@ -67,19 +79,28 @@ async def concurrency(b: Bench) -> list[Row]:
     rows = []
     for n in b.cfg.concurrency:
         t0 = time.perf_counter()
-        streams = await asyncio.gather(*(b.chat(ask(QUESTIONS[i % len(QUESTIONS)], b.cfg.tokens, seed=i))
-                                         for i in range(n)))
+        streams = await asyncio.gather(
+            *(b.chat(ask(QUESTIONS[i % len(QUESTIONS)], b.cfg.tokens, seed=i)) for i in range(n))
+        )
         t1 = time.perf_counter()
         ok = [s for s in streams if s.error is None]
         ttfts, gaps = [s.ttft for s in ok], [g for s in ok for g in s.gaps]
-        rows.append({
-            "concurrency": n, "failures": n - len(ok),
-            "decode_tok_s": statistics.mean(s.decode_tok_s for s in ok) if ok else 0.0,
-            "aggregate_tok_s": sum(s.tokens for s in ok) / (t1 - t0),
-            "ttft_p50_s": percentile(ttfts, 0.5), "ttft_p99_s": percentile(ttfts, 0.99),
-            "itl_p50_ms": percentile(gaps, 0.5) * 1e3, "itl_p99_ms": percentile(gaps, 0.99) * 1e3,
-            "tokens": sum(s.tokens for s in ok), "t0": t0, "t1": t1,
-            "requests": [s.summary() for s in streams]})
+        rows.append(
+            {
+                "concurrency": n,
+                "failures": n - len(ok),
+                "decode_tok_s": statistics.mean(s.decode_tok_s for s in ok) if ok else 0.0,
+                "aggregate_tok_s": sum(s.tokens for s in ok) / (t1 - t0),
+                "ttft_p50_s": percentile(ttfts, 0.5),
+                "ttft_p99_s": percentile(ttfts, 0.99),
+                "itl_p50_ms": percentile(gaps, 0.5) * 1e3,
+                "itl_p99_ms": percentile(gaps, 0.99) * 1e3,
+                "tokens": sum(s.tokens for s in ok),
+                "t0": t0,
+                "t1": t1,
+                "requests": [s.summary() for s in streams],
+            }
+        )
     return rows
 
 
@@ -90,7 +111,9 @@ async def context(b: Bench) -> list[Row]:
         raise Skipped(f"no prompt size of {b.cfg.contexts} fits the server's n_ctx {b.n_ctx}")
     rows = []
     for n in sizes:
-        body = f"[{secrets.token_hex(4)}] " + await text_of(b.c, "the quick brown fox jumps over the lazy dog ", n)
+        body = f"[{secrets.token_hex(4)}] " + await text_of(
+            b.c, "the quick brown fox jumps over the lazy dog ", n
+        )
         s = await b.chat(ask(body + "\nSummarise in one line.", b.cfg.tokens))
         rows.append(row(s, prompt_size=n, prefill_tok_s=s.prompt_tokens / s.ttft if s.stamps else 0.0))
     return rows
@@ -101,8 +124,15 @@ async def long(b: Bench) -> list[Row]:
     n = b.cfg.long_tokens if fits(b, 16, b.cfg.long_tokens) else max(2, (b.n_ctx or 0) - 64)
     s = await b.chat(ask("Write a long story about a lighthouse keeper.", n))
     rates = windowed_rates(s.stamps, max(8, n // 16))
-    return [row(s, max_tokens=n, window_tok_s_min=min(rates, default=0.0),
-                window_tok_s_p50=percentile(rates, 0.5), window_tok_s_max=max(rates, default=0.0))]
+    return [
+        row(
+            s,
+            max_tokens=n,
+            window_tok_s_min=min(rates, default=0.0),
+            window_tok_s_p50=percentile(rates, 0.5),
+            window_tok_s_max=max(rates, default=0.0),
+        )
+    ]
 
 
 async def prefill(b: Bench) -> list[Row]:
@@ -122,9 +152,16 @@ async def prefill(b: Bench) -> list[Row]:
         if len(inside) > 1:
             during.append((len(inside) - 1) / (inside[-1] - inside[0]))
     rate = statistics.mean(during) if during else 0.0
-    return [{"long_prompt_tokens": lng.prompt_tokens, "solo_decode_tok_s": base,
-             "decode_tok_s_during_prefill": rate, "kept_fraction": rate / base if base else 0.0,
-             "long_ttft_s": lng.ttft, "error": lng.error or next((s.error for s in runs if s.error), None)}]
+    return [
+        {
+            "long_prompt_tokens": lng.prompt_tokens,
+            "solo_decode_tok_s": base,
+            "decode_tok_s_during_prefill": rate,
+            "kept_fraction": rate / base if base else 0.0,
+            "long_ttft_s": lng.ttft,
+            "error": lng.error or next((s.error for s in runs if s.error), None),
+        }
+    ]
 
 
 async def prefix(b: Bench) -> list[Row]:
@@ -133,7 +170,13 @@ async def prefix(b: Bench) -> list[Row]:
     text = f"[{secrets.token_hex(4)}] " + await text_of(b.c, "lorem ipsum dolor sit amet ", n) + "\nOne word?"
     first = await b.chat(ask(text, 4))
     again = await b.chat(ask(text, 4))
-    return [{"prompt_tokens": first.prompt_tokens, "first_ttft_s": first.ttft, "repeat_ttft_s": again.ttft,
-             "repeat_cached_tokens": again.cached_tokens,
-             "speedup": first.ttft / again.ttft if again.stamps and first.stamps else 0.0,
-             "error": first.error or again.error}]
+    return [
+        {
+            "prompt_tokens": first.prompt_tokens,
+            "first_ttft_s": first.ttft,
+            "repeat_ttft_s": again.ttft,
+            "repeat_cached_tokens": again.cached_tokens,
+            "speedup": first.ttft / again.ttft if again.stamps and first.stamps else 0.0,
+            "error": first.error or again.error,
+        }
+    ]

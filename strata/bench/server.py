@@ -52,8 +52,14 @@ def listening_pid(url: str) -> int | None:
         conns = psutil.net_connections(kind="tcp")
     except psutil.Error:
         return None
-    return next((c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
-                 and c.pid is not None), None)
+    return next(
+        (
+            c.pid
+            for c in conns
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid is not None
+        ),
+        None,
+    )
 
 
 @contextmanager
@@ -66,8 +72,18 @@ def target(cfg: BenchConfig) -> Iterator[Target]:
         yield Target(cfg.url, cfg.api_key, cfg.pid or listening_pid(cfg.url))
         return
     port, key = _free_port(), "sk-bench-" + secrets.token_hex(8)
-    cmd = [sys.executable, "-m", "strata", "serve", "--port", str(port), "--api-key", key,
-           *(["--model", cfg.model] if cfg.model else []), *cfg.serve_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "strata",
+        "serve",
+        "--port",
+        str(port),
+        "--api-key",
+        key,
+        *(["--model", cfg.model] if cfg.model else []),
+        *cfg.serve_args,
+    ]
     # a file, not a pipe: nobody drains a pipe while the bench runs, and a full one blocks the server
     with tempfile.TemporaryFile(mode="w+") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)

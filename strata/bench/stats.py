@@ -62,12 +62,22 @@ class Stream:
     def summary(self) -> dict[str, Any]:
         """The per-request numbers every scenario reports."""
         gaps = self.gaps
-        return {"ttft_s": self.ttft, "decode_tok_s": self.decode_tok_s, "tokens": self.tokens,
-                "itl_p50_ms": percentile(gaps, 0.5) * 1e3, "itl_p99_ms": percentile(gaps, 0.99) * 1e3,
-                "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens, "error": self.error}
+        return {
+            "ttft_s": self.ttft,
+            "decode_tok_s": self.decode_tok_s,
+            "tokens": self.tokens,
+            "itl_p50_ms": percentile(gaps, 0.5) * 1e3,
+            "itl_p99_ms": percentile(gaps, 0.99) * 1e3,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "error": self.error,
+        }
 
 
 def windowed_rates(stamps: list[float], window: int) -> list[float]:
     """Decode rate over each run of `window` chunk gaps (the long generation's drift over time)."""
-    return [window / (stamps[i + window] - stamps[i]) for i in range(0, len(stamps) - window, window)
-            if stamps[i + window] > stamps[i]]
+    return [
+        window / (stamps[i + window] - stamps[i])
+        for i in range(0, len(stamps) - window, window)
+        if stamps[i + window] > stamps[i]
+    ]
