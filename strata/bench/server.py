@@ -105,7 +105,7 @@ def _wait_ready(proc: subprocess.Popen[str], url: str, log: IO[str]) -> None:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             log.seek(0)
-            tail = log.read()[-2000:]
+            tail = log.read()[-2000:].rstrip()
             raise BenchError(f"the server exited with {proc.returncode} before it was ready:\n{tail}")
         try:
             if httpx.get(f"{url}/health", timeout=2).status_code == 200:
