@@ -64,10 +64,8 @@ class DecodeGraphs:
         m, act = self.model, self._act
         assert act is not None
         m.ops.embed(m.embd, ptr(self.tab, 32), b, act.x, id_stride=TAB)
-        layers, forked = m.layers_for(b), False
-        for i, layer in enumerate(layers):
-            forked = run_layer(m.ops, i, layer, m.dims, act, b, self.tab, None, m.inv_freq,
-                               layers[i + 1] if i + 1 < len(layers) else None, forked)
+        for i, layer in enumerate(m.layers_for(b)):
+            run_layer(m.ops, i, layer, m.dims, act, b, self.tab, None, m.inv_freq)
         m.head_logits(act.x, b, act.logits)
         m.ops.sample_rows(act.logits, b, m.params.vocab, self.draws, self.tab, TAB, self.chosen)
         m.ops.advance(self.tab, TAB, b)

@@ -161,15 +161,13 @@ class Segment:
 
 
 def run_layer(ops: Ops, i: int, w: LayerWeights, dm: Dims, act: Activations, n: int, tab: Any,
-              segments: list[Segment] | None, inv_freq: Any, nxt: LayerWeights | None = None,
-              forked: bool = False) -> bool:
+              segments: list[Segment] | None, inv_freq: Any) -> None:
     """x[:n] += mixer(norm(x)); x[:n] += ffn(norm(x)) for layer i. segments=None: every row is a
-    decode row whose position and cache come from `tab` (the graph case). nxt: the next layer, whose
-    lookahead this one may fork early (returns whether it did; pass that back as the next call's `forked`)."""
+    decode row whose position and cache come from `tab` (the graph case)."""
     small = n <= GEMV_ROWS
     ahead = w.tier.lookahead if small and w.tier is not None else None
     before_write = None
-    if ahead is not None and not forked:  # the layer's predicted misses cross PCIe while its mixer runs
+    if ahead is not None:  # the layer's predicted misses cross PCIe while its mixer runs
         assert w.router is not None and w.tier is not None
         ahead.fork(ops, w.tier.layer, w.router, w.ffn_norm, dm.eps, act.x, n, dm.norm_topk)
         before_write = ahead.read_done
@@ -183,17 +181,10 @@ def run_layer(ops: Ops, i: int, w: LayerWeights, dm: Dims, act: Activations, n: 
         _moe(ops, w, dm, act, n)
     else:
         _dense(ops, w, dm, act, n)
-    # the next layer's lookahead forks here, behind this layer's shared expert: its copies get that time too,
-    # predicting from x without the shared expert's share (whose add into x waits for the branch's router)
-    early = nxt.tier.lookahead if small and w.shared is not None and nxt is not None and nxt.tier is not None else None
-    if early is not None:
-        assert nxt is not None and nxt.router is not None and nxt.tier is not None
-        early.fork(ops, nxt.tier.layer, nxt.router, nxt.ffn_norm, dm.eps, act.x, n, dm.norm_topk)
     if w.shared is not None:
-        _shared(ops, w.shared, dm, act, n, small, None if early is None else early.read_done)
+        _shared(ops, w.shared, dm, act, n, small)
     if small and w.tier is not None and w.tier.share is not None:  # the CPU's share, computed meanwhile
         ops.cpu_collect(act.x, n, dm.d, w.tier.share, COLLECT_TIMEOUT_NS)
-    return early is not None
 
 
 def _attention_block(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int, tab: Any,
@@ -238,8 +229,7 @@ def _attention_block(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: i
         ops.matmul(w.o, act.att, n, x, accumulate=True)
 
 
-def _shared(ops: Ops, s: SharedExpert, dm: Dims, act: Activations, n: int, small: bool,
-            before_write: Callable[[], None] | None = None) -> None:
+def _shared(ops: Ops, s: SharedExpert, dm: Dims, act: Activations, n: int, small: bool) -> None:
     """x[:n] += sigmoid(h . gate_inp) * down(silu(gate . h) * (up . h)); h = the FFN's normed input, which the
     routed step left in act.h."""
     f, h = dm.shared_ff, act.h
@@ -255,8 +245,6 @@ def _shared(ops: Ops, s: SharedExpert, dm: Dims, act: Activations, n: int, small
     else:
         ops.matmul(s.down, act.sgu, n, act.sy, silu_mul=True)
     ops.matvec([s.gate_inp], h, n, act.sg)
-    if before_write is not None:
-        before_write()
     ops.gated_add(act.x, act.sy, act.sg, n, dm.d)
 
 

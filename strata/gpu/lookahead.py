@@ -6,8 +6,7 @@ Inside a captured decode graph the fork and join are edges: the branch (the pred
 the main stream's router is done and raises `stop` (in tier_count's launch). So the experts never wait for the
 branch, and the copies fill whatever time the mixer leaves (a DeltaNet layer's more than an attention layer's at
 short context). The mixer's launch that adds into x waits for the branch's router to have read x (an edge, no
-copy). One set of K staging slots serves every layer: layer l + 1 forks after layer l's restore, behind layer
-l's shared expert when it has one (strata/gpu/layers.py).
+copy). One set of K staging slots serves every layer: layer l + 1 forks after layer l's restore.
 """
 
 from __future__ import annotations
@@ -18,9 +17,9 @@ from strata.gpu.runtime import Kernels, cupy_module, i32, i64, launch, ptr
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.lookahead import STATS
 
-# blocks of the copy: each keeps 16 KB of pinned reads in flight; 48 of them (~800 KB) cover the link's
-# bandwidth-latency product (24 moved 42 GB/s on the H200) without taking many of the SMs the mixer runs on
-BLOCKS = 48
+# blocks of the copy: each keeps 16 KB of pinned reads in flight; 24 of them (~400 KB) cover the link's
+# bandwidth-latency product (50 GB/s x a few us) without taking many of the SMs the mixer runs on
+BLOCKS = 24
 
 
 class Lookahead:

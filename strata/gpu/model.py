@@ -290,11 +290,9 @@ class GpuModel(Model):
             tab = cp.asarray(np.asarray(tab_rows, np.int64))
             act = Activations(self.dims, n, 0, 0)
             self.ops.embed(self.embd, ptr(tab, 32), n, act.x, id_stride=TAB)
-            layers, forked = self.layers_for(n), False
-            for i, layer in enumerate(layers):
+            for i, layer in enumerate(self.layers_for(n)):
                 if staging is None:
-                    forked = run_layer(self.ops, i, layer, self.dims, act, n, tab, segs, self.inv_freq,
-                                       layers[i + 1] if i + 1 < len(layers) else None, forked)
+                    run_layer(self.ops, i, layer, self.dims, act, n, tab, segs, self.inv_freq)
                     continue
                 assert tiers is not None
                 li = tiers.cache.layer_of[i]
