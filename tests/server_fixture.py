@@ -16,6 +16,8 @@ from typing import IO
 
 import httpx
 
+from strata.bench.server import stop
+
 API_KEY = "sk-strata-test"
 
 
@@ -66,10 +68,5 @@ def running_server(model: Path, *extra: str, key: str | None = API_KEY) -> Itera
             raise RuntimeError("server did not become healthy within 120 s")
         yield Server(url, key or "", proc, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 15)
         log.close()

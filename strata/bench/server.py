@@ -92,12 +92,17 @@ def target(cfg: BenchConfig) -> Iterator[Target]:
             _wait_ready(proc, url, log)
             yield Target(url, key, proc.pid)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc, 30)
+
+
+def stop(proc: subprocess.Popen[str], timeout_s: float) -> None:
+    """SIGTERM (the server drains and exits), then SIGKILL if it is still there after timeout_s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _wait_ready(proc: subprocess.Popen[str], url: str, log: IO[str]) -> None:
