@@ -1,9 +1,9 @@
 """Kernels of the expert tiers: hit counting inside the decode graph, and the gather that stages a
 prefill chunk's missing experts into borrowed slots.
 
-- `tier_count`: after a MoE layer's routing (raising the lookahead's stop), per routed (row, slot) pair: one lookup, a hit when the
-  cache's `where[e] >= 0`, else the expert's bytes as read over PCIe; summed per row (atomics), so
-  the host can give each sequence of a batch its own counters. It also copies the ids into the layer's
+- `tier_count`: after a MoE layer's routing (raising the lookahead's stop), per routed (row, slot)
+  pair: one lookup, a hit when the cache's `where[e] >= 0`, else the expert's bytes as read over PCIe;
+  summed per row (atomics), so the host can give each sequence of a batch its own counters. It also copies the ids into the layer's
   row of `route`, which the cache policy (tiers/policy.py) learns from between windows.
   `where[e] == -2` marks the CPU's share: neither a hit nor PCIe bytes (the CPU pool counts its own).
 - `gather_rows`: copies n (source, destination, bytes) rows, one block a row, 16 bytes a load.
@@ -279,8 +279,9 @@ def ref_gather_rows(memory: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes
 
 
 def ref_prefetch_pick(pred: np.ndarray, where: np.ndarray, k: int) -> np.ndarray:
-    """The experts `prefetch` picks [k] (-1 pads), and stages when stop stays down: predicted ids pred [n, A] (each row's best first) taken rank by
-    rank across the rows, first distinct ones that the decode table reads over PCIe (where == -1)."""
+    """The experts `prefetch` picks [k] (-1 pads), and stages when stop stays down: predicted ids pred [n, A]
+    (each row's best first) taken rank by rank across the rows, first distinct ones that the decode table reads
+    over PCIe (where == -1)."""
     out: list[int] = []
     for e in pred.T.reshape(-1).tolist():
         if len(out) == k:
