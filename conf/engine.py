@@ -18,6 +18,7 @@ from strata.tiers.tables import MODES as TABLE_MODES
 from strata.tiers.tables import check_mode as check_table_mode
 
 from strata.errors import ConfigError
+from strata.kvcache import KV_TYPES, check_kv_type
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,7 @@ class EngineOptions:
     routing_profile: str = "auto"  # auto: fill the expert cache from the saved routing profile, count and save; off
     record_routes: str | None = None  # write every routed (token, layer, experts) here (.npz) when there are tiers
     ple_io: str = "auto"  # Qwen4-Exp's n-gram table: auto | ram | mmap | direct (strata.tiers.tables)
+    kv_type: str = "auto"  # attention KV cells: auto (f32 on the CPU, f16 on the GPU) | f32 | f16 | int8
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> EngineOptions:
@@ -70,6 +72,7 @@ class EngineOptions:
         check_tiers(self.expert_cache, self.vram_reserve_mib, ("expert_cache", "vram_reserve_mib"))
         parse_pcie_frac(self.pcie_frac, "pcie_frac")
         check_table_mode(self.ple_io, "ple_io")
+        check_kv_type(self.kv_type, "kv_type")
         check_policy(self.cache_policy, "cache_policy")
         check_profile_mode(self.routing_profile, "routing_profile")
         if self.swap_budget_mib < 0:
@@ -178,6 +181,9 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ple-io", default="auto", choices=TABLE_MODES, help="Qwen4-Exp's n-gram (PLE) table: ram "
                    "(locked in RAM; the page cache when locking is refused), mmap (the page cache), direct "
                    "(O_DIRECT row reads, for RAM that cannot hold it); auto: ram when it fits in half the free RAM")
+    p.add_argument("--kv-type", default="auto", choices=KV_TYPES, help="attention KV cells: f32, f16, or int8 "
+                   "(one scale per token and head: a quarter of f32's RAM); auto (default): f32 on the CPU, f16 "
+                   "on the GPU, whose kernels read f16 only")
     add_override_flag(p)
     p.add_argument("--prefill", type=int, default=0, help="tokens per prefill chunk (0 = 2048 on the GPU, 512 "
                    "on the CPU); chunks of 256+ tokens stage missing experts through borrowed cache slots")
@@ -195,7 +201,8 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.swap_budget_mib < 0:
         raise ConfigError("--swap-budget-mib", args.swap_budget_mib, "must be >= 0 (0: the cache never swaps)")
     check_prefetch(args.prefetch)
-    return {"prefetch": args.prefetch, "pcie_frac": args.pcie_frac, "probe": args.probe, "ple_io": args.ple_io, "record_routes": args.record_routes, "cache_policy": args.cache_policy,
+    return {"prefetch": args.prefetch, "pcie_frac": args.pcie_frac, "probe": args.probe, "ple_io": args.ple_io, "kv_type": args.kv_type,
+            "record_routes": args.record_routes, "cache_policy": args.cache_policy,
             "swap_budget_mib": args.swap_budget_mib, "routing_profile": args.routing_profile,
             "override_kv": tuple(args.override_kv),
             "backend": args.backend, "pool_workers": args.pool_workers, "aux_cpus": args.aux_cpus,

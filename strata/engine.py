@@ -17,6 +17,7 @@ from strata.conf import EngineOptions
 from strata.conf.engine import parse_overrides
 from strata.errors import ConfigError, ContextOverflowError
 from strata.gguf import GGUFFile
+from strata.kvcache import KVType
 from strata.models import Model, model_class
 from strata.sampling import SamplingParams
 from strata.sequence import ActiveSequence, Chunk, Constraint, GenerationResult, Timings
@@ -128,6 +129,9 @@ class Engine:
             gpu_opts = GpuOptions(opts.vram_budget_mib, opts.n_ctx, opts.prefill_chunk,
                                   reserve_mib=opts.vram_reserve_mib, expert_cache=opts.expert_cache, seqs=opts.n_seq,
                                   tiers=share)
+            if opts.kv_type not in ("auto", KVType.F16):
+                raise ConfigError("kv_type", opts.kv_type, "the GPU's attention kernels read f16 KV only; use "
+                                  "auto or f16 there, or device=cpu for f32 and int8")
             engine = cls(gguf, gpu_model(model_cls(gguf, weights), gpu_opts), Tokenizer.from_gguf(gguf), opts)
             engine.profile_keeper = _count_routing(engine.expert_cache, keeper)
             if opts.record_routes and engine.expert_cache is not None:
@@ -145,7 +149,9 @@ class Engine:
 
             cache = Path(opts.jit_cache) if opts.jit_cache else None
             weights.jit = start(gguf, cache, opts.pool_workers, opts.aux_cpus)
-        engine = cls(gguf, model_cls(gguf, weights), Tokenizer.from_gguf(gguf), opts)
+        model = model_cls(gguf, weights)
+        model.kv_type = KVType.F32 if opts.kv_type == "auto" else KVType(opts.kv_type)
+        engine = cls(gguf, model, Tokenizer.from_gguf(gguf), opts)
         engine.profile_keeper = counted
         return engine
 

@@ -19,7 +19,7 @@ from strata.blocks.self_attn import AttnNames, AttnParams, self_attention
 from strata.errors import GGUFError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, tensor
-from strata.kvcache import KVCache
+from strata.kvcache import KVCache, KVType
 from strata.state import SequenceState
 from strata.weights import WeightStore
 
@@ -111,6 +111,7 @@ class Model(ABC):
 
     arch: ClassVar[str]
     params: DecoderParams
+    kv_type: KVType = KVType.F32  # how new states store attention KV; Engine.load sets it from --kv-type
 
     @abstractmethod
     def new_state(self) -> SequenceState:
@@ -119,6 +120,11 @@ class Model(ABC):
     @abstractmethod
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
         """Consume `tokens` [T] after `state`; return logits [T, vocab] (or [1, vocab] for the last)."""
+
+    def new_kv(self, layers: list[int]) -> KVCache:
+        """An empty KV cache for these attention layers, in the model's kv_type."""
+        a = self.params.attn
+        return KVCache(layers, a.n_kv, a.head_dim, kind=self.kv_type)
 
     @property
     def expert_cache(self) -> ExpertCache | None:
@@ -151,7 +157,7 @@ class DecoderLM(Model):
 
     def new_state(self) -> SequenceState:
         p = self.params
-        return SequenceState(KVCache(list(range(p.n_layer)), p.attn.n_kv, p.attn.head_dim))
+        return SequenceState(self.new_kv(list(range(p.n_layer))))
 
     @abstractmethod
     def ffn(self, layer: int, h: np.ndarray) -> np.ndarray:

@@ -21,7 +21,6 @@ from strata.blocks.shared_moe import moe_shared
 from strata.errors import GGUFError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, tensor
-from strata.kvcache import KVCache
 from strata.models.base import DecoderParams, Model, register, require
 from strata.state import LayerState, SequenceState
 from strata.weights import WeightStore
@@ -60,11 +59,10 @@ class Qwen3Next(Model):
         self.head = out if weights.has(out) else tensor(T.TOKEN_EMBD)
 
     def new_state(self) -> SequenceState:
-        p = self.params
         attn = [i for i, lin in enumerate(self.linear) if not lin]
         layers: dict[tuple[str, int], LayerState] = {
             ("deltanet", i): DeltaNetState.empty(self.dn) for i, lin in enumerate(self.linear) if lin}
-        return SequenceState(KVCache(attn, p.attn.n_kv, p.attn.head_dim), layers=layers)
+        return SequenceState(self.new_kv(attn), layers=layers)
 
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
         p, w = self.params, self.w

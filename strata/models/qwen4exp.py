@@ -31,7 +31,6 @@ from strata.blocks.shared_moe import moe_shared
 from strata.errors import GGUFError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, X, tensor
-from strata.kvcache import KVCache
 from strata.models.base import DecoderParams, Model, register
 from strata.models.qwen3next import recurrent_layers, require_int
 from strata.state import LayerState, SequenceState
@@ -98,13 +97,12 @@ class Qwen4Exp(Model):
         return out
 
     def new_state(self) -> SequenceState:
-        p = self.params
         attn = [i for i, lin in enumerate(self.linear) if not lin]
         layers: dict[tuple[str, int], LayerState] = {("deltanet", i): DeltaNetState.empty(self.dn) for i, lin in enumerate(self.linear) if lin}
         layers.update({("qsa", i): QSAState.empty(q) for i, q in self.qsa.items()})
         if self.ple is not None:
             layers.update({("ple", i): PLEState.empty(self.ple) for i in self.ple_layers})
-        return SequenceState(KVCache(attn, p.attn.n_kv, p.attn.head_dim), layers=layers)
+        return SequenceState(self.new_kv(attn), layers=layers)
 
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
         p, w, n = self.params, self.w, self.n_streams
