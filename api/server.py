@@ -29,19 +29,17 @@ from strata.logs import configure_logging
 from strata.sched.prefix_cache import PrefixCache
 from strata.sched.scheduler import Scheduler
 
-# Without --ctx-size, the KV cache is bounded to this many tokens (or the model's own, if smaller).
-DEFAULT_CTX = 8192
-
 log = logging.getLogger("strata.server")
 
 
 def check_model(cfg: ServerConfig) -> tuple[Path, int]:
-    """The model file and the context, from its header alone: what can be refused before the socket opens."""
+    """The model file and the context asked for (0: the engine chooses, strata.tiers.context), from its header
+    alone: what can be refused before the socket opens."""
     path = Path(cfg.model) if cfg.model else hub.pull()
-    trained = int(GGUFFile(path, parse_overrides(cfg.engine.get("override_kv", ()))).arch_get(Keys.CONTEXT_LENGTH, DEFAULT_CTX))
+    trained = int(GGUFFile(path, parse_overrides(cfg.engine.get("override_kv", ()))).arch_get(Keys.CONTEXT_LENGTH, 4096))
     if cfg.ctx_size > trained:
         raise ConfigError("--ctx-size", cfg.ctx_size, f"{path.name} was trained for at most {trained} tokens")
-    return path, cfg.ctx_size or min(trained, DEFAULT_CTX)
+    return path, cfg.ctx_size
 
 
 def load_state(cfg: ServerConfig, path: Path, n_ctx: int) -> AppState:

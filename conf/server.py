@@ -25,7 +25,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     api_keys: tuple[str, ...] = ()
-    ctx_size: int = 0  # 0 = min(model's trained context, DEFAULT_CTX)
+    ctx_size: int = 0  # 0 = the trained context when its KV fits, else the largest that does (tiers/context.py)
     parallel: int = 4
     alias: str | None = None
     strict_model: bool = False
@@ -84,8 +84,9 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--api-key", action="append", default=[], help="accepted key (repeatable)")
     p.add_argument("--api-key-file", default=None, help="file with one accepted key per line")
-    p.add_argument("--ctx-size", "-c", type=int, default=0, help="context size (0 = the model's trained context, capped at 8192; "
-                   "at most the trained context)")
+    p.add_argument("--ctx-size", "-c", type=int, default=0, help="context size, at most the trained "
+                   "context (0: the trained context when its KV fits the memory plan, else the largest that does; "
+                   "start-up says which and why)")
     p.add_argument("--parallel", "-np", type=int, default=4, help="batch slots")
     p.add_argument("--alias", default=None, help="model name reported by /v1/models")
     p.add_argument("--strict-model", action="store_true", help="404 for requests naming another model")

@@ -4,6 +4,7 @@ the CLI and the server use: `Engine.load`, `engine.logits`, `engine.generate`.""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import secrets
 from collections.abc import Iterator, Sequence
@@ -17,11 +18,12 @@ from strata.conf import EngineOptions
 from strata.conf.engine import parse_overrides
 from strata.errors import ConfigError, ContextOverflowError
 from strata.gguf import GGUFFile
-from strata.kvcache import KVType
+from strata.kvcache import KVCache, KVType
 from strata.models import Model, model_class
 from strata.sampling import SamplingParams
 from strata.sequence import ActiveSequence, Chunk, Constraint, GenerationResult, Timings
 from strata.state import SequenceState
+from strata.tiers import context
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.profile import Digests, Profile, cache_root
 from strata.tiers.profile import Keeper as ProfileKeeper
@@ -86,6 +88,17 @@ def _count_routing(cache: ExpertCache | None, keeper: ProfileKeeper | None) -> P
     return keeper
 
 
+def _cpu_context(model: Model, n_seq: int) -> int:
+    """The context the CPU path serves when none is asked for (strata.tiers.context.on_cpu), logged."""
+    import psutil
+
+    a = model.params.attn
+    per = KVCache.bytes_per_token(model.kv_type, len(model.new_state().kv.length), a.n_kv, a.head_dim)
+    choice = context.on_cpu(model.params.n_ctx_train, per, n_seq, psutil.virtual_memory().available)
+    logging.getLogger("strata.engine").info("%s", choice.line)
+    return choice.n_ctx
+
+
 class Engine:
     def __init__(self, gguf: GGUFFile, model: Model, tokenizer: Tokenizer, options: EngineOptions) -> None:
         self.gguf = gguf
@@ -94,8 +107,8 @@ class Engine:
         self.options = options
         self.profile_keeper: ProfileKeeper | None = None  # counts routing into the saved profile (tiers only)
         self.template = ChatTemplate.from_gguf(gguf, tokenizer)
-        trained = model.params.n_ctx_train
-        self.n_ctx = options.n_ctx or trained
+        # the GPU model chose its context with its memory plan; the CPU's was chosen in load()
+        self.n_ctx = getattr(model, "n_ctx", 0) or options.n_ctx or model.params.n_ctx_train
 
     @classmethod
     def load(cls, path: str | os.PathLike[str] | None = None, **options: Any) -> Engine:
@@ -151,6 +164,8 @@ class Engine:
             weights.jit = start(gguf, cache, opts.pool_workers, opts.aux_cpus)
         model = model_cls(gguf, weights)
         model.kv_type = KVType.F32 if opts.kv_type == "auto" else KVType(opts.kv_type)
+        if not opts.n_ctx:
+            opts = dataclasses.replace(opts, n_ctx=_cpu_context(model, opts.n_seq))
         engine = cls(gguf, model, Tokenizer.from_gguf(gguf), opts)
         engine.profile_keeper = counted
         return engine

@@ -10,6 +10,7 @@ chunks, mixed windows); forward_batch() of one token per sequence replays a capt
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,7 @@ from strata.models.base import Model
 from strata.models.qwen3moe import Qwen3Moe
 from strata.models.qwen3next import Qwen3Next
 from strata.state import SequenceState
+from strata.tiers import context
 from strata.tiers.budget import MIB, RESERVE_MIB, Ledger, VramPlan
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.slots import ExpertCache
@@ -51,7 +53,7 @@ from strata.tiers.telemetry import note
 @dataclass(frozen=True, slots=True)
 class GpuOptions:
     budget_mib: int = 0  # 0: the device's free memory
-    n_ctx: int = 0  # positions one sequence may hold (0: the model's trained context)
+    n_ctx: int = 0  # positions one sequence may hold (0: chosen by strata.tiers.context)
     chunk: int = 512  # rows per eager pass
     max_batch: int = 8  # decode windows up to this many sequences replay a graph
     split: bool = True  # split-K decode kernels and 128-wide GEMM steps (False: the first versions)
@@ -133,11 +135,11 @@ class GpuModel(Model):
         hybrid = isinstance(cpu, Qwen3Next)
         moe = hybrid or isinstance(cpu, Qwen3Moe)
         self.dims, self.linear = shape_of(cpu)
-        self.n_ctx = opts.n_ctx or p.n_ctx_train
         self.chunk = max(1, opts.chunk)
         self.n_attn = self.linear.count(False)
         free = int(cp.cuda.runtime.memGetInfo()[0])
         budget = opts.budget_mib * MIB if opts.budget_mib else free - opts.reserve_mib * MIB
+        self.n_ctx = opts.n_ctx or self._choose_context(gguf, p.n_ctx_train, budget)
         plan = vram_plan(gguf, self.dims, self.linear, self.n_ctx, self.chunk, p.vocab, opts, budget)
         if plan.slot_bytes:
             note(plan.cache_line(free, 0 if opts.budget_mib else opts.reserve_mib * MIB))
@@ -167,6 +169,16 @@ class GpuModel(Model):
         # is for decode rows), and borrowing chunks through the prefill table (staged, borrowed slots)
         self._full_layers = self._tier_layers(None if self.tiers is None else self.tiers.full)
         self._prefill_layers = self._tier_layers(None if self.tiers is None else self.tiers.ptab)
+
+    def _choose_context(self, gguf: Any, trained: int, budget: int) -> int:
+        """No context asked for: the trained one when its KV fits the plan, else the largest that does."""
+        d, opts = self.dims, self.opts
+        base = vram_plan(gguf, d, self.linear, 0, self.chunk, self.params.vocab, opts, budget)
+        layout = ExpertLayout.from_gguf(gguf)
+        experts = 0 if layout is None else layout.n_total * layout.slot_bytes
+        choice = context.on_gpu(trained, 2 * self.n_attn * d.n_kv * d.hd * 2, opts.seqs, budget - base.dense, experts)
+        logging.getLogger("strata.gpu").info("%s", choice.line)
+        return choice.n_ctx
 
     def _tier_layers(self, table: Any) -> list[LayerWeights]:
         tiers = self.tiers

@@ -1,0 +1,60 @@
+"""The context chosen when none is asked for (strata.tiers.context): the trained one when its KV fits,
+else the largest that does, and a line that says why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from strata.engine import Engine
+from strata.tiers import context
+from strata.tiers.budget import GIB, MIB
+
+# the Qwen3-Next-80B shape: 12 attention layers x 2 KV heads x 256 dims, K and V in f16
+KV_80B = 2 * 12 * 2 * 256 * 2
+EXPERTS_80B = int(40.5 * GIB)
+
+
+def test_gpu_serves_the_trained_context_beside_every_expert() -> None:
+    c = context.on_gpu(262_144, KV_80B, 1, room=60 * GIB, experts=EXPERTS_80B)
+    assert c.n_ctx == 262_144 and "(the trained context)" in c.line and "beside every expert" in c.line
+
+
+def test_gpu_keeps_a_quarter_of_the_room_for_kv_when_experts_do_not_fit() -> None:
+    room = int(18.6 * GIB)  # a 24 GB card after the 80B's dense part
+    c = context.on_gpu(262_144, KV_80B, 4, room=room, experts=EXPERTS_80B)
+    assert c.n_ctx == int(0.25 * room) // (4 * KV_80B) // 1024 * 1024 == 50_176
+    assert "of the trained 262,144" in c.line and "24.0 GiB" in c.line and "--ctx-size" in c.line
+    one = context.on_gpu(262_144, KV_80B, 1, room=room, experts=EXPERTS_80B)  # 6 GiB: more than the quarter
+    assert one.n_ctx == 202_752
+    wide = context.on_gpu(262_144, KV_80B, 1, room=30 * GIB, experts=EXPERTS_80B)  # a 32 GB card: within it
+    assert wide.n_ctx == 262_144 and "within 25%" in wide.line
+
+
+def test_gpu_takes_what_all_experts_leave_when_that_is_more() -> None:
+    c = context.on_gpu(262_144, KV_80B, 4, room=60 * GIB, experts=EXPERTS_80B)  # 19.5 GiB beside them > 15
+    assert c.n_ctx == (60 * GIB - EXPERTS_80B) // (4 * KV_80B) // 1024 * 1024 == 212_992
+
+
+def test_never_below_the_floor() -> None:
+    assert context.on_gpu(262_144, KV_80B, 4, room=64 * MIB, experts=EXPERTS_80B).n_ctx == context.FLOOR
+    assert context.on_gpu(2048, KV_80B, 4, room=64 * MIB, experts=EXPERTS_80B).n_ctx == 2048  # trained is smaller
+
+
+def test_cpu_fits_the_full_context_in_half_the_free_ram() -> None:
+    assert context.on_cpu(262_144, KV_80B, 1, available=32 * GIB).n_ctx == 262_144
+    c = context.on_cpu(262_144, KV_80B, 4, available=32 * GIB)
+    assert c.n_ctx == 16 * GIB // (4 * KV_80B) // 1024 * 1024 and "--kv-type int8" in c.line
+
+
+def test_engine_chooses_on_load(smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import psutil
+
+    assert Engine.load(smollm2_path, device="cpu").n_ctx == 8192  # SmolLM2's trained context: 360 MiB of f32 KV
+    assert Engine.load(smollm2_path, device="cpu", n_ctx=1000).n_ctx == 1000  # asked for: kept
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=250 * MIB))
+    assert Engine.load(smollm2_path, device="cpu").n_ctx == context.FLOOR
+    # int8 cells: 12.7 KiB a token, so half of 250 MiB holds 8,192 positions (f32: 45 KiB, 2,844)
+    assert Engine.load(smollm2_path, device="cpu", kv_type="int8").n_ctx == 8192
