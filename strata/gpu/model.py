@@ -54,7 +54,7 @@ class GpuOptions:
     n_ctx: int = 0  # positions one sequence may hold (0: the model's trained context)
     chunk: int = 512  # rows per eager pass
     max_batch: int = 8  # decode windows up to this many sequences replay a graph
-    split: bool = True  # split-K decode kernels and 128-wide GEMM steps (False: the first versions)
+    split: bool = True  # split-K and fused decode kernels (False: the first versions; see Ops)
     q8: bool = True  # decode products on int8 inputs where the weight type allows (mmvq.py)
     reserve_mib: int = RESERVE_MIB  # VRAM left to the driver when the budget is the free memory
     expert_cache: str = "auto"  # see strata.tiers.budget
