@@ -315,7 +315,9 @@ class Ops:
         launch(self.sample["sample_rows"], (n,), 1024, (logits, i32(v), draws, tab, i32(tab_stride), chosen))
 
     def advance(self, tab: Any, stride: int, n: int) -> None:
-        launch(self.sample["advance"], (1,), 32, (tab, i32(stride), i32(n)))
+        """tab[:n, POSITION] += 1: one thread per slot, so one block of up to 1024 slots."""
+        assert 0 < n <= 1024, n
+        launch(self.sample["advance"], (1,), 32 * -(-n // 32), (tab, i32(stride), i32(n)))
 
 
 __all__ = ["Ops", "gemv_nt", "ptr"]
