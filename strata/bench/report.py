@@ -83,6 +83,8 @@ def tables(result: dict[str, Any]) -> str:
 
 
 def write_json(result: dict[str, Any], path: Path) -> None:
-    # orjson writes NaN (a TTFT with no token) as null, which json readers accept
+    # orjson writes NaN (a TTFT with no token) as null, which json readers accept; the engine benches' numbers
+    # may be numpy scalars, and keys ints
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    options = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+    path.write_bytes(orjson.dumps(result, option=options))
