@@ -129,7 +129,3 @@ def loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: int) -> Iterato
     i.add_incoming(b.add(i, c64(step)), b.block)
     b.branch(head)
     b.position_at_end(done)
-
-
-def ptr_add(b: ir.IRBuilder, ptr: ir.Value, index: ir.Value) -> ir.Value:
-    return b.gep(ptr, [index])

@@ -4,9 +4,11 @@ Strata/llama.cpp ratios, with the load average before and after (the machine may
 
 Models: SmolLM2-135M-Instruct Q4_1 (dense) and a random ~1.2B qwen3moe-shaped Q4_K model (Q6_K head)
 written by the `strata synth` writer at the BENCH_MOE shape (cached under ~/.cache/strata/bench).
+The table and the --json file are in `strata bench`'s shape (strata.bench.report): one scenario,
+`throughput`, a row per model and engine.
 
     python perf/bench_cpu.py [--model PATH ...] [--threads N] [--prompt 128] [--gen 32] [--reps 3]
-                             [--engines numpy,jit,llama] [--llama-bench PATH]
+                             [--engines numpy,jit,llama] [--llama-bench PATH] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from strata.bench.report import engine_result, engine_tables, run_meta, write_json
+from strata.logs import configure_logging
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -85,6 +91,17 @@ def default_models() -> list[Path]:
     return [assets.smollm2_gguf(), bench_moe(Path.home() / ".cache/strata/bench")]
 
 
+def _load() -> list[float]:
+    """The load average (1, 5, 15 min): the machine may be shared."""
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def row(model: Path, engine: str, speed: tuple[float, float], ref: tuple[float, float] | None) -> dict[str, Any]:
+    pp, tg = speed
+    return {"model": model.name, "engine": engine, "prefill_tok_s": pp, "decode_tok_s": tg,
+            "prefill_vs_llama": pp / ref[0] if ref else None, "decode_vs_llama": tg / ref[1] if ref else None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, action="append", default=None, help="GGUF (repeatable)")
@@ -95,33 +112,38 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--engines", default="numpy,jit,llama")
     ap.add_argument("--llama-bench", type=Path, default=Path.home() / ".cache/strata-peer/build/bin/llama-bench")
+    ap.add_argument("--json", type=Path, default=None, help="write the result here")
     a = ap.parse_args()
+    configure_logging()  # the engine's start-up lines (tiers, PLE table) on stderr, as the CLI's
     engines = a.engines.split(",")
     models = a.model or default_models()
     bench = a.llama_bench if a.llama_bench.exists() else shutil.which("llama-bench")
-    print(f"threads {a.threads}, pp{a.prompt} / tg{a.gen}, load average before: {os.getloadavg()}", flush=True)
-    print(f"{'model':<44}{'engine':<16}{'prefill tok/s':>14}{'decode tok/s':>14}{'pp/llama':>10}{'tg/llama':>10}")
+    meta = run_meta(bench="perf/bench_cpu.py", models=[str(m) for m in models], engines=engines, threads=a.threads,
+                    prompt=a.prompt, gen=a.gen, reps=a.reps, llama_bench=str(bench) if bench else None,
+                    load_before=_load())
     # Engine by engine, not model by model: the JIT backend holds numpy's BLAS to one thread for
     # the rest of the process (jit/blas.py), so every numpy measurement must come before it.
-    rows: dict[Path, dict[str, tuple[float, float]]] = {m: {} for m in models}
+    speeds: dict[Path, dict[str, tuple[float, float]]] = {m: {} for m in models}
     for model in models:
         if "llama" in engines and bench:
-            rows[model]["llama.cpp"] = llama_speed(Path(bench), model, a.threads, a.prompt, a.gen, a.reps)
+            speeds[model]["llama.cpp"] = llama_speed(Path(bench), model, a.threads, a.prompt, a.gen, a.reps)
     for model in models:
         if "numpy" in engines:
-            rows[model]["strata numpy"] = strata_speed(model, a.prompt, a.gen, a.reps)
+            speeds[model]["strata numpy"] = strata_speed(model, a.prompt, a.gen, a.reps)
     for model in models:
         if "jit" in engines:
-            rows[model]["strata jit"] = strata_speed(model, a.prompt, a.gen, a.reps, backend="jit",
-                                                     pool_workers=a.threads)
-    for model in models:
-        ref = rows[model].get("llama.cpp")
-        for name, (pp, tg) in rows[model].items():
-            ratio = f"{pp / ref[0]:>10.2f}{tg / ref[1]:>10.2f}" if ref else ""
-            print(f"{model.name[:43]:<44}{name:<16}{pp:>14.1f}{tg:>14.1f}{ratio}", flush=True)
+            speeds[model]["strata jit"] = strata_speed(model, a.prompt, a.gen, a.reps, backend="jit",
+                                                       pool_workers=a.threads)
+    rows = [row(m, name, v, speeds[m].get("llama.cpp")) for m in models for name, v in speeds[m].items()]
+    meta["load_after"] = _load()
+    result = engine_result(meta, {"throughput": rows})
+    print(engine_tables(f"bench_cpu: threads {a.threads}, pp{a.prompt} / tg{a.gen}, load average before "
+                        f"{meta['load_before']}, after {meta['load_after']}", result), flush=True)
     if "llama" in engines and not bench:
         print("llama-bench not found: build it with shared/peer/build-cpu.sh for the ratios")
-    print(f"load average after: {os.getloadavg()}")
+    if a.json:
+        write_json(result, a.json)
+        print(f"json: {a.json}")
 
 
 if __name__ == "__main__":

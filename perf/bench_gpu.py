@@ -27,6 +27,9 @@ from typing import Any, Self
 import numpy as np
 from strata.tiers.lookahead import PREFETCH_DEFAULT
 
+from strata.bench.report import engine_result, engine_tables, run_meta, write_json
+from strata.logs import configure_logging
+
 
 def copy_bandwidth(cp: Any) -> float:
     """Device-to-device copy, bytes read + written per second (the HBM ceiling we can reach)."""
@@ -362,6 +365,28 @@ def llama(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+Rows = list[dict[str, Any]]
+
+
+def scenarios(s: dict[str, Any], ll: dict[str, Any], a: argparse.Namespace) -> dict[str, Rows]:
+    """The comparison's rows: prefill per prompt length; decode per batch, with the weight bytes a token reads
+    and that traffic's share of the measured copy bandwidth."""
+    def ratio(mine: float | None, theirs: float | None) -> float | None:
+        return mine / theirs if mine and theirs else None
+
+    prefill = [{"test": f"pp{p}", "strata_tok_s": s.get(f"pp{p}"), "llama_tok_s": ll.get(f"pp{p}"),
+                "ratio": ratio(s.get(f"pp{p}"), ll.get(f"pp{p}"))} for p in a.prompts]
+    decode = []
+    for b in a.batches:
+        key = f"tg{a.gen}_b{b}"
+        mine, theirs = s.get(key), ll.get(key if b == 1 else f"batched_{key}")  # llama-bench's tg is b=1
+        per_tok = s[f"bytes_b{b}"] / b if f"bytes_b{b}" in s else None
+        decode.append({"test": f"tg{a.gen} b={b}", "strata_tok_s": mine, "llama_tok_s": theirs,
+                       "ratio": ratio(mine, theirs), "gb_per_token": per_tok / 1e9 if per_tok else None,
+                       "pct_of_copy_bw": 100 * per_tok * mine / s["copy_bw"] if per_tok and mine else None})
+    return {"prefill": prefill, "decode": decode}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, required=True)
@@ -394,16 +419,20 @@ def main() -> None:
     ap.add_argument("--warm-decode", type=int, default=0, help="decode this many tokens before measuring decode "
                     "(a learning cache follows the routing first)")
     a = ap.parse_args()
+    configure_logging()  # the engine's start-up lines (VRAM plan, tiers, probe) on stderr, as the CLI's
     earlier = json.loads(a.strata_json.read_text())["strata"] if a.strata_json else None
-    ll0 = llama(a.model, a) if a.llama_bin else (dict(LLAMA_PUBLISHED) if a.llama_published else {})
-    out: dict[str, Any] = {"model": str(a.model), "llama.cpp": ll0}
-    ll = out["llama.cpp"]
+    ll = llama(a.model, a) if a.llama_bin else (dict(LLAMA_PUBLISHED) if a.llama_published else {})
+    meta = run_meta(bench="perf/bench_gpu.py", model=str(a.model),
+                    config={k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()})
+    # "strata" and "llama.cpp" as they were: bench_tiers.py and --strata-json read them
+    out = engine_result(meta, {}, model=str(a.model), **{"llama.cpp": ll})
     print(f"llama.cpp: {ll}", flush=True)
     if a.json:
-        a.json.write_text(json.dumps(out, indent=1))
+        write_json(out, a.json)
     s = out["strata"] = earlier if earlier is not None else strata(a.model, a)
+    out["scenarios"] = engine_result(meta, scenarios(s, ll, a))["scenarios"]
     if a.json:
-        a.json.write_text(json.dumps(out, indent=1))
+        write_json(out, a.json)
     if "graph_profile_b1" in s and earlier is None:
         print("\ngraph_profile_b1 (in-graph, batch 1): kernel, launches per step, us per launch, us per step")
         for name, n, us in s["graph_profile_b1"]:
@@ -418,24 +447,8 @@ def main() -> None:
                 print(f"  {name[:60]:<60}{n:>6}{ms:>10.3f}")
     if a.no_table:
         return
-    bw = s["copy_bw"]
-    print(f"\nmodel {a.model.name}; Strata loaded in {s['load_s']:.1f} s; copy bandwidth {bw / 1e12:.2f} TB/s")
-    print(f"{'test':<14}{'strata tok/s':>14}{'llama.cpp':>12}{'ratio':>8}{'GB/token':>10}{'% of copy bw':>14}")
-    rows = [(f"pp{p}", f"pp{p}") for p in a.prompts]
-    rows += [(f"tg{a.gen} b={b}", f"tg{a.gen}_b{b}") for b in a.batches]
-    for label, key in rows:
-        sv = s.get(key)
-        lv = ll.get(key) if not key.startswith("tg") or key.endswith("_b1") else None
-        if key.startswith("tg") and not key.endswith("_b1"):
-            lv = ll.get(f"batched_{key}")
-        gb = bw_pct = ""
-        if key.startswith("tg"):
-            b = int(key.rsplit("_b", 1)[1])
-            per_tok = s[f"bytes_b{b}"] / b
-            gb = f"{per_tok / 1e9:.2f}"
-            bw_pct = f"{100 * s[f'bytes_b{b}'] * sv / b / bw:.1f}"
-        ratio = f"{sv / lv:.2f}" if sv and lv else "-"
-        print(f"{label:<14}{sv or 0:>14.1f}{lv or 0:>12.1f}{ratio:>8}{gb:>10}{bw_pct:>14}")
+    print("\n" + engine_tables(f"bench_gpu: model {a.model.name}; Strata loaded in {s['load_s']:.1f} s; copy "
+                               f"bandwidth {s['copy_bw'] / 1e12:.2f} TB/s", out))
     if "batched_tg" + str(a.gen) + "_b1" in ll:
         print(f"llama-batched-bench b=1 (after a 128-token prompt): {ll[f'batched_tg{a.gen}_b1']:.1f} tok/s")
     print(f"strata decode through forward_batch (logits to the host each step), b=1: {s['tg_api_b1']:.1f} tok/s")

@@ -4,9 +4,12 @@ same GGUF, with the bandwidth bound and the planner's prediction. Not a test.
     python perf/bench_tiers.py --model F.gguf --caps 22528,11264,7168 [--llama-bin DIR | --llama-json F]
                                [--prompts 512,4096] [--gen 64] [--batches 1,4] --out DIR
 
+The table on stdout and tiers.json are in `strata bench`'s shape (strata.bench.report: meta, the `tiers`
+scenario's rows, and every run's numbers under `runs`); tiers.md keeps the markdown table.
+
 Each cap runs `perf/bench_gpu.py --vram-budget-mib CAP` in its own process (each pins every expert, so one at a
 time). The bound of one decode token: the bytes it reads from VRAM (dense weights and hits) at the measured
-device copy rate (as bench_gpu.py's "% of copy bw") plus its misses at the measured zero-copy rate (`GpuTiers.probe`); the share of it is
+device copy rate (as bench_gpu.py's pct_of_copy_bw) plus its misses at the measured zero-copy rate (`GpuTiers.probe`); the share of it is
 measured / bound. The prediction is `strata plan` with those two rates. llama.cpp either runs here (`--llama-bin`:
 for each cap the fewest `-ncmoe` layers that fit and two more, each with its default, `-lm none`, and `-lm none
 -ub 2048 -b 4096`, best per column kept) or comes from a JSON of earlier measurements (`--llama-json`, which the
@@ -21,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from strata.bench.report import engine_result, engine_tables, run_meta, write_json
 
 HERE = Path(__file__).resolve().parent
 LLAMA_FLAGS = ([], ["-lm", "none"], ["-lm", "none", "-ub", "2048", "-b", "4096"])
@@ -136,6 +141,25 @@ def bound(s: dict[str, Any], b: int) -> float:
     return 1 / (vram / s["copy_bw"] + max(miss / s["tiers"]["pcie"]["zero_copy"], cpu_s))
 
 
+def table_rows(rows: list[dict[str, Any]], a: argparse.Namespace) -> list[dict[str, Any]]:
+    """A row per cap, pcie_frac and test: Strata's and llama.cpp's tok/s; for decode, the bound and the
+    planner's."""
+    out = []
+    for r in rows:
+        s, peer = r["strata"], r["llama"]
+        for key in [f"pp{p}" for p in a.prompts] + [f"tg{a.gen}_b{b}" for b in a.batches]:
+            mine, theirs = s.get(key, 0.0), peer.get(key, 0.0)
+            b = int(key.rsplit("b", 1)[1]) if key.startswith("tg") else 0
+            bd = bound(s, b) if b else None
+            hit = s[f"tiers_b{a.batches[0]}"]["hit_rate"]
+            out.append({"cap_mib": r["cap"], "pcie_frac": s["tiers"]["pcie_frac"], "hit_rate": hit,
+                        "test": key, "strata_tok_s": mine,
+                        "llama_tok_s": theirs or None, "ratio": mine / theirs if theirs else None,
+                        "bound_tok_s": bd, "of_bound": mine / bd if bd else None,
+                        "planner_tok_s": r["plan"]["decode_tok_s"] if b == 1 else None})
+    return out
+
+
 def table(rows: list[dict[str, Any]], a: argparse.Namespace) -> str:
     src = "measured here" if a.llama_bin else f"from {a.llama_json}"
     out = [
@@ -143,26 +167,16 @@ def table(rows: list[dict[str, Any]], a: argparse.Namespace) -> str:
         "| cap MiB | pcie_frac | hit rate | test | Strata | llama.cpp | ratio | bound | % of bound | planner |",
         "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
-        s, l = r["strata"], r["llama"]
-        for key in [f"pp{p}" for p in a.prompts] + [f"tg{a.gen}_b{b}" for b in a.batches]:
-            mine, theirs = s.get(key, 0.0), l.get(key, 0.0)
-            extra = ["", "", ""]
-            if key.startswith("tg"):
-                b = int(key.rsplit("b", 1)[1])
-                bd = bound(s, b)
-                extra = [
-                    f"{bd:,.1f}",
-                    f"{mine / bd:.0%}",
-                    f"{r['plan']['decode_tok_s']:,.1f}" if b == 1 else "",
-                ]
-            hit = s[f"tiers_b{a.batches[0]}"]["hit_rate"]
-            ratio, peer = (f"{mine / theirs:.2f}", f"{theirs:,.1f}") if theirs else ("-", "-")
-            out.append(
-                f"| {r['cap']:,} | {s['tiers']['pcie_frac']:.2f} | {hit:.1%} | {key} | {mine:,.1f} | {peer} | {ratio} | "
-                + " | ".join(extra)
-                + " |"
-            )
+    for t in table_rows(rows, a):
+        peer, ratio = (f"{t['llama_tok_s']:,.1f}", f"{t['ratio']:.2f}") if t["llama_tok_s"] else ("-", "-")
+        extra = ["", "", ""]
+        if t["bound_tok_s"] is not None:
+            planner = "" if t["planner_tok_s"] is None else f"{t['planner_tok_s']:,.1f}"
+            extra = [f"{t['bound_tok_s']:,.1f}", f"{t['of_bound']:.0%}", planner]
+        out.append(
+            f"| {t['cap_mib']:,} | {t['pcie_frac']:.2f} | {t['hit_rate']:.1%} | {t['test']} | "
+            f"{t['strata_tok_s']:,.1f} | {peer} | {ratio} | " + " | ".join(extra) + " |"
+        )
     for r in rows:
         s = r["strata"]
         out.append(
@@ -224,6 +238,8 @@ def main() -> None:
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     earlier = json.loads(a.llama_json.read_text()) if a.llama_json else {}
+    meta = run_meta(bench="perf/bench_tiers.py", model=str(a.model),
+                    config={k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()})
     rows = []
     peer: dict[int, dict[str, Any]] = {}
     for cap in a.caps:
@@ -239,10 +255,13 @@ def main() -> None:
                 else:
                     peer[cap] = earlier.get(str(cap), {})
             rows.append({"cap": cap, "frac": frac, "strata": s, "plan": plan, "llama": peer[cap]})
-        (a.out / "tiers.json").write_text(json.dumps(rows, indent=1))
+        result = engine_result(meta, {"tiers": table_rows(rows, a)}, runs=rows)  # runs: every run's numbers
+        write_json(result, a.out / "tiers.json")
     md = table(rows, a)
     (a.out / "tiers.md").write_text(md + "\n")
-    print(md)
+    src = "measured here" if a.llama_bin else f"from {a.llama_json}"
+    print(engine_tables(f"bench_tiers: {a.model.name}, llama.cpp {src}", result))
+    print("\n".join(line for line in md.splitlines() if line.startswith("cap ")))  # each cap's rates and VRAM
     plot(rows, a, a.out / "tiers.png")
 
 

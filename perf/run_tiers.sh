@@ -25,7 +25,7 @@ case " $STEPS " in *" bench "*)
   wait $SYNTH_PID; tail -2 "$OUT/synth.log"
   timeout ${BENCH_TIMEOUT:-600} python3 $REPO/perf/bench_tiers.py --model $MODEL --caps ${CAPS:-22528,11264,7168} \
     ${LLAMA_BIN:+--llama-bin $LLAMA_BIN} ${LLAMA_BIN:---llama-json $REPO/perf/peer_tiers_2026-12-02.json} \
-    --pcie-fracs ${PCIE_FRACS:-auto} --out "$OUT/tiers" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v "^WARNING" | grep -E "strata|probe|share|misses|tok/s|cap|\\|" | tail -60 ;; esac
+    --pcie-fracs ${PCIE_FRACS:-auto} --out "$OUT/tiers" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v "^WARNING" | grep -E "strata|probe|share|misses|tok/s|cap|\\||^ +[0-9]" | tail -60 ;; esac
 case " $STEPS " in *" policies "*)
   wait $SYNTH_PID 2>/dev/null; tail -2 "$OUT/synth.log"
   # RUNS: policy:swap-budget-MiB[:out|:in] each; out counts a routing profile, in fills the cache from it

@@ -180,3 +180,33 @@ def test_bench_json_and_plots(smollm2_path: Path, tmp_path: Path, capsys: pytest
     for png in ("concurrency.png", "timeline.png"):
         assert (out_dir / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "== concurrency" in printed and "bench overhead" in printed
+
+
+def test_engine_benches_share_the_bench_envelope(tiny_qwen3moe: dict, tmp_path: Path) -> None:
+    """perf/bench_cpu.py on the tiny model: its JSON opens as `strata bench --json` does (meta, scenarios of
+    rows) and its table prints the same way."""
+    import subprocess
+
+    out = tmp_path / "cpu.json"
+    run = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "perf/bench_cpu.py"),
+                          "--model", str(tiny_qwen3moe["f32"]), "--engines", "numpy", "--prompt", "8", "--gen", "4",
+                          "--reps", "1", "--threads", "1", "--json", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    res = json.loads(out.read_text())
+    assert {"started", "cpus"} <= set(res["meta"]) and res["meta"]["bench"] == "perf/bench_cpu.py"
+    (row,) = res["scenarios"]["throughput"]["rows"]
+    assert row["engine"] == "strata numpy" and row["prefill_tok_s"] > 0 and row["decode_tok_s"] > 0
+    assert row["decode_vs_llama"] is None  # no llama.cpp asked for
+    lines = run.stdout.splitlines()
+    assert "== throughput" in lines and lines[lines.index("== throughput") + 1].split()[:2] == ["model", "engine"]
+
+
+def test_engine_tables_print_each_scenario_as_the_bench_does() -> None:
+    from strata.bench.report import engine_result, engine_tables, run_meta
+
+    res = engine_result(run_meta(bench="x"), {"decode": [{"test": "tg64 b=1", "tok_s": 123.4}], "prefill": []},
+                        strata={"pp512": 1.0})
+    assert res["strata"] == {"pp512": 1.0} and res["scenarios"]["prefill"] == {"rows": []}
+    assert engine_tables("title", res).splitlines() == [
+        "title", "", "== decode", "    test  tok_s", "tg64 b=1    123", "", "== prefill", "(no rows)"]

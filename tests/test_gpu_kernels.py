@@ -433,3 +433,15 @@ def test_argmax_and_sampler(cp, ops):
         np.testing.assert_array_equal(got, sample.ref_sample_rows(lg, draws))  # the twin, bit for bit
         total += 4
     assert same >= total - 1, f"the device draw agreed with the CPU sampler on {same} of {total} draws"
+
+
+def test_advance(cp, ops):
+    """Positions of slots :n one later, every other column and slot as it was; past one warp of slots too."""
+    from strata.gpu.layers import TAB
+
+    rng = np.random.default_rng(11)
+    for rows_, n in ((1, 1), (8, 5), (40, 33), (64, 64)):
+        tab = rng.integers(0, 1 << 40, (rows_, TAB), dtype=np.int64)
+        dev_tab = cp.asarray(tab)
+        ops.advance(dev_tab, TAB, n)
+        np.testing.assert_array_equal(dev_tab.get(), sample.ref_advance(tab, n))

@@ -184,6 +184,43 @@ def test_device_draw_twin_picks_the_cpu_token(params):
     assert same >= total - 1, f"the device draw agreed with strata.sampling.sample on {same} of {total} draws"
 
 
+class _TableKV:
+    """The part of GpuKV that GpuModel.table_row reads: k and v addresses, capacity, position."""
+
+    def __init__(self, i: int) -> None:
+        self.k, self.v, self.cap = 1 << 40 | i << 20, 1 << 41 | i << 20, 64 + i
+
+    def table_row(self, pos: int) -> list[int]:
+        return [self.k, self.v, self.cap, pos]
+
+
+def test_draw_and_advance_twins_leave_the_table_the_host_would_write():
+    """Graph replays never go back to the host (DecodeGraphs.greedy_loop): after sample_rows and advance, the
+    table must be what _load would write from the host's bookkeeping (n_past + 1, the token drawn)."""
+    from strata.gpu.layers import TAB
+    from strata.gpu.model import GpuModel
+    from strata.state import SequenceState
+
+    rng = np.random.default_rng(3)
+    b, rows_ = 5, 8  # slots past b hold a finished window's rows: advance must leave them
+    kvs = [_TableKV(i) for i in range(rows_)]
+    states = [SequenceState(kv, n_past=int(rng.integers(0, 40))) for kv in kvs]  # type: ignore[arg-type]
+    tokens = [int(t) for t in rng.integers(0, 500, rows_)]
+    tab = np.asarray([GpuModel.table_row(s, s.n_past, t) for s, t in zip(states, tokens)], np.int64)
+    assert tab.shape == (rows_, TAB)
+    idle = tab[b:].copy()
+    draws = np.asarray([draw_row(DRAWS[j % len(DRAWS)], 7, 0) for j in range(b)])
+    for _ in range(4):
+        chosen = sample.ref_sample_rows((rng.standard_normal((b, 500)) * 3).astype(np.float32), draws)
+        tab[:b, sample.TOKEN] = chosen  # sample_rows's write
+        tab = sample.ref_advance(tab, b)
+        for s in states[:b]:  # the host's side of the same step
+            s.n_past += 1
+        want = [GpuModel.table_row(s, s.n_past, int(t)) for s, t in zip(states, chosen)]
+        np.testing.assert_array_equal(tab[:b], np.asarray(want, np.int64))
+        np.testing.assert_array_equal(tab[b:], idle)
+
+
 def test_device_draws_are_the_ones_it_can_make():
     assert device_drawable(SamplingParams(temperature=0.0), 100)
     assert device_drawable(SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.1), 151_936)

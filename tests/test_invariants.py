@@ -1,5 +1,5 @@
-"""Engine invariants: prefill == token-by-token decode, chunking is invisible, seeds replay,
-and state checkpoints restore exactly."""
+"""Engine invariants on every architecture: prefill == token-by-token decode, chunking is invisible,
+seeds replay, state checkpoints restore exactly, batched == solo."""
 
 from __future__ import annotations
 
@@ -7,15 +7,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from flagship_checks import build
+from oracle import flagship
 
 from strata.engine import Engine
 from strata.sampling import SamplingParams
 
+FLAGSHIPS = {"qwen3next": flagship.tiny_qwen3next, "qwen4exp": flagship.tiny_qwen4exp}
 
-@pytest.fixture(scope="module", params=["qwen3moe", "llama"])
+
+@pytest.fixture(scope="module", params=["qwen3moe", "llama", *FLAGSHIPS])
 def engine(request: pytest.FixtureRequest, tiny_qwen3moe: dict, smollm2_path: Path) -> Engine:
     if request.param == "qwen3moe":
         return Engine.load(tiny_qwen3moe["f32"])
+    if request.param in FLAGSHIPS:
+        return Engine.load(build(FLAGSHIPS[request.param])["f32"])
     return Engine.load(smollm2_path)
 
 

@@ -67,6 +67,24 @@ def test_configure_logging_replaces_its_handler_and_names_a_bad_format(strata_lo
         ServerConfig(log_format="xml").validate()
 
 
+def test_tier_notes_are_log_records(strata_logger: logging.Logger, capsys: pytest.CaptureFixture[str]) -> None:
+    """The tiers' start-up lines (strata.tiers.telemetry.note) read as before in text and are JSON objects in json,
+    a "warning: " line at warning level."""
+    from strata.tiers.telemetry import note
+
+    lines = ["PLE table: 1.00 GiB locked in RAM in 0.2 s", "warning: pinning refused. Falling back"]
+    configure_logging("text")
+    for line in lines:
+        note(line)
+    assert capsys.readouterr().err.splitlines() == [f"strata: {line}" for line in lines]
+    configure_logging("json")
+    for line in lines:
+        note(line)
+    objs = [json.loads(ln) for ln in capsys.readouterr().err.splitlines()]
+    assert [(o["logger"], o["level"], o["msg"]) for o in objs] == [
+        ("strata.tiers", "info", lines[0]), ("strata.tiers", "warning", "pinning refused. Falling back")]
+
+
 def test_serve_json_logs_one_object_a_line(smollm2_path: Path) -> None:
     with running_server(smollm2_path, "--log-format", "json", "--verbose", key=None) as srv:
         r = httpx.post(f"{srv.url}/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=120)

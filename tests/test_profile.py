@@ -6,6 +6,7 @@ all-resident model; a profile of the workload hits at least as often as the stat
 from __future__ import annotations
 
 import hashlib
+import logging
 
 import numpy as np
 import pytest
@@ -46,7 +47,7 @@ def test_digest_from_sidecar_then_computed_once(tmp_path) -> None:
     assert profile.Digests(tmp_path).known(str(path)) == want
 
 
-def test_the_next_start_fills_from_the_profile(tmp_path, monkeypatch, capsys) -> None:
+def test_the_next_start_fills_from_the_profile(tmp_path, monkeypatch, caplog) -> None:
     monkeypatch.setenv(profile.CACHE_ENV, str(tmp_path))
     path = _fixture("qwen3moe")
     ids = [int(v) for v in np.random.default_rng(3).integers(10, 5000, 40)]
@@ -62,9 +63,9 @@ def test_the_next_start_fills_from_the_profile(tmp_path, monkeypatch, capsys) ->
     counted = first.expert_cache.profile
     assert counted.tokens == len(ids) + 8 - 1  # every token fed, prompt and decode
     static_hits = got.timings.experts.prefill.hits + got.timings.experts.decode.hits
-    capsys.readouterr()
-    second = Engine.load(path, device="cpu", backend="numpy", expert_cache="25%")
-    assert "pre-filled" in capsys.readouterr().err
+    with caplog.at_level(logging.INFO, logger="strata"):
+        second = Engine.load(path, device="cpu", backend="numpy", expert_cache="25%")
+    assert "pre-filled" in caplog.text
     cache = second.expert_cache
     per = (cache.where >= 0).sum(axis=1)
     assert np.array_equal(cache.where >= 0, counted.top(per))  # each layer's most used experts

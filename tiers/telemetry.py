@@ -10,13 +10,20 @@ in a borrowing prefill chunk.
 
 from __future__ import annotations
 
-import sys
+import logging
 from dataclasses import dataclass, field
+
+log = logging.getLogger("strata.tiers")
+_WARNING = "warning: "
 
 
 def note(msg: str) -> None:
-    """A start-up or status line on stderr, as the server's other lines."""
-    print(f"strata: {msg}", file=sys.stderr, flush=True)
+    """A start-up or status line through the `strata` log (strata.logs): `strata: msg` as text, one object
+    with --log-format json. A msg that starts "warning: " goes at warning level, whose text line is the same."""
+    if msg.startswith(_WARNING):
+        log.warning(msg.removeprefix(_WARNING))
+    else:
+        log.info(msg)
 
 
 @dataclass(slots=True)

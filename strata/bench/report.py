@@ -1,8 +1,14 @@
-"""The bench's result as text tables (one per scenario) and as a JSON file."""
+"""The bench's result as text tables (one per scenario) and as a JSON file.
+
+The engine benches (perf/bench_cpu.py, bench_gpu.py, bench_tiers.py) share the shape: `meta` (run_meta) and
+`scenarios` of rows, their own raw fields beside them (engine_result), printed by engine_tables.
+"""
 
 from __future__ import annotations
 
 import math
+import os
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +34,40 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def scenario_lines(scenarios: dict[str, Any]) -> list[str]:
+    """`== name` and the scenario's table (or why it was skipped), for each scenario."""
+    lines = []
+    for name, res in scenarios.items():
+        lines += ["", f"== {name}"]
+        if "skipped" in res:
+            lines.append(f"skipped: {res['skipped']}")
+        else:
+            lines += _table(res["rows"]) if res["rows"] else ["(no rows)"]
+    return lines
+
+
+def run_meta(**fields: Any) -> dict[str, Any]:
+    """A result's `meta`: when the run started (UTC), the CPUs it saw, and what it ran (`fields`)."""
+    return {"started": datetime.now(UTC).isoformat(timespec="seconds"), "cpus": os.cpu_count(), **fields}
+
+
+def engine_result(meta: dict[str, Any], scenarios: dict[str, list[dict[str, Any]]], **raw: Any) -> dict[str, Any]:
+    """An engine bench's result in `strata bench --json`'s shape: meta, then scenarios of rows; `raw`, the
+    bench's own fields beside them (what its other scripts read)."""
+    return {"meta": meta, "scenarios": {name: {"rows": rows} for name, rows in scenarios.items()}, **raw}
+
+
+def engine_tables(title: str, result: dict[str, Any]) -> str:
+    return "\n".join([title, *scenario_lines(result["scenarios"])])
+
+
 def tables(result: dict[str, Any]) -> str:
     m, o = result["meta"], result["overhead"]
     lines = [
         f"strata bench: {m['model']} at {m['url']}, n_ctx {m['n_ctx']}",
         f"first request after ready: {result['warmup']['first_s']:.2f} s",
+        *scenario_lines(result["scenarios"]),
     ]
-    for name, res in result["scenarios"].items():
-        lines += ["", f"== {name}"]
-        lines += [f"skipped: {res['skipped']}"] if "skipped" in res else _table(res["rows"])
     notes = [f"{k}: {v}" for k, v in result["notes"].items() if v]
     lines += [
         "",
@@ -52,6 +83,8 @@ def tables(result: dict[str, Any]) -> str:
 
 
 def write_json(result: dict[str, Any], path: Path) -> None:
-    # orjson writes NaN (a TTFT with no token) as null, which json readers accept
+    # orjson writes NaN (a TTFT with no token) as null, which json readers accept; the engine benches' numbers
+    # may be numpy scalars, and keys ints
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(orjson.dumps(result, option=orjson.OPT_INDENT_2))
+    options = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+    path.write_bytes(orjson.dumps(result, option=options))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -16,6 +15,7 @@ import httpx
 
 from strata.bench import features, scenarios
 from strata.bench.client import connect
+from strata.bench.report import run_meta
 from strata.bench.sampler import Sampler
 from strata.bench.scenarios import Bench, Row, Skipped, ask
 from strata.bench.server import BenchError, Target, target
@@ -134,18 +134,17 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "sample_ms_mean": 1e3 * sum(cost) / len(cost) if cost else 0.0,
         "sample_ms_max": 1e3 * max(cost, default=0.0),
     }
-    meta = {
-        "started": started,
-        "url": cfg.url or f"{t.url} (started on {cfg.model or 'the default model'})",
-        "model": out.pop("model"),
-        "n_ctx": out.pop("n_ctx"),
-        "cpus": os.cpu_count(),
-        "config": {
+    meta = run_meta(
+        started=started,  # before the server it started was ready
+        url=cfg.url or f"{t.url} (started on {cfg.model or 'the default model'})",
+        model=out.pop("model"),
+        n_ctx=out.pop("n_ctx"),
+        config={
             k: (str(v) if v is not None and not isinstance(v, (int, float, str, tuple)) else v)
             for k, v in dataclasses.asdict(cfg).items()
             if k != "api_key"
         },
-    }
+    )
     return {
         "meta": meta,
         **_shift(out, origin),

@@ -42,6 +42,7 @@ from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
 from strata.models.base import Model
 from strata.models.qwen3moe import Qwen3Moe
 from strata.models.qwen3next import Qwen3Next
+from strata.progress import ProgressBar
 from strata.state import SequenceState
 from strata.tiers import context
 from strata.tiers.budget import MIB, RESERVE_MIB, Ledger, VramPlan
@@ -56,7 +57,7 @@ class GpuOptions:
     n_ctx: int = 0  # positions one sequence may hold (0: chosen by strata.tiers.context)
     chunk: int = 512  # rows per eager pass
     max_batch: int = 8  # decode windows up to this many sequences replay a graph
-    split: bool = True  # split-K decode kernels and 128-wide GEMM steps (False: the first versions)
+    split: bool = True  # split-K and fused decode kernels (False: the first versions; see Ops)
     q8: bool = True  # decode products on int8 inputs where the weight type allows (mmvq.py)
     reserve_mib: int = RESERVE_MIB  # VRAM left to the driver when the budget is the free memory
     expert_cache: str = "auto"  # see strata.tiers.budget
@@ -151,17 +152,24 @@ class GpuModel(Model):
         self.stream = cp.cuda.Stream(non_blocking=True)
         layout = ExpertLayout.from_gguf(gguf)
         tiered = layout is not None and (opts.expert_cache != "auto" or plan.n_slots < plan.n_total)
+        # the weights' upload, layer by layer (tiered experts go to the arena, which has its own bar)
+        sizes = weight_bytes(gguf)
+        upload = ProgressBar("weights to VRAM", sum(sizes.values()) - (sizes.get("experts", 0) if tiered else 0))
         with self.stream:
             self.w = GpuWeights(gguf)
             self.tiers = (GpuTiers(gguf, layout, plan.n_slots, self.chunk + 64, GEMV_ROWS,
                                    opts.tiers) if tiered else None)
-            self.layers = [self._layer(i, moe, hybrid) for i in range(p.n_layer)]
+            self.layers: list[LayerWeights] = []
+            for i in range(p.n_layer):
+                self.layers.append(self._layer(i, moe, hybrid))
+                upload(self.w.nbytes())
             out = tensor(T.OUTPUT)
             self.embd = self.w.matrix(tensor(T.TOKEN_EMBD))
             self.head = self.w.matrix(out) if self.w.has(out) else self.embd  # tied embeddings
             self.out_norm = self.w.vector(tensor(T.OUTPUT_NORM))
             self.inv_freq = cp.asarray(inv_freq(p.rope))
             self.stream.synchronize()
+        upload(self.w.nbytes(), self.w.nbytes())  # what went up, where the estimate differs (a tied head)
         self.ops = Ops({(L.gate.qtype, L.up.qtype, L.down.qtype) for L in self.layers} if moe else set(), opts.split,
                        opts.q8)
         self.graphs = DecodeGraphs(self, opts.max_batch)

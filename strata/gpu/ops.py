@@ -35,13 +35,17 @@ HEAD_DIMS = (16, 32, 64, 128, 256)
 
 class Ops:
     """Compiles every source for every GPU weight type and head size, whatever the model: one NVRTC
-    build per machine (cupy caches it on disk), shared by every model and test in a process.
+    build per machine and generation (cupy caches it on disk), shared by every model and test in a process.
+    cupy builds a source at its first launch, with every instance named here: a source nothing launches
+    (mmvq.py without q8) is never built, but a launched one builds all its names.
 
     `split=True` (the default) launches the split-K decode kernels and the fused decode launches
     (router + top-k, q/k/v epilogue + attention); False, the first versions (staged inputs, one warp
-    per row, separate launches), kept to compare. GEMMs take 64-wide K steps either way (`gemm_bk`).
-    `q8=True` (the default, with split) runs decode products on int8 inputs (mmvq.py) for the types
-    it reads; False keeps them on fp32 inputs.
+    per row, separate launches), kept to compare and as perf/run_gpu.sh's fallback. GEMMs take 64-wide
+    K steps either way (`gemm_bk`). `q8=True` (the default, with split) runs decode products on int8
+    inputs (mmvq.py) for the types it reads; False keeps them on fp32 inputs. Only the chosen
+    generation's decode products are named (the fused launches are, in both: tests hold them to the
+    unfused ones).
     """
 
     def __init__(self, moe_types: Iterable[tuple[int, int, int]] = (), split: bool = True, q8: bool = True) -> None:
@@ -51,8 +55,10 @@ class Ops:
         # pp512 7,462 vs 6,654 tok/s, qgemm 39.5 vs 48.8 ms per pp512 pass (perf/README.md)
         self.gemm_bk = 64
         qts = sorted(int(q) for q in GPU_QTYPES)
-        self.gemv = Kernels(gemv.SOURCE, [gemv.gemv_name(q, nt, p) for q in qts for nt in GEMV_NT for p in (0, 1, 2)]
-                            + [gemv.gemv_split_name(q, nt, p) for q in qts for nt in GEMV_NT for p in (0, 1)]
+        # silu_mul products (pro 2) take the first kernel in both generations; pro 0 and 1, the generation's
+        products = gemv.gemv_split_name if split else gemv.gemv_name
+        self.gemv = Kernels(gemv.SOURCE, [gemv.gemv_name(q, nt, 2) for q in qts for nt in GEMV_NT]
+                            + [products(q, nt, p) for q in qts for nt in GEMV_NT for p in (0, 1)]
                             + [gemv.router_topk_name(q, nt) for q in qts for nt in GEMV_NT]
                             + [gemv.get_rows_name(q) for q in qts])
         # silu(gate)*up staging at BK = 128 spills registers, so down projections keep 64-wide steps
@@ -63,9 +69,10 @@ class Ops:
         self.rows = Kernels(rows.SOURCE, ["rmsnorm", "gate_mul", "gated_add"] + [rows.qkv_post_name(h) for h in HEAD_DIMS])
         self.dn = Kernels(deltanet.SOURCE, deltanet.kernel_names())
         pairs = sorted({(q, q) for q in qts} | {(g, u) for g, u, _ in moe_types})  # gate and up differ only in odd files
+        gate_up, down = ((moe.gate_up_split_name, moe.down_split_name) if split
+                         else (moe.gate_up_name, moe.down_name))
         self.moe = Kernels(moe.SOURCE, ["moe_topk", "moe_count", "moe_plan", "moe_scatter", "moe_combine"]
-                           + [moe.gate_up_name(g, u) for g, u in pairs] + [moe.down_name(q) for q in qts]
-                           + [moe.gate_up_split_name(g, u) for g, u in pairs] + [moe.down_split_name(q) for q in qts])
+                           + [gate_up(g, u) for g, u in pairs] + [down(q) for q in qts])
         self.sample = Kernels(sample.SOURCE, ["argmax_rows", "sample_rows", "advance"])
         self.tiers = Kernels(tiers.SOURCE, tiers.NAMES)
         q8t = sorted(mmvq.MMVQ_TYPES)
@@ -308,7 +315,9 @@ class Ops:
         launch(self.sample["sample_rows"], (n,), 1024, (logits, i32(v), draws, tab, i32(tab_stride), chosen))
 
     def advance(self, tab: Any, stride: int, n: int) -> None:
-        launch(self.sample["advance"], (1,), 32, (tab, i32(stride), i32(n)))
+        """tab[:n, POSITION] += 1: one thread per slot, so one block of up to 1024 slots."""
+        assert 0 < n <= 1024, n
+        launch(self.sample["advance"], (1,), 32 * -(-n // 32), (tab, i32(stride), i32(n)))
 
 
 __all__ = ["Ops", "gemv_nt", "ptr"]

@@ -83,11 +83,6 @@ def _hidden(n_tokens: int, d_model: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n_tokens, d_model), dtype=np.float32)
 
 
-def expert_popularity(router: np.ndarray, top_k: int, n_tokens: int = 4096, seed: int = 0) -> np.ndarray:
-    """Fraction of random hidden states that route to each expert, [E]."""
-    return _inclusion(_hidden(n_tokens, router.shape[1], seed) @ router.T, top_k)
-
-
 def _hit_rate(router: np.ndarray, top_k: int, cache_fraction: float, h_rank: np.ndarray, h_eval: np.ndarray) -> float:
     n_cached = min(router.shape[0], math.ceil(cache_fraction * router.shape[0]))
     ranked = np.argsort(-_inclusion(h_rank @ router.T, top_k))

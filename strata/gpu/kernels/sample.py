@@ -14,8 +14,11 @@ Draws the device cannot make the same way (penalties, top_k 0 or above DEVICE_TO
 host (strata.sampling.device_drawable). Sums run in sequence here where numpy sums pairwise, so a
 draw can differ from the CPU's only when u lands within rounding of a bucket edge.
 
-Numpy twins: `ref_argmax` (np.argmax) and `ref_sample_rows`, which CI checks against
-strata.sampling.sample.
+`advance` then moves each slot one position on, so the next replay decodes the token just chosen.
+
+Numpy twins: `ref_argmax` (np.argmax), `ref_sample_rows`, which CI checks against
+strata.sampling.sample, and `ref_advance`, which CI checks against the table the host would write
+(GpuModel.table_row) after its own bookkeeping of the step.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ import numpy as np
 
 from strata.gpu.kernels.common import HEADER
 from strata.sampling import DEVICE_TOP_K
+
+# the table columns (strata/gpu/layers.py TAB) the kernels here write: sample_rows the token, advance
+# the position
+POSITION, TOKEN = 3, 4
 
 SOURCE = HEADER + r"""
 #define SAMPLE_KMAX """ + str(DEVICE_TOP_K) + r"""
@@ -262,4 +269,11 @@ def ref_sample_rows(logits: np.ndarray, draws: np.ndarray) -> np.ndarray:
         cdf = np.cumsum(q)
         above = np.flatnonzero(cdf > d[4] * cdf[-1])
         out[b] = ids[int(above[0]) if above.size else n - 1]
+    return out
+
+
+def ref_advance(tab: np.ndarray, n: int) -> np.ndarray:
+    """advance on the host: a copy of the table [rows, TAB] int64 with slots :n one position later."""
+    out = tab.copy()
+    out[:n, POSITION] += 1
     return out
