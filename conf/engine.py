@@ -45,7 +45,7 @@ class EngineOptions:
     routing_profile: str = "auto"  # auto: fill the expert cache from the saved routing profile, count and save; off
     record_routes: str | None = None  # write every routed (token, layer, experts) here (.npz) when there are tiers
     ple_io: str = "auto"  # Qwen4-Exp's n-gram table: auto | ram | mmap | direct (strata.tiers.tables)
-    kv_type: str = "auto"  # attention KV cells: auto (f32 on the CPU, f16 on the GPU) | f32 | f16 | int8
+    kv_type: str = "auto"  # attention KV cells: auto (f32 on the CPU, f16 on the GPU) | f32 (CPU) | f16 | int8
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> EngineOptions:
@@ -181,9 +181,9 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ple-io", default="auto", choices=TABLE_MODES, help="Qwen4-Exp's n-gram (PLE) table: ram "
                    "(locked in RAM; the page cache when locking is refused), mmap (the page cache), direct "
                    "(O_DIRECT row reads, for RAM that cannot hold it); auto: ram when it fits in half the free RAM")
-    p.add_argument("--kv-type", default="auto", choices=KV_TYPES, help="attention KV cells: f32, f16, or int8 "
-                   "(one scale per token and head: a quarter of f32's RAM); auto (default): f32 on the CPU, f16 "
-                   "on the GPU, whose kernels read f16 only")
+    p.add_argument("--kv-type", default="auto", choices=KV_TYPES, help="attention KV cells: f32 (CPU only), f16, "
+                   "or int8 (a scale per token, head and 32 channels: 28%% of f32's bytes, 56%% of f16's); auto "
+                   "(default): f32 on the CPU, f16 on the GPU")
     add_override_flag(p)
     p.add_argument("--prefill", type=int, default=0, help="tokens per prefill chunk (0 = 2048 on the GPU, 512 "
                    "on the CPU); chunks of 256+ tokens stage missing experts through borrowed cache slots")

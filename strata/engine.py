@@ -141,10 +141,10 @@ class Engine:
                                  prefetch=opts.prefetch)
             gpu_opts = GpuOptions(opts.vram_budget_mib, opts.n_ctx, opts.prefill_chunk,
                                   reserve_mib=opts.vram_reserve_mib, expert_cache=opts.expert_cache, seqs=opts.n_seq,
-                                  tiers=share)
-            if opts.kv_type not in ("auto", KVType.F16):
-                raise ConfigError("kv_type", opts.kv_type, "the GPU's attention kernels read f16 KV only; use "
-                                  "auto or f16 there, or device=cpu for f32 and int8")
+                                  tiers=share, kv_type=KVType.INT8 if opts.kv_type == KVType.INT8 else KVType.F16)
+            if opts.kv_type == KVType.F32:
+                raise ConfigError("kv_type", opts.kv_type, "the GPU's attention kernels read f16 or int8 cells; "
+                                  "f32 KV runs on the CPU (device=cpu)")
             engine = cls(gguf, gpu_model(model_cls(gguf, weights), gpu_opts), Tokenizer.from_gguf(gguf), opts)
             engine.profile_keeper = _count_routing(engine.expert_cache, keeper)
             if opts.record_routes and engine.expert_cache is not None:

@@ -17,10 +17,12 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as Q
 from quant_blocks import F16_FIELDS, random_blocks
 
+from strata.blocks.attention import attend
 from strata.blocks.norms import rms_norm
 from strata.blocks.rope import Rope, RopeStyle
 from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
 from strata.gpu.weights import DevMatrix, resident
+from strata.kvcache import dequantize_rows, group_of, quantize_rows
 from strata.quants import dequantize
 from strata import sampling
 from strata.sampling import SamplingParams, draw_row
@@ -291,6 +293,99 @@ def test_attention_decode_fused_with_qkv_post(cp, ops, hd):
         np.testing.assert_allclose(kk[p], rk[r].astype(np.float32), rtol=2e-3, atol=2e-3)  # 1 fp16 ulp
         ref = attention.ref_attention(rq[r][None], kk, vv, scale)
         np.testing.assert_allclose(got.get()[r].reshape(1, h, hd), ref, rtol=1e-4, atol=1e-5)
+
+
+def _cache8(cp, k: np.ndarray, v: np.ndarray, layer: int, cap: int):
+    """int8 cells of k, v [S, KV, hd] at `layer` (strata.kvcache.quantize_rows), as GpuKV lays them out."""
+    s, kv, hd = k.shape
+    ng = hd // group_of(hd)
+    out = []
+    for x in (k, v):
+        codes, scales = quantize_rows(x)
+        c = cp.zeros((2, kv, cap, hd), cp.int8)
+        sc = cp.zeros((2, kv, cap, ng), cp.float32)
+        c[layer, :, :s] = cp.asarray(codes.transpose(1, 0, 2))
+        sc[layer, :, :s] = cp.asarray(scales.transpose(1, 0, 2))
+        out += [c, sc]
+    return out  # k codes, k scales, v codes, v scales
+
+
+def _row8(kc, ks, vc, vs, cap: int, pos: int) -> list[int]:
+    return [kc.data.ptr, vc.data.ptr, cap, pos, 0, 0, 0, ks.data.ptr, vs.data.ptr]
+
+
+@pytest.mark.parametrize("hd", HDS)
+def test_attention_on_int8_cells(cp, ops, hd):
+    """--kv-type int8: decode attention (fp32 math on code * scale) and flash (tiles decoded to fp16) against
+    the twins on the same cells."""
+    rng = np.random.default_rng(70 + hd)
+    h, kv, layer = 8, 2, 1
+    ng = hd // group_of(hd)
+    for t, n_past in [(1, 0), (1, 300), (70, 0), (33, 100), (200, 900)]:
+        s = n_past + t
+        q = rng.standard_normal((t, h, hd)).astype(np.float32)
+        k = rng.standard_normal((s, kv, hd)).astype(np.float32)
+        v = rng.standard_normal((s, kv, hd)).astype(np.float32)
+        cap = s + 13
+        kc, ks, vc, vs = _cache8(cp, k, v, layer, cap)
+        out = cp.full((t, h * hd), cp.nan, cp.float32)
+        scale = 1 / np.sqrt(hd)
+        if t == 1:
+            tab = cp.asarray(np.array([_row8(kc, ks, vc, vs, cap, n_past)], np.int64))
+            ops.attn_decode(cp.asarray(q.reshape(1, -1)), tab, 9, layer, 1, h, kv, hd, scale, out, q8=True)
+            ref = attention.ref_attention(q, k, v, scale, q8=True)
+            np.testing.assert_allclose(out.get().reshape(t, h, hd), ref, rtol=1e-4, atol=1e-5)
+            continue
+        lb, sb = kv * cap * hd, kv * cap * ng * 4
+        ops.flash(cp.asarray(q), kc.data.ptr + layer * lb, vc.data.ptr + layer * lb, cap * hd, t, n_past, h, kv, hd,
+                  scale, out, (ks.data.ptr + layer * sb, vs.data.ptr + layer * sb, cap * ng))
+        got = out.get().reshape(t, h, hd)
+        want = attention.ref_flash(q, attention.ref_cells(k, True), attention.ref_cells(v, True), scale)
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("hd", HDS)
+def test_int8_cells_written_by_qkv_post_and_the_fused_decode(cp, ops, hd):
+    """qkv_post and attn_decode_qkv write the same int8 cells as strata.kvcache.quantize_rows (within one code:
+    the GPU's rotation differs from numpy's in the last fp32 bits), and the fused kernel's attention reads the
+    new key from its own copy as the cache holds it."""
+    rng = np.random.default_rng(90 + hd)
+    h, kv, layer = 8, 2, 1
+    rope = Rope(n_rot=hd, base=1e6, style=RopeStyle.NEOX)
+    qn, kn = rng.uniform(0.5, 1.5, hd).astype(np.float32), rng.uniform(0.5, 1.5, hd).astype(np.float32)
+    pos = np.array([0, 37, 300])
+    n = pos.size
+    qkv = rng.standard_normal((n, (h + 2 * kv) * hd)).astype(np.float32)
+    args = (cp.asarray(qn), cp.asarray(kn), 1e-6, cp.asarray(rows.inv_freq(rope)), hd, True, rope.scale)
+    scale = 1 / np.sqrt(hd)
+    rq, (rkc, rks), (rvc, rvs) = rows.ref_qkv_post(qkv, h, kv, hd, rope, pos, qn, kn, 1e-6, q8=True)
+    for fused in (False, True):
+        caches, rows_ = [], []
+        for p in pos:
+            past = rng.standard_normal((p + 1, kv, hd)).astype(np.float32)
+            c = _cache8(cp, past, past[::-1].copy(), layer, p + 5)
+            caches.append((c, past))
+            rows_.append(_row8(*c, p + 5, p))
+        tab = cp.asarray(np.array(rows_, np.int64))
+        got = cp.full((n, h * hd), cp.nan, cp.float32)
+        if fused:
+            ops.attn_decode_qkv(cp.asarray(qkv), tab, 9, layer, n, h, kv, hd, *args, scale, got, q8=True)
+        else:
+            q = cp.empty((n, h * hd), cp.float32)
+            ops.qkv_post(cp.asarray(qkv), n, h, kv, hd, *args, tab, 9, layer, q, q8=True)
+            ops.attn_decode(q, tab, 9, layer, n, h, kv, hd, scale, got, q8=True)
+        for r, p in enumerate(pos):
+            (kc, ks, vc, vs), past = caches[r]
+            for codes, scales, rc, rs in ((kc, ks, rkc, rks), (vc, vs, rvc, rvs)):
+                c8 = codes.get()[layer][:, p].astype(np.float32)
+                s8 = scales.get()[layer][:, p]
+                np.testing.assert_allclose(s8, rs[r], rtol=1e-5)
+                assert np.abs(c8 - rc[r].astype(np.float32)).max() <= 1, (fused, r)
+            kk = dequantize_rows(kc.get()[layer][:, : p + 1], ks.get()[layer][:, : p + 1]).transpose(1, 0, 2)
+            vv = dequantize_rows(vc.get()[layer][:, : p + 1], vs.get()[layer][:, : p + 1]).transpose(1, 0, 2)
+            ref = attend(rq[r][None], kk, vv, scale)  # the cells as cached, decoded
+            np.testing.assert_allclose(got.get()[r].reshape(1, h, hd), ref[0].reshape(1, h, hd), rtol=1e-4,
+                                       atol=1e-5)
 
 
 def test_topk_and_expert_ffn_both_ways(cp, ops):

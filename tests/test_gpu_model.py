@@ -346,19 +346,21 @@ def _f32_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("kind", ["q8_0", "f32"])
+@pytest.mark.parametrize("kind", ["q8_0", "f32", "q8_0-int8-kv"])
 @pytest.mark.parametrize("arch", list(FIXTURES))
 def test_oracle_fixture_engine_matches_cpu(tmp_path, arch, kind):
     """The engine on the GPU against the CPU engine: prompt logits, then 16 greedy tokens through the real
     generate path. The CPU's greedy loop decodes on int8 inputs where the GPU does (a no-op for F32 weights),
     so both round the same values. Tokens must be identical, except that a step where the CPU's own top two
     are within twice the measured max |dlogit| of the prompt is a tie either engine may break: the GPU's
-    pick must then be one of the tied tokens, and the comparison ends there (the sequences differ after)."""
+    pick must then be one of the tied tokens, and the comparison ends there (the sequences differ after).
+    int8-kv: both engines keep int8 KV cells (--kv-type int8), quantized by the same rule."""
     from strata.engine import Engine
     from strata.sampling import SamplingParams
 
-    path = _fixture(arch) if kind == "q8_0" else _f32_copy(_fixture(arch), tmp_path / "tiny-f32.gguf")
-    gpu, cpu = Engine.load(path, device="cuda"), Engine.load(path, device="cpu")
+    path = _fixture(arch) if kind.startswith("q8_0") else _f32_copy(_fixture(arch), tmp_path / "tiny-f32.gguf")
+    kv = "int8" if kind.endswith("int8-kv") else "auto"
+    gpu, cpu = Engine.load(path, device="cuda", kv_type=kv), Engine.load(path, device="cpu", kv_type=kv)
     assert type(gpu.model).__name__ == "GpuModel" and type(cpu.model).__name__ != "GpuModel"
     prompt = "Strata loads GGUF files and runs mixture-of-experts models on small GPUs.\ndef add(a, b):"
     ids = gpu.tokenizer.encode(prompt, add_special=True, parse_special=True)

@@ -44,6 +44,27 @@ def test_flash_twin_matches_attention():
         assert _rel(attention.ref_attention(q, k, v, scale), ref) < 5e-3
 
 
+def test_int8_cell_twins_are_the_cpu_cache_cells():
+    """--kv-type int8 on the GPU keeps the CPU cache's cells: the attention twins read what strata.kvcache's int8
+    KVCache returns, and ref_qkv_post's int8 k and v decode to its fp32 rows within half a step."""
+    from strata.kvcache import KVCache, KVType, dequantize_rows
+
+    rng = np.random.default_rng(11)
+    k = rng.standard_normal((40, 2, 64)).astype(np.float32)
+    v = rng.standard_normal((40, 2, 64)).astype(np.float32)
+    q = rng.standard_normal((1, 4, 64)).astype(np.float32)
+    cached = KVCache([0], 2, 64, kind=KVType.INT8).append(0, k, v)
+    np.testing.assert_array_equal(attention.ref_cells(k, True), cached[0])
+    np.testing.assert_array_equal(attention.ref_attention(q, k, v, 0.125, q8=True), attend(q, *cached, 0.125))
+    rope = Rope(n_rot=64, base=1e6, style=RopeStyle.NEOX)
+    qkv = rng.standard_normal((3, 8 * 64)).astype(np.float32)
+    _, rk, rv = rows.ref_qkv_post(qkv, 4, 2, 64, rope, np.array([0, 5, 9]), None, None, 1e-6)
+    _, (kc, ks), (vc, vs) = rows.ref_qkv_post(qkv, 4, 2, 64, rope, np.array([0, 5, 9]), None, None, 1e-6, q8=True)
+    for c, sc, f16 in ((kc, ks, rk), (vc, vs, rv)):
+        step = np.repeat(sc, 32, axis=-1)
+        assert np.all(np.abs(dequantize_rows(c, sc) - f16.astype(np.float32)) <= 0.5 * step + 2e-3 * np.abs(f16))
+
+
 def test_gemm_twin_is_fp16_rounding_of_the_product():
     rng = np.random.default_rng(1)
     for qt in (Q.Q4_K, Q.Q8_0, Q.F32):
@@ -185,13 +206,16 @@ def test_device_draw_twin_picks_the_cpu_token(params):
 
 
 class _TableKV:
-    """The part of GpuKV that GpuModel.table_row reads: k and v addresses, capacity, position."""
+    """The part of GpuKV that GpuModel.table_row reads: k and v addresses, capacity, position, int8 scales."""
 
     def __init__(self, i: int) -> None:
         self.k, self.v, self.cap = 1 << 40 | i << 20, 1 << 41 | i << 20, 64 + i
 
     def table_row(self, pos: int) -> list[int]:
         return [self.k, self.v, self.cap, pos]
+
+    def scale_cols(self) -> list[int]:
+        return [0, 0]
 
 
 def test_draw_and_advance_twins_leave_the_table_the_host_would_write():

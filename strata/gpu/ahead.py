@@ -101,6 +101,7 @@ class GraphAhead:
                 s.kv.reserve(s.n_past + 2)  # type: ignore[attr-defined]
                 if s.kv.cap != cap:  # type: ignore[attr-defined]  # grown: the table points at the new buffers
                     g.tab[i, :3] = cp.asarray(s.kv.table_row(0)[:3], cp.int64)  # type: ignore[attr-defined]
+                    g.tab[i, 7:9] = cp.asarray(s.kv.scale_cols(), cp.int64)  # type: ignore[attr-defined]
                 s.n_past += 1
                 s.kv.length = s.n_past  # type: ignore[attr-defined]
                 params, seed = self._draws[i]

@@ -1,4 +1,5 @@
-"""A sequence's attention KV cache in VRAM: K and V [n_layer, n_kv, cap, head_dim] fp16.
+"""A sequence's attention KV cache in VRAM: K and V [n_layer, n_kv, cap, head_dim] fp16, or (`--kv-type int8`)
+int8 codes with float32 scales [n_layer, n_kv, cap, head_dim / 32], strata.kvcache's cells.
 
 It stands in for strata.kvcache.KVCache inside a SequenceState (copy, truncate, nbytes), so the
 scheduler's prefix cache and checkpoints work unchanged. Capacity doubles as the sequence grows;
@@ -12,24 +13,37 @@ from typing import Any
 
 import numpy as np
 
-from strata.tiers.budget import Ledger
 from strata.gpu.runtime import cupy_module
+from strata.kvcache import KVCache, KVType, dequantize_rows, group_of
+from strata.tiers.budget import Ledger
 
 MIN_CAP = 256
 
 
 class GpuKV:
-    def __init__(self, ledger: Ledger, n_layer: int, n_kv: int, head_dim: int, max_len: int) -> None:
-        self.ledger, self.shape = ledger, (n_layer, n_kv, head_dim)
+    def __init__(self, ledger: Ledger, n_layer: int, n_kv: int, head_dim: int, max_len: int,
+                 kind: KVType = KVType.F16) -> None:
+        if kind not in (KVType.F16, KVType.INT8):
+            raise ValueError(f"the GPU's attention kernels read f16 or int8 cells, not {kind}")
+        self.ledger, self.shape, self.kind = ledger, (n_layer, n_kv, head_dim), kind
         self.max_len = max_len
         self.length = 0
         self.cap = 0
         self.k: Any = None
         self.v: Any = None
+        self.ks: Any = None  # int8: the scales, [n_layer, n_kv, cap, head_dim / 32] float32
+        self.vs: Any = None
+
+    @property
+    def q8(self) -> bool:
+        return self.kind is KVType.INT8
 
     def _bytes(self, cap: int) -> int:
         n_layer, n_kv, hd = self.shape
-        return 2 * n_layer * n_kv * cap * hd * 2
+        return cap * KVCache.bytes_per_token(self.kind, n_layer, n_kv, hd)
+
+    def _arrays(self) -> list[str]:
+        return ["k", "v", "ks", "vs"] if self.q8 else ["k", "v"]
 
     def reserve(self, n: int) -> None:
         """Make room for n positions (keeping the first `length`)."""
@@ -39,37 +53,61 @@ class GpuKV:
         cp = cupy_module()
         self.ledger.take(self._bytes(cap) - self._bytes(self.cap), f"KV cache for {cap} positions")
         n_layer, n_kv, hd = self.shape
-        k = cp.empty((n_layer, n_kv, cap, hd), cp.float16)
-        v = cp.empty_like(k)
-        if self.length:
-            k[:, :, : self.length] = self.k[:, :, : self.length]
-            v[:, :, : self.length] = self.v[:, :, : self.length]
-        self.k, self.v, self.cap = k, v, cap
+        for name in self._arrays():
+            scales = name.endswith("s")
+            grown = cp.empty((n_layer, n_kv, cap, hd // group_of(hd) if scales else hd),
+                             cp.float32 if scales else (cp.int8 if self.q8 else cp.float16))
+            if self.length:
+                grown[:, :, : self.length] = getattr(self, name)[:, :, : self.length]
+            setattr(self, name, grown)
+        self.cap = cap
 
     def table_row(self, pos: int) -> list[int]:
         """(k address, v address, capacity, position) as the kernels read it."""
         return [self.k.data.ptr, self.v.data.ptr, self.cap, pos]
 
+    def scale_cols(self) -> list[int]:
+        """The table's columns 7 and 8: the int8 cells' scale addresses (0 for fp16 cells)."""
+        return [self.ks.data.ptr, self.vs.data.ptr] if self.q8 else [0, 0]
+
+    def flash_args(self, layer: int) -> tuple[int, int, int, tuple[int, int, int] | None]:
+        """The flash kernel's view of one layer: k and v addresses, elements a kv head, and the int8 scales'."""
+        n_layer, n_kv, hd = self.shape
+        es = 1 if self.q8 else 2
+        off = layer * n_kv * self.cap * hd * es
+        scales = None
+        if self.q8:
+            ng = hd // group_of(hd)
+            soff = layer * n_kv * self.cap * ng * 4
+            scales = (self.ks.data.ptr + soff, self.vs.data.ptr + soff, self.cap * ng)
+        return self.k.data.ptr + off, self.v.data.ptr + off, self.cap * hd, scales
+
     def truncate(self, n: int) -> None:
         self.length = min(self.length, n)
 
     def copy(self) -> GpuKV:
-        return _filled(self.ledger, self.shape, self.max_len, self.length, self.k, self.v)
+        return _filled(self.ledger, self.shape, self.max_len, self.length, self.kind,
+                       {a: getattr(self, a) for a in self._arrays()})
 
     def nbytes(self) -> int:
         return self._bytes(self.cap)
 
     def to_host(self) -> HostKV:
         """A copy in host RAM (the prefix cache keeps these, not VRAM); its copy() comes back to the GPU."""
-        k = self.k[:, :, : self.length].get() if self.length else None
-        v = self.v[:, :, : self.length].get() if self.length else None
-        return HostKV(self.ledger, self.shape, self.max_len, self.length, k, v)
+        arrays = {a: getattr(self, a)[:, :, : self.length].get() for a in self._arrays()} if self.length else {}
+        return HostKV(self.ledger, self.shape, self.max_len, self.length, self.kind, arrays)
 
     def host(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """Keys and values of one layer as float32 [length, n_kv, hd] (tests and debugging)."""
-        k = self.k[layer, :, : self.length].transpose(1, 0, 2).astype(np.float32)
-        v = self.v[layer, :, : self.length].transpose(1, 0, 2).astype(np.float32)
-        return k.get(), v.get()
+        """Keys and values of one layer as float32 [length, n_kv, hd], decoded (tests and debugging)."""
+        out = []
+        for name in ("k", "v"):
+            cells = getattr(self, name)[layer, :, : self.length].get().transpose(1, 0, 2)
+            if self.q8:
+                scales = getattr(self, name + "s")[layer, :, : self.length].get().transpose(1, 0, 2)
+                out.append(dequantize_rows(cells, scales))
+            else:
+                out.append(cells.astype(np.float32))
+        return out[0], out[1]
 
     def __del__(self) -> None:
         if self.cap:
@@ -77,28 +115,31 @@ class GpuKV:
 
 
 class HostKV:
-    """A GpuKV's first `length` positions in host RAM: K and V [n_layer, n_kv, length, head_dim] fp16."""
+    """A GpuKV's first `length` positions in host RAM: its arrays [n_layer, n_kv, length, ...] as on the GPU."""
 
-    def __init__(self, ledger: Ledger, shape: tuple[int, int, int], max_len: int, length: int, k: Any, v: Any) -> None:
-        self.ledger, self.shape, self.max_len, self.length, self.k, self.v = ledger, shape, max_len, length, k, v
+    def __init__(self, ledger: Ledger, shape: tuple[int, int, int], max_len: int, length: int, kind: KVType,
+                 arrays: dict[str, Any]) -> None:
+        self.ledger, self.shape, self.max_len, self.length = ledger, shape, max_len, length
+        self.kind, self.arrays = kind, arrays
 
     def truncate(self, n: int) -> None:
         self.length = min(self.length, n)
 
     def copy(self) -> GpuKV:
-        return _filled(self.ledger, self.shape, self.max_len, self.length, self.k, self.v)
+        return _filled(self.ledger, self.shape, self.max_len, self.length, self.kind, self.arrays)
 
     def nbytes(self) -> int:
-        return 0 if self.k is None else self.k.nbytes + self.v.nbytes
+        return sum(a.nbytes for a in self.arrays.values())
 
 
-def _filled(ledger: Ledger, shape: tuple[int, int, int], max_len: int, length: int, k: Any, v: Any) -> GpuKV:
-    """A new GpuKV holding the first `length` positions of k and v (device or host arrays)."""
-    out = GpuKV(ledger, *shape, max_len)
+def _filled(ledger: Ledger, shape: tuple[int, int, int], max_len: int, length: int, kind: KVType,
+            arrays: dict[str, Any]) -> GpuKV:
+    """A new GpuKV holding the first `length` positions of the arrays (device or host)."""
+    out = GpuKV(ledger, *shape, max_len, kind)
     if length:
         cp = cupy_module()
         out.reserve(length)
-        out.k[:, :, :length] = cp.asarray(k[:, :, :length])  # asarray: a no-op for device arrays
-        out.v[:, :, :length] = cp.asarray(v[:, :, :length])
+        for name, a in arrays.items():
+            getattr(out, name)[:, :, :length] = cp.asarray(a[:, :, :length])  # asarray: a no-op for device arrays
         out.length = length
     return out

@@ -30,9 +30,10 @@ from strata.gpu.tiers import COLLECT_TIMEOUT_NS, TierHook
 from strata.gpu.weights import DevMatrix
 
 GEMV_ROWS = 8  # up to this many rows, projections read weights once through gemv
-# int64 columns per row of the table kernels read: k ptr, v ptr, cap, position, token, and the DeltaNet
-# state's conv and ssm addresses (0 for models without it)
-TAB = 7
+# int64 columns per row of the table kernels read: k ptr, v ptr, cap, position, token, the DeltaNet
+# state's conv and ssm addresses (0 for models without it), and int8 KV cells' k and v scale addresses (0 for
+# fp16 cells)
+TAB = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,7 @@ class Dims:
     gated: bool = False  # attention output gate (Qwen3-Next)
     shared_ff: int = 0  # shared expert width, 0: none
     dn: DNDims | None = None  # DeltaNet layers' shape, None: attention only
+    kv8: bool = False  # the KV cache holds int8 cells (--kv-type int8)
 
     @property
     def qkv_cols(self) -> int:
@@ -214,10 +216,10 @@ def _attention_block(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: i
                 ops.matmul(w.attn_gate, h, n, act.gate)
     if ops.split and (segments is None or all(s.n == 1 for s in segments)):  # decode rows only: one launch
         ops.attn_decode_qkv(act.qkv, tab, TAB, layer, n, dm.n_head, dm.n_kv, dm.hd, w.q_norm, w.k_norm, dm.eps,
-                            inv_freq, dm.n_rot, dm.neox, dm.pos_scale, dm.scale, act.att)
+                            inv_freq, dm.n_rot, dm.neox, dm.pos_scale, dm.scale, act.att, dm.kv8)
     else:
         ops.qkv_post(act.qkv, n, dm.n_head, dm.n_kv, dm.hd, w.q_norm, w.k_norm, dm.eps, inv_freq, dm.n_rot, dm.neox,
-                     dm.pos_scale, tab, TAB, layer, act.q)
+                     dm.pos_scale, tab, TAB, layer, act.q, dm.kv8)
         _attention(ops, layer, dm, act, n, tab, segments)
     if w.attn_gate is not None:
         ops.gate_mul(act.att, act.gate, n, dm.n_head * dm.hd)
@@ -254,18 +256,17 @@ def _same_kind(ms: list[DevMatrix]) -> bool:
 
 def _attention(ops: Ops, i: int, dm: Dims, act: Activations, n: int, tab: Any, segments: list[Segment] | None) -> None:
     if segments is None or all(s.n == 1 for s in segments):
-        ops.attn_decode(act.q, tab, TAB, i, n, dm.n_head, dm.n_kv, dm.hd, dm.scale, act.att)
+        ops.attn_decode(act.q, tab, TAB, i, n, dm.n_head, dm.n_kv, dm.hd, dm.scale, act.att, dm.kv8)
         return
     row_bytes = 4 * dm.n_head * dm.hd
     for s in segments:
         if s.n == 1:
             ops.attn_decode(ptr(act.q, s.start * row_bytes), ptr(tab, s.start * 8 * TAB), TAB, i, 1, dm.n_head, dm.n_kv,
-                            dm.hd, dm.scale, ptr(act.att, s.start * row_bytes))
+                            dm.hd, dm.scale, ptr(act.att, s.start * row_bytes), dm.kv8)
             continue
-        kv = s.kv
-        layer_bytes = dm.n_kv * kv.cap * dm.hd * 2
-        ops.flash(ptr(act.q, s.start * row_bytes), ptr(kv.k, i * layer_bytes), ptr(kv.v, i * layer_bytes),
-                  kv.cap * dm.hd, s.n, s.n_past, dm.n_head, dm.n_kv, dm.hd, dm.scale, ptr(act.att, s.start * row_bytes))
+        k_layer, v_layer, head_stride, scales = s.kv.flash_args(i)
+        ops.flash(ptr(act.q, s.start * row_bytes), k_layer, v_layer, head_stride, s.n, s.n_past, dm.n_head, dm.n_kv,
+                  dm.hd, dm.scale, ptr(act.att, s.start * row_bytes), scales)
 
 
 def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:

@@ -38,6 +38,7 @@ from strata.gpu.layers import (
 from strata.gpu.ops import HEAD_DIMS, Ops
 from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.tiers import GpuTiers, TierOptions
+from strata.kvcache import KVCache, KVType
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
 from strata.models.base import Model
 from strata.models.qwen3moe import Qwen3Moe
@@ -63,6 +64,7 @@ class GpuOptions:
     expert_cache: str = "auto"  # see strata.tiers.budget
     seqs: int = 1  # sequences the plan keeps KV and recurrent-state room for (more may fit, drawn from the ledger)
     tiers: TierOptions = dataclasses.field(default_factory=TierOptions)  # the CPU share, the policy, the profile
+    kv_type: KVType = KVType.F16  # the KV cells: f16 or int8 (strata.kvcache)
 
 
 GROWING = ("KV cache", "DeltaNet state")  # plan parts that sequences take from the ledger as they come
@@ -91,6 +93,11 @@ def shape_of(cpu: Model) -> tuple[Dims, list[bool]]:
     return dims, linear
 
 
+def kv_bytes_per_token(d: Dims, n_attn: int) -> int:
+    """One position's KV over the attention layers, in the cells the kernels read (fp16 or int8)."""
+    return KVCache.bytes_per_token(KVType.INT8 if d.kv8 else KVType.F16, n_attn, d.n_kv, d.hd)
+
+
 def vram_plan(gguf: Any, d: Dims, linear: list[bool], n_ctx: int, chunk: int, vocab: int, opts: GpuOptions,
               budget: int) -> VramPlan:
     """What start-up must fit under the budget: dense weights by component, KV and activations; the expert
@@ -107,7 +114,7 @@ def vram_plan(gguf: Any, d: Dims, linear: list[bool], n_ctx: int, chunk: int, vo
                                                     + 4 * len(layout.layers) * layout.top_k * (chunk + 64))
     n_attn = linear.count(False)
     seqs = opts.seqs  # room for the sequences that run at once: the expert cache takes what the plan leaves
-    plan.parts[f"KV cache ({seqs} x {n_ctx:,} positions)"] = seqs * 2 * n_attn * d.n_kv * d.hd * 2 * n_ctx
+    plan.parts[f"KV cache ({seqs} x {n_ctx:,} positions)"] = seqs * n_ctx * kv_bytes_per_token(d, n_attn)
     if d.dn is not None:  # one more: a cached prefix is restored beside the fresh state it replaces
         plan.parts[f"DeltaNet state ({seqs} + 1 x)"] = (seqs + 1) * 4 * (len(linear) - n_attn) * sum(d.dn.state_floats())
     rows = Activations.bytes_per_row(d)
@@ -135,7 +142,8 @@ class GpuModel(Model):
                               f"(have {', '.join(map(str, HEAD_DIMS))}); use device=cpu")
         hybrid = isinstance(cpu, Qwen3Next)
         moe = hybrid or isinstance(cpu, Qwen3Moe)
-        self.dims, self.linear = shape_of(cpu)
+        dims, self.linear = shape_of(cpu)
+        self.dims = dataclasses.replace(dims, kv8=opts.kv_type is KVType.INT8)
         self.chunk = max(1, opts.chunk)
         self.n_attn = self.linear.count(False)
         free = int(cp.cuda.runtime.memGetInfo()[0])
@@ -184,7 +192,7 @@ class GpuModel(Model):
         base = vram_plan(gguf, d, self.linear, 0, self.chunk, self.params.vocab, opts, budget)
         layout = ExpertLayout.from_gguf(gguf)
         experts = 0 if layout is None else layout.n_total * layout.slot_bytes
-        choice = context.on_gpu(trained, 2 * self.n_attn * d.n_kv * d.hd * 2, opts.seqs, budget - base.dense, experts)
+        choice = context.on_gpu(trained, kv_bytes_per_token(d, self.n_attn), opts.seqs, budget - base.dense, experts)
         logging.getLogger("strata.gpu").info("%s", choice.line)
         return choice.n_ctx
 
@@ -258,7 +266,8 @@ class GpuModel(Model):
 
     def new_state(self) -> SequenceState:
         d = self.dims
-        st = SequenceState(GpuKV(self.ledger, self.n_attn, d.n_kv, d.hd, self.n_ctx))  # type: ignore[arg-type]
+        kind = KVType.INT8 if d.kv8 else KVType.F16
+        st = SequenceState(GpuKV(self.ledger, self.n_attn, d.n_kv, d.hd, self.n_ctx, kind))  # type: ignore[arg-type]
         if d.dn is not None:
             st.layers[RECURRENT] = RecurrentState(self.ledger, d.dn, len(self.linear) - self.n_attn)
         return st
@@ -268,7 +277,7 @@ class GpuModel(Model):
         """The kernels' row (layers.TAB columns) for `state` at position pos."""
         rec = state.layers.get(RECURRENT)
         cols = rec.table_cols() if isinstance(rec, RecurrentState) else [0, 0]
-        return state.kv.table_row(pos) + [token] + cols  # type: ignore[attr-defined]
+        return state.kv.table_row(pos) + [token] + cols + state.kv.scale_cols()  # type: ignore[attr-defined]
 
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)

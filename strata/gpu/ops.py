@@ -63,10 +63,12 @@ class Ops:
                             + [gemv.get_rows_name(q) for q in qts])
         # silu(gate)*up staging at BK = 128 spills registers, so down projections keep 64-wide steps
         self.gemm = Kernels(gemm.SOURCE, [gemm.gemm_name(q, a, bk) for q in qts for a, bk in ((0, 64), (0, 128), (1, 64))])
-        self.attn = Kernels(attention.SOURCE, [attention.decode_name(h) for h in HEAD_DIMS]
-                            + [attention.decode_qkv_name(h) for h in HEAD_DIMS]
-                            + [attention.flash_name(h) for h in HEAD_DIMS])
-        self.rows = Kernels(rows.SOURCE, ["rmsnorm", "gate_mul", "gated_add"] + [rows.qkv_post_name(h) for h in HEAD_DIMS])
+        kv_kinds = (False, True)  # fp16 and int8 cells (--kv-type)
+        self.attn = Kernels(attention.SOURCE, [f(h, q8) for f in (attention.decode_name, attention.decode_qkv_name,
+                                                                  attention.flash_name)
+                                               for h in HEAD_DIMS for q8 in kv_kinds])
+        self.rows = Kernels(rows.SOURCE, ["rmsnorm", "gate_mul", "gated_add"]
+                            + [rows.qkv_post_name(h, q8) for h in HEAD_DIMS for q8 in kv_kinds])
         self.dn = Kernels(deltanet.SOURCE, deltanet.kernel_names())
         pairs = sorted({(q, q) for q in qts} | {(g, u) for g, u, _ in moe_types})  # gate and up differ only in odd files
         gate_up, down = ((moe.gate_up_split_name, moe.down_split_name) if split
@@ -188,8 +190,8 @@ class Ops:
 
     def qkv_post(self, qkv: Any, n: int, h: int, kv: int, hd: int, q_norm: Any, k_norm: Any, eps: float,
                  inv_freq: Any, n_rot: int, neox: bool, pos_scale: float, tab: Any, tab_stride: int,
-                 layer: int, q_out: Any) -> None:
-        launch(self.rows[rows.qkv_post_name(hd)], (n, h + 2 * kv), 32,
+                 layer: int, q_out: Any, q8: bool = False) -> None:
+        launch(self.rows[rows.qkv_post_name(hd, q8)], (n, h + 2 * kv), 32,
                (qkv, i32(h), i32(kv), NULL if q_norm is None else q_norm, NULL if k_norm is None else k_norm,
                 f32(eps), inv_freq, i32(n_rot), i32(int(neox)), f32(pos_scale), tab, i32(tab_stride),
                 i32(layer), q_out))
@@ -218,24 +220,28 @@ class Ops:
 
     # ---- attention ----
     def attn_decode(self, q: Any, tab: Any, tab_stride: int, layer: int, n: int, h: int, kv: int, hd: int,
-                    scale: float, out: Any) -> None:
-        launch(self.attn[attention.decode_name(hd)], (h, n), 128,
+                    scale: float, out: Any, q8: bool = False) -> None:
+        """q8: the table's caches hold int8 cells, their scales in columns 7 and 8."""
+        launch(self.attn[attention.decode_name(hd, q8)], (h, n), 128,
                (dev_ptr(q), dev_ptr(tab), i32(tab_stride), i32(layer), i32(h), i32(kv), f32(scale), dev_ptr(out)))
 
     def attn_decode_qkv(self, qkv: Any, tab: Any, tab_stride: int, layer: int, n: int, h: int, kv: int, hd: int,
                         q_norm: Any, k_norm: Any, eps: float, inv_freq: Any, n_rot: int, neox: bool,
-                        pos_scale: float, scale: float, out: Any) -> None:
+                        pos_scale: float, scale: float, out: Any, q8: bool = False) -> None:
         """qkv_post then attn_decode in one launch, for rows that are all single decode tokens."""
-        launch(self.attn[attention.decode_qkv_name(hd)], (h, n), 128,
+        launch(self.attn[attention.decode_qkv_name(hd, q8)], (h, n), 128,
                (dev_ptr(qkv), dev_ptr(tab), i32(tab_stride), i32(layer), i32(h), i32(kv),
                 NULL if q_norm is None else q_norm, NULL if k_norm is None else k_norm, f32(eps), inv_freq,
                 i32(n_rot), i32(int(neox)), f32(pos_scale), f32(scale), dev_ptr(out)))
 
     def flash(self, q: Any, k_layer: Any, v_layer: Any, head_stride: int, t: int, n_past: int, h: int, kv: int,
-              hd: int, scale: float, out: Any) -> None:
-        launch(self.attn[attention.flash_name(hd)], (-(-t // 64), h), 128,
-               (dev_ptr(q), dev_ptr(k_layer), dev_ptr(v_layer), i64(head_stride), i32(t), i32(n_past), i32(h),
-                i32(kv), f32(scale * 1.4426950408889634), dev_ptr(out)), smem=attention.flash_smem(hd))
+              hd: int, scale: float, out: Any, scales: tuple[Any, Any, int] | None = None) -> None:
+        """scales: int8 cells' (k scales, v scales of the layer, floats a kv head); None: fp16 cells."""
+        ks, vs, sc_stride = (NULL, NULL, 0) if scales is None else scales
+        launch(self.attn[attention.flash_name(hd, scales is not None)], (-(-t // 64), h), 128,
+               (dev_ptr(q), dev_ptr(k_layer), dev_ptr(v_layer), i64(head_stride), dev_ptr(ks), dev_ptr(vs),
+                i64(sc_stride), i32(t), i32(n_past), i32(h), i32(kv), f32(scale * 1.4426950408889634), dev_ptr(out)),
+               smem=attention.flash_smem(hd))
 
     # ---- mixture of experts ----
     def topk(self, logits: Any, n: int, e: int, a: int, norm: bool, ids: Any, w: Any) -> None:

@@ -1,6 +1,7 @@
-"""Causal grouped-query attention against the fp16 KV cache.
+"""Causal grouped-query attention against the KV cache, fp16 or int8 (`--kv-type`).
 
-Cache layout, per sequence: K and V [n_layer, n_kv, cap, head_dim] fp16. Kernels find a row's cache
+Cache layout, per sequence: K and V [n_layer, n_kv, cap, head_dim] fp16, or int8 codes with float32
+scales [n_layer, n_kv, cap, head_dim / 32] (strata.kvcache's cells: the template flag Q8). Kernels find a row's cache
 through a table row of int64 (k pointer, v pointer, cap, position), so one captured CUDA graph
 serves whichever sequences sit in its slots: only the table changes between replays.
 
@@ -14,7 +15,8 @@ serves whichever sequences sit in its slots: only the table changes between repl
   is built whatever the prompt length. Key tiles past the block's last query are never loaded; the
   next tile streams into a second shared-memory stage (cp.async) while this one is multiplied.
 
-Numpy twin: `ref_attention` (strata.blocks.attention.attend on fp16-rounded keys and values).
+Numpy twins: `ref_attention` (strata.blocks.attention.attend on the cells as cached, `ref_cells`) and
+`ref_flash`; an int8 tile is decoded to fp16 as it loads, so flash's twin takes `ref_cells(k, True)`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 from strata.blocks.attention import attend
 from strata.gpu.kernels.common import HEADER
 from strata.gpu.kernels.rows import HEAD_POST
+from strata.kvcache import dequantize_rows, quantize_rows
 
 FLASH_KT = 64  # keys per tile
 
@@ -37,10 +40,15 @@ SOURCE = HEADER + HEAD_POST + r"""
 // One head of one row against keys 0..S-1 of its cache (kc, vc: [cap, HD] of its kv head); the last
 // key's K and V rows are read from klast, vlast (the cache itself, or shared memory when the fused
 // kernel below has just computed them). qs: the query, in shared memory; o: the head's HD outputs.
-template <int HD>
-__device__ __forceinline__ void decode_core(const float* qs, const u16* kc, const u16* vc, int S, const u16* klast,
-                                            const u16* vlast, float scale, float* __restrict__ o_out) {
+// Q8: the cells are int8 codes (kc, vc, klast, vlast as signed char) with per-row scales (ks, vs, klast_s,
+// vlast_s: Q8_GROUPS(HD) floats a key), each decoded as code * scale in fp32 as strata.kvcache does.
+template <int HD, int Q8>
+__device__ __forceinline__ void decode_core(const float* qs, const void* kc, const void* vc, const float* ks,
+                                            const float* vs, int S, const void* klast, const void* vlast,
+                                            const float* klast_s, const float* vlast_s, float scale,
+                                            float* __restrict__ o_out) {
   constexpr int PER = HD >= 32 ? HD / 32 : 1;  // head dims per lane
+  constexpr int G = Q8_GROUP(HD), NG = Q8_GROUPS(HD);
   __shared__ float pm[4], pl[4];
   __shared__ float pacc[4][HD];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -51,16 +59,33 @@ __device__ __forceinline__ void decode_core(const float* qs, const u16* kc, cons
     const int key = base + lane;
     float s = -INFINITY;
     if (key < S) {
-      const uint4* kp = (const uint4*)(key == S - 1 ? klast : kc + (i64)key * HD);
       float dot = 0.0f;
+      if (Q8) {
+        const uint4* kp = (const uint4*)(key == S - 1 ? (const signed char*)klast : (const signed char*)kc + (i64)key * HD);
+        const float* sc = key == S - 1 ? klast_s : ks + (i64)key * NG;
 #pragma unroll
-      for (int c = 0; c < HD / 8; c++) {
-        const uint4 w = kp[c];
-        const u32 ws[4] = {w.x, w.y, w.z, w.w};
+        for (int g = 0; g < NG; g++) {
+          float part = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-          dot = fmaf(qs[8 * c + 2 * i], h2f(ws[i] & 0xFFFF), dot);
-          dot = fmaf(qs[8 * c + 2 * i + 1], h2f(ws[i] >> 16), dot);
+          for (int c = 0; c < G / 16; c++) {
+            const uint4 w = kp[g * (G / 16) + c];
+            const signed char* b = (const signed char*)&w;
+#pragma unroll
+            for (int i = 0; i < 16; i++) part = fmaf(qs[g * G + 16 * c + i], (float)b[i], part);
+          }
+          dot = fmaf(part, sc[g], dot);
+        }
+      } else {
+        const uint4* kp = (const uint4*)(key == S - 1 ? (const u16*)klast : (const u16*)kc + (i64)key * HD);
+#pragma unroll
+        for (int c = 0; c < HD / 8; c++) {
+          const uint4 w = kp[c];
+          const u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            dot = fmaf(qs[8 * c + 2 * i], h2f(ws[i] & 0xFFFF), dot);
+            dot = fmaf(qs[8 * c + 2 * i + 1], h2f(ws[i] >> 16), dot);
+          }
         }
       }
       s = dot * scale;
@@ -77,8 +102,15 @@ __device__ __forceinline__ void decode_core(const float* qs, const u16* kc, cons
 #pragma unroll 8
     for (int j = 0; j < nk; j++) {
       const float pj = __shfl_sync(0xffffffffu, p, j);
-      const u16* vr = (base + j == S - 1 ? vlast : vc + (i64)(base + j) * HD) + PER * lane;
-      if (PER * lane < HD) {
+      if (Q8 && PER * lane < HD) {
+        const bool last = base + j == S - 1;
+        const signed char* vr = (last ? (const signed char*)vlast : (const signed char*)vc + (i64)(base + j) * HD) + PER * lane;
+        const float sv = (last ? vlast_s : vs + (i64)(base + j) * NG)[(PER * lane) / G];
+#pragma unroll
+        for (int i = 0; i < PER; i++) acc[i] = fmaf(pj, (float)vr[i] * sv, acc[i]);
+      }
+      const u16* vr = (base + j == S - 1 ? (const u16*)vlast : (const u16*)vc + (i64)(base + j) * HD) + PER * lane;
+      if (!Q8 && PER * lane < HD) {
         float vv[PER];
         if (PER == 4) {
           const uint2 w = *(const uint2*)vr;
@@ -116,27 +148,44 @@ __device__ __forceinline__ void decode_core(const float* qs, const u16* kc, cons
   }
 }
 
-template <int HD>
+// A row's cells of one kv head in the table's cache (columns 0, 1; with Q8 the scales at 7, 8), and key j's
+template <int HD, int Q8>
+struct Cells {
+  const char* k; const char* v; const float* ks; const float* vs;
+  __device__ Cells(const i64* tr, int layer, int KV, int kvh) {
+    constexpr int ES = Q8 ? 1 : 2;
+    const i64 cell0 = ((i64)layer * KV + kvh) * tr[2];
+    k = (const char*)tr[0] + cell0 * HD * ES;
+    v = (const char*)tr[1] + cell0 * HD * ES;
+    ks = Q8 ? (const float*)tr[7] + cell0 * Q8_GROUPS(HD) : nullptr;
+    vs = Q8 ? (const float*)tr[8] + cell0 * Q8_GROUPS(HD) : nullptr;
+  }
+  __device__ const char* kat(int j) const { return k + (i64)j * HD * (Q8 ? 1 : 2); }
+  __device__ const char* vat(int j) const { return v + (i64)j * HD * (Q8 ? 1 : 2); }
+  __device__ const float* ksat(int j) const { return Q8 ? ks + (i64)j * Q8_GROUPS(HD) : nullptr; }
+  __device__ const float* vsat(int j) const { return Q8 ? vs + (i64)j * Q8_GROUPS(HD) : nullptr; }
+};
+
+template <int HD, int Q8>
 __global__ void __launch_bounds__(128) attn_decode(
     const float* __restrict__ q, const i64* __restrict__ tab, int tab_stride, int layer,
     int H, int KV, float scale, float* __restrict__ out) {
   __shared__ float qs[HD];
   const int h = blockIdx.x, row = blockIdx.y, kvh = h / (H / KV);
   const i64* tr = tab + (i64)row * tab_stride;
-  const i64 cap = tr[2];
   const int S = (int)tr[3] + 1;  // keys 0..pos, this token's included
-  const u16* kc = (const u16*)tr[0] + ((i64)layer * KV + kvh) * cap * HD;
-  const u16* vc = (const u16*)tr[1] + ((i64)layer * KV + kvh) * cap * HD;
+  const Cells<HD, Q8> c(tr, layer, KV, kvh);
   for (int d = threadIdx.x; d < HD; d += blockDim.x) qs[d] = q[(i64)row * H * HD + h * HD + d];
   __syncthreads();
-  decode_core<HD>(qs, kc, vc, S, kc + (i64)(S - 1) * HD, vc + (i64)(S - 1) * HD, scale, out + (i64)row * H * HD + h * HD);
+  decode_core<HD, Q8>(qs, c.k, c.v, c.ks, c.vs, S, c.kat(S - 1), c.vat(S - 1), c.ksat(S - 1), c.vsat(S - 1), scale,
+                      out + (i64)row * H * HD + h * HD);
 }
 
 // qkv_post and attn_decode in one launch (decode rows only): warp 0 makes this head's query, warps 1
 // and 2 this row's new K and V rows of the head's kv group (as qkv_post does, fp16-rounded) into
 // shared memory, and the group's first query head also stores them in the cache. Every block takes
 // the new key from its own shared copy, so no block waits for another's cache write.
-template <int HD>
+template <int HD, int Q8>
 __global__ void __launch_bounds__(128) attn_decode_qkv(
     const float* __restrict__ qkv, const i64* __restrict__ tab, int tab_stride, int layer, int H, int KV,
     const float* __restrict__ qn, const float* __restrict__ kn, float eps, const float* __restrict__ inv_freq,
@@ -144,29 +193,35 @@ __global__ void __launch_bounds__(128) attn_decode_qkv(
   constexpr int PER = HD >= 32 ? HD / 32 : 1;
   __shared__ float qs[HD];
   __shared__ float scr[3][HD];
+  // the new key and value row (fp16, or int8 codes with their scales)
   __shared__ __align__(16) u16 knew[HD > 8 ? HD : 8];
   __shared__ __align__(16) u16 vnew[HD > 8 ? HD : 8];
+  __shared__ float knew_s[Q8_GROUPS(HD)], vnew_s[Q8_GROUPS(HD)];
   const int h = blockIdx.x, row = blockIdx.y, group = H / KV, kvh = h / group;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const i64* tr = tab + (i64)row * tab_stride;
-  const i64 cap = tr[2], pos = tr[3];
+  const i64 pos = tr[3];
   const int S = (int)pos + 1;
-  u16* kc = (u16*)tr[0] + ((i64)layer * KV + kvh) * cap * HD;
-  u16* vc = (u16*)tr[1] + ((i64)layer * KV + kvh) * cap * HD;
+  const Cells<HD, Q8> c(tr, layer, KV, kvh);
   if (warp < 3) {
     const int hh = warp == 0 ? h : (warp == 1 ? H + kvh : H + KV + kvh);
     float v[PER];
     head_post<HD>(qkv + (i64)row * (H + 2 * KV) * HD + hh * HD, warp, warp == 0 ? qn : kn, eps, inv_freq, n_rot,
                   neox, pos_scale, pos, scr[warp], v);
     u16* mine = warp == 1 ? knew : vnew;
-    u16* cache = (warp == 1 ? kc : vc) + pos * HD;
+    if (warp > 0 && Q8) {
+      store_q8<HD>(v, (signed char*)mine, warp == 1 ? knew_s : vnew_s);
+      if (h % group == 0)
+        store_q8<HD>(v, (signed char*)(warp == 1 ? c.kat(pos) : c.vat(pos)), (float*)(warp == 1 ? c.ksat(pos) : c.vsat(pos)));
+    }
+    u16* cache = (u16*)(warp == 1 ? c.kat(pos) : c.vat(pos));
 #pragma unroll
     for (int i = 0; i < PER; i++) {
       const int d = lane + 32 * i;
       if (d >= HD) continue;
       if (warp == 0) {
         qs[d] = v[i];
-      } else {
+      } else if (!Q8) {
         const u16 hv = f2h(v[i]);
         mine[d] = hv;
         if (h % group == 0) cache[d] = hv;
@@ -174,7 +229,7 @@ __global__ void __launch_bounds__(128) attn_decode_qkv(
     }
   }
   __syncthreads();
-  decode_core<HD>(qs, kc, vc, S, knew, vnew, scale, out + (i64)row * H * HD + h * HD);
+  decode_core<HD, Q8>(qs, c.k, c.v, c.ks, c.vs, S, knew, vnew, knew_s, vnew_s, scale, out + (i64)row * H * HD + h * HD);
 }
 
 // ---- prefill: T queries of one sequence at positions n_past.., keys 0..n_past+T-1 ----
@@ -201,9 +256,12 @@ __device__ __forceinline__ void ldsm_x2_trans(u32* r, const u16* p) {
 // Dynamic shared memory: flash_smem(HD) bytes = two stages of K and V tiles [KT][HD + 8] halves. The next
 // tile's K and V stream in by cp.async while this one is multiplied; V stays [key][dim] and its P.V
 // fragments come through ldmatrix .trans.
-template <int HD>
+// Q8: kc, vc hold int8 codes and ksc, vsc their scales (sc_stride floats a kv head); a tile is decoded to fp16
+// (code * scale, rounded) as it is loaded, with plain loads instead of cp.async.
+template <int HD, int Q8>
 __global__ void __launch_bounds__(128) flash_attn(
-    const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc, i64 head_stride,
+    const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc, i64 head_stride,
+    const float* __restrict__ ksc, const float* __restrict__ vsc, i64 sc_stride,
     int T, int n_past, int H, int KV, float scale_log2, float* __restrict__ out) {
   constexpr int KT = 64, LK = HD + 8, TILE = KT * LK;
   extern __shared__ uint4 fsm[];
@@ -212,8 +270,12 @@ __global__ void __launch_bounds__(128) flash_attn(
   const int h = blockIdx.y, kvh = h / (H / KV);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
   const int q0 = blockIdx.x * 64 + warp * 16;  // this warp's first query row
-  const u16* kb = kc + (i64)kvh * head_stride;
-  const u16* vb = vc + (i64)kvh * head_stride;
+  const u16* kb = (const u16*)kc + (i64)kvh * head_stride;
+  const u16* vb = (const u16*)vc + (i64)kvh * head_stride;
+  const signed char* kb8 = (const signed char*)kc + (i64)kvh * head_stride;
+  const signed char* vb8 = (const signed char*)vc + (i64)kvh * head_stride;
+  const float* ksb = Q8 ? ksc + (i64)kvh * sc_stride : nullptr;
+  const float* vsb = Q8 ? vsc + (i64)kvh * sc_stride : nullptr;
   const int S = n_past + T;
   // Q fragments (pre-scaled by scale*log2(e): the softmax runs in base 2)
   u32 qa[HD / 16][4];
@@ -239,7 +301,21 @@ __global__ void __launch_bounds__(128) flash_attn(
       const int key = i / (HD / 8), d = (i % (HD / 8)) * 8;
       u16* kd = Ks + st * TILE + key * LK + d;
       u16* vd = Vs + st * TILE + key * LK + d;
-      if (j0 + key < S) {
+      if (j0 + key < S && Q8) {
+        const i64 cell = j0 + key;
+        const uint2 kw = *(const uint2*)(kb8 + cell * HD + d), vw = *(const uint2*)(vb8 + cell * HD + d);
+        const float ks = ksb[cell * Q8_GROUPS(HD) + d / Q8_GROUP(HD)], vs = vsb[cell * Q8_GROUPS(HD) + d / Q8_GROUP(HD)];
+        const signed char* kq = (const signed char*)&kw;
+        const signed char* vq = (const signed char*)&vw;
+        u32 kh[4], vh[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          kh[i] = (u32)f2h((float)kq[2 * i] * ks) | ((u32)f2h((float)kq[2 * i + 1] * ks) << 16);
+          vh[i] = (u32)f2h((float)vq[2 * i] * vs) | ((u32)f2h((float)vq[2 * i + 1] * vs) << 16);
+        }
+        *(uint4*)kd = make_uint4(kh[0], kh[1], kh[2], kh[3]);
+        *(uint4*)vd = make_uint4(vh[0], vh[1], vh[2], vh[3]);
+      } else if (j0 + key < S) {
         cp_async16(kd, kb + (i64)(j0 + key) * HD + d);
         cp_async16(vd, vb + (i64)(j0 + key) * HD + d);
       } else {
@@ -341,23 +417,28 @@ __global__ void __launch_bounds__(128) flash_attn(
 """
 
 
-def decode_name(hd: int) -> str:
-    return f"attn_decode<{hd}>"
+def decode_name(hd: int, q8: bool = False) -> str:
+    return f"attn_decode<{hd}, {int(q8)}>"
 
 
-def decode_qkv_name(hd: int) -> str:
-    return f"attn_decode_qkv<{hd}>"
+def decode_qkv_name(hd: int, q8: bool = False) -> str:
+    return f"attn_decode_qkv<{hd}, {int(q8)}>"
 
 
-def flash_name(hd: int) -> str:
-    return f"flash_attn<{hd}>"
+def flash_name(hd: int, q8: bool = False) -> str:
+    return f"flash_attn<{hd}, {int(q8)}>"
 
 
-def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
-    """q [T, H, D] against k, v [S, KV, D] as the kernels see them (the cache holds fp16)."""
-    k16 = k.astype(np.float16).astype(np.float32)
-    v16 = v.astype(np.float16).astype(np.float32)
-    return attend(q.astype(np.float32), k16, v16, scale)
+def ref_cells(x: np.ndarray, q8: bool) -> np.ndarray:
+    """Keys or values [S, KV, D] as the kernels read them back: fp16, or int8 cells decoded (strata.kvcache)."""
+    if q8:
+        return dequantize_rows(*quantize_rows(x))
+    return x.astype(np.float16).astype(np.float32)
+
+
+def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, q8: bool = False) -> np.ndarray:
+    """q [T, H, D] against k, v [S, KV, D] as the decode kernels see them (fp32 math on the cached cells)."""
+    return attend(q.astype(np.float32), ref_cells(k, q8), ref_cells(v, q8), scale)
 
 
 def _f16(x: np.ndarray) -> np.ndarray:

@@ -26,6 +26,9 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
 #define INFINITY __int_as_float(0x7f800000)
+// int8 KV: scales per head row (strata.kvcache.group_of: 32 dims a scale, the whole head below 32)
+#define Q8_GROUP(HD) ((HD) >= 32 ? 32 : (HD))
+#define Q8_GROUPS(HD) ((HD) / Q8_GROUP(HD))
 
 __device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }

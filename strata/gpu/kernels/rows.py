@@ -12,11 +12,14 @@ Numpy twins: `ref_rmsnorm`, `ref_qkv_post`, `ref_gate_mul`, `ref_gated_add` (bui
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from strata.blocks.norms import rms_norm, sigmoid
 from strata.blocks.rope import Rope
 from strata.gpu.kernels.common import HEADER
+from strata.kvcache import quantize_rows
 
 HEAD_POST = r"""
 // One warp's q/k/v epilogue for one head of a fused q|k|v row (src: its HD values): q and k (kind 0, 1)
@@ -57,6 +60,22 @@ __device__ __forceinline__ void head_post(const float* __restrict__ src, int kin
     }
   }
 }
+
+// int8 KV cells (strata.kvcache.quantize_rows): a warp's head row v (dim lane + 32 i) as codes [HD] and one
+// scale per 32 dims (the whole head below 32), max |x| / 127, codes rint(x / scale): group i is element i
+// across the lanes.
+template <int HD>
+__device__ __forceinline__ void store_q8(const float* v, signed char* codes, float* scales) {
+  constexpr int PER = HD >= 32 ? HD / 32 : 1;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < PER; i++) {
+    const int d = lane + 32 * i;
+    const float s = warp_max(d < HD ? fabsf(v[i]) : 0.f) / 127.f;
+    if (d < HD) codes[d] = s > 0.f ? (signed char)fminf(fmaxf(rintf(v[i] / s), -127.f), 127.f) : (signed char)0;
+    if (lane == 0) scales[i] = s;
+  }
+}
 """
 
 SOURCE = HEADER + HEAD_POST + r"""
@@ -95,8 +114,9 @@ __global__ void __launch_bounds__(256) gated_add(float* __restrict__ x, int ldx,
   for (int i = threadIdx.x; i < cols; i += blockDim.x) x[(i64)blockIdx.x * ldx + i] += y[(i64)blockIdx.x * ldy + i] * gate;
 }
 
-// grid (rows, H + 2*KV), block 32
-template <int HD>
+// grid (rows, H + 2*KV), block 32. Q8: the cache holds int8 codes, with their scales at table columns 7 (k)
+// and 8 (v)
+template <int HD, int Q8>
 __global__ void __launch_bounds__(32) qkv_post(
     const float* __restrict__ qkv, int H, int KV, const float* __restrict__ qn, const float* __restrict__ kn,
     float eps, const float* __restrict__ inv_freq, int n_rot, int neox, float pos_scale,
@@ -116,15 +136,20 @@ __global__ void __launch_bounds__(32) qkv_post(
     return;
   }
   const int head = kind == 1 ? hh - H : hh - H - KV;
-  u16* cache = (u16*)tr[kind == 1 ? 0 : 1] + (((i64)layer * KV + head) * tr[2] + pos) * HD;
+  const i64 cell = ((i64)layer * KV + head) * tr[2] + pos;
+  if (Q8) {
+    store_q8<HD>(v, (signed char*)tr[kind == 1 ? 0 : 1] + cell * HD, (float*)tr[kind == 1 ? 7 : 8] + cell * Q8_GROUPS(HD));
+    return;
+  }
+  u16* cache = (u16*)tr[kind == 1 ? 0 : 1] + cell * HD;
 #pragma unroll
   for (int i = 0; i < PER; i++) { const int d = lane + 32 * i; if (d < HD) cache[d] = f2h(v[i]); }
 }
 """
 
 
-def qkv_post_name(hd: int) -> str:
-    return f"qkv_post<{hd}>"
+def qkv_post_name(hd: int, q8: bool = False) -> str:
+    return f"qkv_post<{hd}, {int(q8)}>"
 
 
 def ref_rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -133,8 +158,9 @@ def ref_rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 def ref_qkv_post(qkv: np.ndarray, n_head: int, n_kv: int, hd: int, rope: Rope, positions: np.ndarray,
                  q_norm: np.ndarray | None, k_norm: np.ndarray | None,
-                 eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """qkv [N, (H + 2KV) * hd] -> q [N, H, hd] fp32, k and v [N, KV, hd] as stored (fp16)."""
+                 eps: float, q8: bool = False) -> tuple[np.ndarray, Any, Any]:
+    """qkv [N, (H + 2KV) * hd] -> q [N, H, hd] fp32, k and v [N, KV, hd] as stored: fp16, or with q8 each a
+    pair (int8 codes [N, KV, hd], scales [N, KV, groups])."""
     n = qkv.shape[0]
     q = qkv[:, : n_head * hd].reshape(n, n_head, hd)
     k = qkv[:, n_head * hd : (n_head + n_kv) * hd].reshape(n, n_kv, hd)
@@ -142,7 +168,10 @@ def ref_qkv_post(qkv: np.ndarray, n_head: int, n_kv: int, hd: int, rope: Rope, p
     if q_norm is not None and k_norm is not None:
         q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
     cos_sin = rope.tables(positions)
-    return rope.apply(q, *cos_sin), rope.apply(k, *cos_sin).astype(np.float16), v.astype(np.float16)
+    k = rope.apply(k, *cos_sin)
+    if q8:
+        return rope.apply(q, *cos_sin), quantize_rows(k), quantize_rows(v)
+    return rope.apply(q, *cos_sin), k.astype(np.float16), v.astype(np.float16)
 
 
 def ref_gate_mul(x: np.ndarray, g: np.ndarray) -> np.ndarray:
