@@ -388,6 +388,52 @@ def test_int8_cells_written_by_qkv_post_and_the_fused_decode(cp, ops, hd):
                                        atol=1e-5)
 
 
+@pytest.mark.parametrize("q8", [False, True])
+@pytest.mark.parametrize("hd", [64, 256])
+def test_split_decode_equals_one_block(cp, ops, hd, q8):
+    """Split-K decode (attention.SPLITS blocks a head, merged by log-sum-exp) against the one-block kernel and the
+    twin, from one key to 70k, fused with the q/k/v epilogue too; rows at different lengths share a launch."""
+    rng = np.random.default_rng(110 + hd)
+    h, kv, layer = 8, 2, 0
+    lengths = [1, 100, 4097, 70_000]
+    n = len(lengths)
+    cap = max(lengths) + 3
+    caches, rows_ = [], []
+    for s_ in lengths:
+        k = rng.standard_normal((s_, kv, hd)).astype(np.float32)
+        v = rng.standard_normal((s_, kv, hd)).astype(np.float32)
+        if q8:
+            kc, ks, vc, vs = _cache8(cp, k, v, layer, cap)
+            rows_.append(_row8(kc, ks, vc, vs, cap, s_ - 1))
+        else:
+            kc, vc = _cache(cp, k, v, layer, cap)
+            rows_.append([kc.data.ptr, vc.data.ptr, cap, s_ - 1, 0, 0, 0, 0, 0])
+        caches.append((kc, vc, k, v) + ((ks, vs) if q8 else ()))
+    tab = cp.asarray(np.array(rows_, np.int64))
+    q = rng.standard_normal((n, h, hd)).astype(np.float32)
+    scale = 1 / np.sqrt(hd)
+    part = cp.empty(n * h * attention.SPLITS * (hd + 2), cp.float32)
+    one = cp.full((n, h * hd), cp.nan, cp.float32)
+    split = cp.full((n, h * hd), cp.nan, cp.float32)
+    ops.attn_decode(cp.asarray(q.reshape(n, -1)), tab, 9, layer, n, h, kv, hd, scale, one, q8)
+    ops.attn_decode(cp.asarray(q.reshape(n, -1)), tab, 9, layer, n, h, kv, hd, scale, split, q8, part)
+    np.testing.assert_allclose(split.get(), one.get(), rtol=1e-4, atol=1e-5)
+    for r, c in enumerate(caches):
+        ref = attention.ref_attention(q[r][None], c[2], c[3], scale, q8)
+        np.testing.assert_allclose(split.get()[r].reshape(1, h, hd), ref, rtol=1e-4, atol=1e-5)
+    # the fused kernel: each split computes the query; only the split with the new key makes and stores it
+    rope = Rope(n_rot=hd, base=1e6, style=RopeStyle.NEOX)
+    qkv = rng.standard_normal((n, (h + 2 * kv) * hd)).astype(np.float32)
+    args = (None, None, 1e-6, cp.asarray(rows.inv_freq(rope)), hd, True, rope.scale)
+    fused = cp.full((n, h * hd), cp.nan, cp.float32)
+    ops.attn_decode_qkv(cp.asarray(qkv), tab, 9, layer, n, h, kv, hd, *args, scale, fused, q8, part)
+    qq = cp.empty((n, h * hd), cp.float32)
+    ops.qkv_post(cp.asarray(qkv), n, h, kv, hd, *args, tab, 9, layer, qq, q8)  # rewrites the same cells
+    again = cp.full((n, h * hd), cp.nan, cp.float32)
+    ops.attn_decode(qq, tab, 9, layer, n, h, kv, hd, scale, again, q8)
+    np.testing.assert_allclose(fused.get(), again.get(), rtol=2e-4, atol=2e-4)
+
+
 def test_topk_and_expert_ffn_both_ways(cp, ops):
     """Routing, the per-pair gemv FFN (decode) and the grouped tensor-core FFN (prefill) vs dispatch."""
     from strata.gpu.layers import GEMV_ROWS

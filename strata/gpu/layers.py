@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.gpu.deltanet import DeltaNetWeights, DNDims, run_deltanet
-from strata.gpu.kernels import moe
+from strata.gpu.kernels import attention, moe
 from strata.gpu.ops import Ops
 from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.tiers import COLLECT_TIMEOUT_NS, TierHook
@@ -101,6 +101,8 @@ class Activations:
         self.q = cp.empty((n, dims.n_head * dims.hd), f32)
         self.att = cp.empty((n, dims.n_head * dims.hd), f32)
         self.logits = cp.empty((vocab_rows, vocab), f32)
+        # decode attention's split-K partials, for passes of up to GEMV_ROWS decode rows (longer ones run unsplit)
+        self.att_part = cp.empty(Activations.part_floats(dims), f32) if n <= GEMV_ROWS else None
         a = max(dims.top_k, 1)
         p = n * a
         if dims.n_expert:
@@ -136,6 +138,10 @@ class Activations:
             self.dn_mix = cp.empty((n, dims.dn.mix_cols), f32)
             self.dn_y = cp.empty((n, dims.dn.conv_channels), f32)
             self.dn_o = cp.empty((n, dims.dn.inner), f32)
+
+    @staticmethod
+    def part_floats(dims: Dims) -> int:
+        return GEMV_ROWS * dims.n_head * attention.SPLITS * (dims.hd + 2)
 
     @staticmethod
     def bytes_per_row(dims: Dims) -> int:
@@ -216,7 +222,7 @@ def _attention_block(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: i
                 ops.matmul(w.attn_gate, h, n, act.gate)
     if ops.split and (segments is None or all(s.n == 1 for s in segments)):  # decode rows only: one launch
         ops.attn_decode_qkv(act.qkv, tab, TAB, layer, n, dm.n_head, dm.n_kv, dm.hd, w.q_norm, w.k_norm, dm.eps,
-                            inv_freq, dm.n_rot, dm.neox, dm.pos_scale, dm.scale, act.att, dm.kv8)
+                            inv_freq, dm.n_rot, dm.neox, dm.pos_scale, dm.scale, act.att, dm.kv8, act.att_part)
     else:
         ops.qkv_post(act.qkv, n, dm.n_head, dm.n_kv, dm.hd, w.q_norm, w.k_norm, dm.eps, inv_freq, dm.n_rot, dm.neox,
                      dm.pos_scale, tab, TAB, layer, act.q, dm.kv8)
@@ -256,13 +262,13 @@ def _same_kind(ms: list[DevMatrix]) -> bool:
 
 def _attention(ops: Ops, i: int, dm: Dims, act: Activations, n: int, tab: Any, segments: list[Segment] | None) -> None:
     if segments is None or all(s.n == 1 for s in segments):
-        ops.attn_decode(act.q, tab, TAB, i, n, dm.n_head, dm.n_kv, dm.hd, dm.scale, act.att, dm.kv8)
+        ops.attn_decode(act.q, tab, TAB, i, n, dm.n_head, dm.n_kv, dm.hd, dm.scale, act.att, dm.kv8, act.att_part)
         return
     row_bytes = 4 * dm.n_head * dm.hd
     for s in segments:
         if s.n == 1:
             ops.attn_decode(ptr(act.q, s.start * row_bytes), ptr(tab, s.start * 8 * TAB), TAB, i, 1, dm.n_head, dm.n_kv,
-                            dm.hd, dm.scale, ptr(act.att, s.start * row_bytes), dm.kv8)
+                            dm.hd, dm.scale, ptr(act.att, s.start * row_bytes), dm.kv8, act.att_part)
             continue
         k_layer, v_layer, head_stride, scales = s.kv.flash_args(i)
         ops.flash(ptr(act.q, s.start * row_bytes), k_layer, v_layer, head_stride, s.n, s.n_past, dm.n_head, dm.n_kv,

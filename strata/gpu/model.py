@@ -118,9 +118,10 @@ def vram_plan(gguf: Any, d: Dims, linear: list[bool], n_ctx: int, chunk: int, vo
     if d.dn is not None:  # one more: a cached prefix is restored beside the fresh state it replaces
         plan.parts[f"DeltaNet state ({seqs} + 1 x)"] = (seqs + 1) * 4 * (len(linear) - n_attn) * sum(d.dn.state_floats())
     rows = Activations.bytes_per_row(d)
-    plan.parts[f"activations ({chunk}-token chunks)"] = rows * chunk + 4 * vocab * opts.max_batch
+    part = 4 * Activations.part_floats(d)  # decode attention's split-K partials
+    plan.parts[f"activations ({chunk}-token chunks)"] = rows * chunk + 4 * vocab * opts.max_batch + part
     plan.parts[f"decode graph buffers (up to {opts.max_batch} sequences)"] = (
-        rows * opts.max_batch + 4 * vocab * opts.max_batch)
+        rows * opts.max_batch + 4 * vocab * opts.max_batch + part)
     plan.size_cache(opts.expert_cache)
     if layout is not None and opts.tiers.prefetch and plan.n_slots < plan.n_total:  # tiered: the lookahead runs
         plan.parts[f"lookahead staging ({opts.tiers.prefetch} experts)"] = Lookahead.nbytes_for(

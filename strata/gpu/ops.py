@@ -66,7 +66,8 @@ class Ops:
         kv_kinds = (False, True)  # fp16 and int8 cells (--kv-type)
         self.attn = Kernels(attention.SOURCE, [f(h, q8) for f in (attention.decode_name, attention.decode_qkv_name,
                                                                   attention.flash_name)
-                                               for h in HEAD_DIMS for q8 in kv_kinds])
+                                               for h in HEAD_DIMS for q8 in kv_kinds]
+                            + [attention.merge_name(h) for h in HEAD_DIMS])
         self.rows = Kernels(rows.SOURCE, ["rmsnorm", "gate_mul", "gated_add"]
                             + [rows.qkv_post_name(h, q8) for h in HEAD_DIMS for q8 in kv_kinds])
         self.dn = Kernels(deltanet.SOURCE, deltanet.kernel_names())
@@ -220,19 +221,33 @@ class Ops:
 
     # ---- attention ----
     def attn_decode(self, q: Any, tab: Any, tab_stride: int, layer: int, n: int, h: int, kv: int, hd: int,
-                    scale: float, out: Any, q8: bool = False) -> None:
-        """q8: the table's caches hold int8 cells, their scales in columns 7 and 8."""
-        launch(self.attn[attention.decode_name(hd, q8)], (h, n), 128,
-               (dev_ptr(q), dev_ptr(tab), i32(tab_stride), i32(layer), i32(h), i32(kv), f32(scale), dev_ptr(out)))
+                    scale: float, out: Any, q8: bool = False, part: Any = None) -> None:
+        """q8: the table's caches hold int8 cells, their scales in columns 7 and 8. part: scratch for
+        attention.SPLITS partials a (row, head) ([n, h, SPLITS, hd + 2] fp32), which splits the keys across
+        blocks; None: one block a (row, head)."""
+        splits = 1 if part is None else attention.SPLITS
+        launch(self.attn[attention.decode_name(hd, q8)], (h, n, splits), 128,
+               (dev_ptr(q), dev_ptr(tab), i32(tab_stride), i32(layer), i32(h), i32(kv), f32(scale), dev_ptr(out),
+                NULL if part is None else dev_ptr(part), i32(splits)))
+        self._merge(part, n, h, hd, out)
+
+    def _merge(self, part: Any, n: int, h: int, hd: int, out: Any) -> None:
+        if part is not None:
+            launch(self.attn[attention.merge_name(hd)], (h, n), max(32, hd),
+                   (dev_ptr(part), i32(attention.SPLITS), i32(h), dev_ptr(out)))
 
     def attn_decode_qkv(self, qkv: Any, tab: Any, tab_stride: int, layer: int, n: int, h: int, kv: int, hd: int,
                         q_norm: Any, k_norm: Any, eps: float, inv_freq: Any, n_rot: int, neox: bool,
-                        pos_scale: float, scale: float, out: Any, q8: bool = False) -> None:
-        """qkv_post then attn_decode in one launch, for rows that are all single decode tokens."""
-        launch(self.attn[attention.decode_qkv_name(hd, q8)], (h, n), 128,
+                        pos_scale: float, scale: float, out: Any, q8: bool = False, part: Any = None) -> None:
+        """qkv_post then attn_decode in one launch, for rows that are all single decode tokens (q8, part: as
+        attn_decode)."""
+        splits = 1 if part is None else attention.SPLITS
+        launch(self.attn[attention.decode_qkv_name(hd, q8)], (h, n, splits), 128,
                (dev_ptr(qkv), dev_ptr(tab), i32(tab_stride), i32(layer), i32(h), i32(kv),
                 NULL if q_norm is None else q_norm, NULL if k_norm is None else k_norm, f32(eps), inv_freq,
-                i32(n_rot), i32(int(neox)), f32(pos_scale), f32(scale), dev_ptr(out)))
+                i32(n_rot), i32(int(neox)), f32(pos_scale), f32(scale), dev_ptr(out),
+                NULL if part is None else dev_ptr(part), i32(splits)))
+        self._merge(part, n, h, hd, out)
 
     def flash(self, q: Any, k_layer: Any, v_layer: Any, head_stride: int, t: int, n_past: int, h: int, kv: int,
               hd: int, scale: float, out: Any, scales: tuple[Any, Any, int] | None = None) -> None:

@@ -29,6 +29,9 @@ from strata.gpu.kernels.rows import HEAD_POST
 from strata.kvcache import dequantize_rows, quantize_rows
 
 FLASH_KT = 64  # keys per tile
+# decode blocks a (row, head) with a partials buffer: 16 heads x 32 splits keeps the H200's 132 SMs busy from a
+# batch of one; a split scores whole 128-key steps, so below 4,096 keys fewer splits have work (the rest exit)
+SPLITS = 32
 
 
 def flash_smem(hd: int) -> int:
@@ -37,16 +40,17 @@ def flash_smem(hd: int) -> int:
 
 SOURCE = HEADER + HEAD_POST + r"""
 // ---- decode: q [rows, H*HD] fp32, out [rows, H*HD] fp32 ----
-// One head of one row against keys 0..S-1 of its cache (kc, vc: [cap, HD] of its kv head); the last
-// key's K and V rows are read from klast, vlast (the cache itself, or shared memory when the fused
-// kernel below has just computed them). qs: the query, in shared memory; o: the head's HD outputs.
+// One head of one row against keys lo..hi-1 of the S in its cache (kc, vc: [cap, HD] of its kv head); the
+// last key's K and V rows are read from klast, vlast (the cache itself, or shared memory when the fused
+// kernel below has just computed them). qs: the query, in shared memory; o: the head's HD outputs, divided by
+// the softmax sum, or with ml given (a split's partial) as they are, the running max and sum in ml[0..1].
 // Q8: the cells are int8 codes (kc, vc, klast, vlast as signed char) with per-row scales (ks, vs, klast_s,
 // vlast_s: Q8_GROUPS(HD) floats a key), each decoded as code * scale in fp32 as strata.kvcache does.
 template <int HD, int Q8>
 __device__ __forceinline__ void decode_core(const float* qs, const void* kc, const void* vc, const float* ks,
-                                            const float* vs, int S, const void* klast, const void* vlast,
-                                            const float* klast_s, const float* vlast_s, float scale,
-                                            float* __restrict__ o_out) {
+                                            const float* vs, int lo, int hi, int S, const void* klast,
+                                            const void* vlast, const float* klast_s, const float* vlast_s,
+                                            float scale, float* __restrict__ o_out, float* __restrict__ ml) {
   constexpr int PER = HD >= 32 ? HD / 32 : 1;  // head dims per lane
   constexpr int G = Q8_GROUP(HD), NG = Q8_GROUPS(HD);
   __shared__ float pm[4], pl[4];
@@ -55,10 +59,10 @@ __device__ __forceinline__ void decode_core(const float* qs, const void* kc, con
   float m = -INFINITY, l = 0.0f, acc[PER];
 #pragma unroll
   for (int i = 0; i < PER; i++) acc[i] = 0.0f;
-  for (int base = warp * 32; base < S; base += 128) {
+  for (int base = lo + warp * 32; base < hi; base += 128) {
     const int key = base + lane;
     float s = -INFINITY;
-    if (key < S) {
+    if (key < hi) {
       float dot = 0.0f;
       if (Q8) {
         const uint4* kp = (const uint4*)(key == S - 1 ? (const signed char*)klast : (const signed char*)kc + (i64)key * HD);
@@ -92,13 +96,13 @@ __device__ __forceinline__ void decode_core(const float* qs, const void* kc, con
     }
     const float mnew = fmaxf(m, warp_max(s));
     const float alpha = expf(m - mnew);  // m = -inf on the first chunk: alpha = 0, acc is 0 anyway
-    const float p = key < S ? expf(s - mnew) : 0.0f;
+    const float p = key < hi ? expf(s - mnew) : 0.0f;
     l = l * alpha + p;
 #pragma unroll
     for (int i = 0; i < PER; i++) acc[i] *= alpha;
     // lane owns dims PER*lane .. +PER-1 (one 2/4/8-byte load per key); unrolled so several keys' V
     // loads are in flight at once instead of one dependent L2 round trip per key
-    const int nk = min(32, S - base);
+    const int nk = min(32, hi - base);
 #pragma unroll 8
     for (int j = 0; j < nk; j++) {
       const float pj = __shfl_sync(0xffffffffu, p, j);
@@ -144,8 +148,44 @@ __device__ __forceinline__ void decode_core(const float* qs, const void* kc, con
     float o = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) o += pacc[i][d] * w[i];
-    o_out[d] = o / L;
+    o_out[d] = ml == nullptr ? o / L : o;
   }
+  if (ml != nullptr && threadIdx.x == 0) { ml[0] = M; ml[1] = L; }
+}
+
+// Split-K decode (flash-decoding): a long context's keys are shared out among `splits` blocks of a (head, row),
+// each scoring a run of whole 128-key steps, so a batch of one keeps the SMs busy at 100k+ keys. Split z takes
+// keys [z * chunk, (z + 1) * chunk) of S; with splits == 1 the block takes them all and writes the output.
+// part: [rows, H, splits, HD + 2] partials (HD outputs, max, sum) that attn_merge combines.
+__device__ __forceinline__ bool split_range(int S, int splits, int& lo, int& hi) {
+  const int chunk = ((S + splits - 1) / splits + 127) / 128 * 128;
+  lo = (int)blockIdx.z * chunk;
+  hi = min(S, lo + chunk);
+  return lo < hi;
+}
+
+template <int HD>
+__device__ __forceinline__ float* part_of(float* part, int H, int splits) {
+  return part + (((i64)blockIdx.y * H + blockIdx.x) * splits + blockIdx.z) * (HD + 2);
+}
+
+// grid (H, rows), block HD (<= 256 threads, one a dim): the splits' partials merged by the log-sum-exp rule
+template <int HD>
+__global__ void __launch_bounds__(256) attn_merge(const float* __restrict__ part, int splits, int H,
+                                                  float* __restrict__ out) {
+  const float* p = part + ((i64)blockIdx.y * H + blockIdx.x) * splits * (HD + 2);
+  float M = -INFINITY;
+  for (int z = 0; z < splits; z++) if (p[z * (HD + 2) + HD + 1] > 0.f) M = fmaxf(M, p[z * (HD + 2) + HD]);
+  const int d = threadIdx.x;
+  float o = 0.f, L = 0.f;
+  for (int z = 0; z < splits; z++) {
+    const float* pz = p + z * (HD + 2);
+    if (pz[HD + 1] <= 0.f) continue;  // a split past the last key
+    const float w = expf(pz[HD] - M);
+    L += pz[HD + 1] * w;
+    if (d < HD) o += pz[d] * w;
+  }
+  if (d < HD) out[(i64)blockIdx.y * H * HD + blockIdx.x * HD + d] = o / L;
 }
 
 // A row's cells of one kv head in the table's cache (columns 0, 1; with Q8 the scales at 7, 8), and key j's
@@ -166,19 +206,24 @@ struct Cells {
   __device__ const float* vsat(int j) const { return Q8 ? vs + (i64)j * Q8_GROUPS(HD) : nullptr; }
 };
 
+// grid (H, rows, splits)
 template <int HD, int Q8>
 __global__ void __launch_bounds__(128) attn_decode(
     const float* __restrict__ q, const i64* __restrict__ tab, int tab_stride, int layer,
-    int H, int KV, float scale, float* __restrict__ out) {
+    int H, int KV, float scale, float* __restrict__ out, float* __restrict__ part, int splits) {
   __shared__ float qs[HD];
   const int h = blockIdx.x, row = blockIdx.y, kvh = h / (H / KV);
   const i64* tr = tab + (i64)row * tab_stride;
   const int S = (int)tr[3] + 1;  // keys 0..pos, this token's included
+  int lo, hi;
+  float* partial = splits > 1 ? part_of<HD>(part, H, splits) : nullptr;
+  if (!split_range(S, splits, lo, hi)) { if (threadIdx.x == 0) partial[HD + 1] = 0.f; return; }
   const Cells<HD, Q8> c(tr, layer, KV, kvh);
   for (int d = threadIdx.x; d < HD; d += blockDim.x) qs[d] = q[(i64)row * H * HD + h * HD + d];
   __syncthreads();
-  decode_core<HD, Q8>(qs, c.k, c.v, c.ks, c.vs, S, c.kat(S - 1), c.vat(S - 1), c.ksat(S - 1), c.vsat(S - 1), scale,
-                      out + (i64)row * H * HD + h * HD);
+  decode_core<HD, Q8>(qs, c.k, c.v, c.ks, c.vs, lo, hi, S, c.kat(S - 1), c.vat(S - 1), c.ksat(S - 1),
+                      c.vsat(S - 1), scale, partial != nullptr ? partial : out + (i64)row * H * HD + h * HD,
+                      partial != nullptr ? partial + HD : nullptr);
 }
 
 // qkv_post and attn_decode in one launch (decode rows only): warp 0 makes this head's query, warps 1
@@ -189,7 +234,7 @@ template <int HD, int Q8>
 __global__ void __launch_bounds__(128) attn_decode_qkv(
     const float* __restrict__ qkv, const i64* __restrict__ tab, int tab_stride, int layer, int H, int KV,
     const float* __restrict__ qn, const float* __restrict__ kn, float eps, const float* __restrict__ inv_freq,
-    int n_rot, int neox, float pos_scale, float scale, float* __restrict__ out) {
+    int n_rot, int neox, float pos_scale, float scale, float* __restrict__ out, float* __restrict__ part, int splits) {
   constexpr int PER = HD >= 32 ? HD / 32 : 1;
   __shared__ float qs[HD];
   __shared__ float scr[3][HD];
@@ -203,7 +248,11 @@ __global__ void __launch_bounds__(128) attn_decode_qkv(
   const i64 pos = tr[3];
   const int S = (int)pos + 1;
   const Cells<HD, Q8> c(tr, layer, KV, kvh);
-  if (warp < 3) {
+  int lo, hi;
+  float* partial = splits > 1 ? part_of<HD>(part, H, splits) : nullptr;
+  if (!split_range(S, splits, lo, hi)) { if (threadIdx.x == 0) partial[HD + 1] = 0.f; return; }
+  // only the split holding the new key makes it (and stores it): the others read older keys only
+  if (warp == 0 || (warp < 3 && hi == S)) {
     const int hh = warp == 0 ? h : (warp == 1 ? H + kvh : H + KV + kvh);
     float v[PER];
     head_post<HD>(qkv + (i64)row * (H + 2 * KV) * HD + hh * HD, warp, warp == 0 ? qn : kn, eps, inv_freq, n_rot,
@@ -229,7 +278,8 @@ __global__ void __launch_bounds__(128) attn_decode_qkv(
     }
   }
   __syncthreads();
-  decode_core<HD, Q8>(qs, c.k, c.v, c.ks, c.vs, S, knew, vnew, knew_s, vnew_s, scale, out + (i64)row * H * HD + h * HD);
+  decode_core<HD, Q8>(qs, c.k, c.v, c.ks, c.vs, lo, hi, S, knew, vnew, knew_s, vnew_s, scale,
+                      partial != nullptr ? partial : out + (i64)row * H * HD + h * HD, partial != nullptr ? partial + HD : nullptr);
 }
 
 // ---- prefill: T queries of one sequence at positions n_past.., keys 0..n_past+T-1 ----
@@ -423,6 +473,10 @@ def decode_name(hd: int, q8: bool = False) -> str:
 
 def decode_qkv_name(hd: int, q8: bool = False) -> str:
     return f"attn_decode_qkv<{hd}, {int(q8)}>"
+
+
+def merge_name(hd: int) -> str:
+    return f"attn_merge<{hd}>"
 
 
 def flash_name(hd: int, q8: bool = False) -> str:
