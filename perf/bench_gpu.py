@@ -195,7 +195,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     from strata.gpu.model import GpuModel, GpuOptions
     from strata.gpu.tiers import TierOptions
     from strata.models import model_class
-    from strata.weights import WeightStore
+    from strata.runtime.weights import WeightStore
 
     from strata.tiers import profile as rp
     from strata.tiers.layout import ExpertLayout

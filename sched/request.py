@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from strata.constraints.schema import Grammar
-from strata.sampling import SamplingParams
+from strata.sampling.params import SamplingParams
 
 
 class RequestState(enum.IntEnum):

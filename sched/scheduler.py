@@ -33,7 +33,7 @@ import numpy as np
 from strata.constraints.constraint import GrammarConstraint
 from strata.engine import Engine
 from strata.errors import StrataError
-from strata.reasoning_budget import ThinkBudget
+from strata.constraints.reasoning_budget import ThinkBudget
 from strata.sched.ahead import Ahead, HostAhead
 from strata.sched.metrics import Metrics
 from strata.sched.pacer import PrefillPacer
@@ -42,7 +42,7 @@ from strata.sched.request import (
     DoneEvent, ErrorEvent, FinishReason, Request, RequestState, TokenEvent,
 )
 from strata.sched.slots import Counters, QueueFullError, Slot
-from strata.sequence import ActiveSequence, Chunk, Constraint
+from strata.runtime.sequence import ActiveSequence, Chunk, Constraint
 from strata.tiers.telemetry import hit_rate_line, note
 
 __all__ = ["QueueFullError", "Scheduler", "ShuttingDownError"]

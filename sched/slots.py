@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from strata.errors import StrataError
 from strata.sched.request import FinishReason, Request
-from strata.sequence import ActiveSequence, GenerationResult
+from strata.runtime.sequence import ActiveSequence, GenerationResult
 
 
 class QueueFullError(StrataError):

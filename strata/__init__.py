@@ -13,7 +13,7 @@ from typing import Any
 __all__ = ["Engine", "Generation", "GenerationResult", "SamplingParams", "StrataError"]
 
 _HOME = {"Engine": "strata.engine", "Generation": "strata.engine", "GenerationResult": "strata.engine",
-         "SamplingParams": "strata.sampling", "StrataError": "strata.errors"}
+         "SamplingParams": "strata.sampling.params", "StrataError": "strata.errors"}
 
 
 def __getattr__(name: str) -> Any:

@@ -12,15 +12,17 @@ from typing import Any
 
 import numpy as np
 
-from strata.chat_template import ChatTemplate
 from strata.conf import EngineOptions
 from strata.conf.engine import parse_overrides
 from strata.errors import ConfigError, ContextOverflowError
 from strata.gguf import GGUFFile
 from strata.models import Model, model_class
-from strata.sampling import SamplingParams
-from strata.sequence import ActiveSequence, Chunk, Constraint, GenerationResult, Timings
-from strata.state import SequenceState
+from strata.runtime.sequence import ActiveSequence, Chunk, Constraint, GenerationResult, Timings
+from strata.runtime.state import SequenceState
+from strata.runtime.weights import WeightStore, check_supported
+from strata.sampling.params import SamplingParams
+from strata.text.chat_template import ChatTemplate
+from strata.text.tokenizer import Tokenizer
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.profile import Digests, Profile, cache_root
 from strata.tiers.profile import Keeper as ProfileKeeper
@@ -28,8 +30,6 @@ from strata.tiers.profile import load as load_profile
 from strata.tiers.share import parse_pcie_frac
 from strata.tiers.slots import ExpertCache, cpu_tiers
 from strata.tiers.telemetry import TierUse
-from strata.tokenizer import Tokenizer
-from strata.weights import WeightStore, check_supported
 
 __all__ = ["Chunk", "Engine", "Generation", "GenerationResult", "Timings"]
 
@@ -102,9 +102,9 @@ class Engine:
         serves it) and build its model; raises typed errors for bad files and options."""
         opts = EngineOptions.from_kwargs(**options)
         if path is None:
-            from strata import hub
+            from strata.hub import default_model
 
-            path = hub.pull()
+            path = default_model.pull()
         gguf = GGUFFile(path, parse_overrides(opts.override_kv, "override_kv"))
         if opts.verify:
             gguf.verify(opts.verify)

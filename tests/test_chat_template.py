@@ -12,9 +12,9 @@ import pytest
 from oracle.corpus import CONVERSATIONS, TOOLS
 from tokenizer_helpers import hf_dir_tokenizer, hf_gguf_tokenizer, qwen3_gguf, strata_tokenizer
 
-from strata.chat_template import ChatTemplate, load_default_template
 from strata.errors import TemplateError
 from strata.gguf import GGUFFile
+from strata.text.chat_template import ChatTemplate, load_default_template
 
 _CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich", "unit": "celsius"}}}
 _ADD = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 40}}}

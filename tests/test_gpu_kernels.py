@@ -22,8 +22,9 @@ from strata.blocks.rope import Rope, RopeStyle
 from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
 from strata.gpu.weights import DevMatrix, resident
 from strata.quants import dequantize
-from strata import sampling
-from strata.sampling import SamplingParams, draw_row
+from strata.sampling import sampler
+from strata.sampling.params import SamplingParams
+from strata.sampling.sampler import draw_row
 
 pytestmark = pytest.mark.gpu
 
@@ -428,7 +429,7 @@ def test_argmax_and_sampler(cp, ops):
         ops.sample_rows(cp.asarray(lg), 4, v, cp.asarray(draws), tab, 7, chosen)
         got = chosen.get()
         np.testing.assert_array_equal(tab.get()[:, 4], got)
-        want = [sampling.sample(r, [], p, 99, pos) for r, p in zip(lg, params)]
+        want = [sampler.sample(r, [], p, 99, pos) for r, p in zip(lg, params)]
         same += int((got == np.asarray(want)).sum())
         np.testing.assert_array_equal(got, sample.ref_sample_rows(lg, draws))  # the twin, bit for bit
         total += 4

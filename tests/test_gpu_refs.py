@@ -23,8 +23,9 @@ from strata.tiers.budget import MIB, Ledger, VramBudgetError, VramPlan
 from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
 from strata.gpu.kernels import deltanet as dk
 from strata.quants import dequantize
-from strata import sampling as sample_mod
-from strata.sampling import SamplingParams, device_drawable, draw_row
+from strata.sampling import sampler as sample_mod
+from strata.sampling.params import SamplingParams
+from strata.sampling.sampler import device_drawable, draw_row
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -181,7 +182,7 @@ def test_device_draw_twin_picks_the_cpu_token(params):
         same += int(sample.ref_sample_rows(logits[None], row)[0]) == want
         total += 1
     # the twin sums in sequence where numpy sums pairwise: only a draw within rounding of an edge may differ
-    assert same >= total - 1, f"the device draw agreed with strata.sampling.sample on {same} of {total} draws"
+    assert same >= total - 1, f"the device draw agreed with strata.sampling.sampler.sample on {same} of {total} draws"
 
 
 def test_device_draws_are_the_ones_it_can_make():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from strata.engine import Engine
-from strata.sampling import SamplingParams
+from strata.sampling.params import SamplingParams
 from strata.sched import prefix_cache as pc
 from strata.sched.request import DoneEvent, Request, TokenEvent
 from strata.sched.scheduler import Scheduler

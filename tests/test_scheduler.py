@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from strata.kvcache import KVCache
-from strata.sampling import SamplingParams
+from strata.runtime.kvcache import KVCache
+from strata.sampling.params import SamplingParams
 from strata.sched.prefix_cache import PrefixCache
 from strata.sched.request import (
     ANTHROPIC_STOP, OPENAI_FINISH, DoneEvent, ErrorEvent, FinishReason, Request, RequestState, TokenEvent,
 )
 from strata.sched.scheduler import QueueFullError, Scheduler
-from strata.state import SequenceState
+from strata.runtime.state import SequenceState
 
 V = 50
 EOT = 0

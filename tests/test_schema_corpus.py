@@ -18,8 +18,8 @@ from strata.constraints.closing import closing_suffix
 from strata.constraints.constraint import GrammarConstraint
 from strata.constraints.schema import compile_schema, tool_call_schema
 from strata.engine import Engine
-from strata.sampling import SamplingParams
-from strata.tokenizer import Tokenizer
+from strata.sampling.params import SamplingParams
+from strata.text.tokenizer import Tokenizer
 
 CORPUS = {p.stem: json.loads(p.read_text(encoding="utf-8"))
           for p in sorted((Path(__file__).parent / "data" / "json_schemas").glob("*.json"))}

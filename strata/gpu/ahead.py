@@ -1,6 +1,6 @@
 """The decode pipeline on the GPU (sched/ahead.py's protocol): steps replay the captured graph back to back.
 
-Each launch writes the slots' draw rows (strata.sampling.draw_row, the uniform computed on the host
+Each launch writes the slots' draw rows (strata.sampling.sampler.draw_row, the uniform computed on the host
 from the position the step samples at) through pinned memory, replays the graph, which draws the
 next tokens into the table's token column and advances the positions, and queues the chosen tokens'
 copy to pinned memory behind an event. The next launch needs nothing from the host, so the host
@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from strata.gpu.runtime import DEVICE_TO_HOST, HOST_TO_DEVICE, cupy_module
-from strata.sampling import DRAW_COLS, SamplingParams, device_drawable, draw_row
-from strata.state import SequenceState
+from strata.runtime.state import SequenceState
+from strata.sampling.params import SamplingParams
+from strata.sampling.sampler import DRAW_COLS, device_drawable, draw_row
 
 if TYPE_CHECKING:
     from strata.gpu.model import GpuModel

@@ -23,8 +23,8 @@ import numpy as np
 from strata.gpu.deltanet import RECURRENT
 from strata.gpu.layers import TAB, Activations, run_layer
 from strata.gpu.runtime import cupy_module, ptr
-from strata.sampling import DRAW_COLS
-from strata.state import SequenceState
+from strata.runtime.state import SequenceState
+from strata.sampling.sampler import DRAW_COLS
 
 if TYPE_CHECKING:
     from strata.gpu.model import GpuModel
@@ -51,7 +51,7 @@ class DecodeGraphs:
             m = self.model
             self._act = Activations(m.dims, self.max_batch, self.max_batch, m.params.vocab)
             self.tab = cp.zeros((self.max_batch, TAB), cp.int64)
-            self.draws = cp.zeros((self.max_batch, DRAW_COLS), cp.float64)  # strata.sampling.draw_row per slot
+            self.draws = cp.zeros((self.max_batch, DRAW_COLS), cp.float64)  # strata.sampling.sampler.draw_row per slot
             self.chosen = cp.zeros(self.max_batch, cp.int64)  # the tokens the last step drew
         return self._act
 

@@ -1,6 +1,6 @@
 """A sequence's attention KV cache in VRAM: K and V [n_layer, n_kv, cap, head_dim] fp16.
 
-It stands in for strata.kvcache.KVCache inside a SequenceState (copy, truncate, nbytes), so the
+It stands in for strata.runtime.kvcache.KVCache inside a SequenceState (copy, truncate, nbytes), so the
 scheduler's prefix cache and checkpoints work unchanged. Capacity doubles as the sequence grows;
 growing happens between steps on the host side, never inside a captured graph, and kernels find
 the buffers through a per-row table (`table_row`), so a grown cache needs no new graph.

@@ -41,7 +41,7 @@ from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
 from strata.models.base import Model
 from strata.models.qwen3moe import Qwen3Moe
 from strata.models.qwen3next import Qwen3Next
-from strata.state import SequenceState
+from strata.runtime.state import SequenceState
 from strata.tiers.budget import MIB, RESERVE_MIB, Ledger, VramPlan
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.slots import ExpertCache

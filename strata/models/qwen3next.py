@@ -21,10 +21,10 @@ from strata.blocks.shared_moe import moe_shared
 from strata.errors import GGUFError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, tensor
-from strata.kvcache import KVCache
+from strata.runtime.kvcache import KVCache
 from strata.models.base import DecoderParams, Model, register, require
-from strata.state import LayerState, SequenceState
-from strata.weights import WeightStore
+from strata.runtime.state import LayerState, SequenceState
+from strata.runtime.weights import WeightStore
 
 
 def require_int(g: GGUFFile, suffix: str) -> int:

@@ -14,12 +14,13 @@ from typing import Protocol
 
 import numpy as np
 
-from strata.detok import StreamDecoder
-from strata.sampling import SamplingParams, sample
-from strata.state import SequenceState
-from strata.stops import StopMatcher
+from strata.runtime.state import SequenceState
+from strata.sampling.params import SamplingParams
+from strata.sampling.sampler import sample
+from strata.text.detok import StreamDecoder
+from strata.text.stops import StopMatcher
+from strata.text.tokenizer import Tokenizer
 from strata.tiers.telemetry import TierUse
-from strata.tokenizer import Tokenizer
 
 
 class Constraint(Protocol):
@@ -139,7 +140,7 @@ class ActiveSequence:
         return out
 
     def accept_token(self, tok: int) -> list[Chunk]:
-        """Take a token chosen elsewhere (the decode pipeline's sampler, strata.sampling.device_drawable) for
+        """Take a token chosen elsewhere (the decode pipeline's sampler, strata.sampling.sampler.device_drawable) for
         this decode step, as `accept` would have sampled it."""
         assert self.phase is Phase.DECODE and not self.constraints
         tm = self.result.timings

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from strata.gguf.reader import GGUFFile
-from strata.tokenizer_build import (
+from strata.text.tokenizer_build import (
     BYTE,
     CONTROL,
     UNUSED,
