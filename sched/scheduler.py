@@ -39,9 +39,10 @@ from strata.sched.metrics import Metrics
 from strata.sched.pacer import PrefillPacer
 from strata.sched.prefix_cache import PrefixCache
 from strata.sched.request import (
-    DoneEvent, ErrorEvent, FinishReason, Request, RequestState, TokenEvent,
+    DoneEvent, ErrorEvent, Request, RequestState, TokenEvent,
 )
 from strata.sched.slots import Counters, QueueFullError, Slot
+from strata.runtime.finish import FinishReason
 from strata.runtime.sequence import ActiveSequence, Chunk, Constraint
 from strata.tiers.telemetry import hit_rate_line, note
 
@@ -237,7 +238,7 @@ class Scheduler:
         if ended or not self._may_continue():
             await self._drain()
         for slot in ended:
-            self._finish(slot, self._reason(slot.seq))
+            self._finish(slot)
 
     def _take_tokens(self, slots: list[Slot], chosen: np.ndarray) -> list[Slot]:
         """Each slot's token from the pipeline; returns the slots it ended (not finished yet: the pipeline may
@@ -270,7 +271,7 @@ class Scheduler:
         if epoch != self.epoch:
             return
         for slot in self._take_tokens(slots, chosen):
-            self._finish(slot, self._reason(slot.seq))
+            self._finish(slot)
 
     def _forward(self, window: list[tuple[Slot, np.ndarray]]) -> list[np.ndarray]:
         if self.pending_faults > 0:
@@ -362,7 +363,7 @@ class Scheduler:
         if req.state is RequestState.ADMITTING and seq.state.n_past >= len(seq.prompt):
             req.state = RequestState.SOLO
         if seq.finished:
-            self._finish(slot, self._reason(seq))
+            self._finish(slot)
 
     def _emit(self, slot: Slot, chunks: list[Chunk]) -> None:
         """A window's text for the slot's stream; a sampled token in it counts for the latency histograms."""
@@ -371,15 +372,9 @@ class Scheduler:
         if any(c.token is not None for c in chunks):
             self.metrics.token(slot)
 
-    @staticmethod
-    def _reason(seq: ActiveSequence) -> FinishReason:
-        r = seq.result
-        if r.finish_reason != "stop":
-            return FinishReason.LENGTH
-        return FinishReason.STOP_STRING if r.stop_string is not None else FinishReason.EOS
-
-    def _finish(self, slot: Slot, reason: FinishReason) -> None:
+    def _finish(self, slot: Slot) -> None:
         req, r = slot.req, slot.seq.result
+        reason = r.finish_reason
         req.state, req.finish = RequestState.FINISHED, reason
         self._slots.remove(slot)
         self.counters.finished(r, reason)
@@ -394,7 +389,7 @@ class Scheduler:
     def _reap_cancelled(self) -> None:
         for slot in [s for s in self._slots if s.req.cancelled]:
             slot.seq.cancel()
-            self._finish(slot, FinishReason.CANCELLED)
+            self._finish(slot)
 
     def _fail_window(self, window: list[tuple[Slot, np.ndarray | None]], reason: str) -> None:
         """Every request in the failed window ends with the reason; their states are discarded."""

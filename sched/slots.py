@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from strata.errors import StrataError
-from strata.sched.request import FinishReason, Request
+from strata.runtime.finish import FinishReason
+from strata.sched.request import Request
 from strata.runtime.sequence import ActiveSequence, GenerationResult
 
 

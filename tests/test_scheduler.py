@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
+from strata.runtime.finish import ANTHROPIC_STOP, OPENAI_FINISH, FinishReason
 from strata.runtime.kvcache import KVCache
 from strata.sampling.params import SamplingParams
 from strata.sched.prefix_cache import PrefixCache
-from strata.sched.request import (
-    ANTHROPIC_STOP, OPENAI_FINISH, DoneEvent, ErrorEvent, FinishReason, Request, RequestState, TokenEvent,
-)
+from strata.sched.request import DoneEvent, ErrorEvent, Request, RequestState, TokenEvent
 from strata.sched.scheduler import QueueFullError, Scheduler
 from strata.runtime.state import SequenceState
 

@@ -69,7 +69,7 @@ def run_generate(args: argparse.Namespace) -> int:
         r = gen.run()
         dump_json({
             "prompt_ids": r.prompt_ids, "tokens": r.tokens, "text": r.text,
-            "finish_reason": r.finish_reason, "timings": r.timings.to_dict(),
+            "finish_reason": r.finish_reason.value, "timings": r.timings.to_dict(),
         })
         return 0
     for chunk in gen:
