@@ -195,13 +195,11 @@ class Engine:
         assert last is not None, "prefill needs at least one token"
         return last[-1]
 
-    def encode_chat(self, messages: list[dict[str, Any]], **template_kw: Any) -> list[int]:
+    def chat_ids(self, messages: list[dict[str, Any]], **template_kw: Any) -> list[int]:
+        """The prompt ids of a conversation: the chat template's text through Tokenizer.encode_chat (whose
+        BOS rule the server's prompts follow too)."""
         text = self.template.render(messages, add_generation_prompt=True, **template_kw)
-        ids = self.tokenizer.encode(text, add_special=True, parse_special=True)
-        bos = self.tokenizer.bos_id
-        if len(ids) > 1 and ids[0] == bos and ids[1] == bos:  # template already wrote BOS
-            ids = ids[1:]
-        return ids
+        return self.tokenizer.encode_chat(text)
 
     def generate(
         self,
@@ -219,7 +217,7 @@ class Engine:
         params = params or SamplingParams()
         params.validate()
         if messages is not None:
-            ids = self.encode_chat(messages, **(template_kw or {}))
+            ids = self.chat_ids(messages, **(template_kw or {}))
         elif isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt, add_special=True, parse_special=True)
         else:
