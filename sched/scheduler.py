@@ -30,11 +30,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from strata.constraints.constraint import GrammarConstraint
 from strata.engine import Engine
 from strata.errors import StrataError
-from strata.constraints.reasoning_budget import ThinkBudget
 from strata.sched.ahead import Ahead, HostAhead
+from strata.sched.constraints import request_constraints
+from strata.sched.faults import FaultHook
 from strata.sched.metrics import Metrics
 from strata.sched.pacer import PrefillPacer
 from strata.sched.prefix_cache import PrefixCache
@@ -43,16 +43,12 @@ from strata.sched.request import (
 )
 from strata.sched.slots import Counters, QueueFullError, Slot
 from strata.runtime.finish import FinishReason
-from strata.runtime.sequence import ActiveSequence, Chunk, Constraint
+from strata.runtime.sequence import ActiveSequence, Chunk
 from strata.tiers.telemetry import hit_rate_line, note
 
 __all__ = ["QueueFullError", "Scheduler", "ShuttingDownError"]
 
 log = logging.getLogger("strata.scheduler")
-
-
-class InjectedFault(RuntimeError):
-    """Raised inside a window by the test-only fault hook."""
 
 
 class ShuttingDownError(StrataError):
@@ -72,7 +68,7 @@ class Scheduler:
         self.counters = Counters()
         self.metrics = Metrics(self)
         self.epoch = 0
-        self.pending_faults = 0  # test hook: windows left to fail on purpose
+        self.faults = FaultHook()  # test hook (--test-hooks): windows to fail on purpose
         self.pacer = PrefillPacer()
         self._queue: deque[Request] = deque()
         self._slots: list[Slot] = []
@@ -274,9 +270,7 @@ class Scheduler:
             self._finish(slot)
 
     def _forward(self, window: list[tuple[Slot, np.ndarray]]) -> list[np.ndarray]:
-        if self.pending_faults > 0:
-            self.pending_faults -= 1
-            raise InjectedFault("fault injected by the test hook")
+        self.faults.check()
         return self.engine.model.forward_batch([t for _, t in window], [s.seq.state for s, _ in window])
 
     def _admit(self) -> None:
@@ -302,17 +296,9 @@ class Scheduler:
         cached = self.prefix_cache.lookup(req.prompt_ids, state) if self.prefix_cache else 0
         seq = ActiveSequence(self.engine.tokenizer, state, req.prompt_ids, params=req.params, seed=req.seed,
                              max_tokens=req.max_tokens, stop=req.stop, ignore_eos=req.ignore_eos,
-                             constraints=self._constraints(req), tiered=self.engine.expert_cache is not None)
+                             constraints=request_constraints(req, self.engine.tokenizer, self._masks),
+                             tiered=self.engine.expert_cache is not None)
         return Slot(req, seq, cached)
-
-    def _constraints(self, req: Request) -> list[Constraint]:
-        tok = self.engine.tokenizer
-        out: list[Constraint] = []
-        if req.think_budget is not None:
-            out.append(ThinkBudget(tok, req.think_budget, req.in_think))
-        if req.grammar is not None:
-            out.append(GrammarConstraint(req.grammar, self._masks))
-        return out
 
     def _plan(self) -> list[tuple[Slot, np.ndarray]]:
         decoding = [s for s in self._slots if s.req.state is not RequestState.ADMITTING]

@@ -243,7 +243,7 @@ def test_window_fault_fails_in_flight_only_and_bumps_epoch() -> None:
     async def go() -> None:
         eng = FakeEngine()
         sch = Scheduler(eng, parallel=2)  # type: ignore[arg-type]
-        sch.pending_faults = 1
+        sch.faults.arm()
         a, b, c = make(PROMPTS[0], 5), make(PROMPTS[2], 5), make(PROMPTS[3], 5)
         for r in (a, b, c):
             sch.submit(r)
