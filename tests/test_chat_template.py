@@ -234,7 +234,8 @@ def test_engine_and_server_encode_a_chat_alike(name, request):
 
     path = str(request.getfixturevalue(f"{name}_path"))
     tok = strata_tokenizer(path)  # gemma3 has no model class here: its tokenizer and template are enough
-    eng = types.SimpleNamespace(tokenizer=tok, template=ChatTemplate.from_gguf(GGUFFile(path), tok), n_ctx=4096)
+    template = ChatTemplate.from_gguf(GGUFFile(path), tok)
+    eng = types.SimpleNamespace(tokenizer=tok, template=template, n_ctx=4096)
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
     ids = Engine.chat_ids(eng, msgs)  # type: ignore[arg-type]
     wants_bos = tok.add_bos or eng.template.render(msgs, add_generation_prompt=True).startswith(tok.bos_token)

@@ -182,7 +182,7 @@ def test_device_draw_twin_picks_the_cpu_token(params):
         same += int(sample.ref_sample_rows(logits[None], row)[0]) == want
         total += 1
     # the twin sums in sequence where numpy sums pairwise: only a draw within rounding of an edge may differ
-    assert same >= total - 1, f"the device draw agreed with strata.sampling.sampler.sample on {same} of {total} draws"
+    assert same >= total - 1, f"the device draw agreed with sampler.sample on {same} of {total} draws"
 
 
 def test_device_draws_are_the_ones_it_can_make():

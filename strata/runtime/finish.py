@@ -25,6 +25,7 @@ OPENAI_FINISH = {
     FinishReason.TOOL_CALLS: "tool_calls", FinishReason.CANCELLED: "stop", FinishReason.ERROR: "error",
 }
 ANTHROPIC_STOP = {
-    FinishReason.EOS: "end_turn", FinishReason.STOP_STRING: "stop_sequence", FinishReason.LENGTH: "max_tokens",
-    FinishReason.TOOL_CALLS: "tool_use", FinishReason.CANCELLED: "end_turn", FinishReason.ERROR: "end_turn",
+    FinishReason.EOS: "end_turn", FinishReason.STOP_STRING: "stop_sequence",
+    FinishReason.LENGTH: "max_tokens", FinishReason.TOOL_CALLS: "tool_use",
+    FinishReason.CANCELLED: "end_turn", FinishReason.ERROR: "end_turn",
 }

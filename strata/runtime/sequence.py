@@ -141,8 +141,8 @@ class ActiveSequence:
         return out
 
     def accept_token(self, tok: int) -> list[Chunk]:
-        """Take a token chosen elsewhere (the decode pipeline's sampler, strata.sampling.sampler.device_drawable) for
-        this decode step, as `accept` would have sampled it."""
+        """Take a token chosen elsewhere (the decode pipeline's sampler, strata.sampling.sampler's
+        device_drawable) for this decode step, as `accept` would have sampled it."""
         assert self.phase is Phase.DECODE and not self.constraints
         tm = self.result.timings
         out = self._finish() if len(self.result.tokens) >= self.max_tokens else self._take(tok)

@@ -1,6 +1,6 @@
-"""Token choice on the GPU, inside the decode graph: greedy argmax, and the top-k draw of strata.sampling.sampler.
+"""Token choice on the GPU, inside the decode graph: greedy argmax, and the top-k draw of strata/sampling/.
 
-`sample_rows` reads one draw row per sequence (strata.sampling.sampler.draw_row: temperature, top_k, top_p,
+`sample_rows` reads one draw row per sequence (sampler.draw_row: temperature, top_k, top_p,
 min_p and the uniform u, which the host computes from the same counter-based Philox as the CPU
 sampler) and writes the chosen token into the table's token column, so the next replay of the graph
 feeds it with no host round trip. Temperature 0 is greedy. Otherwise:
