@@ -16,7 +16,7 @@ hands the logits back.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -26,12 +26,27 @@ from strata.gpu.runtime import cupy_module, ptr
 from strata.runtime.state import SequenceState
 from strata.sampling.sampler import DRAW_COLS
 
-if TYPE_CHECKING:
-    from strata.gpu.model import GpuModel
+
+class GraphModel(Protocol):
+    """What a decode graph reads of its model (strata.gpu.model.GpuModel), so this module needs none of it."""
+
+    ops: Any  # strata.gpu.ops.Ops
+    dims: Any
+    params: Any
+    embd: Any
+    inv_freq: Any
+    stream: Any  # the cupy stream every launch goes on
+    tiers: Any  # strata.gpu.tiers.GpuTiers or None
+
+    def layers_for(self, n: int) -> list[Any]: ...
+
+    def head_logits(self, x: Any, n: int, out: Any = None) -> Any: ...
+
+    def table_row(self, state: SequenceState, pos: int, token: int) -> list[int]: ...
 
 
 class DecodeGraphs:
-    def __init__(self, model: GpuModel, max_batch: int) -> None:
+    def __init__(self, model: GraphModel, max_batch: int) -> None:
         self.model = model
         self.max_batch = max_batch
         self._graphs: dict[int, Any] = {}
