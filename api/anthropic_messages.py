@@ -28,7 +28,7 @@ from strata.api.schemas_anthropic import (
 )
 from strata.api.sse import event_json
 from strata.api.state import AppState
-from strata.sched.request import ANTHROPIC_STOP, FinishReason
+from strata.runtime.finish import ANTHROPIC_STOP, FinishReason
 
 # Thinking blocks carry a signature in Anthropic's API; ours is a fixed marker, since we do not
 # sign, so clients that echo thinking blocks back round-trip without error.

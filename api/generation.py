@@ -23,8 +23,9 @@ from strata.api.schema_check import compiled
 from strata.api.state import AppState
 from strata.constraints.closing import closing_suffix
 from strata.constraints.schema import Grammar
-from strata.sampling import SamplingParams
-from strata.sched.request import DoneEvent, ErrorEvent, FinishReason, Request, TokenEvent
+from strata.sampling.params import SamplingParams
+from strata.runtime.finish import FinishReason
+from strata.sched.request import DoneEvent, ErrorEvent, Request, TokenEvent
 from strata.sched.scheduler import ShuttingDownError
 from strata.sched.slots import QueueFullError
 

@@ -24,7 +24,7 @@ from strata.api.schemas import (
 from strata.api.sse import event_json
 from strata.api.state import VERSION, AppState
 from strata.constraints.schema import JSON_OBJECT
-from strata.sched.request import OPENAI_FINISH
+from strata.runtime.finish import OPENAI_FINISH
 
 
 # reasoning_effort -> tokens of thinking before </think> is forced (high: the model decides).

@@ -22,7 +22,7 @@ from strata.api.sampling_args import openai_params
 from strata.api.schemas import REFUSED_COMPLETION, CompletionRequest, parse, unsupported
 from strata.api.sse import event_json
 from strata.api.state import AppState
-from strata.sched.request import OPENAI_FINISH
+from strata.runtime.finish import OPENAI_FINISH
 
 
 def _prompt(state: AppState, body: CompletionRequest) -> Prompt:

@@ -110,5 +110,5 @@ async def detokenize(request: Request) -> Response:
 async def inject_fault(request: Request) -> Response:
     """Test hook (--test-hooks only): make the next window raise, to exercise the crash epoch."""
     s = _state(request)
-    s.scheduler.pending_faults += 1
-    return JSONResponse({"pending_faults": s.scheduler.pending_faults, "epoch": s.scheduler.epoch})
+    pending = s.scheduler.faults.arm()
+    return JSONResponse({"pending_faults": pending, "epoch": s.scheduler.epoch})

@@ -14,7 +14,7 @@ import re
 import secrets
 from typing import Any
 
-from strata.tokenizer import Tokenizer
+from strata.text.tokenizer import Tokenizer
 
 
 class Marks:

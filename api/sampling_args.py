@@ -8,7 +8,7 @@ from strata.api.errors import bad_request
 from strata.api.schemas import SamplingFields
 from strata.api.schemas_anthropic import MessagesRequest
 
-from strata.sampling import SamplingError, SamplingParams
+from strata.sampling.params import SamplingError, SamplingParams
 
 # llama-server's defaults: the clients we serve were tuned against them.
 DEFAULTS = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)

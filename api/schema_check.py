@@ -11,7 +11,7 @@ from typing import Any
 from strata.api.errors import APIError, bad_request
 from strata.constraints.schema import Grammar, SchemaError, compile_schema
 from strata.constraints.vocab import model_vocab
-from strata.tokenizer import Tokenizer
+from strata.text.tokenizer import Tokenizer
 
 COMPILE_SECONDS = 5.0
 # keyword pairs where lower > upper leaves no value (JSON Schema: the instance must satisfy both)

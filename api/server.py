@@ -15,7 +15,7 @@ import uvicorn
 from sse_starlette.sse import AppStatus
 from starlette.applications import Starlette
 
-from strata import hub
+from strata.hub import default_model
 from strata.api.app import build_app
 from strata.api.loading import Loading
 from strata.api.state import AppState
@@ -25,7 +25,7 @@ from strata.engine import Engine
 from strata.errors import ConfigError, StrataError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys
-from strata.logs import configure_logging
+from strata.console.logs import configure_logging
 from strata.sched.prefix_cache import PrefixCache
 from strata.sched.scheduler import Scheduler
 
@@ -35,7 +35,7 @@ log = logging.getLogger("strata.server")
 def check_model(cfg: ServerConfig) -> tuple[Path, int]:
     """The model file and the context asked for (0: the engine chooses, strata.tiers.context), from its header
     alone: what can be refused before the socket opens."""
-    path = Path(cfg.model) if cfg.model else hub.pull()
+    path = Path(cfg.model) if cfg.model else default_model.pull()
     trained = int(GGUFFile(path, parse_overrides(cfg.engine.get("override_kv", ()))).arch_get(Keys.CONTEXT_LENGTH, 4096))
     if cfg.ctx_size > trained:
         raise ConfigError("--ctx-size", cfg.ctx_size, f"{path.name} was trained for at most {trained} tokens")

@@ -18,7 +18,7 @@ from strata.tiers.tables import MODES as TABLE_MODES
 from strata.tiers.tables import check_mode as check_table_mode
 
 from strata.errors import ConfigError
-from strata.kvcache import KV_TYPES, check_kv_type
+from strata.runtime.kvcache import KV_TYPES, check_kv_type
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,5 @@
 """The log format flag, the same on `serve`, `generate` and `profile`; the Python API passes it to
-`strata.logs.configure_logging`."""
+`strata.console.logs.configure_logging`."""
 
 from __future__ import annotations
 

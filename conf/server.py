@@ -42,7 +42,7 @@ class ServerConfig:
     shutdown_grace_s: float = 10.0  # after SIGTERM: in-flight requests get this long to finish
     test_hooks: bool = False  # exposes POST /debug/fault for the crash-epoch tests
     verbose: bool = False
-    log_format: str = "text"  # text | json (strata/logs.py)
+    log_format: str = "text"  # text | json (strata/console/logs.py)
 
     def validate(self) -> None:
         if not 0 < self.port < 65536:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from strata.bench.report import engine_result, engine_tables, run_meta, write_json
-from strata.logs import configure_logging
+from strata.console.logs import configure_logging
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from strata.gguf import GGUFFile
 from strata.models import model_class
-from strata.weights import WeightStore
+from strata.runtime.weights import WeightStore
 
 
 def bench(path: Path, n_prompt: int, n_gen: int, cache_mib: int, backend: str, workers: int) -> dict[str, float]:

@@ -28,7 +28,7 @@ import numpy as np
 from strata.tiers.lookahead import PREFETCH_DEFAULT
 
 from strata.bench.report import engine_result, engine_tables, run_meta, write_json
-from strata.logs import configure_logging
+from strata.console.logs import configure_logging
 
 
 def copy_bandwidth(cp: Any) -> float:
@@ -198,7 +198,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     from strata.gpu.model import GpuModel, GpuOptions
     from strata.gpu.tiers import TierOptions
     from strata.models import model_class
-    from strata.weights import WeightStore
+    from strata.runtime.weights import WeightStore
 
     from strata.tiers import profile as rp
     from strata.tiers.layout import ExpertLayout

@@ -1,4 +1,4 @@
-"""Host sampling cost per token at Qwen3's 151,936-token vocabulary (strata.sampling.sample), per
+"""Host sampling cost per token at Qwen3's 151,936-token vocabulary (strata.sampling.sampler.sample), per
 parameter set: the engine samples every decode token on the host, so this adds to each GPU step.
 
     python perf/bench_sampling.py [--reps 200]
@@ -13,7 +13,8 @@ import time
 
 import numpy as np
 
-from strata.sampling import SamplingParams, sample
+from strata.sampling.params import SamplingParams
+from strata.sampling.sampler import sample
 
 SETS = {
     "greedy": SamplingParams(temperature=0.0),

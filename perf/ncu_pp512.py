@@ -12,7 +12,7 @@ import numpy as np
 from strata.gguf import GGUFFile
 from strata.gpu.model import GpuModel, GpuOptions
 from strata.models import model_class
-from strata.weights import WeightStore
+from strata.runtime.weights import WeightStore
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ A sequence that ends at a token the pipeline already fed has had one extra step:
 that token (an EOS the next turn's prompt starts with, which the prefix cache can reuse).
 
 `HostAhead` is the pipeline for any model: steps run on a worker thread (forward_batch, then
-strata.sampling.sample), so the host's share overlaps the model's next step. strata/gpu/ahead.py
+strata.sampling.sampler.sample), so the host's share overlaps the model's next step. strata/gpu/ahead.py
 keeps the steps inside the CUDA graph, with the draw on the device.
 """
 
@@ -30,8 +30,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from strata.sampling import SamplingParams, sample
-from strata.state import SequenceState
+from strata.runtime.state import SequenceState
+from strata.sampling.params import SamplingParams
+from strata.sampling.sampler import sample
 
 Draw = tuple[SamplingParams, int]  # a sequence's sampling parameters and seed
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from strata.sched.request import FinishReason, Request
+from strata.runtime.finish import FinishReason
+from strata.sched.request import Request
 
 if TYPE_CHECKING:
     from strata.sched.scheduler import Scheduler

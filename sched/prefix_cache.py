@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strata.state import SequenceState
+from strata.runtime.state import SequenceState
 
 log = logging.getLogger("strata.prefix_cache")
 

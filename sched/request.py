@@ -1,8 +1,5 @@
-"""Requests as the scheduler sees them: an explicit state machine and one finish reason each.
-
-One map turns a finish reason into OpenAI's `finish_reason` and one into Anthropic's
-`stop_reason`, so the HTTP adapters never invent their own.
-"""
+"""Requests as the scheduler sees them: an explicit state machine and one finish reason each
+(strata.runtime.finish.FinishReason, the vocabulary every layer shares)."""
 
 from __future__ import annotations
 
@@ -13,7 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from strata.constraints.schema import Grammar
-from strata.sampling import SamplingParams
+from strata.runtime.finish import FinishReason
+from strata.sampling.params import SamplingParams
 
 
 class RequestState(enum.IntEnum):
@@ -25,24 +23,6 @@ class RequestState(enum.IntEnum):
     BATCHED = 3
     FINISHED = 4
 
-
-class FinishReason(enum.Enum):
-    EOS = "eos"
-    STOP_STRING = "stop_string"
-    LENGTH = "length"
-    TOOL_CALLS = "tool_calls"
-    CANCELLED = "cancelled"  # client went away
-    ERROR = "error"  # the window failed; the client gets a 503 with the reason
-
-
-OPENAI_FINISH = {
-    FinishReason.EOS: "stop", FinishReason.STOP_STRING: "stop", FinishReason.LENGTH: "length",
-    FinishReason.TOOL_CALLS: "tool_calls", FinishReason.CANCELLED: "stop", FinishReason.ERROR: "error",
-}
-ANTHROPIC_STOP = {
-    FinishReason.EOS: "end_turn", FinishReason.STOP_STRING: "stop_sequence", FinishReason.LENGTH: "max_tokens",
-    FinishReason.TOOL_CALLS: "tool_use", FinishReason.CANCELLED: "end_turn", FinishReason.ERROR: "end_turn",
-}
 
 _ids = itertools.count(1)
 

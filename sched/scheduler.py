@@ -30,28 +30,25 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from strata.constraints.constraint import GrammarConstraint
 from strata.engine import Engine
 from strata.errors import StrataError
-from strata.reasoning_budget import ThinkBudget
 from strata.sched.ahead import Ahead, HostAhead
+from strata.sched.constraints import request_constraints
+from strata.sched.faults import FaultHook
 from strata.sched.metrics import Metrics
 from strata.sched.pacer import PrefillPacer
 from strata.sched.prefix_cache import PrefixCache
 from strata.sched.request import (
-    DoneEvent, ErrorEvent, FinishReason, Request, RequestState, TokenEvent,
+    DoneEvent, ErrorEvent, Request, RequestState, TokenEvent,
 )
 from strata.sched.slots import Counters, QueueFullError, Slot
-from strata.sequence import ActiveSequence, Chunk, Constraint
+from strata.runtime.finish import FinishReason
+from strata.runtime.sequence import ActiveSequence, Chunk
 from strata.tiers.telemetry import hit_rate_line, note
 
 __all__ = ["QueueFullError", "Scheduler", "ShuttingDownError"]
 
 log = logging.getLogger("strata.scheduler")
-
-
-class InjectedFault(RuntimeError):
-    """Raised inside a window by the test-only fault hook."""
 
 
 class ShuttingDownError(StrataError):
@@ -71,7 +68,7 @@ class Scheduler:
         self.counters = Counters()
         self.metrics = Metrics(self)
         self.epoch = 0
-        self.pending_faults = 0  # test hook: windows left to fail on purpose
+        self.faults = FaultHook()  # test hook (--test-hooks): windows to fail on purpose
         self.pacer = PrefillPacer()
         self._queue: deque[Request] = deque()
         self._slots: list[Slot] = []
@@ -237,7 +234,7 @@ class Scheduler:
         if ended or not self._may_continue():
             await self._drain()
         for slot in ended:
-            self._finish(slot, self._reason(slot.seq))
+            self._finish(slot)
 
     def _take_tokens(self, slots: list[Slot], chosen: np.ndarray) -> list[Slot]:
         """Each slot's token from the pipeline; returns the slots it ended (not finished yet: the pipeline may
@@ -270,12 +267,10 @@ class Scheduler:
         if epoch != self.epoch:
             return
         for slot in self._take_tokens(slots, chosen):
-            self._finish(slot, self._reason(slot.seq))
+            self._finish(slot)
 
     def _forward(self, window: list[tuple[Slot, np.ndarray]]) -> list[np.ndarray]:
-        if self.pending_faults > 0:
-            self.pending_faults -= 1
-            raise InjectedFault("fault injected by the test hook")
+        self.faults.check()
         return self.engine.model.forward_batch([t for _, t in window], [s.seq.state for s, _ in window])
 
     def _admit(self) -> None:
@@ -301,17 +296,9 @@ class Scheduler:
         cached = self.prefix_cache.lookup(req.prompt_ids, state) if self.prefix_cache else 0
         seq = ActiveSequence(self.engine.tokenizer, state, req.prompt_ids, params=req.params, seed=req.seed,
                              max_tokens=req.max_tokens, stop=req.stop, ignore_eos=req.ignore_eos,
-                             constraints=self._constraints(req), tiered=self.engine.expert_cache is not None)
+                             constraints=request_constraints(req, self.engine.tokenizer, self._masks),
+                             tiered=self.engine.expert_cache is not None)
         return Slot(req, seq, cached)
-
-    def _constraints(self, req: Request) -> list[Constraint]:
-        tok = self.engine.tokenizer
-        out: list[Constraint] = []
-        if req.think_budget is not None:
-            out.append(ThinkBudget(tok, req.think_budget, req.in_think))
-        if req.grammar is not None:
-            out.append(GrammarConstraint(req.grammar, self._masks))
-        return out
 
     def _plan(self) -> list[tuple[Slot, np.ndarray]]:
         decoding = [s for s in self._slots if s.req.state is not RequestState.ADMITTING]
@@ -362,7 +349,7 @@ class Scheduler:
         if req.state is RequestState.ADMITTING and seq.state.n_past >= len(seq.prompt):
             req.state = RequestState.SOLO
         if seq.finished:
-            self._finish(slot, self._reason(seq))
+            self._finish(slot)
 
     def _emit(self, slot: Slot, chunks: list[Chunk]) -> None:
         """A window's text for the slot's stream; a sampled token in it counts for the latency histograms."""
@@ -371,15 +358,9 @@ class Scheduler:
         if any(c.token is not None for c in chunks):
             self.metrics.token(slot)
 
-    @staticmethod
-    def _reason(seq: ActiveSequence) -> FinishReason:
-        r = seq.result
-        if r.finish_reason != "stop":
-            return FinishReason.LENGTH
-        return FinishReason.STOP_STRING if r.stop_string is not None else FinishReason.EOS
-
-    def _finish(self, slot: Slot, reason: FinishReason) -> None:
+    def _finish(self, slot: Slot) -> None:
         req, r = slot.req, slot.seq.result
+        reason = r.finish_reason
         req.state, req.finish = RequestState.FINISHED, reason
         self._slots.remove(slot)
         self.counters.finished(r, reason)
@@ -394,7 +375,7 @@ class Scheduler:
     def _reap_cancelled(self) -> None:
         for slot in [s for s in self._slots if s.req.cancelled]:
             slot.seq.cancel()
-            self._finish(slot, FinishReason.CANCELLED)
+            self._finish(slot)
 
     def _fail_window(self, window: list[tuple[Slot, np.ndarray | None]], reason: str) -> None:
         """Every request in the failed window ends with the reason; their states are discarded."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from strata.errors import StrataError
-from strata.sched.request import FinishReason, Request
-from strata.sequence import ActiveSequence, GenerationResult
+from strata.runtime.finish import FinishReason
+from strata.sched.request import Request
+from strata.runtime.sequence import ActiveSequence, GenerationResult
 
 
 class QueueFullError(StrataError):

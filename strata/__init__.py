@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Engine", "Generation", "GenerationResult", "SamplingParams", "StrataError"]
+__all__ = ["Engine", "FinishReason", "Generation", "GenerationResult", "SamplingParams", "StrataError"]
 
 _HOME = {"Engine": "strata.engine", "Generation": "strata.engine", "GenerationResult": "strata.engine",
-         "SamplingParams": "strata.sampling", "StrataError": "strata.errors"}
+         "FinishReason": "strata.runtime.finish", "SamplingParams": "strata.sampling.params",
+         "StrataError": "strata.errors"}
 
 
 def __getattr__(name: str) -> Any:

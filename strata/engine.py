@@ -13,16 +13,18 @@ from typing import Any
 
 import numpy as np
 
-from strata.chat_template import ChatTemplate
 from strata.conf import EngineOptions
 from strata.conf.engine import parse_overrides
 from strata.errors import ConfigError, ContextOverflowError
 from strata.gguf import GGUFFile
-from strata.kvcache import KVCache, KVType
+from strata.runtime.kvcache import KVCache, KVType
 from strata.models import Model, model_class
-from strata.sampling import SamplingParams
-from strata.sequence import ActiveSequence, Chunk, Constraint, GenerationResult, Timings
-from strata.state import SequenceState
+from strata.runtime.sequence import ActiveSequence, Chunk, Constraint, GenerationResult, Timings
+from strata.runtime.state import SequenceState
+from strata.runtime.weights import WeightStore, check_supported
+from strata.sampling.params import SamplingParams
+from strata.text.chat_template import ChatTemplate
+from strata.text.tokenizer import Tokenizer
 from strata.tiers import context
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.profile import Digests, Profile, cache_root
@@ -31,8 +33,6 @@ from strata.tiers.profile import load as load_profile
 from strata.tiers.share import parse_pcie_frac
 from strata.tiers.slots import ExpertCache, cpu_tiers
 from strata.tiers.telemetry import TierUse
-from strata.tokenizer import Tokenizer
-from strata.weights import WeightStore, check_supported
 
 __all__ = ["Chunk", "Engine", "Generation", "GenerationResult", "Timings"]
 
@@ -116,9 +116,9 @@ class Engine:
         serves it) and build its model; raises typed errors for bad files and options."""
         opts = EngineOptions.from_kwargs(**options)
         if path is None:
-            from strata import hub
+            from strata.hub import default_model
 
-            path = hub.pull()
+            path = default_model.pull()
         gguf = GGUFFile(path, parse_overrides(opts.override_kv, "override_kv"))
         if opts.verify:
             gguf.verify(opts.verify)
@@ -216,13 +216,11 @@ class Engine:
         assert last is not None, "prefill needs at least one token"
         return last[-1]
 
-    def encode_chat(self, messages: list[dict[str, Any]], **template_kw: Any) -> list[int]:
+    def chat_ids(self, messages: list[dict[str, Any]], **template_kw: Any) -> list[int]:
+        """The prompt ids of a conversation: the chat template's text through Tokenizer.encode_chat (whose
+        BOS rule the server's prompts follow too)."""
         text = self.template.render(messages, add_generation_prompt=True, **template_kw)
-        ids = self.tokenizer.encode(text, add_special=True, parse_special=True)
-        bos = self.tokenizer.bos_id
-        if len(ids) > 1 and ids[0] == bos and ids[1] == bos:  # template already wrote BOS
-            ids = ids[1:]
-        return ids
+        return self.tokenizer.encode_chat(text)
 
     def generate(
         self,
@@ -240,7 +238,7 @@ class Engine:
         params = params or SamplingParams()
         params.validate()
         if messages is not None:
-            ids = self.encode_chat(messages, **(template_kw or {}))
+            ids = self.chat_ids(messages, **(template_kw or {}))
         elif isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt, add_special=True, parse_special=True)
         else:

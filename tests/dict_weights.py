@@ -1,4 +1,4 @@
-"""A stand-in for strata.weights.WeightStore over a dict of float32 arrays: the calls the blocks make
+"""A stand-in for strata.runtime.weights.WeightStore over a dict of float32 arrays: the calls the blocks make
 (matmul, vector, shape), for tests that build layer weights by hand."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 
 from strata.engine import Engine
-from strata.sampling import SamplingParams
+from strata.sampling.params import SamplingParams
 
 TOL = 1e-3  # max |dlogit| against transformers fp32 (logits have std ~4 on these models)
 

@@ -12,9 +12,9 @@ import pytest
 from oracle.corpus import CONVERSATIONS, TOOLS
 from tokenizer_helpers import hf_dir_tokenizer, hf_gguf_tokenizer, qwen3_gguf, strata_tokenizer
 
-from strata.chat_template import ChatTemplate, load_default_template
 from strata.errors import TemplateError
 from strata.gguf import GGUFFile
+from strata.text.chat_template import ChatTemplate, load_default_template
 
 _CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich", "unit": "celsius"}}}
 _ADD = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 40}}}
@@ -221,3 +221,23 @@ def test_named_tool_use_variant_is_picked_with_tools(tmp_path):
     t = ChatTemplate.from_gguf(g, _TOK)
     assert t.render([{"role": "user", "content": "x"}]) == "plain"
     assert t.render([{"role": "user", "content": "x"}], tools=TOOLS) == "tools:2"
+
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_engine_and_server_encode_a_chat_alike(name, request):
+    """One BOS rule: Engine.chat_ids (the CLI's and the Python API's prompt) gives the server's ids for the
+    same conversation, starting with one BOS where the model asks for one (add_bos_token) or the template
+    writes it (gemma3's does), never two."""
+    from strata.api.prompt import Chat, build_prompt
+    from strata.engine import Engine
+
+    path = str(request.getfixturevalue(f"{name}_path"))
+    tok = strata_tokenizer(path)  # gemma3 has no model class here: its tokenizer and template are enough
+    template = ChatTemplate.from_gguf(GGUFFile(path), tok)
+    eng = types.SimpleNamespace(tokenizer=tok, template=template, n_ctx=4096)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]
+    ids = Engine.chat_ids(eng, msgs)  # type: ignore[arg-type]
+    wants_bos = tok.add_bos or eng.template.render(msgs, add_generation_prompt=True).startswith(tok.bos_token)
+    assert (ids[0] == tok.bos_id) == wants_bos and ids[1] != tok.bos_id  # SmolLM2's BOS is <|im_start|>
+    assert build_prompt(eng, Chat(msgs)).ids == ids

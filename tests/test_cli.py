@@ -91,10 +91,10 @@ def test_usage_errors_are_one_line_and_exit_1(smollm2_path: Path) -> None:
 
 def test_public_api_and_the_default_model(smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import strata as pkg
-    from strata import hub
+    from strata.hub import default_model
 
     assert {"Engine", "SamplingParams"} <= set(pkg.__all__)
-    monkeypatch.setattr(hub, "pull", lambda: smollm2_path)  # the default model, already fetched
+    monkeypatch.setattr(default_model, "pull", lambda: smollm2_path)  # the default model, already fetched
     eng = pkg.Engine.load()
     assert eng.gguf.path == str(smollm2_path)
     text = eng.generate("Hi", max_tokens=3, params=pkg.SamplingParams(temperature=0.0)).run().text

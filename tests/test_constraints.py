@@ -20,7 +20,7 @@ from strata.constraints.closing import closing_suffix
 from strata.constraints.constraint import ConstraintError, GrammarConstraint
 from strata.constraints.schema import SchemaError, compile_schema, grammar_text, tool_call_schema
 from strata.constraints.vocab import byte_vocab
-from strata.tokenizer import Tokenizer
+from strata.text.tokenizer import Tokenizer
 
 WEATHER = {"type": "object", "required": ["city"], "properties": {
     "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer"}}}

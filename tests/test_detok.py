@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from tokenizer_helpers import CORPUS, qwen3_gguf, strata_tokenizer
 
-from strata.detok import StreamDecoder
-from strata.tokenizer import Tokenizer
-from strata.tokenizer_build import CONTROL, NORMAL, build_tokenizer
+from strata.text.detok import StreamDecoder
+from strata.text.tokenizer import Tokenizer
+from strata.text.tokenizer_build import CONTROL, NORMAL, build_tokenizer
 
 
 @pytest.fixture(params=["smollm2", "gemma3", "qwen3"])

@@ -22,10 +22,11 @@ from strata.blocks.norms import rms_norm
 from strata.blocks.rope import Rope, RopeStyle
 from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
 from strata.gpu.weights import DevMatrix, resident
-from strata.kvcache import dequantize_rows, group_of, quantize_rows
+from strata.runtime.kvcache import dequantize_rows, group_of, quantize_rows
 from strata.quants import dequantize
-from strata import sampling
-from strata.sampling import SamplingParams, draw_row
+from strata.sampling import sampler
+from strata.sampling.params import SamplingParams
+from strata.sampling.sampler import draw_row
 
 pytestmark = pytest.mark.gpu
 
@@ -296,7 +297,7 @@ def test_attention_decode_fused_with_qkv_post(cp, ops, hd):
 
 
 def _cache8(cp, k: np.ndarray, v: np.ndarray, layer: int, cap: int):
-    """int8 cells of k, v [S, KV, hd] at `layer` (strata.kvcache.quantize_rows), as GpuKV lays them out."""
+    """int8 cells of k, v [S, KV, hd] at `layer` (strata.runtime.kvcache.quantize_rows), as GpuKV lays them out."""
     s, kv, hd = k.shape
     ng = hd // group_of(hd)
     out = []
@@ -346,7 +347,7 @@ def test_attention_on_int8_cells(cp, ops, hd):
 
 @pytest.mark.parametrize("hd", HDS)
 def test_int8_cells_written_by_qkv_post_and_the_fused_decode(cp, ops, hd):
-    """qkv_post and attn_decode_qkv write the same int8 cells as strata.kvcache.quantize_rows (within one code:
+    """qkv_post and attn_decode_qkv write the same int8 cells as strata.runtime.kvcache.quantize_rows (within one code:
     the GPU's rotation differs from numpy's in the last fp32 bits), and the fused kernel's attention reads the
     new key from its own copy as the cache holds it."""
     rng = np.random.default_rng(90 + hd)
@@ -569,7 +570,7 @@ def test_argmax_and_sampler(cp, ops):
         ops.sample_rows(cp.asarray(lg), 4, v, cp.asarray(draws), tab, 7, chosen)
         got = chosen.get()
         np.testing.assert_array_equal(tab.get()[:, 4], got)
-        want = [sampling.sample(r, [], p, 99, pos) for r, p in zip(lg, params)]
+        want = [sampler.sample(r, [], p, 99, pos) for r, p in zip(lg, params)]
         same += int((got == np.asarray(want)).sum())
         np.testing.assert_array_equal(got, sample.ref_sample_rows(lg, draws))  # the twin, bit for bit
         total += 4

@@ -31,9 +31,9 @@ from test_gpu_kernels import weights
 from strata.gguf import GGUFFile
 from strata.models import model_class
 from strata.quants import dequantize
+from strata.runtime.weights import WeightStore
 from strata.synth.shapes import SHAPES
 from strata.synth.writer import write_synth
-from strata.weights import WeightStore
 
 pytestmark = pytest.mark.gpu
 
@@ -124,7 +124,7 @@ def int8_inputs():
     (mmvq.quantize_q8): products on Q4_K/Q6_K/Q8_0 weights, the router excepted (it stays fp32 on the GPU
     so expert choice matches). The oracle for the int8 path: what is left is fp32 and fp16-KV rounding."""
     from strata.gpu.kernels import mmvq
-    from strata.weights import WeightStore as WS
+    from strata.runtime.weights import WeightStore as WS
 
     plain = WS.matmul
 
@@ -278,7 +278,7 @@ def test_mixed_window_and_checkpoint(tmp_path, arch):
 def pipelined_equals_plain(gpu, prompts, draws, steps: int) -> None:
     """The decode pipeline (strata/gpu/ahead.py: draws inside the graph, one launch ahead) against plain windows
     (forward_batch, then the CPU sampler on the host): the same tokens, and states left the same."""
-    from strata.sampling import sample
+    from strata.sampling.sampler import sample
 
     def prefilled():
         states = [gpu.new_state() for _ in prompts]
@@ -305,7 +305,7 @@ def pipelined_equals_plain(gpu, prompts, draws, steps: int) -> None:
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
 def test_decode_pipeline_equals_plain_windows(tmp_path, arch):
-    from strata.sampling import SamplingParams
+    from strata.sampling.params import SamplingParams
 
     path = tiny_file(tmp_path, arch)
     _, gpu = _models(path)
@@ -356,7 +356,7 @@ def test_oracle_fixture_engine_matches_cpu(tmp_path, arch, kind):
     pick must then be one of the tied tokens, and the comparison ends there (the sequences differ after).
     int8-kv: both engines keep int8 KV cells (--kv-type int8), quantized by the same rule."""
     from strata.engine import Engine
-    from strata.sampling import SamplingParams
+    from strata.sampling.params import SamplingParams
 
     path = _fixture(arch) if kind.startswith("q8_0") else _f32_copy(_fixture(arch), tmp_path / "tiny-f32.gguf")
     kv = "int8" if kind.endswith("int8-kv") else "auto"
@@ -403,7 +403,7 @@ def test_synth_tiny_matches_cpu(tmp_path):
     import sys
 
     from strata.engine import Engine
-    from strata.sampling import SamplingParams
+    from strata.sampling.params import SamplingParams
 
     _tokenizer_root()
     path = tmp_path / "synth-tiny.gguf"

@@ -23,8 +23,9 @@ from strata.tiers.budget import MIB, Ledger, VramBudgetError, VramPlan
 from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
 from strata.gpu.kernels import deltanet as dk
 from strata.quants import dequantize
-from strata import sampling as sample_mod
-from strata.sampling import SamplingParams, device_drawable, draw_row
+from strata.sampling import sampler as sample_mod
+from strata.sampling.params import SamplingParams
+from strata.sampling.sampler import device_drawable, draw_row
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -45,9 +46,9 @@ def test_flash_twin_matches_attention():
 
 
 def test_int8_cell_twins_are_the_cpu_cache_cells():
-    """--kv-type int8 on the GPU keeps the CPU cache's cells: the attention twins read what strata.kvcache's int8
+    """--kv-type int8 on the GPU keeps the CPU cache's cells: the attention twins read what strata.runtime.kvcache's int8
     KVCache returns, and ref_qkv_post's int8 k and v decode to its fp32 rows within half a step."""
-    from strata.kvcache import KVCache, KVType, dequantize_rows
+    from strata.runtime.kvcache import KVCache, KVType, dequantize_rows
 
     rng = np.random.default_rng(11)
     k = rng.standard_normal((40, 2, 64)).astype(np.float32)
@@ -202,7 +203,7 @@ def test_device_draw_twin_picks_the_cpu_token(params):
         same += int(sample.ref_sample_rows(logits[None], row)[0]) == want
         total += 1
     # the twin sums in sequence where numpy sums pairwise: only a draw within rounding of an edge may differ
-    assert same >= total - 1, f"the device draw agreed with strata.sampling.sample on {same} of {total} draws"
+    assert same >= total - 1, f"the device draw agreed with sampler.sample on {same} of {total} draws"
 
 
 class _TableKV:
@@ -223,7 +224,7 @@ def test_draw_and_advance_twins_leave_the_table_the_host_would_write():
     table must be what _load would write from the host's bookkeeping (n_past + 1, the token drawn)."""
     from strata.gpu.layers import TAB
     from strata.gpu.model import GpuModel
-    from strata.state import SequenceState
+    from strata.runtime.state import SequenceState
 
     rng = np.random.default_rng(3)
     b, rows_ = 5, 8  # slots past b hold a finished window's rows: advance must leave them

@@ -21,7 +21,7 @@ from strata.gpu.kernels import tiers as kt
 from strata.models import model_class
 from strata.tiers.budget import MIB
 from strata.tiers.layout import ExpertLayout
-from strata.weights import WeightStore
+from strata.runtime.weights import WeightStore
 
 pytestmark = pytest.mark.gpu
 
@@ -278,7 +278,7 @@ def test_decode_pipeline_through_the_tiers(tmp_path, size, policy):
     host takes the pass; swaps beside it): the tokens and states of plain windows, and the same counters."""
     from test_gpu_model import pipelined_equals_plain
 
-    from strata.sampling import SamplingParams
+    from strata.sampling.params import SamplingParams
 
     path = tiny_file(tmp_path, "qwen3next")
     rng = np.random.default_rng(5)

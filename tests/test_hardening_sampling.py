@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from strata.sampling import SamplingError, SamplingParams, sample
+from strata.sampling.params import SamplingError, SamplingParams
+from strata.sampling.sampler import sample
 
 F32_MAX = float(np.finfo(np.float32).max)
 EXTREME = [0.0, -0.0, 1e-45, -1e-45, 1.0, -1.0, F32_MAX, -F32_MAX, float("inf"), float("-inf"), float("nan")]
@@ -104,7 +105,7 @@ def test_non_finite_parameters_are_out_of_range() -> None:
 
 
 def test_seeds_above_2_63_are_their_own_streams() -> None:
-    from strata.sampling import uniform
+    from strata.sampling.sampler import uniform
 
     draws = {uniform(s, 5) for s in (2**63 - 1, 2**63, 2**63 + 1, 2**64 - 1)}  # warned and collided before
     assert len(draws) == 4

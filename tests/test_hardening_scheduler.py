@@ -13,9 +13,10 @@ from llguidance import LLMatcher
 
 from strata.constraints.schema import Grammar, grammar_text
 from strata.constraints.vocab import byte_vocab
-from strata.sched.request import DoneEvent, ErrorEvent, FinishReason, Request
+from strata.runtime.finish import FinishReason
+from strata.sched.request import DoneEvent, ErrorEvent, Request
 from strata.sched.scheduler import QueueFullError, Scheduler, ShuttingDownError
-from strata.sequence import ActiveSequence
+from strata.runtime.sequence import ActiveSequence
 from test_scheduler import PROMPTS, FakeEngine, drain, make, run, solo
 
 

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata import tokenizer as tokenizer_mod
+from strata.text import tokenizer as tokenizer_mod
 from strata.api.prompt import Chat, build_prompt
 from strata.engine import Engine
-from strata.tokenizer import Tokenizer
+from strata.text.tokenizer import Tokenizer
 
 
 @pytest.fixture(scope="module")

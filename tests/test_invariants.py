@@ -11,7 +11,7 @@ from flagship_checks import build
 from oracle import flagship
 
 from strata.engine import Engine
-from strata.sampling import SamplingParams
+from strata.sampling.params import SamplingParams
 
 FLAGSHIPS = {"qwen3next": flagship.tiny_qwen3next, "qwen4exp": flagship.tiny_qwen4exp}
 

@@ -23,8 +23,8 @@ from oracle import flagship
 
 from strata.engine import Engine
 from strata.errors import ConfigError
-from strata.kvcache import KVCache, KVType, dequantize_rows, quantize_rows
-from strata.sampling import SamplingParams
+from strata.runtime.kvcache import KVCache, KVType, dequantize_rows, quantize_rows
+from strata.sampling.params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 TEXT = ("The river rose for three days after the storm, and by the fourth morning the lower town was under water. "

@@ -16,7 +16,7 @@ import pytest
 from server_fixture import running_server
 from strata.conf.server import ServerConfig
 from strata.errors import ConfigError
-from strata.logs import JsonFormatter, TextFormatter, configure_logging
+from strata.console.logs import JsonFormatter, TextFormatter, configure_logging
 
 
 def _record(level: int, msg: str, *args: object, **extra: object) -> logging.LogRecord:
@@ -116,7 +116,7 @@ def test_the_handler_follows_sys_stderr(monkeypatch) -> None:
     import io
     import logging
 
-    from strata.logs import configure_logging
+    from strata.console.logs import configure_logging
 
     handler = configure_logging("text", loggers=("strata.test_follow",))
     try:

@@ -66,7 +66,7 @@ def test_each_scheduler_has_its_own_registry_and_failures_count_as_errors() -> N
     async def go() -> tuple[Scheduler, Scheduler]:
         busy, idle = Scheduler(FakeEngine()), Scheduler(FakeEngine())  # type: ignore[arg-type]
         busy.start()
-        busy.pending_faults = 1  # the first window raises: its request ends with an error
+        busy.faults.arm()  # the first window raises: its request ends with an error
         bad, good = make(PROMPTS[0], 3), make(PROMPTS[2], 3)
         busy.submit(bad)
         _, ev = await drain(bad)

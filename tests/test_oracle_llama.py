@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from strata.engine import Engine
-from strata.sampling import SamplingParams
+from strata.sampling.params import SamplingParams
 
 
 @pytest.fixture(scope="module")

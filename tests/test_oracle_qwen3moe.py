@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from strata.engine import Engine
-from strata.sampling import SamplingParams
+from strata.sampling.params import SamplingParams
 
 
 def _check(gguf: Path, oracle: Path, tol: float) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from strata.engine import Engine
-from strata.sampling import SamplingParams
+from strata.sampling.params import SamplingParams
 from strata.sched import prefix_cache as pc
 from strata.sched.request import DoneEvent, Request, TokenEvent
 from strata.sched.scheduler import Scheduler
@@ -79,7 +79,7 @@ def test_a_tool_loop_computes_only_what_is_new():
         msgs = [{"role": "user", "content": "Fix the bug."}]
         out = []
         for turn in range(4):
-            ids = eng.encode_chat(msgs)
+            ids = eng.chat_ids(msgs)
             toks, done = await _serve(sch, ids, 6)
             out.append((len(ids), done.cached_tokens))
             msgs += [{"role": "assistant", "content": eng.tokenizer.decode(toks)},

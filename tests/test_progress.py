@@ -1,5 +1,5 @@
-"""strata.progress: a tqdm bar on a terminal (amount, rate, ETA); elsewhere no bar, one log line at the
-end."""
+"""strata.console.progress: a tqdm bar on a terminal (amount, rate, ETA); elsewhere no bar, one log line
+at the end."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from strata.progress import ProgressBar
+from strata.console.progress import ProgressBar
 
 
 def test_without_a_terminal_no_bar_is_drawn_and_one_line_is_logged(capsys: pytest.CaptureFixture[str],

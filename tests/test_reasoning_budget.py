@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.reasoning_budget import ThinkBudget
+from strata.constraints.reasoning_budget import ThinkBudget
 
 VOCAB = ["<think>", "</think>", "\n", "a", "b", "c"]
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strata.sampling import SamplingError, SamplingParams, apply_penalties, candidates, sample, uniform
-from strata.stops import StopMatcher
+from strata.sampling.params import SamplingError, SamplingParams
+from strata.sampling.sampler import apply_penalties, candidates, sample, uniform
+from strata.text.stops import StopMatcher
 
 RNG = np.random.default_rng(0)
 LOGITS = RNG.normal(size=1000).astype(np.float32) * 3

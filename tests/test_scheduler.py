@@ -13,14 +13,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from strata.kvcache import KVCache
-from strata.sampling import SamplingParams
+from strata.runtime.finish import ANTHROPIC_STOP, OPENAI_FINISH, FinishReason
+from strata.runtime.kvcache import KVCache
+from strata.sampling.params import SamplingParams
 from strata.sched.prefix_cache import PrefixCache
-from strata.sched.request import (
-    ANTHROPIC_STOP, OPENAI_FINISH, DoneEvent, ErrorEvent, FinishReason, Request, RequestState, TokenEvent,
-)
+from strata.sched.request import DoneEvent, ErrorEvent, Request, RequestState, TokenEvent
 from strata.sched.scheduler import QueueFullError, Scheduler
-from strata.state import SequenceState
+from strata.runtime.state import SequenceState
 
 V = 50
 EOT = 0
@@ -244,7 +243,7 @@ def test_window_fault_fails_in_flight_only_and_bumps_epoch() -> None:
     async def go() -> None:
         eng = FakeEngine()
         sch = Scheduler(eng, parallel=2)  # type: ignore[arg-type]
-        sch.pending_faults = 1
+        sch.faults.arm()
         a, b, c = make(PROMPTS[0], 5), make(PROMPTS[2], 5), make(PROMPTS[3], 5)
         for r in (a, b, c):
             sch.submit(r)

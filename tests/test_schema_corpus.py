@@ -18,8 +18,9 @@ from strata.constraints.closing import closing_suffix
 from strata.constraints.constraint import GrammarConstraint
 from strata.constraints.schema import compile_schema, tool_call_schema
 from strata.engine import Engine
-from strata.sampling import SamplingParams
-from strata.tokenizer import Tokenizer
+from strata.runtime.finish import FinishReason
+from strata.sampling.params import SamplingParams
+from strata.text.tokenizer import Tokenizer
 
 CORPUS = {p.stem: json.loads(p.read_text(encoding="utf-8"))
           for p in sorted((Path(__file__).parent / "data" / "json_schemas").glob("*.json"))}
@@ -123,6 +124,6 @@ def test_smollm2_writes_valid_instances(smollm2: Engine, name: str, ask: str) ->
     gen = smollm2.generate(messages=messages, max_tokens=40, params=SamplingParams(temperature=0.0),
                            constraints=[GrammarConstraint(grammar)])
     text = "".join(c.text for c in gen)
-    if gen.result.finish_reason == "length":
+    if gen.result.finish_reason is FinishReason.LENGTH:
         text += closing_suffix(grammar.text, text)
     _validate(CORPUS[name], text)

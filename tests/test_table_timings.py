@@ -5,7 +5,7 @@ from __future__ import annotations
 from oracle import flagship
 
 from strata.engine import Engine
-from strata.sampling import SamplingParams
+from strata.sampling.params import SamplingParams
 
 
 def test_generation_reports_table_rows_and_bytes() -> None:

@@ -15,7 +15,7 @@ import pytest
 from strata.engine import Engine
 from strata.errors import ConfigError
 from strata.gpu.kernels import tiers as kt
-from strata.sampling import SamplingParams
+from strata.sampling.params import SamplingParams
 from strata.tiers.budget import MIB, VramPlan, cache_request, check_expert_cache
 from strata.tiers.layout import ExpertLayout
 
@@ -257,7 +257,7 @@ def test_a_full_weight_cache_still_serves_small_tensors():
     the norms are still read: a qwen3next forward with a 0-byte cache gives the logits of an ample one."""
     from strata.gguf import GGUFFile
     from strata.models import model_class
-    from strata.weights import WeightStore
+    from strata.runtime.weights import WeightStore
 
     path = _fixture("qwen3next")
     g = GGUFFile(path)

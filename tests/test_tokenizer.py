@@ -1,4 +1,4 @@
-"""strata.tokenizer against transformers: same ids, same decode, same special-token handling.
+"""strata.text.tokenizer against transformers: same ids, same decode, same special-token handling.
 
 Oracles: transformers' GGUF loader for SmolLM2 and gemma3 (the same file we read), and Qwen3's
 own tokenizer.json for a GGUF we write the way convert_hf_to_gguf.py would.
@@ -21,8 +21,8 @@ from tokenizer_helpers import (
 
 from strata.errors import GGUFError
 from strata.gguf import GGUFFile
-from strata.tokenizer import Tokenizer
-from strata.tokenizer_build import CONTROL, NORMAL, USER_DEFINED, build_tokenizer, derive_merges
+from strata.text.tokenizer import Tokenizer
+from strata.text.tokenizer_build import CONTROL, NORMAL, USER_DEFINED, build_tokenizer, derive_merges
 
 MODELS = ["smollm2", "gemma3", "qwen3"]
 
@@ -206,7 +206,7 @@ def test_sentencepiece_with_space_prefix_strips_on_decode():
 def test_byte_level_added_token_outside_alphabet_keeps_its_id():
     """A control token spelled with characters outside the byte alphabet still maps to its id
     (transformers drops such tokens; llama.cpp matches them)."""
-    from strata.tokenizer_build import bytes_to_unicode
+    from strata.text.tokenizer_build import bytes_to_unicode
 
     alpha = list(bytes_to_unicode().values())
     tokens = alpha + ["<｜end▁of▁sentence｜>", "<tool call>"]

@@ -19,7 +19,7 @@ from oracle.corpus import TOKENIZER_CORPUS
 from strata.gguf import GGUFFile
 from strata.synth.vocab import QWEN3_CONFIG, QWEN3_VOCAB_SIZE, add_tokenizer, special_vocab
 from strata.synth.vocab import looks_special as _looks_special
-from strata.tokenizer import Tokenizer
+from strata.text.tokenizer import Tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -21,9 +21,9 @@ import numpy as np
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.telemetry import note
 
+from strata.console.progress import ProgressBar
 from strata.errors import ConfigError
 from strata.gguf import GGUFFile
-from strata.progress import ProgressBar
 
 
 class MmapArena:

@@ -118,7 +118,7 @@ class Digests:
             return {}
 
     def known(self, path: str) -> str | None:
-        from strata.verify import expected_sha256
+        from strata.hub.verify import expected_sha256
 
         return expected_sha256(path) or self._read().get(self._key(path))
 

@@ -15,8 +15,8 @@ from strata.blocks.norms import rms_norm, sigmoid, softmax
 from strata.blocks.rope import Rope
 from strata.blocks.self_attn import AttnParams
 from strata.gguf.names import T, tensor
-from strata.kvcache import KVCache
-from strata.weights import WeightStore
+from strata.runtime.kvcache import KVCache
+from strata.runtime.weights import WeightStore
 
 
 def gated_attention(

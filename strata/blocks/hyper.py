@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strata.blocks.norms import sigmoid, silu
-from strata.weights import WeightStore
+from strata.runtime.weights import WeightStore
 
 
 @dataclass(frozen=True, slots=True)

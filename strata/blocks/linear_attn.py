@@ -22,7 +22,7 @@ from strata.blocks.deltanet import causal_conv1d, gated_delta, gated_rms_norm, n
 from strata.blocks.norms import sigmoid, silu
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, tensor
-from strata.weights import WeightStore
+from strata.runtime.weights import WeightStore
 
 
 class HeadOrder(enum.Enum):

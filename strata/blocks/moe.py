@@ -16,9 +16,9 @@ import numpy as np
 from strata.blocks.norms import silu, softmax
 
 if TYPE_CHECKING:
-    from strata.state import SequenceState
+    from strata.runtime.state import SequenceState
+    from strata.runtime.weights import WeightStore
     from strata.tiers.slots import ExpertCache
-    from strata.weights import WeightStore
 
 ExpertFn = Callable[[int, np.ndarray], np.ndarray]  # (expert id, x [n, D]) -> [n, D]
 

@@ -29,8 +29,8 @@ from strata.errors import GGUFError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, X, tensor
 from strata.quants import dequantize
+from strata.runtime.weights import WeightStore
 from strata.tiers.tables import TableReader
-from strata.weights import WeightStore
 
 TABLE = tensor(T.PER_LAYER_TOKEN_EMBD)
 

@@ -23,7 +23,7 @@ import numpy as np
 from strata.blocks.norms import rms_norm
 from strata.blocks.rope import Rope
 from strata.gguf.names import X, tensor
-from strata.weights import WeightStore
+from strata.runtime.weights import WeightStore
 
 Tables = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]  # positions [n] -> cos, sin [n, rot/2]
 

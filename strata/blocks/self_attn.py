@@ -14,8 +14,8 @@ from strata.blocks.attention import attend
 from strata.blocks.norms import rms_norm
 from strata.blocks.rope import Rope
 from strata.gguf.names import T, tensor
-from strata.kvcache import KVCache
-from strata.weights import WeightStore
+from strata.runtime.kvcache import KVCache
+from strata.runtime.weights import WeightStore
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import numpy as np
 from strata.blocks.moe import route_softmax_topk, swiglu_experts
 from strata.blocks.norms import sigmoid, silu
 from strata.gguf.names import T, tensor
-from strata.weights import WeightStore
+from strata.runtime.weights import WeightStore
 
 
 def routed_experts(h: np.ndarray, w: WeightStore, layer: int, top_k: int, normalize: bool) -> np.ndarray:

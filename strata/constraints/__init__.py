@@ -2,5 +2,6 @@
 
 schema.py compiles a client's schema (response_format, output_config.format, a forced tool call) for
 the model's vocabulary (vocab.py); constraint.py masks each step's logits with it; closing.py ends
-JSON that max_tokens cut short.
+JSON that max_tokens cut short. reasoning_budget.py is the other constraint: once a <think> block has
+run its budget, it forces the block closed.
 """

@@ -23,7 +23,7 @@ from llguidance import LLMatcher
 
 from strata.constraints.vocab import model_vocab
 from strata.errors import StrataError
-from strata.tokenizer import Tokenizer
+from strata.text.tokenizer import Tokenizer
 
 JSON_OBJECT: dict[str, Any] = {"type": "object"}  # response_format json_object: any object
 # Whitespace between tokens, as llama.cpp's grammars allow it: enough to pretty-print, too little

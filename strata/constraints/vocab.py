@@ -14,7 +14,7 @@ from functools import cache
 
 from llguidance import LLTokenizer, TokenizerWrapper
 
-from strata.tokenizer import Tokenizer
+from strata.text.tokenizer import Tokenizer
 
 BYTE_EOS = 256  # the end token of byte_vocab
 

@@ -1,6 +1,6 @@
 """The decode pipeline on the GPU (sched/ahead.py's protocol): steps replay the captured graph back to back.
 
-Each launch writes the slots' draw rows (strata.sampling.draw_row, the uniform computed on the host
+Each launch writes the slots' draw rows (strata.sampling.sampler.draw_row, the uniform computed on the host
 from the position the step samples at) through pinned memory, replays the graph, which draws the
 next tokens into the table's token column and advances the positions, and queues the chosen tokens'
 copy to pinned memory behind an event. The next launch needs nothing from the host, so the host
@@ -18,16 +18,17 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from strata.gpu.graphs import DecodeGraphs
 from strata.gpu.runtime import DEVICE_TO_HOST, HOST_TO_DEVICE, cupy_module
-from strata.sampling import DRAW_COLS, SamplingParams, device_drawable, draw_row
-from strata.state import SequenceState
+from strata.runtime.state import SequenceState
+from strata.sampling.params import SamplingParams
+from strata.sampling.sampler import DRAW_COLS, device_drawable, draw_row
 
 if TYPE_CHECKING:
-    from strata.gpu.model import GpuModel
     from strata.gpu.tiers import PassRecord
 
 RING = 3  # pinned buffers in turn: at most two launches are in flight
@@ -40,8 +41,17 @@ class _Launch:
     record: PassRecord | None
 
 
+class AheadModel(Protocol):
+    """What the pipeline reads of its model (strata.gpu.model.GpuModel), so this module needs none of it."""
+
+    graphs: DecodeGraphs
+    params: Any
+    stream: Any  # the cupy stream every launch goes on
+    tiers: Any  # strata.gpu.tiers.GpuTiers or None
+
+
 class GraphAhead:
-    def __init__(self, model: GpuModel) -> None:
+    def __init__(self, model: AheadModel) -> None:
         import cupyx
 
         self.model = model

@@ -16,22 +16,37 @@ hands the logits back.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from strata.gpu.deltanet import RECURRENT
 from strata.gpu.layers import TAB, Activations, run_layer
 from strata.gpu.runtime import cupy_module, ptr
-from strata.sampling import DRAW_COLS
-from strata.state import SequenceState
+from strata.runtime.state import SequenceState
+from strata.sampling.sampler import DRAW_COLS
 
-if TYPE_CHECKING:
-    from strata.gpu.model import GpuModel
+
+class GraphModel(Protocol):
+    """What a decode graph reads of its model (strata.gpu.model.GpuModel), so this module needs none of it."""
+
+    ops: Any  # strata.gpu.ops.Ops
+    dims: Any
+    params: Any
+    embd: Any
+    inv_freq: Any
+    stream: Any  # the cupy stream every launch goes on
+    tiers: Any  # strata.gpu.tiers.GpuTiers or None
+
+    def layers_for(self, n: int) -> list[Any]: ...
+
+    def head_logits(self, x: Any, n: int, out: Any = None) -> Any: ...
+
+    def table_row(self, state: SequenceState, pos: int, token: int) -> list[int]: ...
 
 
 class DecodeGraphs:
-    def __init__(self, model: GpuModel, max_batch: int) -> None:
+    def __init__(self, model: GraphModel, max_batch: int) -> None:
         self.model = model
         self.max_batch = max_batch
         self._graphs: dict[int, Any] = {}
@@ -51,7 +66,7 @@ class DecodeGraphs:
             m = self.model
             self._act = Activations(m.dims, self.max_batch, self.max_batch, m.params.vocab)
             self.tab = cp.zeros((self.max_batch, TAB), cp.int64)
-            self.draws = cp.zeros((self.max_batch, DRAW_COLS), cp.float64)  # strata.sampling.draw_row per slot
+            self.draws = cp.zeros((self.max_batch, DRAW_COLS), cp.float64)  # sampler.draw_row per slot
             self.chosen = cp.zeros(self.max_batch, cp.int64)  # the tokens the last step drew
         return self._act
 

@@ -1,7 +1,7 @@
 """A sequence's attention KV cache in VRAM: K and V [n_layer, n_kv, cap, head_dim] fp16, or (`--kv-type int8`)
-int8 codes with float32 scales [n_layer, n_kv, cap, head_dim / 32], strata.kvcache's cells.
+int8 codes with float32 scales [n_layer, n_kv, cap, head_dim / 32], strata.runtime.kvcache's cells.
 
-It stands in for strata.kvcache.KVCache inside a SequenceState (copy, truncate, nbytes), so the
+It stands in for strata.runtime.kvcache.KVCache inside a SequenceState (copy, truncate, nbytes), so the
 scheduler's prefix cache and checkpoints work unchanged. Capacity doubles as the sequence grows;
 growing happens between steps on the host side, never inside a captured graph, and kernels find
 the buffers through a per-row table (`table_row`), so a grown cache needs no new graph.
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from strata.gpu.runtime import cupy_module
-from strata.kvcache import KVCache, KVType, dequantize_rows, group_of
+from strata.runtime.kvcache import KVCache, KVType, dequantize_rows, group_of
 from strata.tiers.budget import Ledger
 
 MIN_CAP = 256

@@ -38,13 +38,13 @@ from strata.gpu.layers import (
 from strata.gpu.ops import HEAD_DIMS, Ops
 from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.tiers import GpuTiers, TierOptions
-from strata.kvcache import KVCache, KVType
+from strata.runtime.kvcache import KVCache, KVType
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
 from strata.models.base import Model
 from strata.models.qwen3moe import Qwen3Moe
 from strata.models.qwen3next import Qwen3Next
-from strata.progress import ProgressBar
-from strata.state import SequenceState
+from strata.console.progress import ProgressBar
+from strata.runtime.state import SequenceState
 from strata.tiers import context
 from strata.tiers.budget import MIB, RESERVE_MIB, Ledger, VramPlan
 from strata.tiers.layout import ExpertLayout
@@ -64,7 +64,7 @@ class GpuOptions:
     expert_cache: str = "auto"  # see strata.tiers.budget
     seqs: int = 1  # sequences the plan keeps KV and recurrent-state room for (more may fit, drawn from the ledger)
     tiers: TierOptions = dataclasses.field(default_factory=TierOptions)  # the CPU share, the policy, the profile
-    kv_type: KVType = KVType.F16  # the KV cells: f16 or int8 (strata.kvcache)
+    kv_type: KVType = KVType.F16  # the KV cells: f16 or int8 (strata.runtime.kvcache)
 
 
 GROWING = ("KV cache", "DeltaNet state")  # plan parts that sequences take from the ledger as they come

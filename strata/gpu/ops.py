@@ -332,7 +332,7 @@ class Ops:
         launch(self.sample["argmax_rows"], (n,), 1024, (logits, i32(v), dev_ptr(out), i32(out_stride)))
 
     def sample_rows(self, logits: Any, n: int, v: int, draws: Any, tab: Any, tab_stride: int, chosen: Any) -> None:
-        """One token per row by its draw row (strata.sampling.draw_row), into tab's token column and chosen."""
+        """One token per row by its draw row (sampler.draw_row), into tab's token column and chosen."""
         launch(self.sample["sample_rows"], (n,), 1024, (logits, i32(v), draws, tab, i32(tab_stride), chosen))
 
     def advance(self, tab: Any, stride: int, n: int) -> None:

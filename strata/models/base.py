@@ -19,9 +19,9 @@ from strata.blocks.self_attn import AttnNames, AttnParams, self_attention
 from strata.errors import GGUFError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, tensor
-from strata.kvcache import KVCache, KVType
-from strata.state import SequenceState
-from strata.weights import WeightStore
+from strata.runtime.kvcache import KVCache, KVType
+from strata.runtime.state import SequenceState
+from strata.runtime.weights import WeightStore
 
 if TYPE_CHECKING:
     from strata.tiers.slots import ExpertCache

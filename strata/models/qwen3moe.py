@@ -14,7 +14,7 @@ from strata.blocks.rope import RopeStyle
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, tensor
 from strata.models.base import DecoderLM, register, require
-from strata.weights import WeightStore
+from strata.runtime.weights import WeightStore
 
 
 @register("qwen3moe")

@@ -22,8 +22,8 @@ from strata.errors import GGUFError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, tensor
 from strata.models.base import DecoderParams, Model, register, require
-from strata.state import LayerState, SequenceState
-from strata.weights import WeightStore
+from strata.runtime.state import LayerState, SequenceState
+from strata.runtime.weights import WeightStore
 
 
 def require_int(g: GGUFFile, suffix: str) -> int:

@@ -33,9 +33,10 @@ from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, X, tensor
 from strata.models.base import DecoderParams, Model, register
 from strata.models.qwen3next import recurrent_layers, require_int
-from strata.state import LayerState, SequenceState
+from strata.runtime.kvcache import KVCache
+from strata.runtime.state import LayerState, SequenceState
+from strata.runtime.weights import WeightStore
 from strata.tiers.tables import TableReader, TableStats
-from strata.weights import WeightStore
 
 
 def _hc(layer: int | None, norm: X, down: X, up: X, inject: X | None) -> HCNames:

@@ -1,7 +1,7 @@
 """Causal grouped-query attention against the KV cache, fp16 or int8 (`--kv-type`).
 
 Cache layout, per sequence: K and V [n_layer, n_kv, cap, head_dim] fp16, or int8 codes with float32
-scales [n_layer, n_kv, cap, head_dim / 32] (strata.kvcache's cells: the template flag Q8). Kernels find a row's cache
+scales [n_layer, n_kv, cap, head_dim / 32] (strata.runtime.kvcache's cells: the template flag Q8). Kernels find a row's cache
 through a table row of int64 (k pointer, v pointer, cap, position), so one captured CUDA graph
 serves whichever sequences sit in its slots: only the table changes between replays.
 
@@ -26,7 +26,7 @@ import numpy as np
 from strata.blocks.attention import attend
 from strata.gpu.kernels.common import HEADER
 from strata.gpu.kernels.rows import HEAD_POST
-from strata.kvcache import dequantize_rows, quantize_rows
+from strata.runtime.kvcache import dequantize_rows, quantize_rows
 
 FLASH_KT = 64  # keys per tile
 # decode blocks a (row, head) with a partials buffer: 16 heads x 32 splits keeps the H200's 132 SMs busy from a
@@ -45,7 +45,7 @@ SOURCE = HEADER + HEAD_POST + r"""
 // kernel below has just computed them). qs: the query, in shared memory; o: the head's HD outputs, divided by
 // the softmax sum, or with ml given (a split's partial) as they are, the running max and sum in ml[0..1].
 // Q8: the cells are int8 codes (kc, vc, klast, vlast as signed char) with per-row scales (ks, vs, klast_s,
-// vlast_s: Q8_GROUPS(HD) floats a key), each decoded as code * scale in fp32 as strata.kvcache does.
+// vlast_s: Q8_GROUPS(HD) floats a key), each decoded as code * scale in fp32 as strata.runtime.kvcache does.
 template <int HD, int Q8>
 __device__ __forceinline__ void decode_core(const float* qs, const void* kc, const void* vc, const float* ks,
                                             const float* vs, int lo, int hi, int S, const void* klast,
@@ -484,7 +484,7 @@ def flash_name(hd: int, q8: bool = False) -> str:
 
 
 def ref_cells(x: np.ndarray, q8: bool) -> np.ndarray:
-    """Keys or values [S, KV, D] as the kernels read them back: fp16, or int8 cells decoded (strata.kvcache)."""
+    """Keys or values [S, KV, D] as the kernels read them back: fp16, or int8 cells decoded (strata.runtime.kvcache)."""
     if q8:
         return dequantize_rows(*quantize_rows(x))
     return x.astype(np.float16).astype(np.float32)

@@ -26,7 +26,7 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
 #define INFINITY __int_as_float(0x7f800000)
-// int8 KV: scales per head row (strata.kvcache.group_of: 32 dims a scale, the whole head below 32)
+// int8 KV: scales per head row (strata.runtime.kvcache.group_of: 32 dims a scale, the whole head below 32)
 #define Q8_GROUP(HD) ((HD) >= 32 ? 32 : (HD))
 #define Q8_GROUPS(HD) ((HD) / Q8_GROUP(HD))
 

@@ -19,7 +19,7 @@ import numpy as np
 from strata.blocks.norms import rms_norm, sigmoid
 from strata.blocks.rope import Rope
 from strata.gpu.kernels.common import HEADER
-from strata.kvcache import quantize_rows
+from strata.runtime.kvcache import quantize_rows
 
 HEAD_POST = r"""
 // One warp's q/k/v epilogue for one head of a fused q|k|v row (src: its HD values): q and k (kind 0, 1)
@@ -61,7 +61,7 @@ __device__ __forceinline__ void head_post(const float* __restrict__ src, int kin
   }
 }
 
-// int8 KV cells (strata.kvcache.quantize_rows): a warp's head row v (dim lane + 32 i) as codes [HD] and one
+// int8 KV cells (strata.runtime.kvcache.quantize_rows): a warp's head row v (dim lane + 32 i) as codes [HD] and one
 // scale per 32 dims (the whole head below 32), max |x| / 127, codes rint(x / scale): group i is element i
 // across the lanes.
 template <int HD>

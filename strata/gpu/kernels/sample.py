@@ -1,23 +1,23 @@
-"""Token choice on the GPU, inside the decode graph: greedy argmax, and the top-k draw of strata.sampling.
+"""Token choice on the GPU, inside the decode graph: greedy argmax, and the top-k draw of strata/sampling/.
 
-`sample_rows` reads one draw row per sequence (strata.sampling.draw_row: temperature, top_k, top_p,
+`sample_rows` reads one draw row per sequence (sampler.draw_row: temperature, top_k, top_p,
 min_p and the uniform u, which the host computes from the same counter-based Philox as the CPU
 sampler) and writes the chosen token into the table's token column, so the next replay of the graph
 feeds it with no host round trip. Temperature 0 is greedy. Otherwise:
 
 - the k largest logits, ties by the lower id as the CPU's stable sort, are found by a radix select
   over order-preserving keys (four 8-bit digits, per-warp histograms) and gathered;
-- the rest is strata.sampling.candidates on those k in float64, one thread, in the CPU's order:
+- the rest is strata.sampling.sampler.candidates on those k in float64, one thread, in the CPU's order:
   exp(z - z0) normalised, the top_p prefix, the min_p cut, the draw on the renormalised cdf.
 
 Draws the device cannot make the same way (penalties, top_k 0 or above DEVICE_TOP_K) stay on the
-host (strata.sampling.device_drawable). Sums run in sequence here where numpy sums pairwise, so a
+host (strata.sampling.sampler.device_drawable). Sums run in sequence here where numpy sums pairwise, so a
 draw can differ from the CPU's only when u lands within rounding of a bucket edge.
 
 `advance` then moves each slot one position on, so the next replay decodes the token just chosen.
 
 Numpy twins: `ref_argmax` (np.argmax), `ref_sample_rows`, which CI checks against
-strata.sampling.sample, and `ref_advance`, which CI checks against the table the host would write
+strata.sampling.sampler.sample, and `ref_advance`, which CI checks against the table the host would write
 (GpuModel.table_row) after its own bookkeeping of the step.
 """
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata.gpu.kernels.common import HEADER
-from strata.sampling import DEVICE_TOP_K
+from strata.sampling.sampler import DEVICE_TOP_K
 
 # the table columns (strata/gpu/layers.py TAB) the kernels here write: sample_rows the token, advance
 # the position
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(1024) sample_rows(const float* __restrict__ lo
       si[r] = id;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {  // strata.sampling.candidates and the draw, in float64 and in its order
+    if (threadIdx.x == 0) {  // strata.sampling.sampler.candidates and the draw, in float64 and in its order
       const double top = as_finite(l[si[0]]);
       double tot = 0.0;
       for (int i = 0; i < k; ++i) { sp[i] = exp((as_finite(l[si[i]]) - top) / temp); tot += sp[i]; }

@@ -6,13 +6,35 @@ import argparse
 import os
 import sys
 
-from strata.cli import dump_json
-from strata.conf.engine import backend_options
+from strata.cli.output import dump_json
+from strata.conf.engine import add_backend_flags, backend_options
+from strata.conf.logs import add_log_flags
+from strata.console.logs import configure_logging
 from strata.engine import Engine
 from strata.errors import ConfigError
-from strata.logs import configure_logging
-from strata.sampling import SamplingError, SamplingParams
+from strata.sampling.params import SamplingError, SamplingParams
 from strata.tiers.telemetry import hit_rate_line
+
+
+def add_generate_flags(g: argparse.ArgumentParser) -> None:
+    g.add_argument("--model", "-m", default=None, help="path to a GGUF file (default: $STRATA_MODEL, else the "
+                   "default model, fetched on first use)")
+    g.add_argument("--prompt", "-p", required=True, help="prompt text (a user message with --chat)")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--system", default=None, help="system message for --chat")
+    g.add_argument("--max-tokens", "-n", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    g.add_argument("--top-k", type=int, default=40)
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--min-p", type=float, default=0.05)
+    g.add_argument("--repeat-penalty", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--ctx-size", type=int, default=0, help="context size (0 = the model's)")
+    g.add_argument("--no-think", action="store_true", help="ask thinking templates not to think")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    add_backend_flags(g)
+    add_log_flags(g)
 
 
 def _params(args: argparse.Namespace) -> SamplingParams:
@@ -47,7 +69,7 @@ def run_generate(args: argparse.Namespace) -> int:
         r = gen.run()
         dump_json({
             "prompt_ids": r.prompt_ids, "tokens": r.tokens, "text": r.text,
-            "finish_reason": r.finish_reason, "timings": r.timings.to_dict(),
+            "finish_reason": r.finish_reason.value, "timings": r.timings.to_dict(),
         })
         return 0
     for chunk in gen:

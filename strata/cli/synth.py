@@ -8,8 +8,8 @@ from pathlib import Path
 
 from gguf.constants import GGMLQuantizationType as Q
 
+from strata.console.progress import ProgressBar
 from strata.errors import ConfigError
-from strata.progress import ProgressBar
 from strata.synth import ARCHES, SHAPES, SUPPORTED, expected_hit_rate, write_synth
 
 ENV_FIXTURES = "STRATA_FIXTURES"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from strata.console.progress import ProgressBar
 from strata.gguf import GGUFFile
-from strata.progress import ProgressBar
 
 # Digests of the models Strata fetches itself (the default-model fetcher and the test assets).
 KNOWN_SHA256 = {

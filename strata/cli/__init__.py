@@ -1,71 +1,55 @@
-"""Command line: `python -m strata serve|generate|info|bench|...`. Errors: one line on stderr, exit 1."""
+"""Command line: `python -m strata serve|generate|info|bench|...`. Errors: one line on stderr, exit 1.
+
+This module builds the parser and dispatches; each subcommand's flags and its run function live in the module
+of its name (generate.py, info.py, plan.py, ...; serve's and bench's flags in strata.conf). They import
+nothing from here, so no subcommand and the dispatcher import each other.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from strata.conf.engine import add_backend_flags, add_override_flag
-from strata.conf.logs import add_log_flags
 from strata.errors import StrataError
 
 EXIT_ERROR = 1
 
 
 def _add_generate(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    g = sub.add_parser("generate", help="generate text from a prompt")
-    g.add_argument("--model", "-m", default=None, help="path to a GGUF file (default: $STRATA_MODEL, else the "
-                   "default model, fetched on first use)")
-    g.add_argument("--prompt", "-p", required=True, help="prompt text (a user message with --chat)")
-    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    g.add_argument("--system", default=None, help="system message for --chat")
-    g.add_argument("--max-tokens", "-n", type=int, default=128)
-    g.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=40)
-    g.add_argument("--top-p", type=float, default=0.95)
-    g.add_argument("--min-p", type=float, default=0.05)
-    g.add_argument("--repeat-penalty", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument("--ctx-size", type=int, default=0, help="context size (0 = the model's)")
-    g.add_argument("--no-think", action="store_true", help="ask thinking templates not to think")
-    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
-    add_backend_flags(g)
-    add_log_flags(g)
+    from strata.cli.generate import add_generate_flags
+
+    add_generate_flags(sub.add_parser("generate", help="generate text from a prompt"))
 
 
 def _add_info(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    i = sub.add_parser("info", help="describe a GGUF file")
-    i.add_argument("path")
-    i.add_argument("--verify", nargs="?", const="", default=None, metavar="SHA256",
-                   help="hash the file; compare to SHA256, a .sha256 sidecar, or the known digest")
-    add_override_flag(i)
+    from strata.cli.info import add_info_flags
+
+    add_info_flags(sub.add_parser("info", help="describe a GGUF file"))
 
 
 def _add_synth(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from strata.cli_synth import add_synth_flags
+    from strata.cli.synth import add_synth_flags
 
     add_synth_flags(sub.add_parser("synth", help="write a synthetic Qwen3-MoE/Qwen3-Next GGUF (random weights)"))
 
 
 def _add_plan(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from strata.cli_plan import add_plan_flags
+    from strata.cli.plan import add_plan_flags
 
     add_plan_flags(sub.add_parser("plan", help="where a model's tensors would live under given budgets, and the "
                                   "speed that allows (reads only the header)"))
 
 
 def _add_tiers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from strata.cli_tiers import add_tiers_flags
+    from strata.cli.tiers import add_tiers_flags
 
     add_tiers_flags(sub.add_parser("tiers", help="routing traces and the expert-cache policy simulator"))
 
 
 def _add_profile(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from strata.cli_profile import add_profile_flags
+    from strata.cli.profile import add_profile_flags
 
     add_profile_flags(sub.add_parser("profile", help="count a model's expert routing over prompts and save it, so "
                                      "the expert cache starts from the experts the workload uses"))
@@ -119,36 +103,36 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return serve(server_config(args))
         if args.command == "pull":
-            from strata import hub
+            from strata.hub import default_model
 
-            print(hub.pull())
+            print(default_model.pull())
             return 0
         if args.command == "generate":
-            from strata.cli_generate import run_generate
+            from strata.cli.generate import run_generate
 
             return run_generate(args)
         if args.command == "info":
-            from strata.cli_info import run_info
+            from strata.cli.info import run_info
 
             return run_info(args)
         if args.command == "plan":
-            from strata.cli_plan import run_plan
+            from strata.cli.plan import run_plan
 
             return run_plan(args)
         if args.command == "tiers":
-            from strata.cli_tiers import run_tiers
+            from strata.cli.tiers import run_tiers
 
             return run_tiers(args)
         if args.command == "profile":
-            from strata.cli_profile import run_profile
+            from strata.cli.profile import run_profile
 
             return run_profile(args)
         if args.command == "bench":
-            from strata.cli_bench import run_bench_command
+            from strata.cli.bench import run_bench_command
 
             return run_bench_command(args)
         if args.command == "synth":
-            from strata.cli_synth import run_synth
+            from strata.cli.synth import run_synth
 
             return run_synth(args)
         build_parser().print_help()
@@ -163,6 +147,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"strata: error: {e}", file=sys.stderr)
         return EXIT_ERROR
 
-
-def dump_json(obj: object) -> None:
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from strata.kvcache import KVCache
+from strata.runtime.kvcache import KVCache
 from strata.tiers.telemetry import TierUse
 
 

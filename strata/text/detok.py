@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import codecs
 
-from strata.tokenizer import Tokenizer
+from strata.text.tokenizer import Tokenizer
 
 
 class StreamDecoder:

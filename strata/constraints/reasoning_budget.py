@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.tokenizer import Tokenizer
+from strata.text.tokenizer import Tokenizer
 
 OPEN, CLOSE = "<think>", "</think>"
 

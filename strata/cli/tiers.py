@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from strata.cli import dump_json
+from strata.cli.output import dump_json
 from strata.errors import ConfigError
 from strata.tiers import policy, sim, trace
 

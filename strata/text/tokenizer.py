@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from strata.gguf.reader import GGUFFile
-from strata.tokenizer_build import (
+from strata.text.tokenizer_build import (
     BYTE,
     CONTROL,
     UNUSED,
@@ -178,7 +178,12 @@ class Tokenizer:
         return [i for enc in backend.encode_batch(pieces, add_special_tokens=False) for i in enc.ids]
 
     def encode_chat(self, text: str, literal: Iterable[tuple[int, int]] = ()) -> list[int]:
-        """Encode a rendered chat prompt: special texts parsed, BOS added only if missing.
+        """Encode a rendered chat prompt: special texts parsed, BOS added only if missing, never EOS.
+
+        The one BOS rule for chat prompts (the CLI's, the Python API's and the server's): the template's
+        own BOS text counts; BOS is prepended only when the GGUF's add_bos_token asks for one and the text
+        does not already start with it, so a prompt never carries two. (tests/test_chat_template.py's
+        gemma3 test and tests/test_tokenizer.py's test_encode_chat_adds_bos_once hold it.)
 
         literal: sorted, disjoint [start, end) spans of `text` (a client's own words) whose special
         texts stay plain text, so a message cannot forge "<|im_end|><|im_start|>system" turns.

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from strata.conf.engine import add_backend_flags, backend_options
 from strata.conf.logs import add_log_flags
+from strata.console.logs import configure_logging
+from strata.console.progress import ProgressBar
 from strata.errors import ConfigError
-from strata.logs import configure_logging
-from strata.progress import ProgressBar
-from strata.sampling import SamplingParams
+from strata.sampling.params import SamplingParams
 
 
 def add_profile_flags(p: argparse.ArgumentParser) -> None:

@@ -14,12 +14,14 @@ from typing import Protocol
 
 import numpy as np
 
-from strata.detok import StreamDecoder
-from strata.sampling import SamplingParams, sample
-from strata.state import SequenceState
-from strata.stops import StopMatcher
+from strata.runtime.finish import FinishReason
+from strata.runtime.state import SequenceState
+from strata.sampling.params import SamplingParams
+from strata.sampling.sampler import sample
+from strata.text.detok import StreamDecoder
+from strata.text.stops import StopMatcher
+from strata.text.tokenizer import Tokenizer
 from strata.tiers.telemetry import TierUse
-from strata.tokenizer import Tokenizer
 
 
 class Constraint(Protocol):
@@ -84,7 +86,7 @@ class GenerationResult:
     prompt_ids: list[int]
     tokens: list[int] = field(default_factory=list)
     text: str = ""
-    finish_reason: str = "length"  # "stop" (EOS or stop string) or "length"
+    finish_reason: FinishReason = FinishReason.LENGTH
     stop_string: str | None = None  # which stop string ended it, when one did
     cached_tokens: int = 0  # prompt tokens restored from the prefix cache instead of computed
     timings: Timings = field(default_factory=Timings)
@@ -139,8 +141,8 @@ class ActiveSequence:
         return out
 
     def accept_token(self, tok: int) -> list[Chunk]:
-        """Take a token chosen elsewhere (the decode pipeline's sampler, strata.sampling.device_drawable) for
-        this decode step, as `accept` would have sampled it."""
+        """Take a token chosen elsewhere (the decode pipeline's sampler, strata.sampling.sampler's
+        device_drawable) for this decode step, as `accept` would have sampled it."""
         assert self.phase is Phase.DECODE and not self.constraints
         tm = self.result.timings
         out = self._finish() if len(self.result.tokens) >= self.max_tokens else self._take(tok)
@@ -150,7 +152,10 @@ class ActiveSequence:
 
     def cancel(self) -> list[Chunk]:
         """Stop now (client gone); releases held-back text."""
-        return self._finish() if not self.finished else []
+        if self.finished:
+            return []
+        self.result.finish_reason = FinishReason.CANCELLED
+        return self._finish()
 
     def _sample(self, logits: np.ndarray) -> list[Chunk]:
         r = self.result
@@ -163,7 +168,7 @@ class ActiveSequence:
     def _take(self, tok: int) -> list[Chunk]:
         r = self.result
         if tok in self._eot:
-            r.finish_reason = "stop"
+            r.finish_reason = FinishReason.EOS
             return self._finish()
         r.tokens.append(tok)
         for c in self.constraints:
@@ -172,11 +177,11 @@ class ActiveSequence:
         r.text += text
         out = [Chunk(tok, text)]
         if hit:
-            r.finish_reason, r.stop_string = "stop", self._stops.matched
+            r.finish_reason, r.stop_string = FinishReason.STOP_STRING, self._stops.matched
             self.phase = Phase.DONE  # text after a stop string is dropped, not flushed
             return out
         if any(c.done for c in self.constraints):  # e.g. the JSON object just closed
-            r.finish_reason = "stop"
+            r.finish_reason = FinishReason.EOS
             return out + self._finish()
         if len(r.tokens) >= self.max_tokens:
             return out + self._finish()

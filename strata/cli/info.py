@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import argparse
 
-from strata.conf.engine import parse_overrides
+from strata.conf.engine import add_override_flag, parse_overrides
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, tensor
+from strata.hub.verify import expected_sha256, verify_file
 from strata.models import registry
-from strata.verify import expected_sha256, verify_file
+
+
+def add_info_flags(i: argparse.ArgumentParser) -> None:
+    i.add_argument("path")
+    i.add_argument("--verify", nargs="?", const="", default=None, metavar="SHA256",
+                   help="hash the file; compare to SHA256, a .sha256 sidecar, or the known digest")
+    add_override_flag(i)
 
 
 def run_info(args: argparse.Namespace) -> int:

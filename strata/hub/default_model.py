@@ -17,8 +17,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from strata.console.progress import ProgressBar
 from strata.errors import ModelNotFoundError
-from strata.progress import ProgressBar
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,18 +10,18 @@ from __future__ import annotations
 import argparse
 
 from strata.blocks.ple import TABLE
-from strata.cli import dump_json
+from strata.cli.output import dump_json
 from strata.gguf import GGUFFile
 from strata.gpu import GPU_ARCHS
 from strata.gpu.model import GpuOptions, shape_of, vram_plan
 from strata.gpu.weights import weight_bytes
 from strata.models import model_class
+from strata.runtime.weights import WeightStore
 from strata.tiers.budget import GIB, check_expert_cache
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.plan import Prediction, predict, table
 from strata.tiers.share import parse_pcie_frac
 from strata.tiers.tables import available_ram, check_mode, choose
-from strata.weights import WeightStore
 
 
 def add_plan_flags(p: argparse.ArgumentParser) -> None:

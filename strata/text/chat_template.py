@@ -12,7 +12,7 @@ environment, trim_blocks/lstrip_blocks, `raise_exception`, a `tojson` that keeps
   mapping (`arguments | tojson`, `| items`, `.items()`, `is mapping`), so it renders the
   canonical JSON the model was trained on instead of the client's spacing.
 
-Defaults when a GGUF has no template (DEFAULT_TEMPLATES, files in strata/templates/):
+Defaults when a GGUF has no template (DEFAULT_TEMPLATES, files in strata/text/templates/):
 gemma* architectures -> gemma3.jinja (`<start_of_turn>user ... <end_of_turn>`), anything else
 -> chatml.jinja (`<|im_start|>role ... <|im_end|>`).
 """
@@ -163,7 +163,7 @@ class ChatTemplate:
 def load_default_template(architecture: str) -> str:
     """Source of the default template for an architecture (DEFAULT_TEMPLATES, else ChatML)."""
     name = next((f for prefix, f in DEFAULT_TEMPLATES.items() if architecture.startswith(prefix)), FALLBACK_TEMPLATE)
-    return resources.files("strata").joinpath("templates", name).read_text(encoding="utf-8")
+    return resources.files("strata.text").joinpath("templates", name).read_text(encoding="utf-8")
 
 
 def _compile(source: str) -> jinja2.Template:
