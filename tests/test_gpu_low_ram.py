@@ -134,7 +134,7 @@ def test_a_long_prompt_and_a_batch_with_low_ram(tmp_path):
 
 def test_a_learning_policy_is_refused_in_low_ram_mode(tmp_path):
     path = tiny_file(tmp_path, "qwen3moe")
-    with pytest.raises(ConfigError, match="cache_policy='lru'.*file's mapping.*static cache only"):
+    with pytest.raises(ConfigError, match="cache_policy='lru'.*file's mapping.*keeps its fill"):
         _model(path, "50%", ram_budget_mib=_budget(path, 2), cache_policy="lru")
 
 

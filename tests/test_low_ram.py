@@ -253,3 +253,10 @@ def test_mapped_only_misses_are_always_the_cpus_share():
     cache.share_with_cpu(5 / 6, (11, 22, 33))  # five of six misses: the mapped four and the highest RAM one
     assert cache.cpu[:, 3:].all() and not cache.cpu[:, :3].any()
     assert (cache.where_kinds()[:, 4:] == -2).all()
+
+
+def test_a_learning_policy_is_refused_in_low_ram_mode():
+    path = _fixture("qwen3moe")
+    with pytest.raises(ConfigError, match="cache_policy='adaptive'.*file's mapping.*keeps its fill"):
+        Engine.load(path, device="cpu", backend="numpy", expert_cache="50%", cache_policy="adaptive",
+                    ram_budget_mib=_budget(path, 2))

@@ -231,6 +231,10 @@ class ExpertCache:
         check_policy(name)
         if name == "static":
             return
+        if self.low_ram:  # a leaver only the mapping holds would become a miss the GPU cannot read in place
+            raise ConfigError("cache_policy", name, "with experts only in the file's mapping (ram_budget_mib) the "
+                              "cache keeps its fill (static): their misses are the CPU share's, which cannot follow "
+                              "a policy's swaps; give ram_budget_mib room for every expert, or 0")
         self.policy = make(name, 0, self.layout.n_expert, start=self.booked >= 0)
         self.swap_budget = None if swap_budget is None else int(swap_budget // max(int(self.expert_bytes.max()), 1))
 
@@ -443,6 +447,11 @@ class ExpertCache:
         """Some experts are in neither the slots' nor the RAM tier's reach but the file's mapping."""
         return not bool(self.in_ram.all())
 
+    @property
+    def mapped_misses(self) -> bool:
+        """Some expert not in a slot is read from the file's mapping (what the GPU's graph cannot read)."""
+        return bool((~self.in_ram & (self.where < 0)).any())
+
     def borrowed_residents(self) -> np.ndarray:
         """[L, E] bool: the residents whose slots a long prefill chunk borrows (their bytes come back from their
         home when the chunk ends)."""
@@ -462,7 +471,7 @@ class ExpertCache:
         for p in range(3):
             self.full[:, p][away] = self.home[:, p][away]
             self.table[:, p][away & ~self.cpu] = self.home[:, p][away & ~self.cpu]
-        if self.low_ram:
+        if self.mapped_misses:
             self.borrow_min = min(self.borrow_min, decode_rows + 1)
         self.version += 1
 

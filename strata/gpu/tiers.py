@@ -227,8 +227,9 @@ class GpuTiers:
             self.cache = ExpertCache(layout, n_slots, self.slots, self.arena)
             self.cache.fill(opts.profile)
         self.cache.use_policy(opts.cache_policy, LEARN_EVERY * opts.swap_budget)
-        if self.pageable or self.cache.low_ram:  # the GPU cannot read pageable RAM in place: every pass of more
-            self._check_staging()  # rows stages
+        if self.pageable or self.cache.low_ram:  # the GPU cannot read pageable RAM in place: borrowing chunks
+            self._check_staging()  # stage and restore through the ring, and
+        if self.pageable or self.cache.mapped_misses:  # with mapped-only misses every pass past decode stages
             self.cache.borrow_min = decode_rows + 1
         self.zero = [cp.zeros(s, cp.uint8) for s in layout.strides]  # the CPU share's slot of zeros
         self.share: Any = None  # jit.share.CpuShare, when the CPU takes a share
@@ -318,13 +319,12 @@ class GpuTiers:
         c = self.cache
         hit = c.resident() / c.where.size
         miss = (1 - hit) * self.layout.top_k * float(np.mean(c.expert_bytes))  # bytes a layer, uniform routing
-        must = self.pageable or c.low_ram  # misses the graph cannot read: the CPU's, whatever the split
+        must = self.pageable or c.mapped_misses  # misses the graph cannot read: the CPU's, whatever the split
         if miss == 0 or (opts.pcie_frac == 1.0 and not must):
             return
         if c.policy is not None:  # the CPU's experts would change under it between windows
-            if must:
-                what = "a pageable arena" if self.pageable else "experts only in the file's mapping (ram_budget_mib)"
-                raise ConfigError("cache_policy", opts.cache_policy, f"{what} need the CPU share of the "
+            if must:  # (ram_budget_mib refused the policy already: ExpertCache.use_policy)
+                raise ConfigError("cache_policy", opts.cache_policy, "a pageable arena needs the CPU share of the "
                                   "misses, which runs with the static cache only")
             note(f"CPU share of the misses: off with --cache-policy {opts.cache_policy}; every miss is read over PCIe")
             return
@@ -647,6 +647,7 @@ class GpuTiers:
             import cupyx
 
             src = cupyx.empty_pinned(nbytes, np.uint8)
+            self._keep.append(src)  # alive until the probe's copies are done (it clears _keep after its sync)
         n = min(nbytes, src.nbytes) // (1 << 20) * (1 << 20)
         dst = cp.empty(n, cp.uint8)
         rows = np.array([[int(src.ctypes.data) + o, int(dst.data.ptr) + o, 1 << 20] for o in range(0, n, 1 << 20)],
