@@ -34,7 +34,7 @@ class EngineOptions:
     vram_budget_mib: int = 0  # cap on what Strata allocates on the GPU; 0 = the device's free memory
     vram_reserve_mib: int = RESERVE_MIB  # left free for the driver when the budget is the free memory
     expert_cache: str = "auto"  # auto | off | 6GiB | 4096MiB | 40%: VRAM slots for routed experts (CPU: a stand-in)
-    ram_budget_mib: float = 0  # RAM for the expert arena; the experts it cannot hold stay in the mmap; 0 = no limit
+    ram_budget_mib: float = 0  # RAM for the expert arena; what it cannot hold stays in the mmap; 0 = no limit
     n_seq: int = 1  # sequences at once (the server's --parallel): the GPU plan keeps KV and state room for them
     override_kv: tuple[str, ...] = ()  # KEY=TYPE:VALUE metadata overrides, as llama.cpp's --override-kv
     pcie_frac: str = "auto"  # share of decode misses read over PCIe, the rest on the CPU pool; auto: from the probe
@@ -165,10 +165,10 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-cache", default="auto", help="VRAM slots for routed experts: auto (what the budget "
                    "leaves; all of them when they fit), off, or a size such as 6GiB, 4096MiB, 40%% (of all experts); "
                    "the rest are read from pinned RAM. On the CPU a numpy store stands in for the slots")
-    p.add_argument("--ram-budget-mib", type=float, default=0, help="RAM for the expert arena (pinned on the "
-                   "GPU): when it cannot hold every expert, the arena keeps the likeliest misses and the rest stay "
-                   "in the file's mapping (page cache or disk), computed on the CPU in decode and staged through a "
-                   "small pinned bounce ring in prefill (0 = no limit; fractions allowed)")
+    p.add_argument("--ram-budget-mib", type=float, default=0, help="RAM for the expert arena (pinned on "
+                   "the GPU): when it cannot hold every expert, the arena keeps the likeliest misses and the "
+                   "rest stay in the file's mapping (page cache or disk), computed on the CPU in decode and "
+                   "staged through a small pinned bounce ring in prefill (0 = no limit; fractions allowed)")
     p.add_argument("--pcie-frac", default="auto", help="share of the decode misses the GPU reads over PCIe; the "
                    "rest run on the CPU pool beside it (0: all on the CPU, 1: none). auto (default): from a start-up "
                    "probe of both rates, kept in the cache dir")
@@ -213,7 +213,8 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
             "override_kv": tuple(args.override_kv),
             "backend": args.backend, "pool_workers": args.pool_workers, "aux_cpus": args.aux_cpus,
             "device": args.device, "vram_budget_mib": args.vram_budget_mib, "vram_reserve_mib": args.vram_reserve_mib,
-            "expert_cache": args.expert_cache, "ram_budget_mib": args.ram_budget_mib, "prefill_chunk": args.prefill}
+            "expert_cache": args.expert_cache, "ram_budget_mib": args.ram_budget_mib,
+            "prefill_chunk": args.prefill}
 
 
 def _is_hex(s: str) -> bool:

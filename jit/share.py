@@ -64,9 +64,9 @@ class Mailbox:
 
 @dataclass(frozen=True, slots=True)
 class ExpertBytes:
-    """Where the CPU reads experts: part p of expert e of MoE layer l at bases[l, p] + e * strides[l, p], plus
-    addrs[l, p, e] when given (the low-RAM mode's arena: a pinned row, or the file's mapping; bases and strides
-    0 then)."""
+    """Where the CPU reads experts: part p of expert e of MoE layer l at bases[l, p] + e * strides[l, p],
+    plus addrs[l, p, e] when given (the low-RAM mode's arena: a pinned row, or the file's mapping; bases
+    and strides 0 then)."""
 
     bases: np.ndarray  # int64 [L, P]
     strides: np.ndarray  # int64 [L, P]
@@ -97,7 +97,7 @@ class CpuShare:
         self._a = np.zeros((rows * a, f), np.float32)  # [p, F] silu(g) * u
         self._y = np.zeros((rows * a, d), np.float32)  # [p, D]
         self.calls = np.zeros(rows, np.int64)  # per mailbox row: CPU expert calls since take_calls
-        self.mapped: np.ndarray | None = None  # [L, E] bool: experts read from the file's mapping (low-RAM mode)
+        self.mapped: np.ndarray | None = None  # [L, E] bool: experts read from the file's mapping
         self.mapped_counts = np.zeros((rows, 2), np.int64)  # per row: calls on those, their bytes
         self._expert_bytes = (experts.rows * experts.row_bytes).sum(axis=1)  # [L]
         self._templates = [(self._template(li, (0, 1), self._x, self._g), self._template(li, (2,), self._a, self._y))
@@ -126,7 +126,8 @@ class CpuShare:
         return out
 
     def take_mapped(self, n: int) -> np.ndarray:
-        """Per row [n, 2]: calls on experts read from the file's mapping, and their bytes, since the last take."""
+        """Per row [n, 2]: calls on experts read from the file's mapping and their bytes, since the last
+        take."""
         out = self.mapped_counts[:n].copy()
         self.mapped_counts[:n] = 0
         return out
@@ -203,8 +204,8 @@ class CpuShare:
 
     def _tasks(self, li: int, tpl: np.ndarray, parts: tuple[int, ...], uniq: np.ndarray, starts: np.ndarray,
                counts: np.ndarray) -> np.ndarray:
-        """Each expert's row-range tasks [n, TASK_COLS]: the layer's template, moved to the expert, its rows and
-        its count (and to the expert's own address, when the arena gives one per expert)."""
+        """Each expert's row-range tasks [n, TASK_COLS]: the layer's template, moved to the expert, its
+        rows and its count (and to the expert's own address, when the arena gives one per expert)."""
         k = (slice(None),) + (None,) * 3
         t = tpl[0] + uniq[k] * tpl[1] + starts[k] * tpl[2] + counts[k] * tpl[3]  # [u, parts, C, TASK_COLS]
         if self.experts.addrs is not None:

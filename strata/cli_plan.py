@@ -11,12 +11,12 @@ import argparse
 
 from strata.blocks.ple import TABLE
 from strata.cli import dump_json
+from strata.conf.engine import check_ram_budget
 from strata.gguf import GGUFFile
 from strata.gpu import GPU_ARCHS
 from strata.gpu.model import GpuOptions, shape_of, vram_plan
 from strata.gpu.weights import weight_bytes
 from strata.models import model_class
-from strata.conf.engine import check_ram_budget
 from strata.tiers.budget import GIB, MIB, check_expert_cache
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.plan import Prediction, predict, table
@@ -34,11 +34,11 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
         "--ram-gib", type=float, default=0.0, help="RAM for the pinned expert arena (0: no limit)"
     )
     p.add_argument("--ram-budget-mib", type=float, default=0.0,
-                   help="as on serve, and before --ram-gib: RAM for the expert arena; what it cannot hold stays "
-                   "in the file's mapping (the third tier)")
+                   help="as on serve, and before --ram-gib: RAM for the expert arena; what it cannot hold "
+                   "stays in the file's mapping (the third tier)")
     p.add_argument("--disk-gbps", type=float, default=3.0,
-                   help="the file's mapping's rate, GB/s, for experts the arena cannot hold (default 3: an NVMe "
-                   "SSD, a cold page cache; a warm one reads at RAM speed, ~20)")
+                   help="the file's mapping's rate, GB/s, for experts the arena cannot hold (default 3: an "
+                   "NVMe SSD, a cold page cache; a warm one reads at RAM speed, ~20)")
     p.add_argument(
         "--pcie-gbps",
         type=float,
@@ -105,4 +105,5 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> Prediction:
     ram, flag = ((int(args.ram_budget_mib * MIB), "--ram-budget-mib") if args.ram_budget_mib else
                  (int(args.ram_gib * GIB), "--ram-gib"))
     return predict(plan, ExpertLayout.from_gguf(g), dense, args.hbm_gbps, args.pcie_gbps, ram, args.prefill,
-                   args.cpu_gbps, args.cpu_fixed_us * 1e-6, parse_pcie_frac(args.pcie_frac), args.disk_gbps, flag)
+                   args.cpu_gbps, args.cpu_fixed_us * 1e-6, parse_pcie_frac(args.pcie_frac), args.disk_gbps,
+                   flag)

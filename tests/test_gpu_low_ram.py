@@ -1,5 +1,6 @@
-"""The low-RAM mode on the GPU (`--ram-budget-mib`): the pinned arena holds a handful of experts, the rest are
-read from the file's mapping, by the CPU share in decode and through the pinned bounce ring in every longer pass.
+"""The low-RAM mode on the GPU (`--ram-budget-mib`): the pinned arena holds a handful of experts, the rest
+are read from the file's mapping, by the CPU share in decode and through the pinned bounce ring in every
+longer pass.
 
 Prompt passes (16 rows: past the 8 decode rows, so they stage every miss into borrowed slots, the mapped ones
 through the ring) read the very bytes all-resident reads: their logits are bit-identical. Decode gives the
@@ -15,15 +16,15 @@ import ctypes
 
 import numpy as np
 import pytest
+from strata.tiers.budget import MIB
+from strata.tiers.layout import ExpertLayout
+from strata.tiers.ram import ring_bytes
 from test_gpu_model import tiny_file
 from test_gpu_share import _close, _forced
 from test_gpu_tiers import _model, _run
 
 from strata.errors import ConfigError
 from strata.gguf import GGUFFile
-from strata.tiers.budget import MIB
-from strata.tiers.layout import ExpertLayout
-from strata.tiers.ram import ring_bytes
 
 pytestmark = pytest.mark.gpu
 
@@ -78,7 +79,8 @@ def test_low_ram_equals_all_resident(tmp_path, arch, rows):
     per = cache.expert_bytes
     over = d.lookups - d.hits - d.cpu_calls
     assert over * per.min() <= d.pcie_bytes <= over * per.max()
-    assert 0 < d.mmap_reads <= d.cpu_calls and per.min() * d.mmap_reads <= d.mmap_bytes <= per.max() * d.mmap_reads
+    assert 0 < d.mmap_reads <= d.cpu_calls
+    assert per.min() * d.mmap_reads <= d.mmap_bytes <= per.max() * d.mmap_reads
     assert p.mmap_reads > 0 and p.cpu_calls == 0 and p.pcie_bytes > 0
     assert m.tiers.ring.bytes > 0
     print(f"{arch} {rows} arena rows: worst relative L2 {worst:.2e}, prefill {p}, decode {d}")
@@ -109,7 +111,8 @@ def _long(path, cache: str = "auto", **share):
 
     g = GGUFFile(path)
     return GpuModel(model_class(g)(g, WeightStore(g, 1 << 30)),
-                    GpuOptions(chunk=512, n_ctx=1024, expert_cache=cache, tiers=TierOptions(pcie_frac=1.0, **share)))
+                    GpuOptions(chunk=512, n_ctx=1024, expert_cache=cache,
+                               tiers=TierOptions(pcie_frac=1.0, **share)))
 
 
 def test_a_long_prompt_and_a_batch_with_low_ram(tmp_path):
@@ -151,5 +154,6 @@ def test_the_gpu_ring_copies_bytes_into_vram():
     ring.copy(rows)
     cp.cuda.get_current_stream().synchronize()
     got = dst.get()
-    assert np.array_equal(got[:600_000], src[:600_000]) and np.array_equal(got[700_000:], src[600_000:900_000])
+    assert np.array_equal(got[:600_000], src[:600_000])
+    assert np.array_equal(got[700_000:], src[600_000:900_000])
     assert not got[600_000:700_000].any() and ring.bytes == 900_000

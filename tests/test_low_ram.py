@@ -1,5 +1,5 @@
-"""The low-RAM mode (`--ram-budget-mib`) on the CPU stand-in: three tiers (numpy slots for VRAM, numpy rows for
-the pinned arena, the file's mapping), the same tier manager and bounce ring the GPU runs.
+"""The low-RAM mode (`--ram-budget-mib`) on the CPU stand-in: three tiers (numpy slots for VRAM, numpy rows
+for the pinned arena, the file's mapping), the same tier manager and bounce ring the GPU runs.
 
 Invariants: a budget with room for a handful of experts (or only the ring) gives the all-resident greedy
 tokens, through a prompt that borrows slots and through short passes; the counters are exact (decode lookups
@@ -15,16 +15,16 @@ import json
 
 import numpy as np
 import pytest
-
-from strata.engine import Engine
-from strata.errors import ConfigError
-from strata.gguf import GGUFFile
-from strata.sampling import SamplingParams
 from strata.tiers.budget import MIB
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.profile import Profile
 from strata.tiers.ram import arena_rows, choose_held, ring_bytes
 from strata.tiers.ring import batches, host_ring, merged, split_rows
+
+from strata.engine import Engine
+from strata.errors import ConfigError
+from strata.gguf import GGUFFile
+from strata.sampling import SamplingParams
 
 PROMPT = 300  # > BORROW_MIN, one chunk of the CPU's 512
 
@@ -60,7 +60,7 @@ def test_a_tiny_ram_budget_gives_the_all_resident_tokens(arch):
         cache = eng.expert_cache
         assert cache is not None and cache.low_ram and int(cache.in_ram.sum()) == rows
         assert cache.borrow_min == 2, "every pass past one row stages, as the GPU's past its decode rows"
-        assert not (cache.in_ram & (cache.where >= 0)).any() or rows > (cache.where < 0).sum(), "no copy of a slot"
+        assert not (cache.in_ram & (cache.where >= 0)).any(), "the arena holds no copy of a slot's expert"
         before = [a.copy() for a in cache.slots.arrays]
         st = cache.staging()
         assert st is not None and st.complete
@@ -69,7 +69,7 @@ def test_a_tiny_ram_budget_gives_the_all_resident_tokens(arch):
         res = _greedy(eng, long)
         assert res.tokens == ref_long.tokens, f"{arch} with {rows} arena rows"
         assert _greedy(eng, short).tokens == ref_short.tokens, f"{arch} with {rows} arena rows, short prompt"
-        assert all(np.array_equal(a, b) for a, b in zip(before, cache.slots.arrays)), "borrowed slots restored"
+        assert all(np.array_equal(a, b) for a, b in zip(before, cache.slots.arrays)), "slots restored"
         t = res.timings.to_dict()
         n_l, k = len(cache.layout.layers), cache.layout.top_k
         per = int(cache.expert_bytes[0])  # every layer alike here
@@ -77,13 +77,16 @@ def test_a_tiny_ram_budget_gives_the_all_resident_tokens(arch):
         assert t["expert_lookups"] == (len(res.tokens) - 1) * k * n_l
         over_pcie = t["pcie_bytes"] // per
         assert t["expert_lookups"] == t["expert_hits"] + over_pcie + t["cpu_expert_calls"]
-        assert t["cpu_expert_calls"] == t["mmap_expert_reads"] > 0 and t["mmap_bytes"] == t["mmap_expert_reads"] * per
-        assert t["prompt_mmap_expert_reads"] == staged_mapped and t["prompt_mmap_bytes"] == staged_mapped * per
+        assert t["cpu_expert_calls"] == t["mmap_expert_reads"] > 0
+        assert t["mmap_bytes"] == t["mmap_expert_reads"] * per
+        assert t["prompt_mmap_expert_reads"] == staged_mapped
+        assert t["prompt_mmap_bytes"] == staged_mapped * per
         assert t["prompt_pcie_bytes"] == int(st.staged.sum()) * per and t["prompt_cpu_expert_calls"] == 0
         ring = cache.slots.ring
         # through the ring: the fill, then per staged pass (the long prompt's, the short one's) what it staged
         # from the mapping and what it restored from there
-        assert ring is not None and ring.bytes == (cache.n_slots + 2 * (staged_mapped + restored_mapped)) * per
+        assert ring is not None
+        assert ring.bytes == (cache.n_slots + 2 * (staged_mapped + restored_mapped)) * per
 
 
 def test_no_budget_or_a_budget_for_everything_keeps_every_expert_in_ram():
@@ -120,7 +123,8 @@ def test_the_ring_cuts_and_merges_copies():
     s0, d0 = int(src.ctypes.data), int(dst.ctypes.data)
     rows = np.array([[s0, d0, 3000], [s0 + 3000, d0 + 3000, 500], [s0 + 5000, d0 + 6000, 4000]], np.int64)
     loads = batches(rows, 1024)
-    assert all(sum(p[3] for p in load) <= 1024 for load in loads) and sum(p[3] for l in loads for p in l) == 7500
+    assert all(sum(p[3] for p in load) <= 1024 for load in loads)
+    assert sum(p[3] for load in loads for p in load) == 7500
     assert len(merged(loads[2])) == 1, "pieces that continue each other in buffer and destination: one copy"
     ring, _bufs = host_ring(1024)
     ring.copy(rows)
@@ -145,15 +149,17 @@ def test_an_impossible_budget_is_refused_with_the_flag_and_the_numbers():
 def test_cli_refuses_a_bad_budget_naming_the_flag(capsys):
     from strata.cli import main
 
-    assert main(["generate", "--model", str(_fixture("qwen3moe")), "--prompt", "x", "--ram-budget-mib", "-2"]) != 0
+    path = str(_fixture("qwen3moe"))
+    assert main(["generate", "--model", path, "--prompt", "x", "--ram-budget-mib", "-2"]) != 0
     assert "--ram-budget-mib" in capsys.readouterr().err
 
 
 def test_the_flag_means_the_same_on_serve_generate_and_the_api():
-    from strata.cli import build_parser
     from strata.conf import EngineOptions
     from strata.conf.engine import backend_options
     from strata.conf.server import server_config
+
+    from strata.cli import build_parser
 
     argv = ["--model", str(_fixture("qwen3moe")), "--ram-budget-mib", "512.5", "--expert-cache", "40%"]
     cfg = server_config(build_parser().parse_args(["serve", *argv]), env={})
@@ -169,10 +175,12 @@ def test_the_planner_shows_three_tiers(capsys):
     base = ["plan", path, "--vram-gib", "0.5", "--expert-cache", "50%", "--json"]
     assert main(base) == 0
     full = json.loads(capsys.readouterr().out)
-    assert full["mmap_experts"] == 0 and full["ring_bytes"] == 0 and full["arena_experts"] == full["experts_total"]
+    assert full["mmap_experts"] == 0 and full["ring_bytes"] == 0
+    assert full["arena_experts"] == full["experts_total"]
     assert main([*base, "--ram-budget-mib", str(_budget(path, 3))]) == 0
     p = json.loads(capsys.readouterr().out)
-    assert p["arena_experts"] == 3 and p["expert_slots"] + p["arena_experts"] + p["mmap_experts"] == p["experts_total"]
+    assert p["arena_experts"] == 3
+    assert p["expert_slots"] + p["arena_experts"] + p["mmap_experts"] == p["experts_total"]
     assert p["mmap_bytes"] == p["mmap_experts"] * 6528 and p["ring_bytes"] > 0 and p["disk_gbps"] == 3.0
     share = p["mmap_experts"] / p["experts_total"]
     assert p["mmap_bytes_per_token"] == pytest.approx(share * p["routed_bytes_per_token"])
@@ -194,22 +202,21 @@ def test_the_planner_shows_three_tiers(capsys):
 
 
 def test_the_cpu_share_reads_each_expert_at_its_own_address(tmp_path):
-    """The low-RAM arena gives the CPU share an address per expert (a pinned row or the mapping): the answer is
-    the one the per-layer base and stride give, and calls on mapped experts are counted apart."""
+    """The low-RAM arena gives the CPU share an address per expert (a pinned row or the mapping): the answer
+    is the one the per-layer base and stride give, and calls on mapped experts are counted apart."""
     from dataclasses import replace
 
     from gguf.constants import GGMLQuantizationType as T
-    from test_cpu_share import _box, _experts
-
     from strata.jit.kernels import Kernels
     from strata.jit.share import CpuShare
+    from test_cpu_share import _box, _experts
 
     kernels = Kernels(tmp_path)
     raws, ex = _experts((T.Q8_0, T.Q8_0, T.Q8_0))
     copies = [[r[::-1].copy() for r in row] for row in raws]  # experts in reverse order elsewhere
     n_l, n_e = ex.bases.shape[0], raws[0][0].shape[0]
-    addrs = np.array([[[int(copies[li][p].ctypes.data) + (n_e - 1 - e) * int(ex.strides[li, p]) for e in range(n_e)]
-                       for p in range(3)] for li in range(n_l)], np.int64)
+    addrs = np.array([[[int(copies[li][p].ctypes.data) + (n_e - 1 - e) * int(ex.strides[li, p])
+                        for e in range(n_e)] for p in range(3)] for li in range(n_l)], np.int64)
     per_expert = replace(ex, bases=np.zeros_like(ex.bases), strides=np.zeros_like(ex.strides), addrs=addrs)
     mine = np.ones((n_l, n_e), bool)
     rng = np.random.default_rng(0)
@@ -222,7 +229,7 @@ def test_the_cpu_share_reads_each_expert_at_its_own_address(tmp_path):
         b.mapped[:, 5] = True
         for li in range(n_l):
             ya, _ = a.layer(li, h, ids, wts)
-            yb, calls = b.layer(li, h, ids, wts)
+            yb, _ = b.layer(li, h, ids, wts)
             np.testing.assert_array_equal(ya, yb)
         got = b.take_mapped(3)
         per = int((ex.rows[0] * ex.row_bytes[0]).sum())

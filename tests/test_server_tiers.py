@@ -65,8 +65,8 @@ def test_tier_counters_reach_every_surface(tiny_moe):
 
 
 def test_the_mmap_tier_reaches_every_surface(tiny_moe):
-    """--ram-budget-mib with room for the ring and two experts: the same text, and the experts read from the file's
-    mapping counted alike in the timings, /v1/status and /metrics."""
+    """--ram-budget-mib with room for the ring and two experts: the same text, and the experts read from the
+    file's mapping counted alike in the timings, /v1/status and /metrics."""
     from strata.gguf import GGUFFile
     from strata.tiers.budget import MIB
     from strata.tiers.ram import ring_bytes

@@ -63,7 +63,7 @@ class RowArena:
         li, e = np.nonzero(self.held)
         for p, a in enumerate(self.arrays):
             self.addrs[li, p, e] = int(a.ctypes.data) + self.row[li, e] * a.shape[1]
-        if self.complete:  # rows li * E + e: one base and stride a layer, as the CPU share's templates read them
+        if self.complete:  # rows li * E + e: a base and a stride a layer, as the CPU share's templates read
             self.bases = np.array([[int(a.ctypes.data) + i * n_e * a.shape[1] for a in self.arrays]
                                    for i in range(n_l)], np.int64)
             self.strides = np.array([[a.shape[1] for a in self.arrays] for _ in layout.layers], np.int64)
@@ -124,8 +124,8 @@ class PinnedArena(RowArena):
                 "auto",
                 (
                     f"could not pin {nbytes / 2**30:,.1f} GiB of host memory for the expert arena ({err}); "
-                    "raise the memlock limit (ulimit -l) or the container's memory, lower ram_budget_mib (the "
-                    "rest stays in the file's mapping), or give the experts more VRAM (--expert-cache, "
+                    "raise the memlock limit (ulimit -l) or the container's memory, lower ram_budget_mib "
+                    "(the rest stays in the file's mapping), or give the experts more VRAM (--expert-cache, "
                     "--vram-budget-mib)"
                 ),
             ) from err

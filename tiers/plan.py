@@ -59,7 +59,8 @@ class Prediction:
     ring_bytes: int = 0  # the bounce ring's pinned buffers (low-RAM mode only)
     mmap_bytes_per_token: float = 0.0  # routed bytes a decode token reads from the mapping (on the CPU)
     disk_gbps: float = 0.0  # the mapping's rate the prediction assumed
-    tiers: dict[str, dict[str, float]] | None = None  # vram / pinned / mmap: experts, bytes, bytes a token, rate, ms
+    # vram / pinned / mmap: experts, bytes, bytes a token, rate (GB/s), ms a token
+    tiers: dict[str, dict[str, float]] | None = None
 
     def json(self) -> dict[str, object]:
         return asdict(self)
@@ -92,7 +93,8 @@ def predict(
             reason = str(err).split(": ", 1)[1]
             raise ConfigError(ram_flag, round(ram_bytes / MIB * per_mib, 3), reason) from None
         if rows is not None:
-            held, ring = min(rows, n_total - plan.n_slots + borrowed_estimate(plan.n_slots, layout)), ring_bytes(layout)
+            held = min(rows, n_total - plan.n_slots + borrowed_estimate(plan.n_slots, layout))
+            ring = ring_bytes(layout)
     arena = held * layout.slot_bytes if tiered and layout is not None else 0
     n_mmap = max(0, n_total - plan.n_slots - held) if tiered else 0
     hit = plan.n_slots / n_total if n_total else 1.0
@@ -101,18 +103,19 @@ def predict(
     mapped = n_mmap / n_total * routed if n_total else 0.0  # of the misses, read from the mapping
     hbm, pcie, disk = hbm_gbps * 1e9, pcie_gbps * 1e9, disk_gbps * 1e9
     vram_time = (dense_per_token + hit * routed) / hbm
-    bound = 1 / (vram_time + (miss - mapped) / pcie + mapped / disk)
+    bound = 1 / (vram_time + max((miss - mapped) / pcie, mapped / disk))  # the CPU reads the mapping
     n_l = len(layout.layers) if layout is not None else 1
     forced = mapped / miss if miss else 0.0
     sp = choose(miss / n_l, pcie * ZERO_COPY_EFFICIENCY, cpu_gbps * 1e9, cpu_fixed_s,
-                pcie_frac if cpu_gbps > 0 or pcie_frac is not None else (None if forced else 1.0), forced, disk)
+                pcie_frac if cpu_gbps > 0 or pcie_frac is not None else (None if forced else 1.0),
+                forced, disk)
     if sp.chosen != "auto" and cpu_gbps <= 0 and sp.pcie_frac < 1 - forced:
         raise ConfigError("--cpu-gbps", cpu_gbps, "a CPU share (--pcie-frac < 1) needs the CPU pool's rate")
     decode = 1 / (vram_time + n_l * sp.layer_s)
     why = sp.why(miss / n_l) if miss and cpu_gbps > 0 else ""
     if forced:
-        why += (f"{'; ' if why else ''}{forced:.0%} of the misses are only in the file's mapping: the CPU's, read "
-                f"at {disk_gbps:g} GB/s (--disk-gbps)")
+        why += (f"{'; ' if why else ''}{forced:.0%} of the misses are only in the file's mapping: the "
+                f"CPU's, read at {disk_gbps:g} GB/s (--disk-gbps)")
     total = layout.total_bytes if layout is not None else 0
     missing_bytes = (1 - hit) * total
     mmap_bytes = n_mmap / n_total * total if n_total else 0.0
@@ -122,8 +125,8 @@ def predict(
     per_token = {"vram": dense_per_token + hit * routed, "pinned": miss - mapped, "mmap": mapped}
     counts = {"vram": plan.n_slots, "pinned": held if tiered else 0, "mmap": n_mmap}
     sizes = {"vram": plan.n_slots * plan.slot_bytes, "pinned": arena + ring, "mmap": int(mmap_bytes)}
-    tiers = {k: {"experts": counts[k], "bytes": sizes[k], "bytes_per_token": per_token[k], "gbps": rates[k] / 1e9,
-                 "ms_per_token": per_token[k] / rates[k] * 1e3} for k in rates}
+    tiers = {k: {"experts": counts[k], "bytes": sizes[k], "bytes_per_token": per_token[k],
+                 "gbps": rates[k] / 1e9, "ms_per_token": per_token[k] / rates[k] * 1e3} for k in rates}
     return Prediction(
         plan.budget,
         plan.dense,
@@ -156,8 +159,8 @@ def predict(
 
 
 def borrowed_estimate(n_slots: int, layout: ExpertLayout) -> int:
-    """Slots a long prefill chunk borrows under the static fill (ExpertCache.staging's first plan), whose experts
-    the low-RAM arena backs up after the misses."""
+    """Slots a long prefill chunk borrows under the static fill (ExpertCache.staging's first plan), whose
+    experts the low-RAM arena backs up after the misses."""
     n_l = len(layout.layers)
     cap0 = -(-(layout.n_total - n_slots) // n_l)
     cap = cap0 + -(-2 * cap0 // n_l) + 1
@@ -187,8 +190,9 @@ def table(p: Prediction) -> str:
             )
         )
         if p.mmap_experts:
-            rows.append(("mmap", f"{p.mmap_experts:,} experts only in the file's mapping (page cache or disk; "
-                         "misses on the CPU, prefill stages them)", f"{p.mmap_bytes / MIB:,.0f} MiB"))
+            what = (f"{p.mmap_experts:,} experts only in the file's mapping (page cache or disk; misses on "
+                    "the CPU, prefill stages them)")
+            rows.append(("mmap", what, f"{p.mmap_bytes / MIB:,.0f} MiB"))
         rows.append(("disk", "the GGUF, memory-mapped (read once to fill the tiers)", ""))
     w = [max(len(r[i]) for r in rows) for i in range(3)]
     out = [f"{a:<{w[0]}}  {b:<{w[1]}}  {c:>{w[2]}}" for a, b, c in rows]

@@ -51,10 +51,10 @@ def arena_rows(layout: ExpertLayout, budget_mib: float, flag: str = FLAG) -> int
             flag,
             budget_mib,
             (
-                f"the expert arena needs {full / MIB:,.2f} MiB for every expert, and a budget below that must "
-                f"still hold the bounce ring that copies experts from the file's mapping: {ring / MIB:,.3f} MiB "
-                f"({RING_BUFFERS} buffers of {RING_EXPERTS} experts of {layout.slot_bytes / MIB:,.3f} MiB); give "
-                f"at least {ring / MIB:,.3f} MiB, or 0 for no limit"
+                f"the expert arena needs {full / MIB:,.2f} MiB for every expert, and a budget below that "
+                "must still hold the bounce ring that copies experts from the file's mapping: "
+                f"{ring / MIB:,.3f} MiB ({RING_BUFFERS} buffers of {RING_EXPERTS} experts of "
+                f"{layout.slot_bytes / MIB:,.3f} MiB); give at least {ring / MIB:,.3f} MiB, or 0 for no limit"
             ),
         )
     return (budget - ring) // layout.slot_bytes

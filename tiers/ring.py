@@ -68,7 +68,7 @@ class BounceRing:
         self.loads = 0
 
     def copy(self, rows: np.ndarray) -> None:
-        """Queue copies [n, 3] (source in the mmap, destination, bytes), in order with the device's other work."""
+        """Queue copies [n, 3] (source in the mmap, destination, bytes), in order with the device's work."""
         for load in batches(rows, self.size):
             b = self._next
             self._next = (b + 1) % len(self.buffers)

@@ -7,12 +7,12 @@ waits for whichever side finishes last. With M miss bytes a layer, a share c on 
     GPU: (1 - c) M / pcie        CPU: c M / (cpu * CPU_EFFICIENCY) + fixed
 
 and a layer with a share costs the slower side plus SERIAL_S. Under `--ram-budget-mib` a share m of the misses
-lives only in the file's mapping, which the GPU cannot read: the CPU takes at least m, and reads those at
-the mapping's rate when that is the slower (a cold page cache: the disk); the best share makes the two sides equal,
-c = (M / pcie - fixed) / (M / pcie + M / cpu'), and is taken only when it beats PCIe alone. `pcie` is the
-in-graph zero-copy rate (the probed rate times what the kernels reach of it), `cpu` the CPU pool's rate on
-this model's experts with the GPU reading RAM beside it. The probe measures both at start-up and keeps them
-in the cache dir (`--probe` measures again); `strata plan` shows the same arithmetic from given rates.
+lives only in the file's mapping, which the GPU cannot read: the CPU takes at least m, and reads those at the
+mapping's rate when that is the slower (a cold page cache: the disk); the best share makes the two sides
+equal, c = (M / pcie - fixed) / (M / pcie + M / cpu'), and is taken only when it beats PCIe alone. `pcie` is
+the in-graph zero-copy rate (the probed rate times what the kernels reach of it), `cpu` the CPU pool's rate on
+this model's experts with the GPU reading RAM beside it. The probe measures both at start-up and keeps them in
+the cache dir (`--probe` measures again); `strata plan` shows the same arithmetic from given rates.
 
 Calibration (H200 host, 16 cores, 80B shape at a 24 GiB budget; perf/README.md): the probe gave the CPU
 pool 29.9 GB/s beside the GPU and a fixed 86 us a layer, but inside decode a 29% share took 231 us a layer
@@ -71,8 +71,9 @@ class Split:
 
 def choose(miss_bytes: float, pcie_bps: float, cpu_bps: float, fixed_s: float, given: float | None = None,
            forced: float = 0.0, mapped_bps: float = float("inf")) -> Split:
-    """The split for M = miss_bytes per layer and token (given: --pcie-frac, else the balance point); forced: the
-    share the CPU must take (misses only the file's mapping holds), read at min(the CPU's rate, mapped_bps)."""
+    """The split for M = miss_bytes per layer and token (given: --pcie-frac, else the balance point);
+    forced: the share the CPU must take (misses only the file's mapping holds), read at min(the CPU's
+    rate, mapped_bps)."""
     inf = float("inf")
     gpu = miss_bytes / pcie_bps if pcie_bps > 0 else inf
     cpu = miss_bytes / cpu_bps if cpu_bps > 0 else inf
@@ -90,7 +91,7 @@ def choose(miss_bytes: float, pcie_bps: float, cpu_bps: float, fixed_s: float, g
     if given is not None:
         c = max(1 - given, forced)
         return Split(1 - c, layer(c), gpu, layer(1.0), "--pcie-frac")
-    if forced > 0:  # the CPU's part is not optional: the balance point, or the forced share when it is past it
+    if forced > 0:  # the CPU's part is not optional: the balance point, or the forced share past it
         bal = (gpu - fixed_s - forced * mapped + forced * cpu) / (gpu + cpu) if cpu != inf else forced
         c = min(1.0, max(forced, bal)) if gpu != inf else 1.0
         return Split(1 - c, layer(c), gpu, layer(1.0), "auto")

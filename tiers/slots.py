@@ -53,7 +53,8 @@ from strata.gguf import GGUFFile
 # top-10-of-512 routing nearly every expert is used, and one copy of each beats zero-copy reads from the
 # GEMM tiles: 80B shape on the H200, pp512 at a 24 GiB budget 458 tok/s zero-copy, 955 borrowing.
 BORROW_MIN = 256
-COLS = 6  # per-row counts: lookups, hits, PCIe bytes, CPU expert calls, experts read from the mapping, their bytes
+# per-row counts: lookups, hits, PCIe bytes, CPU expert calls, experts read from the mapping, their bytes
+COLS = 6
 
 
 class Bytes(Protocol):
@@ -69,8 +70,9 @@ class Bytes(Protocol):
 
 
 class Arena(Protocol):
-    """Where every expert lives: expert e of MoE layer l, part p at `bases[l, p] + e * strides[l, p]`, or, when
-    the arena has `addrs` (int64 [L, P, E]), there; an arena with `held` ([L, E] bool) holds only those in RAM."""
+    """Where every expert lives: expert e of MoE layer l, part p at `bases[l, p] + e * strides[l, p]`, or,
+    when the arena has `addrs` (int64 [L, P, E]), there; an arena with `held` ([L, E] bool) holds only
+    those in RAM."""
 
     bases: np.ndarray  # int64 [L, P]
     strides: np.ndarray  # int64 [L, P]
@@ -82,7 +84,8 @@ def homes(arena: Arena, n_e: int) -> tuple[np.ndarray, np.ndarray]:
     if addrs is None:
         addrs = arena.bases[:, :, None] + np.arange(n_e, dtype=np.int64) * arena.strides[:, :, None]
     held = getattr(arena, "held", None)
-    return np.asarray(addrs, np.int64), (np.ones(addrs.shape[::2], bool) if held is None else np.asarray(held))
+    in_ram = np.ones(addrs.shape[::2], bool) if held is None else np.asarray(held)
+    return np.asarray(addrs, np.int64), in_ram
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +118,7 @@ class ExpertCache:
         self.layer_of = layout.index()  # model layer -> MoE layer
         self.use = TierUse()  # engine-wide counters
         self.prefetch = PrefetchCounts()  # the GPU's lookahead (tiers/lookahead.py), engine-wide
-        self.home, self.in_ram = homes(arena, n_e)  # [L, P, E] where each expert lives; [L, E] in the RAM tier
+        self.home, self.in_ram = homes(arena, n_e)  # [L, P, E] where experts live; [L, E] in the RAM tier
         self.full = self.home.copy()  # [L, P, E]: slot or arena
         self.table = self.full.copy()  # [L, P, E]: decode rows' table (the CPU's share -> the zero slot)
         self.cpu = np.zeros((n_l, n_e), bool)  # [L, E]: misses the CPU computes for decode rows
@@ -127,7 +130,7 @@ class ExpertCache:
         self.by_name = {l.parts[0].name: li for li, l in enumerate(layout.layers)}  # gate tensor -> MoE layer
         self._rows = np.zeros((0, COLS), np.int64)  # this pass's per-row counts (see settle)
         self._staging: Staging | None = None
-        self._staged = np.zeros(3, np.int64)  # this pass's staged bytes, experts and bytes of them from the mapping
+        self._staged = np.zeros(3, np.int64)  # this pass's staged bytes; experts, bytes of those mapped
         self.recorder: Recorder | None = None  # --record-routes (the CPU stand-in's passes)
         self.policy: Policy | None = None  # --cache-policy lru|adaptive: every layer's residents, between windows
         self.swap_budget: int | None = None  # experts a window may bring in
@@ -232,9 +235,10 @@ class ExpertCache:
         if name == "static":
             return
         if self.low_ram:  # a leaver only the mapping holds would become a miss the GPU cannot read in place
-            raise ConfigError("cache_policy", name, "with experts only in the file's mapping (ram_budget_mib) the "
-                              "cache keeps its fill (static): their misses are the CPU share's, which cannot follow "
-                              "a policy's swaps; give ram_budget_mib room for every expert, or 0")
+            raise ConfigError("cache_policy", name, "with experts only in the file's mapping "
+                              "(ram_budget_mib) the cache keeps its fill (static): their misses are the CPU "
+                              "share's, which cannot follow a policy's swaps; give ram_budget_mib room for "
+                              "every expert, or 0")
         self.policy = make(name, 0, self.layout.n_expert, start=self.booked >= 0)
         self.swap_budget = None if swap_budget is None else int(swap_budget // max(int(self.expert_bytes.max()), 1))
 
@@ -347,12 +351,13 @@ class ExpertCache:
         if self.policy is not None and all(x is not None for x in self._pass_ids):
             self.load(self.learn(np.stack(self._pass_ids, axis=1)))  # type: ignore[arg-type]
 
-    def settle(self, rows: np.ndarray, staged: np.ndarray | int, states: list[TierUse], lens: list[int]) -> None:
+    def settle(self, rows: np.ndarray, staged: np.ndarray | int, states: list[TierUse],
+               lens: list[int]) -> None:
         """Credit per-row counts [N, COLS] (lookups, hits, PCIe bytes, CPU expert calls, experts read from the
         mapping, their bytes) to each sequence and to the engine. A sequence that fed one token decoded; more,
         it prefilled. When the pass staged experts, prefill rows read them from their slots: `staged` [3]
-        (bytes staged, experts of them from the mapping, their bytes; an int: bytes only) is what crossed PCIe,
-        shared among the prefill rows."""
+        (bytes staged, experts of them from the mapping, their bytes; an int: bytes only) is what crossed
+        PCIe, shared among the prefill rows."""
         st = np.zeros(3, np.int64)
         st[: np.size(staged)] = np.asarray(staged, np.int64).reshape(-1)
         n_prefill = sum(n for n in lens if n > 1)
@@ -453,8 +458,8 @@ class ExpertCache:
         return bool((~self.in_ram & (self.where < 0)).any())
 
     def borrowed_residents(self) -> np.ndarray:
-        """[L, E] bool: the residents whose slots a long prefill chunk borrows (their bytes come back from their
-        home when the chunk ends)."""
+        """[L, E] bool: the residents whose slots a long prefill chunk borrows (their bytes come back from
+        their home when the chunk ends)."""
         out = np.zeros(self.where.shape, bool)
         st = self.staging()
         for _, li, e in st.restore if st is not None else []:
@@ -462,8 +467,8 @@ class ExpertCache:
         return out
 
     def rehome(self, arena: Arena, decode_rows: int) -> None:
-        """Read every non-resident expert from `arena` from now on (the low-RAM mode's, chosen after the fill).
-        With experts it does not hold, every pass of more than decode_rows rows stages its misses: the
+        """Read every non-resident expert from `arena` from now on (the low-RAM mode's, chosen after the
+        fill). With misses it does not hold, every pass of more than decode_rows rows stages its misses: the
         device reads no mapped-only expert in place."""
         self.arena = arena
         self.home, self.in_ram = homes(arena, self.layout.n_expert)
@@ -519,7 +524,8 @@ def cpu_tiers(gguf: GGUFFile, expert_cache: str, profile: Profile | None = None,
         slots.ring, slots.ring_buffers = host_ring(ring_buffer_bytes(layout.slot_bytes))
     cache.fill(profile)
     if rows is not None:
-        arena = RowArena(gguf, layout, choose_held(cache.where >= 0, cache.borrowed_residents(), rows, profile))
+        held = choose_held(cache.where >= 0, cache.borrowed_residents(), rows, profile)
+        arena = RowArena(gguf, layout, held)
         slots.ranges = arena.ranges()
         cache.rehome(arena, decode_rows=1)  # the CPU stand-in's decode: one row a pass
     return cache

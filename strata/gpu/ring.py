@@ -1,11 +1,11 @@
 """The bounce ring on the GPU (tiers/ring.py says why): pinned buffers, device copies out of them queued on a
 given stream with cudaMemcpyAsync, and an event per buffer that the host waits on before it refills it.
 
-The low-RAM mode (`--ram-budget-mib`, tiers/ram.py) sends every copy whose source is only in the file's mapping
-through it: the start-up fill of the slots, a borrowing prefill chunk's staging (on the copy stream, layer by
-layer, while earlier layers compute) and the borrowed slots' restore. The host memcpy out of the mapping runs on
-the thread that launches the pass, so a layer's copies from a cold page cache hold the launches until they are
-queued; the GPU keeps running what was queued before.
+The low-RAM mode (`--ram-budget-mib`, tiers/ram.py) sends every copy whose source is only in the file's
+mapping through it: the start-up fill of the slots, a borrowing prefill chunk's staging (on the copy stream,
+layer by layer, while earlier layers compute) and the borrowed slots' restore. The host memcpy out of the
+mapping runs on the thread that launches the pass, so a layer's copies from a cold page cache hold the
+launches until they are queued; the GPU keeps running what was queued before.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ after the copy landed: decode never waits for a swap, nor for the policy.
 Under `--ram-budget-mib` (tiers/ram.py) the pinned arena holds only the likeliest misses (and the borrowed
 slots' experts), the rest stay in the file's mapping: decode rows give every such miss to the CPU share (the
 graph reads only VRAM and pinned memory; the CPU pool reads the mapping in place), whatever the split, and
-every pass of more rows stages its misses, the mapped ones through the pinned bounce ring (strata/gpu/ring.py).
+every pass of more rows stages its misses, the mapped ones through the pinned bounce ring
+(strata/gpu/ring.py).
 The slots are filled from the mapping through the ring before the arena is chosen and pinned.
 
 If the arena cannot be pinned, the experts stay in the file's pageable mapping, which the GPU cannot read
@@ -126,7 +127,7 @@ class TierOptions:
     swap_budget: int = 64 << 20  # --swap-budget-mib: bytes a pass may copy into slots
     profile: Profile | None = None  # a saved routing profile: the fill takes each layer's most used experts
     prefetch: int = PREFETCH_DEFAULT  # --prefetch: experts a decode layer copies ahead of its router (0: off)
-    ram_budget_mib: float = 0  # --ram-budget-mib: RAM for the arena and the bounce ring (0: every expert pinned)
+    ram_budget_mib: float = 0  # --ram-budget-mib: RAM for the arena and the bounce ring (0: all pinned)
 
 
 class DeviceSlots:
@@ -261,8 +262,9 @@ class GpuTiers:
 
     def _unpinned(self, gguf: GGUFFile, layout: ExpertLayout, err: ConfigError) -> None:
         self.arena, self.pageable = MmapArena(gguf, layout), True
-        note(f"warning: {str(err).split(': ', 1)[-1]}. Falling back to the file's pageable mapping: every decode "
-             "miss runs on the CPU and prefill copies misses at pageable speed (~8.6 GB/s instead of ~55 pinned)")
+        note(f"warning: {str(err).split(': ', 1)[-1]}. Falling back to the file's pageable mapping: every "
+             "decode miss runs on the CPU and prefill copies misses at pageable speed (~8.6 GB/s instead "
+             "of ~55 pinned)")
 
     def _low_ram(self, gguf: GGUFFile, layout: ExpertLayout, n_slots: int, rows: int, profile: Profile | None,
                  decode_rows: int) -> None:
@@ -290,16 +292,17 @@ class GpuTiers:
         self.slots.ranges = self.arena.ranges()
         self.cache.rehome(self.arena, decode_rows)
         c = self.cache
-        note(f"low-RAM mode (room for {rows:,} arena rows): {c.resident():,} experts in VRAM, {int(held.sum()):,} in pinned RAM, "
-             f"{int((~c.in_ram & (c.where < 0)).sum()):,} only in the file's mapping (decode: on the CPU; prefill: "
-             f"staged through a {self.ring.nbytes() / 2**20:,.1f} MiB bounce ring)")  # type: ignore[union-attr]
+        ring = self.ring.nbytes() / 2**20  # type: ignore[union-attr]
+        note(f"low-RAM mode (room for {rows:,} arena rows): {c.resident():,} experts in VRAM, "
+             f"{int(held.sum()):,} in pinned RAM, {int((~c.in_ram & (c.where < 0)).sum()):,} only in the "
+             f"file's mapping (decode: on the CPU; prefill: staged through a {ring:,.1f} MiB bounce ring)")
 
     # ---- the CPU's share ----
     def _check_staging(self) -> None:
         if self.cache.n_slots == 0 and self.cache.resident() < self.layout.n_total:
-            raise ConfigError("expert_cache", "off", "experts in pageable memory (an arena that could not be pinned, "
-                              "or beyond ram_budget_mib) reach the GPU only through staging into borrowed slots, and "
-                              "there are none; give the cache some VRAM (--expert-cache)")
+            raise ConfigError("expert_cache", "off", "experts in pageable memory (an arena that could not be "
+                              "pinned, or beyond ram_budget_mib) reach the GPU only through staging into "
+                              "borrowed slots, and there are none; give the cache some VRAM (--expert-cache)")
         st = self.cache.staging()
         if st is not None and not st.complete:
             missing = int((self.cache.where < 0).sum(axis=1).max())
@@ -330,8 +333,9 @@ class GpuTiers:
             return
         if platform.machine() not in ("x86_64", "AMD64"):  # the mailbox's store order is x86's
             if must:
-                raise ConfigError("expert_cache", "auto", "some experts are only in pageable memory (the arena could "
-                                  "not be pinned, or ram_budget_mib), and the CPU share they need runs on x86-64 only")
+                raise ConfigError("expert_cache", "auto", "some experts are only in pageable memory "
+                                  "(an arena that could not be pinned, or ram_budget_mib), and the CPU "
+                                  "share they need runs on x86-64 only")
             note("CPU share of the misses: x86-64 only; every miss is read over PCIe")
             return
         cp = cupy_module()
