@@ -29,6 +29,9 @@ from strata.tiers.ring import RING_BUFFERS, RING_EXPERTS, ring_buffer_bytes
 from strata.errors import ConfigError
 
 FLAG = "ram_budget_mib"
+# passes of up to this many rows are decode passes, whose mapped-only misses the CPU computes in place; longer
+# ones stage them (strata/gpu/layers.py GEMV_ROWS; the CPU stand-in mirrors it)
+DECODE_ROWS = 8
 
 
 def ring_bytes(layout: ExpertLayout) -> int:

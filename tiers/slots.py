@@ -510,7 +510,7 @@ def cpu_tiers(gguf: GGUFFile, expert_cache: str, profile: Profile | None = None,
     hold every expert, the three tiers of the GPU: numpy copies of some experts stand in for the pinned arena,
     the rest are read from the mapping, and copies from it pass through a bounce ring of numpy buffers."""
     from strata.tiers.arena import MmapArena, RowArena
-    from strata.tiers.ram import arena_rows, choose_held
+    from strata.tiers.ram import DECODE_ROWS, arena_rows, choose_held
 
     layout = ExpertLayout.from_gguf(gguf)
     if layout is None:
@@ -527,5 +527,5 @@ def cpu_tiers(gguf: GGUFFile, expert_cache: str, profile: Profile | None = None,
         held = choose_held(cache.where >= 0, cache.borrowed_residents(), rows, profile)
         arena = RowArena(gguf, layout, held)
         slots.ranges = arena.ranges()
-        cache.rehome(arena, decode_rows=1)  # the CPU stand-in's decode: one row a pass
+        cache.rehome(arena, DECODE_ROWS)  # as the GPU: passes past its decode rows stage
     return cache

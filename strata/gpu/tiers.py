@@ -285,7 +285,8 @@ class GpuTiers:
         try:
             self.arena = PinnedArena(gguf, layout, held)
         except ConfigError as err:
-            self.slots.ring, self.slots.pageable = None, True
+            self.ring = self.slots.ring = None  # the pageable fallback's own copies, as without a budget
+            self.slots.pageable = True
             self._unpinned(gguf, layout, err)
             self.cache.arena = self.arena
             return
