@@ -228,9 +228,11 @@ class GpuTiers:
             self.cache = ExpertCache(layout, n_slots, self.slots, self.arena)
             self.cache.fill(opts.profile)
         self.cache.use_policy(opts.cache_policy, LEARN_EVERY * opts.swap_budget)
-        if self.pageable or self.cache.low_ram:  # the GPU cannot read pageable RAM in place: borrowing chunks
-            self._check_staging()  # stage and restore through the ring, and
-        if self.pageable or self.cache.mapped_misses:  # with mapped-only misses every pass past decode stages
+        # the GPU reads no pageable memory in place: such experts reach it only through staging, which must fit
+        # the slots; and while some misses are such experts, every pass past the decode rows stages
+        if self.pageable or self.cache.low_ram:
+            self._check_staging()
+        if self.pageable or self.cache.mapped_misses:
             self.cache.borrow_min = decode_rows + 1
         self.zero = [cp.zeros(s, cp.uint8) for s in layout.strides]  # the CPU share's slot of zeros
         self.share: Any = None  # jit.share.CpuShare, when the CPU takes a share
