@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -62,7 +63,11 @@ def _expert_cache(s: AppState) -> dict[str, object] | None:
                               "slot_bytes": cache.layout.slot_bytes, "bytes": cache.n_slots * cache.layout.slot_bytes}
     for phase, c in (("decode", cache.use.decode), ("prefill", cache.use.prefill)):
         out[phase] = {"lookups": c.lookups, "hits": c.hits, "hit_rate": round(c.hit_rate, 4),
-                      "pcie_bytes": c.pcie_bytes, "cpu_expert_calls": c.cpu_calls}
+                      "pcie_bytes": c.pcie_bytes, "cpu_expert_calls": c.cpu_calls,
+                      "mmap_expert_reads": c.mmap_reads, "mmap_bytes": c.mmap_bytes}
+    ring = getattr(cache.slots, "ring", None)  # the low-RAM mode's bounce ring (tiers/ring.py)
+    out["ram"] = {"arena_experts": int(cache.in_ram.sum()), "mmap_experts": int((~cache.in_ram).sum()),
+                  "arena_bytes": _arena_bytes(cache), "bounce_bytes": ring.bytes if ring is not None else 0}
     out["pcie_frac"], out["swaps"], out["swap_bytes"] = cache.pcie_frac, cache.swaps, cache.swap_bytes
     out["policy"] = type(cache.policy).__name__.lower() if cache.policy is not None else "static"
     out["swaps_per_s"] = round(cache.swaps / max(time.monotonic() - cache.started, 1e-9), 2)
@@ -70,6 +75,12 @@ def _expert_cache(s: AppState) -> dict[str, object] | None:
     out["per_layer_hit_rate"] = [round(h / lk, 4) if lk else 0.0
                                  for h, lk in zip(cache.layer_hits.tolist(), cache.layer_lookups.tolist())]
     return out
+
+
+def _arena_bytes(cache: Any) -> int:
+    """The RAM tier's rows (0 for the CPU stand-in's view of the file's mapping, which holds no copy)."""
+    nbytes = getattr(cache.arena, "nbytes", None)
+    return int(nbytes()) if nbytes is not None else 0
 
 
 async def props(request: Request) -> Response:

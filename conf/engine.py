@@ -35,6 +35,7 @@ class EngineOptions:
     vram_budget_mib: int = 0  # cap on what Strata allocates on the GPU; 0 = the device's free memory
     vram_reserve_mib: int = RESERVE_MIB  # left free for the driver when the budget is the free memory
     expert_cache: str = "auto"  # auto | off | 6GiB | 4096MiB | 40%: VRAM slots for routed experts (CPU: a stand-in)
+    ram_budget_mib: float = 0  # RAM for the expert arena; what it cannot hold stays in the mmap; 0 = no limit
     n_seq: int = 1  # sequences at once (the server's --parallel): the GPU plan keeps KV and state room for them
     override_kv: tuple[str, ...] = ()  # KEY=TYPE:VALUE metadata overrides, as llama.cpp's --override-kv
     pcie_frac: str = "auto"  # share of decode misses read over PCIe, the rest on the CPU pool; auto: from the probe
@@ -70,6 +71,7 @@ class EngineOptions:
         check_backend(self.backend, self.pool_workers, self.aux_cpus, ("backend", "pool_workers", "aux_cpus"))
         check_device(self.device, self.vram_budget_mib, ("device", "vram_budget_mib"))
         check_tiers(self.expert_cache, self.vram_reserve_mib, ("expert_cache", "vram_reserve_mib"))
+        check_ram_budget(self.ram_budget_mib, "ram_budget_mib")
         parse_pcie_frac(self.pcie_frac, "pcie_frac")
         check_table_mode(self.ple_io, "ple_io")
         check_kv_type(self.kv_type, "kv_type")
@@ -116,6 +118,12 @@ def check_tiers(expert_cache: str, reserve_mib: int,
         raise ConfigError(names[1], reserve_mib, "must be >= 0")
 
 
+def check_ram_budget(mib: float, flag: str = "--ram-budget-mib") -> None:
+    """The RAM budget's form; whether it holds what the model needs is checked at load (tiers/ram.py)."""
+    if not isinstance(mib, (int, float)) or isinstance(mib, bool) or not mib >= 0:
+        raise ConfigError(flag, mib, "must be a number of MiB >= 0 (0 = no limit: every expert in RAM)")
+
+
 _KV_TYPES = {"int": int, "float": float, "str": str, "bool": lambda v: {"true": True, "false": False}[v.lower()]}
 
 
@@ -160,6 +168,10 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-cache", default="auto", help="VRAM slots for routed experts: auto (what the budget "
                    "leaves; all of them when they fit), off, or a size such as 6GiB, 4096MiB, 40%% (of all experts); "
                    "the rest are read from pinned RAM. On the CPU a numpy store stands in for the slots")
+    p.add_argument("--ram-budget-mib", type=float, default=0, help="RAM for the expert arena (pinned on "
+                   "the GPU): when it cannot hold every expert, the arena keeps the likeliest misses and the "
+                   "rest stay in the file's mapping (page cache or disk), computed on the CPU in decode and "
+                   "staged through a small pinned bounce ring in prefill (0 = no limit; fractions allowed)")
     p.add_argument("--pcie-frac", default="auto", help="share of the decode misses the GPU reads over PCIe; the "
                    "rest run on the CPU pool beside it (0: all on the CPU, 1: none). auto (default): from a start-up "
                    "probe of both rates, kept in the cache dir")
@@ -194,6 +206,7 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     check_backend(args.backend, args.pool_workers, args.aux_cpus)
     check_device(args.device, args.vram_budget_mib)
     check_tiers(args.expert_cache, args.vram_reserve_mib)
+    check_ram_budget(args.ram_budget_mib)
     if args.prefill < 0:
         raise ConfigError("--prefill", args.prefill, "must be >= 1 (0 = 2048 on the GPU, 512 on the CPU)")
     parse_overrides(args.override_kv)
@@ -207,7 +220,8 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
             "override_kv": tuple(args.override_kv),
             "backend": args.backend, "pool_workers": args.pool_workers, "aux_cpus": args.aux_cpus,
             "device": args.device, "vram_budget_mib": args.vram_budget_mib, "vram_reserve_mib": args.vram_reserve_mib,
-            "expert_cache": args.expert_cache, "prefill_chunk": args.prefill}
+            "expert_cache": args.expert_cache, "ram_budget_mib": args.ram_budget_mib,
+            "prefill_chunk": args.prefill}
 
 
 def _is_hex(s: str) -> bool:

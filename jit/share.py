@@ -64,13 +64,16 @@ class Mailbox:
 
 @dataclass(frozen=True, slots=True)
 class ExpertBytes:
-    """Where the CPU reads experts: part p of expert e of MoE layer l at bases[l, p] + e * strides[l, p]."""
+    """Where the CPU reads experts: part p of expert e of MoE layer l at bases[l, p] + e * strides[l, p],
+    plus addrs[l, p, e] when given (the low-RAM mode's arena: a pinned row, or the file's mapping; bases
+    and strides 0 then)."""
 
     bases: np.ndarray  # int64 [L, P]
     strides: np.ndarray  # int64 [L, P]
     qtypes: np.ndarray  # int64 [L, P]
     rows: np.ndarray  # int64 [L, P]: F, F, D
     row_bytes: np.ndarray  # int64 [L, P]
+    addrs: np.ndarray | None = None  # int64 [L, P, E]
 
 
 class CpuShare:
@@ -94,6 +97,9 @@ class CpuShare:
         self._a = np.zeros((rows * a, f), np.float32)  # [p, F] silu(g) * u
         self._y = np.zeros((rows * a, d), np.float32)  # [p, D]
         self.calls = np.zeros(rows, np.int64)  # per mailbox row: CPU expert calls since take_calls
+        self.mapped: np.ndarray | None = None  # [L, E] bool: experts read from the file's mapping
+        self.mapped_counts = np.zeros((rows, 2), np.int64)  # per row: calls on those, their bytes
+        self._expert_bytes = (experts.rows * experts.row_bytes).sum(axis=1)  # [L]
         self._templates = [(self._template(li, (0, 1), self._x, self._g), self._template(li, (2,), self._a, self._y))
                            for li in range(len(experts.bases))]
         self.error: BaseException | None = None
@@ -117,6 +123,13 @@ class CpuShare:
         """CPU expert calls per row [n] since the last take (call after the pass has synced)."""
         out = self.calls[:n].copy()
         self.calls[:n] = 0
+        return out
+
+    def take_mapped(self, n: int) -> np.ndarray:
+        """Per row [n, 2]: calls on experts read from the file's mapping and their bytes, since the last
+        take."""
+        out = self.mapped_counts[:n].copy()
+        self.mapped_counts[:n] = 0
         return out
 
     def check(self) -> None:
@@ -158,6 +171,10 @@ class CpuShare:
             return np.zeros(h.shape, np.float32), np.zeros(n, np.int64)
         t_of, a_of = np.nonzero(mine)
         es, w = ids[t_of, a_of], wts[t_of, a_of]
+        if self.mapped is not None:
+            mm = t_of[self.mapped[li][es]]
+            np.add.at(self.mapped_counts, (mm, 0), 1)
+            np.add.at(self.mapped_counts, (mm, 1), int(self._expert_bytes[li]))
         if n > 1:  # several rows may share an expert: group its rows so its weights are read once
             order = np.argsort(es, kind="stable")
             t_of, es, w = t_of[order], es[order], w[order]
@@ -176,18 +193,24 @@ class CpuShare:
             uniq, starts, counts = es, np.arange(p), np.ones(p, np.int64)
         else:
             uniq, starts, counts = np.unique(es, return_index=True, return_counts=True)
-        k = (slice(None),) + (None,) * 3
         gate_up, down = self._templates[li]
-        # each expert's row-range tasks: the layer's template, moved to the expert, its rows and its count
-        self._group.run((gate_up[0] + uniq[k] * gate_up[1] + starts[k] * gate_up[2] + counts[k] * gate_up[3])
-                        .reshape(-1, TASK_COLS))
+        self._group.run(self._tasks(li, gate_up, (0, 1), uniq, starts, counts))
         f = int(self.experts.rows[li, 0])
         g, u = self._g[:p, :f], self._g[:p, f : 2 * f]
         with np.errstate(over="ignore"):  # exp(-g) -> inf for very negative g: silu -> -0.0, as it should
             np.multiply(g / (1.0 + np.exp(-g)), u, out=self._a[:p, :f])
-        self._group.run((down[0] + uniq[k] * down[1] + starts[k] * down[2] + counts[k] * down[3])
-                        .reshape(-1, TASK_COLS))
+        self._group.run(self._tasks(li, down, (2,), uniq, starts, counts))
         return self._y[:p]
+
+    def _tasks(self, li: int, tpl: np.ndarray, parts: tuple[int, ...], uniq: np.ndarray, starts: np.ndarray,
+               counts: np.ndarray) -> np.ndarray:
+        """Each expert's row-range tasks [n, TASK_COLS]: the layer's template, moved to the expert, its
+        rows and its count (and to the expert's own address, when the arena gives one per expert)."""
+        k = (slice(None),) + (None,) * 3
+        t = tpl[0] + uniq[k] * tpl[1] + starts[k] * tpl[2] + counts[k] * tpl[3]  # [u, parts, C, TASK_COLS]
+        if self.experts.addrs is not None:
+            t[..., W] += self.experts.addrs[li][list(parts)][:, uniq].T[:, :, None]
+        return t.reshape(-1, TASK_COLS)
 
     def _template(self, li: int, parts: tuple[int, ...], x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """[4, parts, C, TASK_COLS]: the tasks of expert 0 with one row at pair 0, and what one more expert id,

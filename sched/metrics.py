@@ -135,7 +135,16 @@ def _expert_cache(sch: Scheduler) -> Iterator[Metric]:
                             cache.n_slots * cache.layout.slot_bytes)
     pinned = getattr(cache.arena, "nbytes", None)  # a pinned arena; the file's mapping has no size of its own
     if pinned is not None:
-        yield GaugeMetricFamily("strata_pinned_arena_bytes", "Page-locked RAM holding every expert", pinned())
+        yield GaugeMetricFamily("strata_pinned_arena_bytes", "Page-locked RAM holding the expert arena "
+                                "(every expert, or what --ram-budget-mib allows)", pinned())
+    yield GaugeMetricFamily("strata_arena_experts", "Experts with a copy in the RAM tier",
+                            int(cache.in_ram.sum()))
+    yield GaugeMetricFamily("strata_mmap_experts", "Experts only the file's mapping holds (--ram-budget-mib)",
+                            int((~cache.in_ram).sum()))
+    ring = getattr(cache.slots, "ring", None)
+    yield CounterMetricFamily("strata_bounce_bytes_total", "Bytes copied from the file's mapping through "
+                              "the pinned bounce ring (fills, staging, restores)",
+                              ring.bytes if ring is not None else 0)
     yield CounterMetricFamily("strata_expert_swaps_total", "Experts the cache policy copied into slots",
                               cache.swaps)
     yield CounterMetricFamily("strata_expert_swap_bytes_total", "Bytes the cache policy copied into slots",
@@ -154,10 +163,13 @@ def _expert_cache(sch: Scheduler) -> Iterator[Metric]:
         "misses": ("strata_expert_misses_total", "Routed experts not in a slot"),
         "pcie": ("strata_pcie_bytes_total", "Expert bytes read from RAM over PCIe"),
         "cpu": ("strata_cpu_expert_calls_total", "Routed experts computed on the CPU pool"),
+        "mmap_reads": ("strata_mmap_expert_reads_total", "Experts read from the file's mapping (page cache)"),
+        "mmap_bytes": ("strata_mmap_bytes_total", "Expert bytes read from the file's mapping"),
     }
     families = {k: CounterMetricFamily(name, doc, labels=["phase"]) for k, (name, doc) in by_phase.items()}
     for phase, t in (("decode", cache.use.decode), ("prefill", cache.use.prefill)):
         for key, value in (("lookups", t.lookups), ("hits", t.hits), ("misses", t.lookups - t.hits),
-                           ("pcie", t.pcie_bytes), ("cpu", t.cpu_calls)):
+                           ("pcie", t.pcie_bytes), ("cpu", t.cpu_calls), ("mmap_reads", t.mmap_reads),
+                           ("mmap_bytes", t.mmap_bytes)):
             families[key].add_metric([phase], value)
     yield from families.values()

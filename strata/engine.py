@@ -138,7 +138,7 @@ class Engine:
             share = TierOptions(parse_pcie_frac(opts.pcie_frac), opts.probe, opts.pool_workers, opts.aux_cpus,
                                  opts.jit_cache, cache_policy=opts.cache_policy,
                                  swap_budget=opts.swap_budget_mib << 20, profile=keeper.saved if keeper else None,
-                                 prefetch=opts.prefetch)
+                                 prefetch=opts.prefetch, ram_budget_mib=opts.ram_budget_mib)
             gpu_opts = GpuOptions(opts.vram_budget_mib, opts.n_ctx, opts.prefill_chunk,
                                   reserve_mib=opts.vram_reserve_mib, expert_cache=opts.expert_cache, seqs=opts.n_seq,
                                   tiers=share, kv_type=KVType.INT8 if opts.kv_type == KVType.INT8 else KVType.F16)
@@ -152,7 +152,8 @@ class Engine:
             return engine
         counted = None
         if opts.expert_cache != "auto":
-            weights.tiers = cpu_tiers(gguf, opts.expert_cache, keeper.saved if keeper else None)
+            weights.tiers = cpu_tiers(gguf, opts.expert_cache, keeper.saved if keeper else None,
+                                      opts.ram_budget_mib)
             counted = _count_routing(weights.tiers, keeper)
             weights.tiers.use_policy(opts.cache_policy, opts.swap_budget_mib << 20)
             if opts.record_routes:

@@ -62,3 +62,40 @@ def test_tier_counters_reach_every_surface(tiny_moe):
         assert status["prefetch"]["staged_parts"] == 0  # the lookahead is the GPU's: the CPU stand-in stages nothing
         assert got[("strata_prefetch_staged_total", "")] == 0
         assert "decode expert cache hit rate" in srv.output()
+
+
+def test_the_mmap_tier_reaches_every_surface(tiny_moe):
+    """--ram-budget-mib with room for the ring and two experts: the same text, and the experts read from the
+    file's mapping counted alike in the timings, /v1/status and /metrics."""
+    from strata.gguf import GGUFFile
+    from strata.tiers.budget import MIB
+    from strata.tiers.ram import ring_bytes
+
+    layout = ExpertLayout.from_gguf(GGUFFile(tiny_moe))
+    mib = f"{(ring_bytes(layout) + 2 * layout.slot_bytes + 1) / MIB:.6f}"
+    args = ("--device", "cpu", "--ctx-size", "1024", "--expert-cache", "50%", "--routing-profile", "off")
+    with running_server(tiny_moe, *args) as plain:
+        want = _ask(plain)
+    with running_server(tiny_moe, *args, "--ram-budget-mib", mib) as srv:
+        got = _ask(srv)
+        assert got["choices"][0]["text"] == want["choices"][0]["text"]
+        t = got["timings"]
+        assert t["mmap_expert_reads"] > 0 and t["prompt_mmap_expert_reads"] > 0
+        assert t["cpu_expert_calls"] == t["mmap_expert_reads"]  # the CPU stand-in reads them in place
+        with srv.client() as c:
+            status = c.get("/v1/status").json()["expert_cache"]
+            metrics = c.get("/metrics").text
+        ram = status["ram"]
+        assert ram["arena_experts"] == 2 and ram["mmap_experts"] == layout.n_total - 2
+        assert ram["arena_bytes"] == 2 * layout.slot_bytes and ram["bounce_bytes"] > 0
+        assert status["decode"]["mmap_expert_reads"] == t["mmap_expert_reads"]
+        assert status["prefill"]["mmap_bytes"] == t["prompt_mmap_bytes"]
+        got = {(m.name, m.labels.get("phase", "")): m.value
+               for fam in text_string_to_metric_families(metrics) for m in fam.samples}
+        for name, key in (("strata_mmap_expert_reads_total", "mmap_expert_reads"),
+                          ("strata_mmap_bytes_total", "mmap_bytes")):
+            assert got[(name, "decode")] == t[key], name
+            assert got[(name, "prefill")] == t["prompt_" + key], name
+        assert got[("strata_mmap_experts", "")] == layout.n_total - 2
+        assert got[("strata_bounce_bytes_total", "")] == ram["bounce_bytes"]
+        assert "from the file's mapping" in srv.output()

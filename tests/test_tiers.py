@@ -124,12 +124,14 @@ def test_tier_count_twin_matches_host_counting():
     cache.where, cache.expert_bytes, cache._rows = (
         where[None, :],
         np.array([1000]),
-        np.zeros((6, 3), np.int64),
+        np.zeros((6, 6), np.int64),
     )
+    cache.in_ram, cache._staging = np.ones((1, 16), bool), None  # every expert in the RAM tier, no borrowing
     cache.recorder = cache.policy = cache.profile = None  # neither recording nor a policy: counting only
     cache.layer_lookups, cache.layer_hits = np.zeros(1, np.int64), np.zeros(1, np.int64)
     cache.count_rows(0, ids)
-    np.testing.assert_array_equal(twin, cache._rows)
+    np.testing.assert_array_equal(twin, cache._rows[:, :3])
+    assert not cache._rows[:, 3:].any()
     assert cache.layer_lookups[0] == twin[:, 0].sum() and cache.layer_hits[0] == twin[:, 1].sum()
 
 

@@ -6,6 +6,13 @@ from pinned RAM over PCIe (zero-copy, inside the CUDA graph). Under uniform rout
 the N experts hits S / N of lookups. Prefill of a chunk of C tokens copies each layer's missing experts
 once (borrowed slots), so PCIe bounds it at C / (missing bytes / PCIe rate).
 
+Three tiers (tiers/ram.py): when the RAM budget (`--ram-budget-mib`, or `--ram-gib`) cannot hold every expert,
+the pinned arena holds the misses it can and the rest stay in the file's mapping. Each tier's bytes a token
+and their time at its rate are shown: VRAM at --hbm-gbps, pinned RAM at the in-graph PCIe rate, the mapping
+at --disk-gbps (default 3: an NVMe SSD; a warm page cache reads at RAM speed, so give ~20 for the best case).
+Misses on mapped-only experts are the CPU's in decode (the share they force, tiers/share.py), and prefill
+stages them through the bounce ring at the slower of PCIe and the mapping.
+
 `ZERO_COPY_EFFICIENCY` (tiers/share.py): in-graph zero-copy reads reach that share of the probed PCIe rate,
 so the prediction applies it. With a CPU rate (`--cpu-gbps`) the misses are split between PCIe and the CPU
 pool as start-up splits them (tiers/share.py), and the table says why. The JSON keys are stable;
@@ -18,6 +25,7 @@ from dataclasses import asdict, dataclass
 
 from strata.tiers.budget import GIB, MIB, VramPlan
 from strata.tiers.layout import ExpertLayout
+from strata.tiers.ram import arena_rows, ring_bytes
 from strata.tiers.share import ZERO_COPY_EFFICIENCY, choose
 
 from strata.errors import ConfigError
@@ -31,7 +39,7 @@ class Prediction:
     experts_total: int
     slot_bytes: int
     cache_bytes: int
-    arena_bytes: int  # pinned RAM for every expert (0 when all are resident)
+    arena_bytes: int  # pinned RAM of the arena: every expert, or what the RAM budget allows (0: all resident)
     ram_budget_bytes: int
     hit_rate_uniform: float
     dense_bytes_per_token: int  # weights every decode token reads besides its experts
@@ -45,6 +53,14 @@ class Prediction:
     pcie_frac: float = 1.0  # share of the misses read over PCIe; the rest on the CPU pool
     cpu_gbps: float = 0.0  # the CPU pool's expert rate the split assumed (0: no CPU share)
     split_why: str = ""  # the split's reasoning, as start-up prints it
+    arena_experts: int = 0  # experts with a row in pinned RAM
+    mmap_experts: int = 0  # experts in neither a slot nor the arena: read from the file's mapping
+    mmap_bytes: int = 0  # their bytes (what the page cache must keep to serve them warm)
+    ring_bytes: int = 0  # the bounce ring's pinned buffers (low-RAM mode only)
+    mmap_bytes_per_token: float = 0.0  # routed bytes a decode token reads from the mapping (on the CPU)
+    disk_gbps: float = 0.0  # the mapping's rate the prediction assumed
+    # vram / pinned / mmap: experts, bytes, bytes a token, rate (GB/s), ms a token
+    tiers: dict[str, dict[str, float]] | None = None
 
     def json(self) -> dict[str, object]:
         return asdict(self)
@@ -61,35 +77,56 @@ def predict(
     cpu_gbps: float = 0.0,
     cpu_fixed_s: float = 30e-6,
     pcie_frac: float | None = None,
+    disk_gbps: float = 3.0,
+    ram_flag: str = "--ram-budget-mib",
 ) -> Prediction:
-    """What the plan allows; raises ConfigError naming the RAM tier when the arena cannot fit."""
+    """What the plan allows under a RAM budget of ram_bytes for the arena (0: none); raises ConfigError naming
+    ram_flag when the budget cannot hold even the bounce ring."""
     n_total = layout.n_total if layout is not None else 0
     tiered = layout is not None and plan.n_slots < n_total
-    arena = layout.n_total * layout.slot_bytes if tiered and layout is not None else 0
-    if tiered and ram_bytes and arena > ram_bytes:
-        raise ConfigError(
-            "--ram-gib",
-            round(ram_bytes / GIB, 1),
-            (
-                f"the expert arena needs {arena / GIB:,.1f} GiB of pinned RAM for every expert, "
-                f"{(arena - ram_bytes) / GIB:,.1f} GiB more than the RAM budget"
-            ),
-        )
+    held, ring = n_total, 0  # arena rows
+    if tiered and layout is not None:
+        per_mib = 1.0 if ram_flag == "--ram-budget-mib" else 1 / 1024  # the message gives the flag's own unit
+        try:
+            rows = arena_rows(layout, ram_bytes / MIB, ram_flag)
+        except ConfigError as err:
+            reason = str(err).split(": ", 1)[1]
+            raise ConfigError(ram_flag, round(ram_bytes / MIB * per_mib, 3), reason) from None
+        if rows is not None:
+            held = min(rows, n_total - plan.n_slots + borrowed_estimate(plan.n_slots, layout))
+            ring = ring_bytes(layout)
+    arena = held * layout.slot_bytes if tiered and layout is not None else 0
+    n_mmap = max(0, n_total - plan.n_slots - held) if tiered else 0
     hit = plan.n_slots / n_total if n_total else 1.0
     routed = layout.routed_bytes_per_token() if layout is not None else 0
     miss = (1 - hit) * routed
-    hbm, pcie = hbm_gbps * 1e9, pcie_gbps * 1e9
+    mapped = n_mmap / n_total * routed if n_total else 0.0  # of the misses, read from the mapping
+    hbm, pcie, disk = hbm_gbps * 1e9, pcie_gbps * 1e9, disk_gbps * 1e9
     vram_time = (dense_per_token + hit * routed) / hbm
-    bound = 1 / (vram_time + miss / pcie)
+    bound = 1 / (vram_time + max((miss - mapped) / pcie, mapped / disk))  # the CPU reads the mapping
     n_l = len(layout.layers) if layout is not None else 1
+    forced = mapped / miss if miss else 0.0
     sp = choose(miss / n_l, pcie * ZERO_COPY_EFFICIENCY, cpu_gbps * 1e9, cpu_fixed_s,
-                pcie_frac if cpu_gbps > 0 or pcie_frac is not None else 1.0)
-    if sp.chosen != "auto" and cpu_gbps <= 0 and sp.pcie_frac < 1:
+                pcie_frac if cpu_gbps > 0 or pcie_frac is not None else (None if forced else 1.0),
+                forced, disk)
+    if sp.chosen != "auto" and cpu_gbps <= 0 and sp.pcie_frac < 1 - forced:
         raise ConfigError("--cpu-gbps", cpu_gbps, "a CPU share (--pcie-frac < 1) needs the CPU pool's rate")
     decode = 1 / (vram_time + n_l * sp.layer_s)
     why = sp.why(miss / n_l) if miss and cpu_gbps > 0 else ""
-    missing_bytes = (1 - hit) * (layout.total_bytes if layout is not None else 0)
-    prefill = chunk * pcie / missing_bytes if missing_bytes else float("inf")
+    if forced:
+        why += (f"{'; ' if why else ''}{forced:.0%} of the misses are only in the file's mapping: the "
+                f"CPU's, read at {disk_gbps:g} GB/s (--disk-gbps)")
+    total = layout.total_bytes if layout is not None else 0
+    missing_bytes = (1 - hit) * total
+    mmap_bytes = n_mmap / n_total * total if n_total else 0.0
+    stage_s = (missing_bytes - mmap_bytes) / pcie + mmap_bytes / min(pcie, disk)
+    prefill = chunk / stage_s if missing_bytes else float("inf")
+    rates = {"vram": hbm, "pinned": pcie * ZERO_COPY_EFFICIENCY, "mmap": disk}
+    per_token = {"vram": dense_per_token + hit * routed, "pinned": miss - mapped, "mmap": mapped}
+    counts = {"vram": plan.n_slots, "pinned": held if tiered else 0, "mmap": n_mmap}
+    sizes = {"vram": plan.n_slots * plan.slot_bytes, "pinned": arena + ring, "mmap": int(mmap_bytes)}
+    tiers = {k: {"experts": counts[k], "bytes": sizes[k], "bytes_per_token": per_token[k],
+                 "gbps": rates[k] / 1e9, "ms_per_token": per_token[k] / rates[k] * 1e3} for k in rates}
     return Prediction(
         plan.budget,
         plan.dense,
@@ -102,7 +139,7 @@ def predict(
         hit,
         dense_per_token,
         routed,
-        miss,
+        miss - mapped,
         decode,
         bound,
         prefill,
@@ -111,7 +148,23 @@ def predict(
         sp.pcie_frac,
         cpu_gbps,
         why,
+        held if tiered else 0,
+        n_mmap,
+        int(mmap_bytes),
+        ring,
+        mapped,
+        disk_gbps,
+        tiers,
     )
+
+
+def borrowed_estimate(n_slots: int, layout: ExpertLayout) -> int:
+    """Slots a long prefill chunk borrows under the static fill (ExpertCache.staging's first plan), whose
+    experts the low-RAM arena backs up after the misses."""
+    n_l = len(layout.layers)
+    cap0 = -(-(layout.n_total - n_slots) // n_l)
+    cap = cap0 + -(-2 * cap0 // n_l) + 1
+    return min(n_slots, 2 * cap if 2 * cap <= n_slots else cap)
 
 
 def table(p: Prediction) -> str:
@@ -126,13 +179,20 @@ def table(p: Prediction) -> str:
                 f"{p.cache_bytes / MIB:,.0f} MiB",
             )
         )
+        every = p.arena_experts + p.expert_slots >= p.experts_total and not p.ring_bytes
         rows.append(
             (
                 "pinned RAM",
-                "every expert (misses read over PCIe)" if p.arena_bytes else "(all resident)",
-                f"{p.arena_bytes / MIB:,.0f} MiB",
+                ("every expert (misses read over PCIe)" if every else
+                 f"{p.arena_experts:,} more experts (misses read over PCIe), bounce ring "
+                 f"{p.ring_bytes / MIB:,.1f} MiB") if p.arena_bytes else "(all resident)",
+                f"{(p.arena_bytes + p.ring_bytes) / MIB:,.0f} MiB",
             )
         )
+        if p.mmap_experts:
+            what = (f"{p.mmap_experts:,} experts only in the file's mapping (page cache or disk; misses on "
+                    "the CPU, prefill stages them)")
+            rows.append(("mmap", what, f"{p.mmap_bytes / MIB:,.0f} MiB"))
         rows.append(("disk", "the GGUF, memory-mapped (read once to fill the tiers)", ""))
     w = [max(len(r[i]) for r in rows) for i in range(3)]
     out = [f"{a:<{w[0]}}  {b:<{w[1]}}  {c:>{w[2]}}" for a, b, c in rows]
@@ -142,8 +202,13 @@ def table(p: Prediction) -> str:
         out.append(
             f"expected hit rate (uniform routing): {p.hit_rate_uniform:.1%}; per token "
             f"{p.routed_bytes_per_token / 1e6:,.0f} MB of experts, {p.pcie_bytes_per_token / 1e6:,.0f} MB "
-            "over PCIe"
+            "over PCIe" + (f", {p.mmap_bytes_per_token / 1e6:,.0f} MB from the file's mapping on the CPU"
+                           if p.mmap_bytes_per_token else "")
         )
+    if p.tiers is not None and p.experts_total:
+        out.append("per decode token: " + "; ".join(
+            f"{k} {t['bytes_per_token'] / 1e6:,.1f} MB at {t['gbps']:,.1f} GB/s = {t['ms_per_token']:,.2f} ms"
+            for k, t in p.tiers.items() if t["bytes_per_token"] or k == "vram"))
     if p.split_why:
         out.append(p.split_why)
     out.append(

@@ -6,11 +6,13 @@ waits for whichever side finishes last. With M miss bytes a layer, a share c on 
 
     GPU: (1 - c) M / pcie        CPU: c M / (cpu * CPU_EFFICIENCY) + fixed
 
-and a layer with a share costs the slower side plus SERIAL_S; the best share makes the two sides equal,
-c = (M / pcie - fixed) / (M / pcie + M / cpu'), and is taken only when it beats PCIe alone. `pcie` is the
-in-graph zero-copy rate (the probed rate times what the kernels reach of it), `cpu` the CPU pool's rate on
-this model's experts with the GPU reading RAM beside it. The probe measures both at start-up and keeps them
-in the cache dir (`--probe` measures again); `strata plan` shows the same arithmetic from given rates.
+and a layer with a share costs the slower side plus SERIAL_S. Under `--ram-budget-mib` a share m of the misses
+lives only in the file's mapping, which the GPU cannot read: the CPU takes at least m, and reads those at the
+mapping's rate when that is the slower (a cold page cache: the disk); the best share makes the two sides
+equal, c = (M / pcie - fixed) / (M / pcie + M / cpu'), and is taken only when it beats PCIe alone. `pcie` is
+the in-graph zero-copy rate (the probed rate times what the kernels reach of it), `cpu` the CPU pool's rate on
+this model's experts with the GPU reading RAM beside it. The probe measures both at start-up and keeps them in
+the cache dir (`--probe` measures again); `strata plan` shows the same arithmetic from given rates.
 
 Calibration (H200 host, 16 cores, 80B shape at a 24 GiB budget; perf/README.md): the probe gave the CPU
 pool 29.9 GB/s beside the GPU and a fixed 86 us a layer, but inside decode a 29% share took 231 us a layer
@@ -67,21 +69,35 @@ class Split:
         )
 
 
-def choose(miss_bytes: float, pcie_bps: float, cpu_bps: float, fixed_s: float, given: float | None = None) -> Split:
-    """The split for M = miss_bytes per layer and token (given: --pcie-frac, else the balance point)."""
-    gpu = miss_bytes / pcie_bps if pcie_bps > 0 else float("inf")
-    cpu = miss_bytes / cpu_bps if cpu_bps > 0 else float("inf")
+def choose(miss_bytes: float, pcie_bps: float, cpu_bps: float, fixed_s: float, given: float | None = None,
+           forced: float = 0.0, mapped_bps: float = float("inf")) -> Split:
+    """The split for M = miss_bytes per layer and token (given: --pcie-frac, else the balance point);
+    forced: the share the CPU must take (misses only the file's mapping holds), read at min(the CPU's
+    rate, mapped_bps)."""
+    inf = float("inf")
+    gpu = miss_bytes / pcie_bps if pcie_bps > 0 else inf
+    cpu = miss_bytes / cpu_bps if cpu_bps > 0 else inf
 
     cpu /= CPU_EFFICIENCY
+    # s to compute a whole M read from the mapping: the slower of the CPU and the mapping, of those known
+    mapped = max(cpu if cpu < inf else 0.0, miss_bytes / mapped_bps if 0 < mapped_bps < inf else 0.0)
 
     def layer(c: float) -> float:
-        return max((1 - c) * gpu, c * cpu + fixed_s) + SERIAL_S if c > 0 else gpu
+        if c <= 0:
+            return gpu
+        side = forced * mapped + ((c - forced) * cpu if c > forced else 0.0) + fixed_s
+        return max((1 - c) * gpu, side) + SERIAL_S
 
     if given is not None:
-        return Split(given, layer(1 - given), gpu, layer(1.0), "--pcie-frac")
-    if miss_bytes <= 0 or cpu == float("inf"):
+        c = max(1 - given, forced)
+        return Split(1 - c, layer(c), gpu, layer(1.0), "--pcie-frac")
+    if forced > 0:  # the CPU's part is not optional: the balance point, or the forced share past it
+        bal = (gpu - fixed_s - forced * mapped + forced * cpu) / (gpu + cpu) if cpu != inf else forced
+        c = min(1.0, max(forced, bal)) if gpu != inf else 1.0
+        return Split(1 - c, layer(c), gpu, layer(1.0), "auto")
+    if miss_bytes <= 0 or cpu == inf:
         return Split(1.0, layer(0.0), gpu, layer(1.0), "auto")
-    c = min(1.0, max(0.0, (gpu - fixed_s) / (gpu + cpu))) if gpu != float("inf") else 1.0
+    c = min(1.0, max(0.0, (gpu - fixed_s) / (gpu + cpu))) if gpu != inf else 1.0
     if c < MIN_SHARE or layer(c) >= layer(0.0):
         c = 0.0
     return Split(1 - c, layer(c), gpu, layer(1.0), "auto")

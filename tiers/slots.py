@@ -13,6 +13,12 @@ CPU pool beside the GPU, so the decode table points them at a slot of zeros (the
 exactly 0, and the kernels need no branch), while `full`, the table of passes with more rows, still reads
 them from the arena.
 
+Under `--ram-budget-mib` (tiers/ram.py) the arena holds only some experts and the rest are read from the
+file's mapping: `in_ram[l, e]` says which. Those mapped-only misses are the CPU's in decode rows (`cpu`, the
+GPU's graph cannot read pageable memory; the CPU stand-in reads them in place and counts them so), and every
+pass of more rows stages its misses into borrowed slots (`borrow_min` drops to the first row count past
+decode), copies from the mapping passing through the bounce ring (tiers/ring.py).
+
 Long prefill chunks touch nearly every expert of every layer, and zero-copy reads from the GEMM's tiles
 are slow. Instead a chunk of `borrow_min` tokens or more borrows
 slots: each layer's misses are staged into borrowed slots before its experts run (double-buffered
@@ -36,6 +42,7 @@ from strata.tiers.layout import ExpertLayout
 from strata.tiers.lookahead import PrefetchCounts
 from strata.tiers.policy import Policy, check_policy, make
 from strata.tiers.profile import Profile
+from strata.tiers.ring import BounceRing, host_ring, ring_buffer_bytes, split_rows
 from strata.tiers.telemetry import TierUse, note
 from strata.tiers.trace import Recorder
 
@@ -46,6 +53,8 @@ from strata.gguf import GGUFFile
 # top-10-of-512 routing nearly every expert is used, and one copy of each beats zero-copy reads from the
 # GEMM tiles: 80B shape on the H200, pp512 at a 24 GiB budget 458 tok/s zero-copy, 955 borrowing.
 BORROW_MIN = 256
+# per-row counts: lookups, hits, PCIe bytes, CPU expert calls, experts read from the mapping, their bytes
+COLS = 6
 
 
 class Bytes(Protocol):
@@ -61,10 +70,22 @@ class Bytes(Protocol):
 
 
 class Arena(Protocol):
-    """Where every expert lives: expert e of MoE layer l, part p at `bases[l, p] + e * strides[l, p]`."""
+    """Where every expert lives: expert e of MoE layer l, part p at `bases[l, p] + e * strides[l, p]`, or,
+    when the arena has `addrs` (int64 [L, P, E]), there; an arena with `held` ([L, E] bool) holds only
+    those in RAM."""
 
     bases: np.ndarray  # int64 [L, P]
     strides: np.ndarray  # int64 [L, P]
+
+
+def homes(arena: Arena, n_e: int) -> tuple[np.ndarray, np.ndarray]:
+    """The arena's address of every expert part [L, P, E] and which experts it holds in RAM [L, E]."""
+    addrs = getattr(arena, "addrs", None)
+    if addrs is None:
+        addrs = arena.bases[:, :, None] + np.arange(n_e, dtype=np.int64) * arena.strides[:, :, None]
+    held = getattr(arena, "held", None)
+    in_ram = np.ones(addrs.shape[::2], bool) if held is None else np.asarray(held)
+    return np.asarray(addrs, np.int64), in_ram
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +97,7 @@ class Staging:
     buffers: int  # 2: layer l's copies may start once layer l - 2 has run; 1: once l - 1 has
     restore: list[tuple[int, int, int]]  # (slot, layer, expert): each borrowed slot's own expert
     complete: bool  # every miss of every layer got a borrowed slot (else the rest are read from the arena)
+    staged: np.ndarray  # [L, E] bool: the experts staged (read from a borrowed slot this pass)
 
 
 class ExpertCache:
@@ -96,11 +118,8 @@ class ExpertCache:
         self.layer_of = layout.index()  # model layer -> MoE layer
         self.use = TierUse()  # engine-wide counters
         self.prefetch = PrefetchCounts()  # the GPU's lookahead (tiers/lookahead.py), engine-wide
-        self.full = np.empty((n_l, 3, n_e), np.int64)  # [L, P, E]: slot or arena
-        e = np.arange(n_e, dtype=np.int64)
-        for li in range(n_l):
-            for p in range(3):
-                self.full[li, p] = self._arena_row(li, p, e)
+        self.home, self.in_ram = homes(arena, n_e)  # [L, P, E] where experts live; [L, E] in the RAM tier
+        self.full = self.home.copy()  # [L, P, E]: slot or arena
         self.table = self.full.copy()  # [L, P, E]: decode rows' table (the CPU's share -> the zero slot)
         self.cpu = np.zeros((n_l, n_e), bool)  # [L, E]: misses the CPU computes for decode rows
         self.zero: tuple[int, int, int] | None = None  # the zero slot's part addresses, once shared
@@ -109,9 +128,9 @@ class ExpertCache:
         # (layer, expert) whose entries changed since a device copy took them; None: no device copy to keep up
         self.dirty: list[tuple[int, int]] | None = None
         self.by_name = {l.parts[0].name: li for li, l in enumerate(layout.layers)}  # gate tensor -> MoE layer
-        self._rows = np.zeros((0, 4), np.int64)  # this pass's per-row (lookups, hits, miss bytes, cpu calls)
+        self._rows = np.zeros((0, COLS), np.int64)  # this pass's per-row counts (see settle)
         self._staging: Staging | None = None
-        self._staged_bytes = 0
+        self._staged = np.zeros(3, np.int64)  # this pass's staged bytes; experts, bytes of those mapped
         self.recorder: Recorder | None = None  # --record-routes (the CPU stand-in's passes)
         self.policy: Policy | None = None  # --cache-policy lru|adaptive: every layer's residents, between windows
         self.swap_budget: int | None = None  # experts a window may bring in
@@ -125,7 +144,7 @@ class ExpertCache:
 
     # ---- addresses ----
     def _arena_row(self, li: int, p: int, e: np.ndarray | int) -> np.ndarray:
-        return self.arena.bases[li, p] + np.int64(e) * self.arena.strides[li, p]
+        return self.home[li, p, e]
 
     def _slot_addr(self, p: int, s: int) -> int:
         return self.slots.bases[p] + s * self.layout.strides[p]
@@ -215,6 +234,11 @@ class ExpertCache:
         check_policy(name)
         if name == "static":
             return
+        if self.low_ram:  # a leaver only the mapping holds would become a miss the GPU cannot read in place
+            raise ConfigError("cache_policy", name, "with experts only in the file's mapping "
+                              "(ram_budget_mib) the cache keeps its fill (static): their misses are the CPU "
+                              "share's, which cannot follow a policy's swaps; give ram_budget_mib room for "
+                              "every expert, or 0")
         self.policy = make(name, 0, self.layout.n_expert, start=self.booked >= 0)
         self.swap_budget = None if swap_budget is None else int(swap_budget // max(int(self.expert_bytes.max()), 1))
 
@@ -244,17 +268,23 @@ class ExpertCache:
     # ---- the CPU's share of the misses ----
     def share_with_cpu(self, cpu_frac: float, zero: tuple[int, int, int]) -> None:
         """Give the CPU `cpu_frac` of each layer's non-resident experts (the highest ids, so the ones the
-        GPU still reads stay one contiguous run in the arena); decode rows' table points them at `zero`,
+        GPU still reads stay one contiguous run in the arena), and always those only the mapping holds
+        (`in_ram` false: the GPU cannot read them in place); decode rows' table points them at `zero`,
         the part addresses of a slot of zero bytes (every quant type decodes those to 0.0)."""
         self.zero = zero
-        self.pcie_frac = 1.0 - cpu_frac
         self.cpu[:] = False
+        owned = 0
         for li in range(self.where.shape[0]):
             missing = np.flatnonzero(self.where[li] < 0)
-            k = round(cpu_frac * len(missing))
-            for e in missing[len(missing) - k :]:
+            forced = missing[~self.in_ram[li, missing]]
+            rest = missing[self.in_ram[li, missing]]
+            k = max(0, round(cpu_frac * len(missing)) - len(forced))
+            owned += len(forced) + min(k, len(rest))
+            for e in np.concatenate([forced, rest[len(rest) - k :] if k else rest[:0]]):
                 self.cpu[li, e] = True
                 self._to_cpu(li, int(e))
+        n_miss = int((self.where < 0).sum())
+        self.pcie_frac = 1.0 - owned / n_miss if n_miss else 1.0 - cpu_frac
         self.version += 1
 
     def _to_cpu(self, li: int, e: int) -> None:
@@ -269,10 +299,10 @@ class ExpertCache:
     # ---- one forward pass on the host (the CPU stand-in; the GPU counts on the device) ----
     def begin_pass(self, n_rows: int) -> None:
         """A pass over n_rows tokens starts: zero its counters, and borrow slots if it is long enough."""
-        self._rows = np.zeros((n_rows, 4), np.int64)
+        self._rows = np.zeros((n_rows, COLS), np.int64)
         self._pass_ids = [None] * len(self.layout.layers)
         self._staging = self.staging() if n_rows >= self.borrow_min else None
-        self._staged_bytes = 0
+        self._staged = np.zeros(3, np.int64)
 
     def layer_table(self, li: int) -> np.ndarray:
         """The addresses [P, E] MoE layer li reads this pass (its misses staged first when borrowing)."""
@@ -280,8 +310,14 @@ class ExpertCache:
             return self.full[li]
         rows = self.stage_rows(self._staging, li)
         self.slots.copy_rows(rows)
-        self._staged_bytes += int(rows[:, 2].sum())
+        self._staged += self.staged_counts(self._staging, li, rows)
         return self._staging.table[li]
+
+    def staged_counts(self, staging: Staging, li: int, rows: np.ndarray) -> np.ndarray:
+        """(bytes, experts from the mapping, their bytes) [3] that layer li's staging copies `rows` move."""
+        es = np.array([e for e, _ in staging.per_layer[li]], np.int64)
+        mapped = int((~self.in_ram[li, es]).sum()) if len(es) else 0
+        return np.array([int(rows[:, 2].sum()), mapped, mapped * int(self.expert_bytes[li])], np.int64)
 
     def count_rows(self, li: int, ids: np.ndarray) -> None:
         """Count the routed ids [T, A] of MoE layer li into this pass's per-row counters (and record them)."""
@@ -292,9 +328,17 @@ class ExpertCache:
         hit = self.where[li][ids] >= 0  # [T, A]
         self.layer_lookups[li] += hit.size
         self.layer_hits[li] += int(hit.sum())
+        # a miss only the mapping holds is read in place, as the GPU's CPU pool reads it: a CPU call
+        mapped = ~hit & ~self.in_ram[li][ids]  # [T, A]
+        if self._staging is not None:
+            mapped &= ~self._staging.staged[li][ids]
+        n_mapped = mapped.sum(axis=1)
         self._rows[:, 0] += ids.shape[1]
         self._rows[:, 1] += hit.sum(axis=1)
-        self._rows[:, 2] += (~hit).sum(axis=1) * self.expert_bytes[li]
+        self._rows[:, 2] += ((~hit).sum(axis=1) - n_mapped) * self.expert_bytes[li]
+        self._rows[:, 3] += n_mapped
+        self._rows[:, 4] += n_mapped
+        self._rows[:, 5] += n_mapped * self.expert_bytes[li]
 
     def end_pass(self, states: list[TierUse], lens: list[int]) -> None:
         """Give borrowed slots back and credit each sequence (rows in order, lens[i] each) its counts."""
@@ -303,25 +347,33 @@ class ExpertCache:
             self._staging = None
         if self.recorder is not None:
             self.recorder.end_pass(self._pass_ids)
-        self.settle(self._rows, self._staged_bytes, states, lens)
+        self.settle(self._rows, self._staged, states, lens)
         if self.policy is not None and all(x is not None for x in self._pass_ids):
             self.load(self.learn(np.stack(self._pass_ids, axis=1)))  # type: ignore[arg-type]
 
-    def settle(self, rows: np.ndarray, staged_bytes: int, states: list[TierUse], lens: list[int]) -> None:
-        """Credit per-row counts [N, 4] (lookups, hits, PCIe bytes, CPU expert calls) to each sequence and to
-        the engine. A sequence that fed one token
-        decoded; more, it prefilled. When the pass staged experts, prefill rows read them from their
-        slots: the staged bytes are what crossed PCIe, shared among the prefill rows."""
+    def settle(self, rows: np.ndarray, staged: np.ndarray | int, states: list[TierUse],
+               lens: list[int]) -> None:
+        """Credit per-row counts [N, COLS] (lookups, hits, PCIe bytes, CPU expert calls, experts read from the
+        mapping, their bytes) to each sequence and to the engine. A sequence that fed one token decoded; more,
+        it prefilled. When the pass staged experts, prefill rows read them from their slots: `staged` [3]
+        (bytes staged, experts of them from the mapping, their bytes; an int: bytes only) is what crossed
+        PCIe, shared among the prefill rows."""
+        st = np.zeros(3, np.int64)
+        st[: np.size(staged)] = np.asarray(staged, np.int64).reshape(-1)
         n_prefill = sum(n for n in lens if n > 1)
         start = 0
         for use, n in zip(states, lens):
-            lk, hits, nbytes, calls = (int(v) for v in rows[start : start + n].sum(axis=0))
+            got = np.zeros(COLS, np.int64)
+            got[: rows.shape[1]] = rows[start : start + n].sum(axis=0)
+            lk, hits, nbytes, calls, mapped, mapped_bytes = (int(v) for v in got)
             start += n
             prefill = n > 1
-            if prefill and staged_bytes:
-                nbytes = staged_bytes * n // n_prefill
+            if prefill and st[0]:
+                nbytes = int(st[0]) * n // n_prefill
+                mapped += int(st[1]) * n // n_prefill
+                mapped_bytes += int(st[2]) * n // n_prefill
             for c in (use.of(prefill), self.use.of(prefill)):
-                c.add(lk, hits, nbytes, calls)
+                c.add(lk, hits, nbytes, calls, mapped, mapped_bytes)
 
     # ---- borrowing ----
     def staging(self) -> Staging | None:
@@ -363,17 +415,20 @@ class ExpertCache:
                     table[li, p, e] = self._arena_row(li, p, e)
         per_layer = []
         complete = True
+        staged = np.zeros((n_l, n_e), bool)
         for li in range(n_l):
             buf = borrowed[(li % buffers) * cap : (li % buffers + 1) * cap]
             todo = np.flatnonzero((self.where[li] < 0) | gone[li])
-            complete &= len(todo) <= len(buf)
-            todo = todo[: len(buf)]
+            if len(todo) > len(buf):  # short of slots: the ones only the mapping holds first
+                complete = False
+                todo = np.sort(todo[np.argsort(self.in_ram[li, todo], kind="stable")][: len(buf)])
             pairs = [(int(e), int(s)) for e, s in zip(todo, buf)]
+            staged[li, todo] = True
             for e, s in pairs:
                 for p in range(3):
                     table[li, p, e] = self._slot_addr(p, s)
             per_layer.append(pairs)
-        return Staging(table, per_layer, buffers, restore, complete)
+        return Staging(table, per_layer, buffers, restore, complete, staged)
 
     def _borrow_order(self) -> list[int]:
         """Slots to borrow first: free ones, then the highest. The static fill is expert-major, so the top
@@ -391,15 +446,56 @@ class ExpertCache:
         """The copies [n, 3] that give each borrowed slot its own expert back when the chunk is over."""
         return self._fill_rows(staging.restore)
 
+    # ---- the low-RAM mode (tiers/ram.py) ----
+    @property
+    def low_ram(self) -> bool:
+        """Some experts are in neither the slots' nor the RAM tier's reach but the file's mapping."""
+        return not bool(self.in_ram.all())
+
+    @property
+    def mapped_misses(self) -> bool:
+        """Some expert not in a slot is read from the file's mapping (what the GPU's graph cannot read)."""
+        return bool((~self.in_ram & (self.where < 0)).any())
+
+    def borrowed_residents(self) -> np.ndarray:
+        """[L, E] bool: the residents whose slots a long prefill chunk borrows (their bytes come back from
+        their home when the chunk ends)."""
+        out = np.zeros(self.where.shape, bool)
+        st = self.staging()
+        for _, li, e in st.restore if st is not None else []:
+            out[li, e] = True
+        return out
+
+    def rehome(self, arena: Arena, decode_rows: int) -> None:
+        """Read every non-resident expert from `arena` from now on (the low-RAM mode's, chosen after the
+        fill). With misses it does not hold, every pass of more than decode_rows rows stages its misses: the
+        device reads no mapped-only expert in place."""
+        self.arena = arena
+        self.home, self.in_ram = homes(arena, self.layout.n_expert)
+        away = self.booked < 0  # [L, E]
+        for p in range(3):
+            self.full[:, p][away] = self.home[:, p][away]
+            self.table[:, p][away & ~self.cpu] = self.home[:, p][away & ~self.cpu]
+        if self.mapped_misses:
+            self.borrow_min = min(self.borrow_min, decode_rows + 1)
+        self.version += 1
+
 
 class NumpyBytes:
-    """Part-major rows in host memory: the CPU stand-in for VRAM slots."""
+    """Part-major rows in host memory: the CPU stand-in for VRAM slots. With a ring (the low-RAM mode), copies
+    from outside the RAM tier's `ranges` pass through it, as the GPU's do."""
 
     def __init__(self, n_rows: int, strides: tuple[int, int, int]) -> None:
         self.arrays = [np.zeros((n_rows, s), np.uint8) for s in strides]
         self.bases = tuple(int(a.ctypes.data) for a in self.arrays)  # type: ignore[assignment]
+        self.ring: BounceRing | None = None
+        self.ring_buffers: list[np.ndarray] = []  # the ring's memory
+        self.ranges: list[tuple[int, int]] = []  # the RAM tier's row stores
 
     def copy_rows(self, rows: np.ndarray) -> None:
+        if self.ring is not None:
+            rows, mapped = split_rows(rows, self.ranges)
+            self.ring.copy(mapped)
         for src, dst, n in rows.tolist():
             ctypes.memmove(dst, src, n)
 
@@ -407,16 +503,29 @@ class NumpyBytes:
         pass
 
 
-def cpu_tiers(gguf: GGUFFile, expert_cache: str, profile: Profile | None = None) -> ExpertCache:
+def cpu_tiers(gguf: GGUFFile, expert_cache: str, profile: Profile | None = None,
+              ram_budget_mib: float = 0) -> ExpertCache:
     """The tier manager on the CPU: numpy slots stand in for VRAM, the file's mapping for pinned RAM, so
-    the slot table, borrowing and counters run (and are tested) without a GPU."""
-    from strata.tiers.arena import MmapArena
+    the slot table, borrowing and counters run (and are tested) without a GPU. Under a RAM budget that cannot
+    hold every expert, the three tiers of the GPU: numpy copies of some experts stand in for the pinned arena,
+    the rest are read from the mapping, and copies from it pass through a bounce ring of numpy buffers."""
+    from strata.tiers.arena import MmapArena, RowArena
+    from strata.tiers.ram import DECODE_ROWS, arena_rows, choose_held
 
     layout = ExpertLayout.from_gguf(gguf)
     if layout is None:
         raise ConfigError("expert_cache", expert_cache, f"{gguf.architecture} has no routed experts to cache")
     n_slots = cache_request(expert_cache, layout.slot_bytes, layout.n_total)
     assert n_slots is not None, "auto keeps every expert resident on the CPU: no tiers"
-    cache = ExpertCache(layout, n_slots, NumpyBytes(n_slots, layout.strides), MmapArena(gguf, layout))
+    rows = arena_rows(layout, ram_budget_mib) if n_slots < layout.n_total else None
+    slots = NumpyBytes(n_slots, layout.strides)
+    cache = ExpertCache(layout, n_slots, slots, MmapArena(gguf, layout))
+    if rows is not None:  # the fill reads the mapping through the ring, as the GPU's does
+        slots.ring, slots.ring_buffers = host_ring(ring_buffer_bytes(layout.slot_bytes))
     cache.fill(profile)
+    if rows is not None:
+        held = choose_held(cache.where >= 0, cache.borrowed_residents(), rows, profile)
+        arena = RowArena(gguf, layout, held)
+        slots.ranges = arena.ranges()
+        cache.rehome(arena, DECODE_ROWS)  # as the GPU: passes past its decode rows stage
     return cache

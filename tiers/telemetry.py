@@ -5,7 +5,9 @@ CPU stand-in's numpy slots); a miss read it from the pinned arena (zero-copy ove
 prefill chunk that borrows slots, from the copy staged into a borrowed slot, or was the CPU's share
 (`cpu_expert_calls`: computed on the CPU pool from RAM, no PCIe bytes). `pcie_bytes` counts
 expert bytes that crossed from RAM: each miss's three matrices in decode, each staged expert once
-in a borrowing prefill chunk.
+in a borrowing prefill chunk. Under `--ram-budget-mib` some experts are only in the file's mapping:
+`mmap_reads` counts experts read from it (decode: misses the CPU computed from the mapping, so also CPU
+calls; prefill: experts staged from it through the bounce ring) and `mmap_bytes` their bytes.
 """
 
 from __future__ import annotations
@@ -32,12 +34,17 @@ class TierCounts:
     hits: int = 0
     pcie_bytes: int = 0
     cpu_calls: int = 0
+    mmap_reads: int = 0
+    mmap_bytes: int = 0
 
-    def add(self, lookups: int, hits: int, pcie_bytes: int, cpu_calls: int = 0) -> None:
+    def add(self, lookups: int, hits: int, pcie_bytes: int, cpu_calls: int = 0, mmap_reads: int = 0,
+            mmap_bytes: int = 0) -> None:
         self.lookups += lookups
         self.hits += hits
         self.pcie_bytes += pcie_bytes
         self.cpu_calls += cpu_calls
+        self.mmap_reads += mmap_reads
+        self.mmap_bytes += mmap_bytes
 
     @property
     def hit_rate(self) -> float:
@@ -62,10 +69,14 @@ class TierUse:
             "expert_hits": d.hits,
             "pcie_bytes": d.pcie_bytes,
             "cpu_expert_calls": d.cpu_calls,
+            "mmap_expert_reads": d.mmap_reads,
+            "mmap_bytes": d.mmap_bytes,
             "prompt_expert_lookups": p.lookups,
             "prompt_expert_hits": p.hits,
             "prompt_pcie_bytes": p.pcie_bytes,
             "prompt_cpu_expert_calls": p.cpu_calls,
+            "prompt_mmap_expert_reads": p.mmap_reads,
+            "prompt_mmap_bytes": p.mmap_bytes,
         }
 
 
@@ -78,4 +89,6 @@ def hit_rate_line(c: TierCounts, what: str = "decode") -> str:
         f"{what} expert cache hit rate: {c.hit_rate:.1%} ({c.hits:,} / {c.lookups:,}); {pcie:,} more read "
         f"over PCIe ({share:.1%} of all routed, {c.pcie_bytes / 2**30:,.2f} GiB)"
     )
-    return line + f"; {c.cpu_calls:,} on the CPU" if c.cpu_calls else line
+    if c.cpu_calls:
+        line += f"; {c.cpu_calls:,} on the CPU"
+    return line + f" ({c.mmap_reads:,} from the file's mapping)" if c.mmap_reads else line

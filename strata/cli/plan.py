@@ -11,13 +11,14 @@ import argparse
 
 from strata.blocks.ple import TABLE
 from strata.cli.output import dump_json
+from strata.conf.engine import check_ram_budget
 from strata.gguf import GGUFFile
 from strata.gpu import GPU_ARCHS
 from strata.gpu.model import GpuOptions, shape_of, vram_plan
 from strata.gpu.weights import weight_bytes
 from strata.models import model_class
 from strata.runtime.weights import WeightStore
-from strata.tiers.budget import GIB, check_expert_cache
+from strata.tiers.budget import GIB, MIB, check_expert_cache
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.plan import Prediction, predict, table
 from strata.tiers.share import parse_pcie_frac
@@ -30,8 +31,14 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
         "--vram-gib", type=float, required=True, help="VRAM budget (what --vram-budget-mib would be)"
     )
     p.add_argument(
-        "--ram-gib", type=float, default=0.0, help="RAM for the pinned expert arena (0: not checked)"
+        "--ram-gib", type=float, default=0.0, help="RAM for the pinned expert arena (0: no limit)"
     )
+    p.add_argument("--ram-budget-mib", type=float, default=0.0,
+                   help="as on serve, and before --ram-gib: RAM for the expert arena; what it cannot hold "
+                   "stays in the file's mapping (the third tier)")
+    p.add_argument("--disk-gbps", type=float, default=3.0,
+                   help="the file's mapping's rate, GB/s, for experts the arena cannot hold (default 3: an "
+                   "NVMe SSD, a cold page cache; a warm one reads at RAM speed, ~20)")
     p.add_argument(
         "--pcie-gbps",
         type=float,
@@ -94,5 +101,9 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> Prediction:
     w = weight_bytes(g)
     # every decode token reads all dense weights but the embeddings (one row of those)
     dense = sum(v for k, v in w.items() if k not in ("experts", "embeddings"))
-    return predict(plan, ExpertLayout.from_gguf(g), dense, args.hbm_gbps, args.pcie_gbps, int(args.ram_gib * GIB),
-                   args.prefill, args.cpu_gbps, args.cpu_fixed_us * 1e-6, parse_pcie_frac(args.pcie_frac))
+    check_ram_budget(args.ram_budget_mib)
+    ram, flag = ((int(args.ram_budget_mib * MIB), "--ram-budget-mib") if args.ram_budget_mib else
+                 (int(args.ram_gib * GIB), "--ram-gib"))
+    return predict(plan, ExpertLayout.from_gguf(g), dense, args.hbm_gbps, args.pcie_gbps, ram, args.prefill,
+                   args.cpu_gbps, args.cpu_fixed_us * 1e-6, parse_pcie_frac(args.pcie_frac), args.disk_gbps,
+                   flag)

@@ -108,6 +108,7 @@ class DecodeGraphs:
                 if tiers.share is not None:  # the CPU counted its calls before answering: once the run is done
                     self.model.stream.synchronize()
                     tiers.share.take_calls(b)
+                    tiers.share.take_mapped(b)
             for r, conv, ssm in recurrent:
                 r.conv[...], r.ssm[...] = conv, ssm
             s = self.model.stream

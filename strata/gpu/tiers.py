@@ -24,6 +24,13 @@ pass, so every later pass reads it from there), copies the newcomer into the slo
 running pass is done with the slot, and flips the newcomer's entries to the slot at the first pass that starts
 after the copy landed: decode never waits for a swap, nor for the policy.
 
+Under `--ram-budget-mib` (tiers/ram.py) the pinned arena holds only the likeliest misses (and the borrowed
+slots' experts), the rest stay in the file's mapping: decode rows give every such miss to the CPU share (the
+graph reads only VRAM and pinned memory; the CPU pool reads the mapping in place), whatever the split, and
+every pass of more rows stages its misses, the mapped ones through the pinned bounce ring
+(strata/gpu/ring.py).
+The slots are filled from the mapping through the ring before the arena is chosen and pinned.
+
 If the arena cannot be pinned, the experts stay in the file's pageable mapping, which the GPU cannot read
 in place: every decode miss is then the CPU's and every longer pass stages its misses into borrowed slots
 (copies from pageable memory run at ~8.6 GB/s against ~55 pinned on the H200 host).
@@ -42,6 +49,7 @@ from strata.errors import ConfigError
 from strata.gguf import GGUFFile
 from strata.gpu.kernels import tiers as kt
 from strata.gpu.lookahead import Lookahead
+from strata.gpu.ring import GpuRing
 from strata.gpu.runtime import DEVICE_TO_HOST, HOST_TO_DEVICE, Kernels, cupy_module, launch, ptr
 from strata.gpu.weights import DevMatrix
 from strata.tiers import share as split
@@ -49,6 +57,8 @@ from strata.tiers.arena import MmapArena, PinnedArena
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.lookahead import PREFETCH_DEFAULT
 from strata.tiers.profile import Profile
+from strata.tiers.ram import arena_rows, choose_held
+from strata.tiers.ring import ring_buffer_bytes, split_rows
 from strata.tiers.slots import ExpertCache, Staging
 from strata.tiers.telemetry import note
 
@@ -117,14 +127,18 @@ class TierOptions:
     swap_budget: int = 64 << 20  # --swap-budget-mib: bytes a pass may copy into slots
     profile: Profile | None = None  # a saved routing profile: the fill takes each layer's most used experts
     prefetch: int = PREFETCH_DEFAULT  # --prefetch: experts a decode layer copies ahead of its router (0: off)
+    ram_budget_mib: float = 0  # --ram-budget-mib: RAM for the arena and the bounce ring (0: all pinned)
 
 
 class DeviceSlots:
     """The slot store in VRAM (part-major, like the arena); copies are gathers on the current stream, or, from
     a pageable arena (which no kernel can read), the driver's copies."""
 
-    def __init__(self, n_slots: int, strides: tuple[int, int, int], kernels: Kernels, pageable: bool) -> None:
+    def __init__(self, n_slots: int, strides: tuple[int, int, int], kernels: Kernels, pageable: bool,
+                 ring: GpuRing | None = None) -> None:
         cp = cupy_module()
+        self.ring = ring  # the low-RAM mode: copies from outside `ranges` (the pinned arena's) go through it
+        self.ranges: list[tuple[int, int]] = []
         self.arrays = [cp.empty(max(n_slots, 1) * s, cp.uint8) for s in strides]
         self.bases = tuple(int(a.data.ptr) for a in self.arrays)  # type: ignore[assignment]
         self.kernels = kernels
@@ -133,6 +147,11 @@ class DeviceSlots:
         self._keep: list[Any] = []  # row lists in flight, freed at the next sync
 
     def copy_rows(self, rows: np.ndarray) -> None:
+        if self.ring is not None:
+            rows, mapped = split_rows(rows, self.ranges)
+            self.ring.copy(mapped)
+            if not len(rows):
+                return
         if not self.pageable:
             gather(self.kernels, rows, self._keep)
             return
@@ -192,22 +211,28 @@ class GpuTiers:
         self.kernels = Kernels(kt.SOURCE, kt.NAMES)
         self.layout = layout
         self.pageable = False
-        if opts.pin:
-            try:
-                self.arena: PinnedArena | MmapArena = PinnedArena(gguf, layout)
-            except ConfigError as err:
-                self.arena, self.pageable = MmapArena(gguf, layout), True
-                note(f"warning: {err.reason}. Falling back to the file's pageable mapping: every decode miss runs on "
-                     "the CPU and prefill copies misses at pageable speed (~8.6 GB/s instead of ~55 pinned)")
+        self.ring: GpuRing | None = None
+        rows = arena_rows(layout, opts.ram_budget_mib) if n_slots < layout.n_total else None
+        if rows is not None and opts.pin:
+            self._low_ram(gguf, layout, n_slots, rows, opts.profile, decode_rows)
         else:
-            self.arena, self.pageable = MmapArena(gguf, layout), True
-            note("expert arena: not pinned (asked); decode misses run on the CPU, prefill stages them")
-        self.slots = DeviceSlots(n_slots, layout.strides, self.kernels, self.pageable)
-        self.cache = ExpertCache(layout, n_slots, self.slots, self.arena)
-        self.cache.fill(opts.profile)
+            if opts.pin:
+                try:
+                    self.arena: PinnedArena | MmapArena = PinnedArena(gguf, layout)
+                except ConfigError as err:
+                    self._unpinned(gguf, layout, err)
+            else:
+                self.arena, self.pageable = MmapArena(gguf, layout), True
+                note("expert arena: not pinned (asked); decode misses run on the CPU, prefill stages them")
+            self.slots = DeviceSlots(n_slots, layout.strides, self.kernels, self.pageable)
+            self.cache = ExpertCache(layout, n_slots, self.slots, self.arena)
+            self.cache.fill(opts.profile)
         self.cache.use_policy(opts.cache_policy, LEARN_EVERY * opts.swap_budget)
-        if self.pageable:  # the GPU cannot read pageable RAM in place: every pass of more rows stages
+        # the GPU reads no pageable memory in place: such experts reach it only through staging, which must fit
+        # the slots; and while some misses are such experts, every pass past the decode rows stages
+        if self.pageable or self.cache.low_ram:
             self._check_staging()
+        if self.pageable or self.cache.mapped_misses:
             self.cache.borrow_min = decode_rows + 1
         self.zero = [cp.zeros(s, cp.uint8) for s in layout.strides]  # the CPU share's slot of zeros
         self.share: Any = None  # jit.share.CpuShare, when the CPU takes a share
@@ -237,13 +262,56 @@ class GpuTiers:
         self._version = self.cache.version
         self.cache.dirty = []
 
+    def _unpinned(self, gguf: GGUFFile, layout: ExpertLayout, err: ConfigError) -> None:
+        self.arena, self.pageable = MmapArena(gguf, layout), True
+        note(f"warning: {str(err).split(': ', 1)[-1]}. Falling back to the file's pageable mapping: every "
+             "decode miss runs on the CPU and prefill copies misses at pageable speed (~8.6 GB/s instead "
+             "of ~55 pinned)")
+
+    def _low_ram(self, gguf: GGUFFile, layout: ExpertLayout, n_slots: int, rows: int, profile: Profile | None,
+                 decode_rows: int) -> None:
+        """The three tiers (tiers/ram.py): fill the slots from the mapping through the ring, then pin the
+        arena's choice, `rows` experts at most, and read every other non-resident from the mapping."""
+        try:
+            self.ring = GpuRing(ring_buffer_bytes(layout.slot_bytes))
+        except ConfigError as err:  # as when the arena cannot be pinned: all from the pageable mapping
+            self._unpinned(gguf, layout, err)
+        self.slots = DeviceSlots(n_slots, layout.strides, self.kernels, self.pageable, self.ring)
+        self.cache = ExpertCache(layout, n_slots, self.slots, MmapArena(gguf, layout))
+        self.cache.fill(profile)
+        self.slots.sync()
+        if self.pageable:
+            self.arena = self.cache.arena  # type: ignore[assignment]
+            return
+        held = choose_held(self.cache.where >= 0, self.cache.borrowed_residents(), rows, profile)
+        try:
+            self.arena = PinnedArena(gguf, layout, held)
+        except ConfigError as err:
+            self.ring = self.slots.ring = None  # the pageable fallback's own copies, as without a budget
+            self.slots.pageable = True
+            self._unpinned(gguf, layout, err)
+            self.cache.arena = self.arena
+            return
+        self.slots.ranges = self.arena.ranges()
+        self.cache.rehome(self.arena, decode_rows)
+        c = self.cache
+        ring = self.ring.nbytes() / 2**20  # type: ignore[union-attr]
+        note(f"low-RAM mode (room for {rows:,} arena rows): {c.resident():,} experts in VRAM, "
+             f"{int(held.sum()):,} in pinned RAM, {int((~c.in_ram & (c.where < 0)).sum()):,} only in the "
+             f"file's mapping (decode: on the CPU; prefill: staged through a {ring:,.1f} MiB bounce ring)")
+
     # ---- the CPU's share ----
     def _check_staging(self) -> None:
+        if self.cache.n_slots == 0 and self.cache.resident() < self.layout.n_total:
+            raise ConfigError("expert_cache", "off", "experts in pageable memory (an arena that could not be "
+                              "pinned, or beyond ram_budget_mib) reach the GPU only through staging into "
+                              "borrowed slots, and there are none; give the cache some VRAM (--expert-cache)")
         st = self.cache.staging()
         if st is not None and not st.complete:
             missing = int((self.cache.where < 0).sum(axis=1).max())
+            where = "in pageable memory" if self.pageable else "partly in the file's mapping (ram_budget_mib)"
             raise ConfigError("expert_cache", self.cache.n_slots,
-                              f"with the arena in pageable memory every prefill pass stages each layer's misses "
+                              f"with the arena {where} every prefill pass stages each layer's misses "
                               f"(up to {missing:,}) into borrowed slots, and {self.cache.n_slots:,} slots cannot hold "
                               "them; give the cache more VRAM (--expert-cache, --vram-budget-mib) or allow pinning "
                               "(ulimit -l)")
@@ -257,18 +325,20 @@ class GpuTiers:
         c = self.cache
         hit = c.resident() / c.where.size
         miss = (1 - hit) * self.layout.top_k * float(np.mean(c.expert_bytes))  # bytes a layer, uniform routing
-        if miss == 0 or (opts.pcie_frac == 1.0 and not self.pageable):
+        must = self.pageable or c.mapped_misses  # misses the graph cannot read: the CPU's, whatever the split
+        if miss == 0 or (opts.pcie_frac == 1.0 and not must):
             return
         if c.policy is not None:  # the CPU's experts would change under it between windows
-            if self.pageable:
+            if must:  # (ram_budget_mib refused the policy already: ExpertCache.use_policy)
                 raise ConfigError("cache_policy", opts.cache_policy, "a pageable arena needs the CPU share of the "
                                   "misses, which runs with the static cache only")
             note(f"CPU share of the misses: off with --cache-policy {opts.cache_policy}; every miss is read over PCIe")
             return
         if platform.machine() not in ("x86_64", "AMD64"):  # the mailbox's store order is x86's
-            if self.pageable:
-                raise ConfigError("expert_cache", "auto", "the expert arena could not be pinned, and the CPU share "
-                                  "that pageable experts need runs on x86-64 only")
+            if must:
+                raise ConfigError("expert_cache", "auto", "some experts are only in pageable memory "
+                                  "(an arena that could not be pinned, or ram_budget_mib), and the CPU "
+                                  "share they need runs on x86-64 only")
             note("CPU share of the misses: x86-64 only; every miss is read over PCIe")
             return
         cp = cupy_module()
@@ -279,10 +349,14 @@ class GpuTiers:
         buf[:] = 0
         self.box = Mailbox.over(buf, rows, a, d)
         lay = self.layout.layers
-        experts = ExpertBytes(np.asarray(self.arena.bases, np.int64), np.asarray(self.arena.strides, np.int64),
-                              np.array([[p.qtype for p in l.parts] for l in lay], np.int64),
+        if c.low_ram:  # each expert where the cache's home says: a pinned row, or the file's mapping
+            bases = strides = np.zeros((len(lay), 3), np.int64)
+        else:
+            bases, strides = np.asarray(self.arena.bases, np.int64), np.asarray(self.arena.strides, np.int64)
+        experts = ExpertBytes(bases, strides, np.array([[p.qtype for p in l.parts] for l in lay], np.int64),
                               np.array([[p.rows for p in l.parts] for l in lay], np.int64),
-                              np.array([[p.row_bytes for p in l.parts] for l in lay], np.int64))
+                              np.array([[p.row_bytes for p in l.parts] for l in lay], np.int64),
+                              c.home if c.low_ram else None)
         plan = host_plan(opts.workers, opts.aux_cpus)
         jit_dir = Path(opts.cache_dir) if opts.cache_dir else None
         from strata.jit.pool import _pin
@@ -291,6 +365,10 @@ class GpuTiers:
         # holds a claimed task stalls the whole layer
         threads = max(1, plan.workers - 1)
         self.share = CpuShare(CpuKernels(jit_dir), experts, c.cpu, self.box, threads, lambda: _pin(plan.worker_cpus))
+        if c.low_ram:
+            self.share.mapped = ~c.in_ram  # counted apart: experts read from the file's mapping
+        n_miss = int((c.where < 0).sum())
+        forced = int((~c.in_ram & (c.where < 0)).sum()) / n_miss if n_miss else 0.0  # the CPU's in any case
         given = 0.0 if self.pageable else opts.pcie_frac
         if given is not None:
             frac = given
@@ -299,14 +377,16 @@ class GpuTiers:
         else:
             rates = self.rates = self._rates(opts, jit_dir, threads)
             pcie = rates.zero_copy * split.ZERO_COPY_EFFICIENCY
-            self.split = split.choose(miss, pcie, rates.cpu, rates.cpu_fixed_s)
+            self.split = split.choose(miss, pcie, rates.cpu, rates.cpu_fixed_s, forced=forced)
             frac = self.split.pcie_frac
             note(f"probe: zero-copy {rates.zero_copy_alone / 1e9:,.1f} GB/s alone, {rates.zero_copy / 1e9:,.1f} beside "
                  f"the CPU (in graph ~{pcie / 1e9:,.1f}); CPU pool ({threads} threads) {rates.cpu_alone / 1e9:,.1f} GB/s "
                  f"alone, {rates.cpu / 1e9:,.1f} beside the GPU, + {rates.cpu_fixed_s * 1e6:,.0f} us a layer; copy "
                  f"engine {rates.copy_engine / 1e9:,.1f} GB/s")
             note(self.split.why(miss))
-        if frac >= 1.0:
+        if forced:
+            note(f"CPU share: {forced:.0%} of the misses are only in the file's mapping and always the CPU's")
+        if frac >= 1.0 and not forced:
             self.share.close()
             self.share = None
             return
@@ -425,7 +505,7 @@ class GpuTiers:
             self.lookahead.stats.fill(0)
         self._keep.clear()
         self.slots._keep.clear()
-        cpu = np.zeros((n, 1), np.int64)
+        cpu = np.zeros((n, 3), np.int64)  # CPU calls, of them on experts from the mapping, their bytes
         if self.share is not None:
             late = int(self.err.get()[0])
             if late:
@@ -435,6 +515,7 @@ class GpuTiers:
             self.share.check()
             k = min(n, len(self.share.calls))
             cpu[:k, 0] = self.share.take_calls(k)
+            cpu[:k, 1:] = self.share.take_mapped(k)
         return np.concatenate([gpu, cpu], axis=1)
 
     def record(self, n: int) -> PassRecord:
@@ -465,7 +546,7 @@ class GpuTiers:
     def finish(self, rec: PassRecord, experts: list[Any], rows: list[int]) -> None:
         """A recorded pass is done (its event synchronised): credit its counts and learn from its routing."""
         n = len(rec.counts)
-        counts = np.concatenate([rec.counts.astype(np.int64), np.zeros((n, 1), np.int64)], axis=1)
+        counts = np.concatenate([rec.counts.astype(np.int64), np.zeros((n, 3), np.int64)], axis=1)
         self.cache.settle(counts, 0, experts, rows)
         if rec.prefetch is not None:
             self.cache.prefetch.add(*(int(v) for v in rec.prefetch))
@@ -539,7 +620,11 @@ class GpuTiers:
     def _stage(self, li: int) -> None:
         """Layer li's staging copies on the copy engines (a side stream): contiguous runs as one copy each.
         A gather kernel would have to win SMs from the GEMMs it is meant to overlap."""
-        engine_copies(self._rows[li], self.layout.strides, self.copy_stream)
+        rows = self._rows[li]
+        if self.ring is not None:  # the low-RAM mode: the mapped-only experts through the bounce ring
+            rows, mapped = split_rows(rows, self.slots.ranges)
+            self.ring.copy(mapped, self.copy_stream)
+        engine_copies(rows, self.layout.strides, self.copy_stream)
         self._staged[li].record(self.copy_stream)
 
     def before_layer(self, li: int) -> None:
@@ -553,17 +638,23 @@ class GpuTiers:
             self.copy_stream.wait_event(self._done[li])
             self._stage(nxt)
 
-    def end_staging(self, staging: Staging) -> int:
+    def end_staging(self, staging: Staging) -> np.ndarray:
         """The chunk is over: borrowed slots get their experts back (on the compute stream). Returns the
-        bytes staged."""
+        bytes staged, the experts of them from the file's mapping and their bytes [3]."""
         self.slots.copy_rows(self.cache.restore_rows(staging))
-        return int(sum(int(r[:, 2].sum()) for r in self._rows if len(r)))
+        return sum((self.cache.staged_counts(staging, li, r) for li, r in enumerate(self._rows)),
+                   np.zeros(3, np.int64))
 
     def _scratch(self, nbytes: int) -> tuple[np.ndarray, Any, np.ndarray]:
         """The probes' source (the arena's largest part store, flat), a VRAM scratch of up to nbytes (whole MiB)
         and the gather rows [n, 3] that copy one into the other a MiB at a time."""
         cp = cupy_module()
         src = self.arena.arrays[int(np.argmax(self.layout.strides))].reshape(-1)  # type: ignore[union-attr]
+        if src.nbytes < nbytes:  # a low-RAM arena may be smaller than the probe: pinned scratch, freed after
+            import cupyx
+
+            src = cupyx.empty_pinned(nbytes, np.uint8)
+            self._keep.append(src)  # alive until the probe's copies are done (it clears _keep after its sync)
         n = min(nbytes, src.nbytes) // (1 << 20) * (1 << 20)
         dst = cp.empty(n, cp.uint8)
         rows = np.array([[int(src.ctypes.data) + o, int(dst.data.ptr) + o, 1 << 20] for o in range(0, n, 1 << 20)],
