@@ -22,6 +22,7 @@ from strata.sampling import SamplingParams
 from strata.sequence import ActiveSequence, Chunk, Constraint, GenerationResult, Timings
 from strata.state import SequenceState
 from strata.tiers.layout import ExpertLayout
+from strata.tiers.lookahead import PrefetchCounts
 from strata.tiers.profile import Digests, Profile, cache_root
 from strata.tiers.profile import Keeper as ProfileKeeper
 from strata.tiers.profile import load as load_profile
@@ -135,7 +136,8 @@ class Engine:
             return engine
         counted = None
         if opts.expert_cache != "auto":
-            weights.tiers = cpu_tiers(gguf, opts.expert_cache, keeper.saved if keeper else None)
+            profile = keeper.saved if keeper else None
+            weights.tiers = cpu_tiers(gguf, opts.expert_cache, profile, opts.prefetch)
             counted = _count_routing(weights.tiers, keeper)
             weights.tiers.use_policy(opts.cache_policy, opts.swap_budget_mib << 20)
             if opts.record_routes:
@@ -180,6 +182,7 @@ class Engine:
             del states
         if self.expert_cache is not None:  # the warm-up is no part of the workload the counters describe
             self.expert_cache.use = TierUse()
+            self.expert_cache.prefetch = PrefetchCounts()
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 logits [T, vocab] for every position of `token_ids`, from a fresh state."""
