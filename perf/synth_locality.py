@@ -1,4 +1,4 @@
-"""How local a synthetic model's own routing is (perf/README.md "synth: locality router").
+"""How local a synthetic model's own routing is (perf/README.md "synth locality router").
 
     python perf/synth_locality.py [--arch qwen3moe|qwen3next] [--layers 4] [--d-model 256] [--head-dim 64]
         [--experts 128] [--top-k 4] [--tokens 2000] [--decode 200] [--modes skew,locality]
@@ -41,7 +41,7 @@ def shape(a: argparse.Namespace) -> Shape:
 
 def routes(path: Path, out: Path, tokens: int) -> np.ndarray:
     eng = Engine.load(path, device="cpu", backend="numpy", expert_cache="off", prefetch=0,
-                      record_routes=str(out))
+                      routing_profile="off", record_routes=str(out))
     ids, st = np.random.default_rng(0).integers(10, 150_000, tokens), eng.new_state()
     for i in range(0, tokens, 256):
         eng.model.forward(ids[i : i + 256], st, all_logits=False)
@@ -69,7 +69,8 @@ def main() -> None:
               f"{[round(x, 2) for x in lru[0].per_layer]}, LRU-{e // 4} {lru[1].hit_rate:.1%} "
               f"{[round(x, 2) for x in lru[1].per_layer]}, static-{e // 16} {static.hit_rate:.1%}")
         if a.decode:
-            eng = Engine.load(path, device="cpu", backend="numpy", expert_cache="25%", prefetch=4)
+            eng = Engine.load(path, device="cpu", backend="numpy", expert_cache="25%", prefetch=4,
+                              routing_profile="off")  # the static fill, not a profile of the last run
             eng.generate(list(range(30, 62)), max_tokens=a.decode, params=SamplingParams(temperature=0.0),
                          ignore_eos=True).run()
             print(f"  decode {a.decode} tokens, 25% cache: {eng.expert_cache.prefetch.line()}")

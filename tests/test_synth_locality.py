@@ -1,8 +1,8 @@
-"""`strata synth --router-mode locality` (strata/synth/locality.py): the model's own routing, recorded by the CPU
-expert tiers over random tokens and replayed through a per-layer LRU of 1/8 of the experts, hits far more often
-than the skew mode's routing does at layer 0 (~1/8: uniform) and in every layer, well above uniform; the
-skew mode's deep layers collapse onto a few experts (the reason locality mode sharpens attention). Margins,
-not the calibrated values (perf/README.md "synth: locality router" has those)."""
+"""`strata synth --router-mode locality` (strata/synth/locality.py): the model's own routing, recorded by the
+CPU expert tiers over random tokens and replayed through a per-layer LRU of 1/8 of the experts, hits far more
+often than the skew mode's routing does at layer 0 (~1/8: uniform) and in every layer, well above uniform;
+the skew mode's deep layers collapse onto a few experts (the reason locality mode sharpens attention).
+Margins, not the calibrated values (perf/README.md "synth locality router" has those)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _lru(tmp_path: Path, tokenizer: Path, mode: str) -> list[float]:
     assert GGUFFile(path).get(KEY_MODE) == (None if mode == "skew" else mode)
     routes = tmp_path / f"{mode}.npz"
     eng = Engine.load(path, device="cpu", backend="numpy", expert_cache="off", prefetch=0,
-                      record_routes=str(routes))
+                      routing_profile="off", record_routes=str(routes))
     ids, st = np.random.default_rng(0).integers(10, 150_000, TOKENS), eng.new_state()
     for i in range(0, TOKENS, 300):
         eng.model.forward(ids[i : i + 300], st, all_logits=False)

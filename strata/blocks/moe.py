@@ -92,7 +92,7 @@ def lookahead(x: np.ndarray, w: WeightStore, layer: int, norm: str, eps: float, 
     router on the input x [T, D], normed with the layer's FFN norm, predicts its experts, and the cache stages
     the predicted misses. A no-op unless the pass predicts (decode rows, tiers with misses, K > 0)."""
     cache = w.tiers
-    if cache is None or not cache.predicting:
+    if cache is None or not cache.predicting or layer not in cache.layer_of:
         return
     h = rms_norm(x, w.vector(norm), eps)
     pred, _ = route_softmax_topk(w.matmul(h, tensor(T.FFN_GATE_INP, layer)), top_k, False)  # [T, A]

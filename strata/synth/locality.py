@@ -43,7 +43,7 @@ from strata.synth.shapes import QWEN3NEXT, Shape
 
 MODES = ("skew", "locality")
 # Calibrated with `tiers simulate --policy lru` on routes the CPU model recorded over 2,000 random tokens
-# (perf/README.md "synth: locality router"): a per-layer LRU of 1/8 and 1/4 of the experts hits ~63-72% and
+# (perf/README.md "synth locality router"): a per-layer LRU of 1/8 and 1/4 of the experts hits ~63-72% and
 # ~82-86%.
 WINDOW = 16.0  # tokens the clock head's window spans (1/(theta sqrt(A))): how fast the routing drifts
 SHARPNESS = 96.0  # A, the clock's peak score
