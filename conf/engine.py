@@ -42,7 +42,7 @@ class EngineOptions:
     probe: bool = False  # measure the PCIe and CPU expert rates again instead of reading them from the cache dir
     cache_policy: str = "static"  # static | lru | adaptive: which experts the slots keep, swapped between windows
     swap_budget_mib: int = 64  # what one pass may copy into the slots when the policy swaps experts
-    prefetch: int = PREFETCH_DEFAULT  # experts a GPU decode layer copies ahead of its router (0: off)
+    prefetch: int = PREFETCH_DEFAULT  # experts a decode layer copies ahead of its router (0: off)
     routing_profile: str = "auto"  # auto: fill the expert cache from the saved routing profile, count and save; off
     record_routes: str | None = None  # write every routed (token, layer, experts) here (.npz) when there are tiers
     ple_io: str = "auto"  # Qwen4-Exp's n-gram table: auto | ram | mmap | direct (strata.tiers.tables)
@@ -186,7 +186,8 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
                    "when the policy swaps experts (default 64; 0: never swap)")
     p.add_argument("--prefetch", type=int, default=PREFETCH_DEFAULT, help="lookahead prefetch: experts each GPU "
                    "decode layer copies from RAM ahead of its router, predicted by the router on the layer's input "
-                   f"while its attention or DeltaNet runs (default {PREFETCH_DEFAULT}; 0: off)")
+                   f"while its attention or DeltaNet runs (default {PREFETCH_DEFAULT}; 0: off); the CPU "
+                   "stand-in (--device cpu --expert-cache SIZE) stages all K before the mixer")
     p.add_argument("--record-routes", default=None, metavar="FILE", help="write every routed (token, layer, "
                    "experts) of the run to FILE (.npz) at exit, for `strata tiers simulate` (the expert tiers: a GPU "
                    "whose experts do not all fit, or --device cpu --expert-cache SIZE)")

@@ -27,6 +27,7 @@ from strata.text.chat_template import ChatTemplate
 from strata.text.tokenizer import Tokenizer
 from strata.tiers import context
 from strata.tiers.layout import ExpertLayout
+from strata.tiers.lookahead import PrefetchCounts
 from strata.tiers.profile import Digests, Profile, cache_root
 from strata.tiers.profile import Keeper as ProfileKeeper
 from strata.tiers.profile import load as load_profile
@@ -152,8 +153,8 @@ class Engine:
             return engine
         counted = None
         if opts.expert_cache != "auto":
-            weights.tiers = cpu_tiers(gguf, opts.expert_cache, keeper.saved if keeper else None,
-                                      opts.ram_budget_mib)
+            profile = keeper.saved if keeper else None
+            weights.tiers = cpu_tiers(gguf, opts.expert_cache, profile, opts.ram_budget_mib, opts.prefetch)
             counted = _count_routing(weights.tiers, keeper)
             weights.tiers.use_policy(opts.cache_policy, opts.swap_budget_mib << 20)
             if opts.record_routes:
@@ -202,6 +203,7 @@ class Engine:
             del states
         if self.expert_cache is not None:  # the warm-up is no part of the workload the counters describe
             self.expert_cache.use = TierUse()
+            self.expert_cache.prefetch = PrefetchCounts()
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 logits [T, vocab] for every position of `token_ids`, from a fresh state."""

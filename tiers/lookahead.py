@@ -13,11 +13,21 @@ and the cache's bookkeeping (slots.py) never sees the staging.
 A wrong guess costs link time the mixer was not using and nothing else: the router's choice is exact, and a
 pick it did not make is simply not read. Decode rows only (passes of up to GEMV_ROWS rows); longer passes stage
 or borrow (slots.py).
+
+The CPU stand-in (`--device cpu --expert-cache SIZE --prefetch K`, slots.ExpertCache.stage_ahead) predicts the
+same way (the layer's router on its input normed with the FFN norm, before the mixer) and picks the same K
+(`pick`), but has no second engine to overlap a copy with: the copy runs in line, before the mixer, so no
+amount of it is free and none is cut short by the router. It therefore stages all K picks whole (three parts
+each), every pass: the budget is K experts, not a time. That makes its counters a pure function of the
+predictions, the residency and K, so a trace that records the predictions replays to them exactly (sim.py);
+the GPU, whose copies stop at its router, stages at most that many parts for the same K.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from strata.errors import ConfigError
 
@@ -71,3 +81,25 @@ class PrefetchCounts:
         return (f"lookahead prefetch: {self.used:,} of {self.staged:,} staged expert parts used ({self.accuracy:.1%}); "
                 f"{self.used_bytes / 2**30:,.2f} GiB read ahead, {self.wasted_bytes / 2**30:,.2f} GiB wasted; copies "
                 f"moved {self.copied_bytes / 2**30:,.2f} GiB in {self.copy_ns / 1e9:,.3f} s ({rate:,.1f} GB/s)")
+
+
+# passes of up to this many rows prefetch (the GPU's GEMV_ROWS: its decode passes); longer ones borrow slots
+AHEAD_ROWS = 8
+
+
+def pick(pred: np.ndarray, missing: np.ndarray, k: int) -> np.ndarray:
+    """The experts a layer stages [<= k]: predicted ids pred [n, A] (each row's best first) taken rank by rank
+    across the rows, the first distinct ones whose entry reads the arena (missing [E] bool). The GPU kernel's
+    choice (strata/gpu/kernels/tiers.py ref_prefetch_pick), shared by the CPU stand-in and the simulator."""
+    order = pred.T.reshape(-1)  # rank by rank across the rows
+    order = order[missing[order]]
+    _, first = np.unique(order, return_index=True)
+    return order[np.sort(first)][:k]
+
+
+def score(picked: np.ndarray, ids: np.ndarray, expert_bytes: int) -> tuple[int, int, int, int, int]:
+    """PrefetchCounts.add's first five for whole experts staged (all three parts land: the CPU stand-in and
+    the simulator): parts staged, parts used (the expert was routed in ids), bytes used, wasted, copied."""
+    used = int(np.isin(picked, ids).sum())
+    n = len(picked)
+    return 3 * n, 3 * used, used * expert_bytes, (n - used) * expert_bytes, n * expert_bytes

@@ -3,6 +3,10 @@
 `simulate(ids, n_expert, slots, policy)`: each layer gets `slots` slots (one policy covers them all); the
 static policy's set comes from the first `profile_share` of the trace (a profile learned on part of the
 workload), and every policy is scored on the rest, so they are compared on the same tokens.
+
+With the predictions a --prefetch run recorded (trace.Ahead), each scored window's layers also stage their
+first K predicted misses against the cache as the window found it (lookahead.pick, as the engine picks), and
+the result counts what the engine's PrefetchCounts count: parts staged, parts the routing used, their bytes.
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 from strata.tiers import policy
+from strata.tiers.lookahead import PrefetchCounts, pick, score
+from strata.tiers.trace import Ahead
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +27,7 @@ class Result:
     hits: int
     swaps: int  # experts brought into slots between windows (each one a copy)
     per_layer: list[float]  # hit rate of each layer
+    prefetch: dict[str, float | int] | None = None  # PrefetchCounts.status() of the replayed lookahead
 
     @property
     def hit_rate(self) -> float:
@@ -32,11 +39,11 @@ class Result:
 
 def simulate(ids: np.ndarray, n_expert: int, slots: int, name: str, profile_share: float = 0.5,
              resident: np.ndarray | None = None, windows: np.ndarray | None = None,
-             budget: int | None = None) -> Result:
+             budget: int | None = None, ahead: Ahead | None = None) -> Result:
     """ids [T, L, A]: the trace; slots per layer; each token its own window unless `windows` (tokens per
     window, as the engine's passes were) says otherwise; `budget`: experts brought in per window at most.
     `resident` [L, E]: the placement the engine started from (then the whole trace is scored, as the engine's
-    own counters were)."""
+    own counters were). `ahead`: replay a lookahead of ahead.k experts a layer from its predictions."""
     t, n_l, a = ids.shape
     split = 0 if resident is not None else int(t * profile_share)
     head, tail = ids[:split], ids[split:]
@@ -45,14 +52,32 @@ def simulate(ids: np.ndarray, n_expert: int, slots: int, name: str, profile_shar
     for row in head:  # warm the cache on the profile part; not scored
         p.update(row[None], budget)
     bounds = np.cumsum(windows if windows is not None else np.ones(t, np.int64))[:-1]
+    cuts = bounds[bounds > split] - split if resident is None else bounds
+    pf = PrefetchCounts() if ahead is not None and ahead.k else None
+    preds = np.split(ahead.pred[split:], cuts) if pf is not None else None  # type: ignore[union-attr]
     hits, swaps = np.zeros(n_l, np.int64), 0
-    for w in np.split(tail, bounds[bounds > split] - split if resident is None else bounds):
+    for i, w in enumerate(np.split(tail, cuts)):
         hits += policy.window_hits(p, w)
+        if pf is not None:
+            _stage(pf, p.resident, preds[i], w, ahead)  # type: ignore[index, arg-type]
         before = p.resident.copy()
         p.update(w, budget)
         swaps += int((p.resident & ~before).sum())  # experts copied in between windows, as the engine does
     per_layer = (hits / max(len(tail) * a, 1)).tolist()
-    return Result(name, slots, len(tail) * n_l * a, int(hits.sum()), swaps, per_layer)
+    status = None
+    if pf is not None:
+        status = {k: v for k, v in pf.status().items() if k != "copy_seconds"}
+    return Result(name, slots, len(tail) * n_l * a, int(hits.sum()), swaps, per_layer, status)
+
+
+def _stage(pf: PrefetchCounts, resident: np.ndarray, pred: np.ndarray, ids: np.ndarray, ahead: Ahead) -> None:
+    """One window's lookahead: each layer that predicted (pred [T, L, A], -1: not) stages its first K
+    predicted misses against `resident` [L, E]; counted against the window's routed ids [T, L, A]."""
+    for li in range(ids.shape[1]):
+        rows = pred[:, li]
+        rows = rows[(rows >= 0).all(axis=1)]
+        if len(rows):
+            pf.add(*score(pick(rows, ~resident[li], ahead.k), ids[:, li], int(ahead.expert_bytes[li])))
 
 
 def sweep(ids: np.ndarray, n_expert: int, sizes: list[int], names: tuple[str, ...] = policy.POLICIES) -> list[Result]:

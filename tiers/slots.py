@@ -39,7 +39,7 @@ from typing import Protocol
 import numpy as np
 from strata.tiers.budget import cache_request
 from strata.tiers.layout import ExpertLayout
-from strata.tiers.lookahead import PrefetchCounts
+from strata.tiers.lookahead import AHEAD_ROWS, PrefetchCounts, pick, score
 from strata.tiers.policy import Policy, check_policy, make
 from strata.tiers.profile import Profile
 from strata.tiers.ring import BounceRing, host_ring, ring_buffer_bytes, split_rows
@@ -117,7 +117,7 @@ class ExpertCache:
         self.expert_bytes = self.sizes.sum(axis=1)  # [L]
         self.layer_of = layout.index()  # model layer -> MoE layer
         self.use = TierUse()  # engine-wide counters
-        self.prefetch = PrefetchCounts()  # the GPU's lookahead (tiers/lookahead.py), engine-wide
+        self.prefetch = PrefetchCounts()  # the lookahead (tiers/lookahead.py), engine-wide
         self.home, self.in_ram = homes(arena, n_e)  # [L, P, E] where experts live; [L, E] in the RAM tier
         self.full = self.home.copy()  # [L, P, E]: slot or arena
         self.table = self.full.copy()  # [L, P, E]: decode rows' table (the CPU's share -> the zero slot)
@@ -141,6 +141,13 @@ class ExpertCache:
         self.layer_hits = np.zeros(n_l, np.int64)
         self.started = time.monotonic()
         self._pass_ids: list[np.ndarray | None] = []  # this pass's routed ids [T, A] per layer (recorded, learned)
+        # the CPU stand-in's lookahead (--prefetch K): K staging slots, this pass's predictions [T, A] a layer
+        self.ahead_k = 0
+        self._ahead_store: Bytes | None = None
+        self._ahead: tuple[int, np.ndarray, np.ndarray] | None = None  # (layer, staged, its table [P, E])
+        self._ahead_ns = 0
+        self._pass_pred: list[np.ndarray | None] = []
+        self.predicting = False  # this pass's layers predict their experts (decode rows, something missing)
 
     # ---- addresses ----
     def _arena_row(self, li: int, p: int, e: np.ndarray | int) -> np.ndarray:
@@ -257,11 +264,17 @@ class ExpertCache:
         self.swap_bytes += sum(int(self.expert_bytes[li]) for _, li, _ in moves)
         return moves
 
+    def use_prefetch(self, k: int, store: Bytes) -> None:
+        """Host lookahead (tiers/lookahead.py): decode passes stage up to k predicted misses a layer into
+        `store` (k slots, part-major like the slots) before the layer's experts run."""
+        self.ahead_k, self._ahead_store = k, store
+
     def record(self, path: Path) -> Recorder:
         """Record every pass's routing into `path` (written at exit and by `recorder.save()`)."""
         import atexit
 
-        self.recorder = Recorder(path, self.layout.n_expert, self.where >= 0, self.swap_budget)
+        self.recorder = Recorder(path, self.layout.n_expert, self.where >= 0, self.swap_budget,
+                                 self.ahead_k, self.expert_bytes)
         atexit.register(self.recorder.save)
         return self.recorder
 
@@ -301,11 +314,16 @@ class ExpertCache:
         """A pass over n_rows tokens starts: zero its counters, and borrow slots if it is long enough."""
         self._rows = np.zeros((n_rows, COLS), np.int64)
         self._pass_ids = [None] * len(self.layout.layers)
+        self._pass_pred = [None] * len(self.layout.layers)
         self._staging = self.staging() if n_rows >= self.borrow_min else None
         self._staged = np.zeros(3, np.int64)
+        self.predicting = (self.ahead_k > 0 and n_rows <= AHEAD_ROWS and self._staging is None
+                           and self.resident() < self.layout.n_total)
 
     def layer_table(self, li: int) -> np.ndarray:
         """The addresses [P, E] MoE layer li reads this pass (its misses staged first when borrowing)."""
+        if self._ahead is not None and self._ahead[0] == li:
+            return self._ahead[2]
         if self._staging is None:
             return self.full[li]
         rows = self.stage_rows(self._staging, li)
@@ -340,13 +358,40 @@ class ExpertCache:
         self._rows[:, 4] += n_mapped
         self._rows[:, 5] += n_mapped * self.expert_bytes[li]
 
+    def stage_ahead(self, li: int, pred: np.ndarray) -> None:
+        """Before MoE layer li's mixer: copy up to K of its predicted misses (pred [T, A], each row's best
+        first) into the staging slots; its experts then read each staged one from there (`layer_table`)."""
+        assert self._ahead_store is not None
+        self._pass_pred[li] = np.asarray(pred)
+        picked = pick(pred, (self.where[li] < 0) & ~self.cpu[li], self.ahead_k)
+        table = self.full[li].copy()  # [P, E]
+        rows = []
+        for k, e in enumerate(picked.tolist()):
+            for p in range(3):
+                dst = self._ahead_store.bases[p] + k * self.layout.strides[p]
+                rows.append((int(self._arena_row(li, p, e)), dst, int(self.sizes[li, p])))
+                table[p, e] = dst
+        t = time.perf_counter_ns()
+        if rows:
+            self._ahead_store.copy_rows(np.asarray(rows, np.int64))
+        self._ahead = (li, picked, table)
+        self._ahead_ns = time.perf_counter_ns() - t
+
+    def settle_ahead(self, li: int, ids: np.ndarray) -> None:
+        """After layer li's routing ids [T, A]: count what its staging served, and drop it."""
+        if self._ahead is None or self._ahead[0] != li:
+            return
+        self.prefetch.add(*score(self._ahead[1], ids, int(self.expert_bytes[li])), self._ahead_ns)
+        self._ahead = None
+
     def end_pass(self, states: list[TierUse], lens: list[int]) -> None:
         """Give borrowed slots back and credit each sequence (rows in order, lens[i] each) its counts."""
         if self._staging is not None:
             self.slots.copy_rows(self.restore_rows(self._staging))
             self._staging = None
+        self._ahead = None
         if self.recorder is not None:
-            self.recorder.end_pass(self._pass_ids)
+            self.recorder.end_pass(self._pass_ids, self._pass_pred)
         self.settle(self._rows, self._staged, states, lens)
         if self.policy is not None and all(x is not None for x in self._pass_ids):
             self.load(self.learn(np.stack(self._pass_ids, axis=1)))  # type: ignore[arg-type]
@@ -504,11 +549,12 @@ class NumpyBytes:
 
 
 def cpu_tiers(gguf: GGUFFile, expert_cache: str, profile: Profile | None = None,
-              ram_budget_mib: float = 0) -> ExpertCache:
+              ram_budget_mib: float = 0, prefetch: int = 0) -> ExpertCache:
     """The tier manager on the CPU: numpy slots stand in for VRAM, the file's mapping for pinned RAM, so
-    the slot table, borrowing and counters run (and are tested) without a GPU. Under a RAM budget that cannot
-    hold every expert, the three tiers of the GPU: numpy copies of some experts stand in for the pinned arena,
-    the rest are read from the mapping, and copies from it pass through a bounce ring of numpy buffers."""
+    the slot table, borrowing, lookahead (`prefetch` staging slots) and counters run (and are tested)
+    without a GPU. Under a RAM budget that cannot hold every expert, the three tiers of the GPU: numpy copies
+    of some experts stand in for the pinned arena, the rest are read from the mapping, and copies from it pass
+    through a bounce ring of numpy buffers (the lookahead is off there: its staging reads the arena)."""
     from strata.tiers.arena import MmapArena, RowArena
     from strata.tiers.ram import DECODE_ROWS, arena_rows, choose_held
 
@@ -528,4 +574,6 @@ def cpu_tiers(gguf: GGUFFile, expert_cache: str, profile: Profile | None = None,
         arena = RowArena(gguf, layout, held)
         slots.ranges = arena.ranges()
         cache.rehome(arena, DECODE_ROWS)  # as the GPU: passes past its decode rows stage
+    elif prefetch:
+        cache.use_prefetch(prefetch, NumpyBytes(prefetch, layout.strides))
     return cache

@@ -62,15 +62,29 @@ def synthetic(spec: Synthetic, tokens: int, seed: int = 0) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Ahead:
+    """A recorded run's lookahead: its K, the experts each (token, layer) predicted [T, L, A] (best first;
+    -1 for tokens whose pass did not predict: prefill), and each layer's expert bytes [L]."""
+
+    k: int
+    pred: np.ndarray
+    expert_bytes: np.ndarray
+
+
 def save(path: Path, ids: np.ndarray, n_expert: int, resident: np.ndarray | None = None,
-         windows: np.ndarray | None = None, budget: int | None = None) -> None:
+         windows: np.ndarray | None = None, budget: int | None = None, ahead: Ahead | None = None) -> None:
     """`resident` [L, E] bool: the cache's placement when the recording started; `windows`: tokens per pass
-    (the cache changes between passes); `budget`: experts the cache could bring in per pass (None: any)."""
+    (the cache changes between passes); `budget`: experts the cache could bring in per pass (None: any);
+    `ahead`: the lookahead's predictions (--prefetch K), so a replay stages what the engine staged."""
     extra: dict[str, np.ndarray] = {} if resident is None else {"resident": resident.astype(bool)}
     if windows is not None:
         extra["windows"] = np.asarray(windows, np.int64)
     if budget is not None:
         extra["budget"] = np.int64(budget)
+    if ahead is not None:
+        extra.update(prefetch=np.int64(ahead.k), pred=ahead.pred.astype(np.int16),
+                     expert_bytes=np.asarray(ahead.expert_bytes, np.int64))
     np.savez_compressed(path, ids=ids.astype(np.int16), n_expert=np.int64(n_expert), **extra)
 
 
@@ -87,20 +101,42 @@ def load_recorded(path: Path) -> tuple[np.ndarray | None, np.ndarray | None, int
         return resident, windows, int(z["budget"]) if "budget" in z.files else None
 
 
+def load_ahead(path: Path) -> Ahead | None:
+    """The lookahead a --record-routes trace carries (None: recorded without --prefetch, or synthetic)."""
+    with np.load(path) as z:
+        if "pred" not in z.files:
+            return None
+        return Ahead(int(z["prefetch"]), z["pred"].astype(np.int64), z["expert_bytes"].astype(np.int64))
+
+
 class Recorder:
     """`--record-routes FILE`: every pass's routed ids, layer by layer, kept in order and written on `save`
     (at exit, or when asked), with the placement the cache had."""
 
-    def __init__(self, path: Path, n_expert: int, resident: np.ndarray, budget: int | None = None) -> None:
+    def __init__(self, path: Path, n_expert: int, resident: np.ndarray, budget: int | None = None,
+                 prefetch: int = 0, expert_bytes: np.ndarray | None = None) -> None:
         self.path, self.n_expert, self.resident, self.budget = path, n_expert, resident.copy(), budget
+        self.prefetch, self.expert_bytes = prefetch, expert_bytes
         self._passes: list[np.ndarray] = []  # [T, L, A] per pass: the cache changes between them
+        self._preds: list[np.ndarray] = []  # [T, L, A] per pass, -1 where a layer did not predict
 
-    def end_pass(self, layers: list[np.ndarray | None]) -> None:
-        """A pass is over: its routed ids [T, A] of every MoE layer, in layer order."""
-        if layers and all(x is not None for x in layers):
-            self._passes.append(np.stack(layers, axis=1).astype(np.int16))  # type: ignore[arg-type]
+    def end_pass(self, layers: list[np.ndarray | None], preds: list[np.ndarray | None] | None = None) -> None:
+        """A pass is over: its routed ids [T, A] of every MoE layer, in layer order, and what each layer's
+        lookahead predicted [T, A] (None: it did not)."""
+        if not layers or any(x is None for x in layers):
+            return
+        ids = np.stack(layers, axis=1).astype(np.int16)  # type: ignore[arg-type]
+        self._passes.append(ids)
+        pred = np.full_like(ids, -1)
+        for li, p in enumerate(preds or []):
+            if p is not None:
+                pred[:, li] = p
+        self._preds.append(pred)
 
     def save(self) -> None:
         if self._passes:
+            ahead = None
+            if self.prefetch and self.expert_bytes is not None:
+                ahead = Ahead(self.prefetch, np.concatenate(self._preds), self.expert_bytes)
             save(self.path, np.concatenate(self._passes), self.n_expert, self.resident,
-                 np.array([len(p) for p in self._passes]), self.budget)
+                 np.array([len(p) for p in self._passes]), self.budget, ahead)

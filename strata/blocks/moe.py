@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from strata.blocks.norms import silu, softmax
+from strata.blocks.norms import rms_norm, silu, softmax
+from strata.gguf.names import T, tensor
 
 if TYPE_CHECKING:
     from strata.runtime.state import SequenceState
@@ -86,12 +87,26 @@ def expert_pass(w: WeightStore, states: Sequence[SequenceState], lens: Sequence[
         cache.end_pass([s.experts for s in states], list(lens))
 
 
+def lookahead(x: np.ndarray, w: WeightStore, layer: int, norm: str, eps: float, top_k: int) -> None:
+    """At `layer`'s start, before its mixer (the expert tiers' --prefetch on the CPU, tiers/lookahead.py): its
+    router on the input x [T, D], normed with the layer's FFN norm, predicts its experts, and the cache stages
+    the predicted misses. A no-op unless the pass predicts (decode rows, tiers with misses, K > 0)."""
+    cache = w.tiers
+    if cache is None or not cache.predicting or layer not in cache.layer_of:
+        return
+    h = rms_norm(x, w.vector(norm), eps)
+    pred, _ = route_softmax_topk(w.matmul(h, tensor(T.FFN_GATE_INP, layer)), top_k, False)  # [T, A]
+    cache.stage_ahead(cache.layer_of[layer], pred)
+
+
 def _tiered(h: np.ndarray, ids: np.ndarray, weights: np.ndarray, w: WeightStore, cache: ExpertCache,
             gate: str) -> np.ndarray:
-    """The routed experts of one MoE layer, each read at the address the expert cache gives for it."""
+    """The routed experts of one MoE layer, each read at the address the expert cache gives for it (a staged
+    copy when the lookahead staged the expert)."""
     li = cache.by_name[gate]
     table = cache.layer_table(li)  # [P, E]
     cache.count_rows(li, ids)
+    cache.settle_ahead(li, ids)
     parts = cache.layout.layers[li].parts
     if w.jit is not None:
         ws = [w.jit.experts(p.name, table[j]) for j, p in enumerate(parts)]

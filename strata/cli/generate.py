@@ -82,4 +82,6 @@ def run_generate(args: argparse.Namespace) -> int:
     if (use := gen.result.timings.experts) is not None:
         print(hit_rate_line(use.prefill, "prefill"), file=sys.stderr)
         print(hit_rate_line(use.decode, "decode"), file=sys.stderr)
+        if engine.expert_cache is not None and engine.expert_cache.prefetch.staged:
+            print(engine.expert_cache.prefetch.line(), file=sys.stderr)
     return 0

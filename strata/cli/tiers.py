@@ -1,5 +1,6 @@
 """`strata tiers trace --synthetic ... -o F.npz` and `strata tiers simulate TRACE --slots N --policy P [--sweep]
-[--json]`: routing traces and the policy simulator (strata.tiers.trace, .sim) for tier-tuning experiments."""
+[--prefetch K] [--json]`: routing traces and the policy simulator (strata.tiers.trace, .sim) for tier-tuning
+experiments."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from strata.cli.output import dump_json
 from strata.errors import ConfigError
 from strata.tiers import policy, sim, trace
+from strata.tiers.lookahead import check_prefetch
 
 
 def add_tiers_flags(p: argparse.ArgumentParser) -> None:
@@ -32,6 +34,9 @@ def add_tiers_flags(p: argparse.ArgumentParser) -> None:
     s.add_argument("--recorded", action="store_true", help="start from the placement the engine had when it recorded "
                    "the trace (--record-routes) and swap between its passes, scoring the whole trace: the engine's "
                    "own counters for the same policy")
+    s.add_argument("--prefetch", type=int, default=None, metavar="K", help="replay the lookahead with K "
+                   "experts a layer from the predictions a --prefetch run recorded (default: the run's K; "
+                   "0: off)")
     s.add_argument("--json", action="store_true")
 
 
@@ -47,19 +52,40 @@ def run_tiers(args: argparse.Namespace) -> int:
     ids, n_expert = trace.load(args.trace)
     if args.slots < 0:
         raise ConfigError("--slots", args.slots, "must be >= 0")
+    ahead = _ahead(args)
     if args.recorded:
         resident, windows, budget = trace.load_recorded(args.trace)
         if resident is None:
             raise ConfigError("--recorded", args.trace, "needs a trace written by --record-routes")
-        results = [sim.simulate(ids, n_expert, 0, args.policy, resident=resident, windows=windows, budget=budget)]
+        results = [sim.simulate(ids, n_expert, 0, args.policy, resident=resident, windows=windows,
+                                budget=budget, ahead=ahead)]
     elif args.sweep:
         results = sim.sweep(ids, n_expert, [32, 64, 128, 256])
     else:
-        results = [sim.simulate(ids, n_expert, args.slots, args.policy)]
+        results = [sim.simulate(ids, n_expert, args.slots, args.policy, ahead=ahead)]
     if args.json:
         dump_json([r.json() for r in results])
         return 0
     print(f"{'slots/layer':>11}  {'policy':<9} {'hit rate':>8} {'swaps':>8}")
     for r in results:
         print(f"{r.slots:>11}  {r.policy:<9} {r.hit_rate:>8.1%} {r.swaps:>8,}")
+        if r.prefetch is not None:
+            pf = r.prefetch
+            print(f"{'':>11}  lookahead: {pf['used_parts']:,} of {pf['staged_parts']:,} staged parts used "
+                  f"({pf['accuracy']:.1%}); {pf['saved_bytes']:,} bytes read ahead, "
+                  f"{pf['wasted_bytes']:,} wasted")
     return 0
+
+
+def _ahead(args: argparse.Namespace) -> trace.Ahead | None:
+    """The recorded lookahead to replay, at --prefetch K when given."""
+    ahead = trace.load_ahead(args.trace)
+    if args.prefetch is None:
+        return ahead
+    check_prefetch(args.prefetch)
+    if ahead is None:
+        if args.prefetch == 0:
+            return None
+        raise ConfigError("--prefetch", args.prefetch, f"{args.trace} holds no predictions (record a run "
+                          "with --prefetch K and --record-routes)")
+    return dataclasses.replace(ahead, k=args.prefetch)

@@ -163,6 +163,10 @@ class DecoderLM(Model):
     def ffn(self, layer: int, h: np.ndarray) -> np.ndarray:
         """The feed-forward sublayer of `layer` on normed h [T, D]."""
 
+    def ahead(self, layer: int, x: np.ndarray) -> None:
+        """At `layer`'s start, on its input x [N, D]: a MoE model predicts the layer's experts here (the
+        expert tiers' lookahead, blocks/moe.py); dense models do nothing."""
+
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.int64)
         x = self._layers([tokens], [state])
@@ -188,6 +192,7 @@ class DecoderLM(Model):
         segments = [(int(a), int(b), s.kv) for a, b, s in zip(bounds[:-1], bounds[1:], states)]
         with expert_pass(w, states, [len(t) for t in tokens]):
             for i, names in enumerate(self.names):
+                self.ahead(i, x)
                 h = rms_norm(x, w.vector(names.attn_norm), p.eps)
                 x = x + self_attention(h, w, names.attn, p.attn, p.rope, cos_sin, segments)
                 h = rms_norm(x, w.vector(names.ffn_norm), p.eps)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strata.blocks.moe import route_softmax_topk, swiglu_experts
+from strata.blocks.moe import lookahead, route_softmax_topk, swiglu_experts
 from strata.blocks.rope import RopeStyle
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, tensor
@@ -39,3 +39,6 @@ class Qwen3Moe(DecoderLM):
         router = w.matmul(h, router_n)  # [T, E]
         ids, weights = route_softmax_topk(router, self.top_k, self.norm_topk)  # [T, A] x2
         return swiglu_experts(h, ids, weights, w, gate_n, up_n, down_n)
+
+    def ahead(self, layer: int, x: np.ndarray) -> None:
+        lookahead(x, self.w, layer, self.names[layer].ffn_norm, self.params.eps, self.top_k)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata.blocks.gated_attn import gated_attention
-from strata.blocks.moe import expert_pass
+from strata.blocks.moe import expert_pass, lookahead
 from strata.blocks.linear_attn import DeltaNetParams, DeltaNetState, HeadOrder, deltanet
 from strata.blocks.norms import rms_norm
 from strata.blocks.rope import RopeStyle
@@ -71,6 +71,7 @@ class Qwen3Next(Model):
         cos_sin = p.rope.tables(np.arange(state.n_past, state.n_past + len(tokens)))
         with expert_pass(w, [state], [len(tokens)]):
             for i in range(p.n_layer):
+                lookahead(x, w, i, tensor(T.ATTN_POST_NORM, i), p.eps, self.top_k)  # post-norm: the FFN's
                 h = rms_norm(x, w.vector(tensor(T.ATTN_NORM, i)), p.eps)
                 if self.linear[i]:
                     x = x + deltanet(h, w, i, self.dn, state.layer("deltanet", i, DeltaNetState))

@@ -26,6 +26,7 @@ NORM_STD = 0.02  # norms are 1 + N(0, NORM_STD)
 # Our own keys, so tools (the tier cache) can read back how a file was made; llama.cpp ignores them.
 KEY_SKEW = "strata.synth.router_skew"
 KEY_SEED = "strata.synth.seed"
+KEY_MODE = "strata.synth.router_mode"  # "locality" (strata/synth/locality.py); absent: skew
 
 # llama-quantize's tensor_type_fallback, for rows that a type's block does not divide.
 _FALLBACK: dict[Q, Q] = {

@@ -22,8 +22,9 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as Q
 
 from strata.errors import StrataError
+from strata.synth import locality
 from strata.synth.blocks import pool
-from strata.synth.plan import WEIGHT_STD, Fill, TensorSpec, add_metadata, dense_values, tensor_plan
+from strata.synth.plan import KEY_MODE, WEIGHT_STD, Fill, TensorSpec, add_metadata, dense_values, tensor_plan
 from strata.synth.router import router_weights
 from strata.synth.shapes import Shape
 from strata.synth.vocab import add_qwen3_tokenizer, missing_files
@@ -112,10 +113,12 @@ def _preallocate(fd: int, size: int, path: Path) -> None:
 
 
 def _write_header(tmp: Path, s: Shape, quant: Q, plan: list[TensorSpec], skew: float, seed: int,
-                  tokenizer_dir: Path) -> int:
+                  tokenizer_dir: Path, router_mode: str) -> int:
     """Metadata + tensor infos; returns the byte offset where tensor data starts."""
     w = gguf.GGUFWriter(tmp, s.arch)
     add_metadata(w, s, quant, plan, skew, seed)
+    if router_mode != "skew":  # skew-mode files stay byte for byte what they were
+        w.add_string(KEY_MODE, router_mode)
     add_qwen3_tokenizer(w, tokenizer_dir, s.vocab)
     for t in plan:
         w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=t.qtype)
@@ -128,10 +131,13 @@ def _write_header(tmp: Path, s: Shape, quant: Q, plan: list[TensorSpec], skew: f
 
 def write_synth(
     path: str | os.PathLike[str], s: Shape, quant: Q, output_quant: Q, skew: float, tokenizer_dir: Path,
-    seed: int = 0, progress: Progress | None = None,
+    seed: int = 0, progress: Progress | None = None, router_mode: str = "skew",
 ) -> SynthResult:
-    """Write the synthetic model for shape `s` to `path`; raises SynthError for path or space trouble."""
+    """Write the synthetic model for shape `s` to `path`; raises SynthError for path or space trouble.
+    router_mode "locality": routing with temporal locality (locality.py), else independent per token."""
     path = Path(path)
+    if router_mode not in locality.MODES:
+        raise SynthError(f"router mode {router_mode!r}: choose from {', '.join(locality.MODES)}")
     if missing := missing_files(tokenizer_dir):
         raise SynthError(f"no Qwen3 tokenizer in {tokenizer_dir} (missing {', '.join(missing)})")
     plan = tensor_plan(s, quant, output_quant)
@@ -139,16 +145,20 @@ def write_synth(
     _check_space(path, data_bytes + HEADER_BUDGET)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        start = _write_header(tmp, s, quant, plan, skew, seed, tokenizer_dir)
+        start = _write_header(tmp, s, quant, plan, skew, seed, tokenizer_dir, router_mode)
         fd = os.open(tmp, os.O_RDWR)
         try:
             t0, pos = time.perf_counter(), start
             _preallocate(fd, start + data_bytes, path)
+            offsets = []
             for i, spec in enumerate(plan):
                 _write_tensor(fd, spec, pos, s, skew, np.random.default_rng([seed, i]))
+                offsets.append(pos)
                 pos += _pad(spec.nbytes)
                 if progress is not None:
                     progress(pos - start, data_bytes)
+            if router_mode == "locality":
+                locality.patch(fd, s, plan, offsets, skew, seed)
             seconds = time.perf_counter() - t0
         finally:
             os.close(fd)

@@ -1,0 +1,125 @@
+"""Routing with temporal locality in a synthetic model (`strata synth --router-mode locality`).
+
+Real routing is bursty (tiers/trace.py: a per-layer LRU of 64 of 512 experts hits ~67%), because the hidden
+state carries the context, which drifts slowly. Random weights give no such drift: the skew mode's files route
+DeltaNet layers afresh every token (an LRU hits as a static cache does), and their attention layers, whose
+random scores are small, average values over the whole context, a common part that by the third qwen3moe layer
+routes nearly every token to the same few experts (see QK_GAIN). This mode builds a controlled drift into the
+model, so the model's own router (logits = router @ normed hidden state) has it on any token stream, GPU
+benchmarks' random prompts and greedy decodes included.
+
+A "clock" head per attention layer (query head 0 and its KV head) averages its values over a window of recent
+tokens: its q and k rows are zero but one (row i0, a random row), so after the q/k RMSNorm each token's q and
+k are +-sqrt(hd) g along one rotary pair of frequency theta, and the score of key s for query t is
++-A cos(theta (t - s)), A = sqrt(hd) g^2 (g: the q/k norm weight at i0). Near s = t that is a Gaussian window
+of width ~1/(theta sqrt(A)) over the recent keys of the query's sign (two interleaved streams; the cosine
+repeats every 2 pi / theta tokens, which mixes older windows in but slides them all alike). Its output, a
+moving average of values, drifts on that time scale and lands in the residual through the head's columns of
+attn_output, W0 [D, hd]. The router rows of the layer (and, in Qwen3-Next, of the DeltaNet layers up to the
+next attention layer) read only that subspace: row e = s_e * unit(W0 u_e), u_e random, s_e the popularity
+scales of router.py. Consecutive tokens then see nearly the same logits (they share experts), and the set
+drifts as the window slides; the skew still comes from s_e. Layers before the first attention layer keep the
+plain router. Two gains set how local it is: the clock's values are amplified (V_GAIN, less in deeper layers,
+where the slow parts of the residual have added up), and every other head attends sharply (QK_GAIN), so
+nothing but the clocks drifts slowly. The file is written as usual, then patched in place (`patch`).
+
+Legend: D = hidden size, E = experts, hd = head dim.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+from gguf.constants import GGML_QUANT_SIZES
+
+from strata.gguf.names import T, tensor
+from strata.quants import dequantize
+from strata.synth.blocks import _rescale
+from strata.synth.plan import TensorSpec
+from strata.synth.router import LOGIT_STD, popularity_scales
+from strata.synth.shapes import QWEN3NEXT, Shape
+
+MODES = ("skew", "locality")
+# Calibrated with `tiers simulate --policy lru` on routes the CPU model recorded over 2,000 random tokens
+# (perf/README.md "synth locality router"): a per-layer LRU of 1/8 and 1/4 of the experts hits ~63-72% and
+# ~82-86%.
+WINDOW = 16.0  # tokens the clock head's window spans (1/(theta sqrt(A))): how fast the routing drifts
+SHARPNESS = 96.0  # A, the clock's peak score
+# the clock's values are amplified V_GAIN (n + 1)^-V_DECAY at the n-th clock: the slow parts of the residual
+# add up over the layers, so deeper clocks are quieter (V_DECAY 1: deep layers over-local, 2: under-local)
+V_GAIN = 10.0
+V_DECAY = 1.5
+# Qwen3-Next's gated attention multiplies each head's output by sigmoid(gate), ~0.5 with random gate rows
+GATED_GAIN = 2.0
+# every other head's q/k norm weight, for sharper random attention. At the skew mode's ~1, attention is nearly
+# a running mean over the context, whose common part swamps the residual within a few layers (per-layer LRU of
+# 1/8 of the experts: 99-100% in layers 2+ of a 4- and a 12-layer qwen3moe shape); at 3 every layer without a
+# clock routes as uniformly as layer 0
+QK_GAIN = 3.0
+
+
+def clock(s: Shape) -> tuple[int, float]:
+    """(i0, g): the rotary pair whose frequency makes a WINDOW-token window at peak score SHARPNESS, and the
+    q/k norm weight at i0 that gives that score."""
+    half = np.arange(0, s.rope_dim, 2) / s.rope_dim
+    theta = 1.0 / s.rope_base**half  # [rope_dim / 2], as strata.blocks.rope
+    want = 1.0 / (WINDOW * math.sqrt(SHARPNESS))
+    i0 = int(np.argmin(np.abs(np.log(theta) - math.log(want))))
+    return i0, math.sqrt(SHARPNESS / math.sqrt(s.head_dim))
+
+
+def _row_bytes(spec: TensorSpec) -> int:
+    block, size = GGML_QUANT_SIZES[spec.qtype]
+    return spec.shape[-1] // block * size
+
+
+def _keep_one_row(fd: int, spec: TensorSpec, pos: int, hd: int, i0: int) -> None:
+    """Zero rows [0, hd) of the matrix at pos but row i0 (zero bytes are 0.0 in every ggml type)."""
+    rb = _row_bytes(spec)
+    os.pwrite(fd, bytes(rb * i0), pos)
+    os.pwrite(fd, bytes(rb * (hd - i0 - 1)), pos + rb * (i0 + 1))
+
+
+def _scale_rows(fd: int, spec: TensorSpec, pos: int, n: int, gain: float) -> None:
+    """Rows [0, n) of the matrix at pos times `gain` (every block's scale fields)."""
+    size = GGML_QUANT_SIZES[spec.qtype][1]
+    blocks = np.frombuffer(os.pread(fd, n * _row_bytes(spec), pos), np.uint8).reshape(-1, size).copy()
+    _rescale(blocks, spec.qtype, gain)
+    os.pwrite(fd, blocks.tobytes(), pos)
+
+
+def _read(fd: int, spec: TensorSpec, pos: int) -> np.ndarray:
+    raw = np.frombuffer(os.pread(fd, spec.nbytes, pos), np.uint8)
+    return dequantize(raw.reshape(spec.shape[0], -1), spec.qtype, spec.shape[-1])
+
+
+def patch(fd: int, s: Shape, plan: list[TensorSpec], offsets: list[int], skew: float, seed: int) -> None:
+    """Give the file at fd (written from `plan`, tensor i at offsets[i]) its clock heads and locality
+    routers."""
+    at = {spec.name: (spec, off) for spec, off in zip(plan, offsets)}
+    i0, g = clock(s)
+    hd = s.head_dim
+    gain = V_GAIN * (GATED_GAIN if s.arch == QWEN3NEXT else 1.0)
+    w0, clocks = None, 0  # [D, hd]: the latest clock head's output columns; clocks so far
+    for layer in range(s.n_layer):
+        if not s.recurrent(layer):
+            for kind in (T.ATTN_Q, T.ATTN_K):  # qwen3next's q rows are per head [query | gate]: query first
+                _keep_one_row(fd, *at[tensor(kind, layer)], hd, i0)
+            for kind in (T.ATTN_Q_NORM, T.ATTN_K_NORM):
+                _, off = at[tensor(kind, layer)]
+                gains = np.full(hd, QK_GAIN, np.float32)
+                gains[i0] = g
+                os.pwrite(fd, gains.tobytes(), off)
+            _scale_rows(fd, *at[tensor(T.ATTN_V, layer)], hd, gain * (clocks + 1) ** -V_DECAY)
+            out = _read(fd, *at[tensor(T.ATTN_OUT, layer)])  # [D, n_head * hd]
+            w0, clocks = out[:, :hd], clocks + 1
+        if w0 is None:
+            continue
+        rng = np.random.default_rng([seed, layer, 17])
+        scales = popularity_scales(s.n_expert, s.top_k, skew)[rng.permutation(s.n_expert)]
+        rows = rng.standard_normal((s.n_expert, hd)) @ w0.T  # [E, D]: in the clock's subspace
+        rows *= (LOGIT_STD * scales / np.linalg.norm(rows, axis=1))[:, None] * math.sqrt(s.d_model / hd)
+        _, off = at[tensor(T.FFN_GATE_INP, layer)]
+        os.pwrite(fd, rows.astype(np.float32).tobytes(), off)
