@@ -22,7 +22,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from strata.tiers import sim, trace
 
 from strata.engine import Engine
-from strata.sampling import SamplingParams
+from strata.sampling.params import SamplingParams
 from strata.synth import write_synth
 from strata.synth.shapes import QWEN3NEXT, Shape
 

@@ -226,6 +226,7 @@ class Ops:
         attention.SPLITS partials a (row, head) ([n, h, SPLITS, hd + 2] fp32), which splits the keys across
         blocks; None: one block a (row, head)."""
         splits = 1 if part is None else attention.SPLITS
+        part = part if splits > 1 else None
         launch(self.attn[attention.decode_name(hd, q8)], (h, n, splits), 128,
                (dev_ptr(q), dev_ptr(tab), i32(tab_stride), i32(layer), i32(h), i32(kv), f32(scale), dev_ptr(out),
                 NULL if part is None else dev_ptr(part), i32(splits)))
@@ -242,6 +243,7 @@ class Ops:
         """qkv_post then attn_decode in one launch, for rows that are all single decode tokens (q8, part: as
         attn_decode)."""
         splits = 1 if part is None else attention.SPLITS
+        part = part if splits > 1 else None
         launch(self.attn[attention.decode_qkv_name(hd, q8)], (h, n, splits), 128,
                (dev_ptr(qkv), dev_ptr(tab), i32(tab_stride), i32(layer), i32(h), i32(kv),
                 NULL if q_norm is None else q_norm, NULL if k_norm is None else k_norm, f32(eps), inv_freq,

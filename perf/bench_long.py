@@ -1,0 +1,93 @@
+"""Long context on the GPU (issue 18): TTFT and decode at each context length, VRAM and RSS, in one process.
+Not a test: prints a table and writes the numbers as JSON (strata bench's envelope).
+
+    python perf/bench_long.py --model F.gguf [--contexts 4096,32768,131072,262144] [--gen 64]
+                              [--vram-budget-mib 22528] [--kv-type int8] [--splits 32,1] [--json OUT.json]
+
+For each context length a fresh sequence reads that many random tokens (`--chunk`-token passes: the TTFT) and
+then decodes `--gen` greedy tokens by graph replay from there (decode tok/s at that length). `--splits` runs the
+lengths once per split-K setting of decode attention (strata.gpu.kernels.attention.SPLITS; 1 = one block a
+head, the kernel before split-K), each with its own model load and graphs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from strata.bench.report import engine_result, engine_tables, run_meta, write_json
+from strata.console.logs import configure_logging
+
+
+def run(path: Path, a: argparse.Namespace, splits: int) -> list[dict[str, Any]]:
+    import cupy as cp
+    import psutil
+
+    from strata.gguf import GGUFFile
+    from strata.gpu.kernels import attention
+    from strata.gpu.model import GpuModel, GpuOptions
+    from strata.models import model_class
+    from strata.runtime.kvcache import KVType
+    from strata.runtime.weights import WeightStore
+
+    attention.SPLITS = splits  # read at each launch and by the buffers' sizes, so set before the model exists
+    g = GGUFFile(path)
+    cpu = model_class(g)(g, WeightStore(g, 0))
+    t0 = time.perf_counter()
+    gpu = GpuModel(cpu, GpuOptions(chunk=a.chunk, n_ctx=max(a.contexts) + a.gen + 64, max_batch=1,
+                                   budget_mib=a.vram_budget_mib, kv_type=KVType(a.kv_type)))
+    print(f"  loaded in {time.perf_counter() - t0:.1f} s (splits {splits}, KV {a.kv_type})", flush=True)
+    rng = np.random.default_rng(0)
+    vocab = gpu.params.vocab
+    gpu.graphs.greedy_loop([1], [gpu.new_state()], 4)  # the b=1 graph, captured once
+    rows = []
+    for n in a.contexts:
+        s = gpu.new_state()
+        cp.cuda.Device().synchronize()
+        t = time.perf_counter()
+        gpu.forward(rng.integers(0, vocab, n), s, all_logits=False)
+        ttft = time.perf_counter() - t
+        gpu.graphs.greedy_loop([1], [s], 2)  # the first steps at this length (any KV growth happens here)
+        cp.cuda.Device().synchronize()
+        t = time.perf_counter()
+        gpu.graphs.greedy_loop([1], [s], a.gen)
+        tg = a.gen / (time.perf_counter() - t)
+        free, total = cp.cuda.runtime.memGetInfo()
+        row = {"context": n, "splits": splits, "kv_type": a.kv_type, "ttft_s": ttft, "pp_tok_s": n / ttft,
+               "tg_tok_s": tg, "vram_used_mib": (total - free) / 2**20, "pool_mib": cp.get_default_memory_pool().total_bytes() / 2**20,
+               "rss_mib": psutil.Process().memory_info().rss / 2**20}
+        rows.append(row)
+        print(f"strata ctx {n:,}: TTFT {ttft:.2f} s ({n / ttft:,.0f} tok/s), decode {tg:.1f} tok/s, "
+              f"VRAM {row['vram_used_mib']:,.0f} MiB, RSS {row['rss_mib']:,.0f} MiB", flush=True)
+        del s
+    gpu.close()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--contexts", type=lambda s: [int(v) for v in s.split(",")], default=[4096, 32768, 131072, 262144])
+    ap.add_argument("--gen", type=int, default=64)
+    ap.add_argument("--chunk", type=int, default=4096, help="prefill rows per pass")
+    ap.add_argument("--vram-budget-mib", type=int, default=0)
+    ap.add_argument("--kv-type", default="int8", choices=["f16", "int8"])
+    ap.add_argument("--splits", type=lambda s: [int(v) for v in s.split(",")], default=[32])
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    configure_logging("text")
+    rows = [r for sp in a.splits for r in run(a.model, a, sp)]
+    meta = run_meta(bench="bench_long", model=str(a.model), vram_budget_mib=a.vram_budget_mib, gen=a.gen,
+                    kv_type=a.kv_type)
+    out = engine_result(meta, {"long_context": rows})
+    print(engine_tables(f"bench_long: {a.model.name}, budget {a.vram_budget_mib} MiB, KV {a.kv_type}", out))
+    if a.json:
+        write_json(out, a.json)
+
+
+if __name__ == "__main__":
+    main()
