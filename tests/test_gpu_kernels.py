@@ -587,3 +587,29 @@ def test_advance(cp, ops):
         dev_tab = cp.asarray(tab)
         ops.advance(dev_tab, TAB, n)
         np.testing.assert_array_equal(dev_tab.get(), sample.ref_advance(tab, n))
+
+
+@pytest.mark.parametrize("kind", ["f16", "int8"])
+def test_kv_growth_keeps_the_cells_when_the_budget_holds_one_copy(cp, kind):
+    """A KV cache that grows where the budget has no room for the old cells beside the new moves them through
+    host RAM; either way the cells survive the move."""
+    from strata.gpu.kv import GpuKV
+    from strata.runtime.kvcache import KVCache, KVType
+    from strata.tiers.budget import Ledger
+
+    kv_kind = KVType(kind)
+    per = KVCache.bytes_per_token(kv_kind, 2, 2, 64)
+    for budget in (1 << 40, 1000 * per):  # room for both copies, then for the final one only
+        kv = GpuKV(Ledger(budget, 0), 2, 2, 64, 4096, kv_kind)
+        kv.reserve(300)
+        rng = np.random.default_rng(3)
+        before = {}
+        for name in (["k", "v", "ks", "vs"] if kind == "int8" else ["k", "v"]):
+            a = getattr(kv, name)
+            a[...] = cp.asarray(rng.integers(-100, 100, a.shape).astype(a.dtype))
+            before[name] = a[:, :, :300].get()
+        kv.length = 300
+        kv.reserve(1000)
+        assert kv.cap == 1000 and kv.ledger.used == 1000 * per
+        for name, want in before.items():
+            np.testing.assert_array_equal(getattr(kv, name)[:, :, :300].get(), want)

@@ -132,3 +132,7 @@ class Ledger:
 
     def give(self, nbytes: int) -> None:
         self.used -= nbytes
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether nbytes more (a transient copy, say) stay within the budget."""
+        return self.used + nbytes <= self.budget
