@@ -2,7 +2,8 @@
 Not a test: prints a table and writes the numbers as JSON (strata bench's envelope).
 
     python perf/bench_long.py --model F.gguf [--contexts 4096,32768,131072,262144] [--gen 64]
-                              [--vram-budget-mib 22528] [--kv-type int8] [--splits 32,1] [--json OUT.json]
+                              [--vram-budget-mib 22528] [--kv-type int8] [--splits 32,1] [--n-ctx N]
+                              [--pcie-frac 1] [--json OUT.json]
 
 For each context length a fresh sequence reads that many random tokens (`--chunk`-token passes: the TTFT) and
 then decodes `--gen` greedy tokens by graph replay from there (decode tok/s at that length). `--splits` runs the
@@ -30,16 +31,19 @@ def run(path: Path, a: argparse.Namespace, splits: int) -> list[dict[str, Any]]:
     from strata.gguf import GGUFFile
     from strata.gpu.kernels import attention
     from strata.gpu.model import GpuModel, GpuOptions
+    from strata.gpu.tiers import TierOptions
     from strata.models import model_class
     from strata.runtime.kvcache import KVType
     from strata.runtime.weights import WeightStore
+    from strata.tiers.share import parse_pcie_frac
 
     attention.SPLITS = splits  # read at each launch and by the buffers' sizes, so set before the model exists
     g = GGUFFile(path)
     cpu = model_class(g)(g, WeightStore(g, 0))
     t0 = time.perf_counter()
-    gpu = GpuModel(cpu, GpuOptions(chunk=a.chunk, n_ctx=max(a.contexts) + a.gen + 64, max_batch=1,
-                                   budget_mib=a.vram_budget_mib, kv_type=KVType(a.kv_type)))
+    n_ctx = a.n_ctx or max(a.contexts) + a.gen + 64
+    gpu = GpuModel(cpu, GpuOptions(chunk=a.chunk, n_ctx=n_ctx, max_batch=1, budget_mib=a.vram_budget_mib,
+                                   kv_type=KVType(a.kv_type), tiers=TierOptions(parse_pcie_frac(a.pcie_frac))))
     print(f"  loaded in {time.perf_counter() - t0:.1f} s (splits {splits}, KV {a.kv_type})", flush=True)
     rng = np.random.default_rng(0)
     vocab = gpu.params.vocab
@@ -77,12 +81,16 @@ def main() -> None:
     ap.add_argument("--vram-budget-mib", type=int, default=0)
     ap.add_argument("--kv-type", default="int8", choices=["f16", "int8"])
     ap.add_argument("--splits", type=lambda s: [int(v) for v in s.split(",")], default=[32])
+    ap.add_argument("--n-ctx", type=int, default=0, help="the plan's context (0: the longest length + gen); give "
+                    "runs the same one to compare them on the same plan")
+    ap.add_argument("--pcie-frac", default="1", help="Strata's --pcie-frac (default 1: every miss over PCIe, so "
+                    "the lengths differ only in attention)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     configure_logging("text")
     rows = [r for sp in a.splits for r in run(a.model, a, sp)]
     meta = run_meta(bench="bench_long", model=str(a.model), vram_budget_mib=a.vram_budget_mib, gen=a.gen,
-                    kv_type=a.kv_type)
+                    kv_type=a.kv_type, n_ctx=a.n_ctx, pcie_frac=a.pcie_frac)
     out = engine_result(meta, {"long_context": rows})
     print(engine_tables(f"bench_long: {a.model.name}, budget {a.vram_budget_mib} MiB, KV {a.kv_type}", out))
     if a.json:

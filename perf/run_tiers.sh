@@ -6,8 +6,8 @@
 # CAPS the VRAM budgets in MiB (commas); the `policies` step runs bench_gpu.py at CAP (default 22528) once per
 # RUNS entry (policy:swap-budget[:out|:in], see below), after WARM (default 256) decode tokens;
 # the `prefetch` step runs bench_gpu.py at CAP once per --prefetch value in PREFETCHES (default 0,1,2,3);
-# the `long` step runs perf/bench_long.py at CAP: CONTEXTS (default 4096,32768,131072,262144) with split-K decode,
-# then SHORT_CONTEXTS (default 4096,131072) with one block a head, KV_TYPE (default int8);
+# the `long` step runs perf/bench_long.py at CAP once per LONG_RUNS entry (splits:kv-type:contexts, all on the
+# plan of N_CTX positions, default 262272);
 # PCIE_FRACS the --pcie-frac values per cap (default auto); BENCH_ARGS adds perf/bench_tiers.py options; LLAMA_BIN (a llama.cpp CUDA build's bin) sweeps llama.cpp in the
 # same run, else its earlier numbers come from perf/peer_tiers_2026-12-02.json. REUSE=1 keeps a file already written. Carried in (git-ignored): .whl/, .gpu_fixtures/ (see run_gpu.sh).
 set -uo pipefail
@@ -52,9 +52,11 @@ case " $STEPS " in *" prefetch "*)
   done ;; esac
 case " $STEPS " in *" long "*)
   wait $SYNTH_PID 2>/dev/null; tail -2 "$OUT/synth.log"
-  for sp in 32 1; do
-    ctx=${CONTEXTS:-4096,32768,131072,262144}; [ $sp = 1 ] && ctx=${SHORT_CONTEXTS:-4096,131072}
+  # LONG_RUNS: splits:kv-type:contexts each, every run on the same plan (N_CTX)
+  for spec in ${LONG_RUNS:-32:int8:4096,32768,131072,262144 1:int8:4096,131072 32:f16:4096,131072}; do
+    IFS=: read -r sp kv ctx <<<"$spec"
+    echo "== splits $sp, KV $kv"
     timeout ${BENCH_TIMEOUT:-300} python3 $REPO/perf/bench_long.py --model $MODEL --vram-budget-mib ${CAP:-22528} \
-      --contexts $ctx --splits $sp --kv-type ${KV_TYPE:-int8} --json "$OUT/long_$sp.json" 2>&1 | grep -v "^WARNING" \
-      | grep -E "strata|loaded|context|Error|error|\\|" | tail -20
+      --contexts $ctx --splits $sp --kv-type $kv --n-ctx ${N_CTX:-262272} --json "$OUT/long_${sp}_$kv.json" \
+      2>&1 | grep -v "^WARNING" | grep -E "strata ctx|loaded|Error|error" | tail -12
   done ;; esac
