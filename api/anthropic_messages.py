@@ -24,7 +24,12 @@ from strata.api.prompt import IMAGE_PARTS, Chat, ToolMode, prepare, vision_error
 from strata.api.sampling_args import anthropic_params
 from strata.api.schemas import parse
 from strata.api.schemas_anthropic import (
-    AnthropicMessage, Block, CountTokensRequest, MessagesRequest, SystemBlock, ToolChoice,
+    AnthropicMessage,
+    Block,
+    CountTokensRequest,
+    MessagesRequest,
+    SystemBlock,
+    ToolChoice,
 )
 from strata.api.sse import event_json
 from strata.api.state import AppState
@@ -56,8 +61,11 @@ def _tool_result_text(block: Block, where: str) -> str:
         if p.type in IMAGE_PARTS:
             raise vision_error(f"{where}.content.{j}")
         if p.type != "text":
-            raise bad_request(f"{where}.content.{j}: tool_result parts of type {p.type!r} are not supported",
-                              param=f"{where}.content.{j}.type", code="unsupported_content")
+            raise bad_request(
+                f"{where}.content.{j}: tool_result parts of type {p.type!r} are not supported",
+                param=f"{where}.content.{j}.type",
+                code="unsupported_content",
+            )
         out.append(_need(p.text, f"{where}.content.{j}", "text"))
     return "".join(out)
 
@@ -79,16 +87,29 @@ def to_chat(body: MessagesRequest | CountTokensRequest) -> Chat:
             elif b.type == "thinking":
                 thinking.append(_need(b.thinking, where, "thinking"))
             elif b.type == "tool_use":
-                calls.append({"id": b.id, "type": "function",
-                              "function": {"name": _need(b.name, where, "name"), "arguments": b.input or {}}})
+                calls.append(
+                    {
+                        "id": b.id,
+                        "type": "function",
+                        "function": {"name": _need(b.name, where, "name"), "arguments": b.input or {}},
+                    }
+                )
             elif b.type == "tool_result":
-                messages.append({"role": "tool", "tool_call_id": _need(b.tool_use_id, where, "tool_use_id"),
-                                 "content": _tool_result_text(b, where)})
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": _need(b.tool_use_id, where, "tool_use_id"),
+                        "content": _tool_result_text(b, where),
+                    }
+                )
             elif b.type in IMAGE_PARTS or b.type == "document":
                 raise vision_error(where)
             elif b.type != "redacted_thinking":
-                raise bad_request(f"{where}: unsupported content block type {b.type!r}", param=f"{where}.type",
-                                  code="unsupported_content")
+                raise bad_request(
+                    f"{where}: unsupported content block type {b.type!r}",
+                    param=f"{where}.type",
+                    code="unsupported_content",
+                )
         if text or calls or thinking or m.role == "assistant":
             msg: dict[str, Any] = {"role": m.role, "content": "".join(text)}
             if calls:
@@ -96,8 +117,13 @@ def to_chat(body: MessagesRequest | CountTokensRequest) -> Chat:
             if thinking:
                 msg["reasoning_content"] = "".join(thinking)
             messages.append(msg)
-    tools = [{"type": "function", "function": {"name": t.name, "description": t.description or "",
-                                                "parameters": t.input_schema}} for t in body.tools or []]
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description or "", "parameters": t.input_schema},
+        }
+        for t in body.tools or []
+    ]
     mode, forced = _tool_choice(body.tool_choice or ToolChoice(type="auto"), tools)
     thinking_on = body.thinking is not None and body.thinking.type != "disabled"
     return Chat(messages, tools, mode, forced, thinking_on)
@@ -117,13 +143,21 @@ def _tool_choice(choice: ToolChoice, tools: list[dict[str, Any]]) -> tuple[ToolM
 
 
 def _usage(f: Finished) -> dict[str, int]:
-    return {"input_tokens": f.prompt_tokens - f.cached_tokens, "output_tokens": f.completion_tokens,
-            "cache_read_input_tokens": f.cached_tokens, "cache_creation_input_tokens": 0}
+    return {
+        "input_tokens": f.prompt_tokens - f.cached_tokens,
+        "output_tokens": f.completion_tokens,
+        "cache_read_input_tokens": f.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    }
 
 
 def _tool_block(d: ToolCallDelta) -> dict[str, Any]:
-    return {"type": "tool_use", "id": d.id.replace("call_", "toolu_", 1), "name": d.name,
-            "input": json.loads(d.arguments_json)}
+    return {
+        "type": "tool_use",
+        "id": d.id.replace("call_", "toolu_", 1),
+        "name": d.name,
+        "input": json.loads(d.arguments_json),
+    }
 
 
 def _content(parts: list[Delta]) -> list[dict[str, Any]]:
@@ -153,39 +187,68 @@ async def messages(request: Request) -> Response:
     budget = body.thinking.budget_tokens if (body.thinking and body.thinking.type == "enabled") else None
     fmt = body.output_config.format if body.output_config else None
     schema = fmt.schema_ if fmt is not None else None
-    req = await submit(state, prompt, anthropic_params(body), body.max_tokens, tuple(body.stop_sequences or ()),
-                       think_budget=budget, json_schema=schema,
-                       schema_param="output_config.format.schema")
+    req = await submit(
+        state,
+        prompt,
+        anthropic_params(body),
+        body.max_tokens,
+        tuple(body.stop_sequences or ()),
+        think_budget=budget,
+        json_schema=schema,
+        schema_param="output_config.format.schema",
+    )
     mid = f"msg_{secrets.token_hex(12)}"
     reasoning = bool(chat.thinking)
     if body.stream:
         return EventSourceResponse(_stream(req, prompt, reasoning, mid, name), ping=10)
     parts, fin = await collect(request, req, prompt, reasoning)
-    return JSONResponse({
-        "id": mid, "type": "message", "role": "assistant", "model": name, "content": _content(parts),
-        "stop_reason": ANTHROPIC_STOP[fin.reason],
-        "stop_sequence": fin.stop_string if fin.reason is FinishReason.STOP_STRING else None,
-        "usage": _usage(fin),
-    })
+    return JSONResponse(
+        {
+            "id": mid,
+            "type": "message",
+            "role": "assistant",
+            "model": name,
+            "content": _content(parts),
+            "stop_reason": ANTHROPIC_STOP[fin.reason],
+            "stop_sequence": fin.stop_string if fin.reason is FinishReason.STOP_STRING else None,
+            "usage": _usage(fin),
+        }
+    )
 
 
 def _event(kind: str, **data: Any) -> dict[str, str]:
     return {"event": kind, "data": event_json({"type": kind, **data})}
 
 
-async def _stream(req: Any, prompt: Any, reasoning: bool, mid: str, name: str) -> AsyncIterator[dict[str, str]]:
-    yield _event("message_start", message={
-        "id": mid, "type": "message", "role": "assistant", "model": name, "content": [],
-        "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": len(req.prompt_ids), "output_tokens": 0}})
+async def _stream(
+    req: Any, prompt: Any, reasoning: bool, mid: str, name: str
+) -> AsyncIterator[dict[str, str]]:
+    yield _event(
+        "message_start",
+        message={
+            "id": mid,
+            "type": "message",
+            "role": "assistant",
+            "model": name,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": len(req.prompt_ids), "output_tokens": 0},
+        },
+    )
     yield _event("ping")
     index, open_kind = -1, None
 
     def close() -> list[dict[str, str]]:
         out = []
         if open_kind == "thinking":
-            out.append(_event("content_block_delta", index=index,
-                              delta={"type": "signature_delta", "signature": SIGNATURE}))
+            out.append(
+                _event(
+                    "content_block_delta",
+                    index=index,
+                    delta={"type": "signature_delta", "signature": SIGNATURE},
+                )
+            )
         if open_kind is not None:
             out.append(_event("content_block_stop", index=index))
         return out
@@ -196,14 +259,21 @@ async def _stream(req: Any, prompt: Any, reasoning: bool, mid: str, name: str) -
                 for ev in close():
                     yield ev
                 open_kind = None
-                yield _event("message_delta", delta={
-                    "stop_reason": ANTHROPIC_STOP[d.reason],
-                    "stop_sequence": d.stop_string if d.reason is FinishReason.STOP_STRING else None},
-                    usage=_usage(d))
+                yield _event(
+                    "message_delta",
+                    delta={
+                        "stop_reason": ANTHROPIC_STOP[d.reason],
+                        "stop_sequence": d.stop_string if d.reason is FinishReason.STOP_STRING else None,
+                    },
+                    usage=_usage(d),
+                )
                 yield _event("message_stop")
                 return
-            kind = "tool_use" if isinstance(d, ToolCallDelta) else (
-                "thinking" if isinstance(d, ReasoningDelta) else "text")
+            kind = (
+                "tool_use"
+                if isinstance(d, ToolCallDelta)
+                else ("thinking" if isinstance(d, ReasoningDelta) else "text")
+            )
             if kind != open_kind or kind == "tool_use":
                 for ev in close():
                     yield ev
@@ -211,14 +281,22 @@ async def _stream(req: Any, prompt: Any, reasoning: bool, mid: str, name: str) -
                 if kind == "tool_use":
                     block = _tool_block(d)  # type: ignore[arg-type]
                     yield _event("content_block_start", index=index, content_block={**block, "input": {}})
-                    yield _event("content_block_delta", index=index,
-                                 delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"])})
+                    yield _event(
+                        "content_block_delta",
+                        index=index,
+                        delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"])},
+                    )
                     continue
-                start = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else {
-                    "type": "text", "text": ""}
+                start = (
+                    {"type": "thinking", "thinking": "", "signature": ""}
+                    if kind == "thinking"
+                    else {"type": "text", "text": ""}
+                )
                 yield _event("content_block_start", index=index, content_block=start)
             if isinstance(d, ReasoningDelta):
-                yield _event("content_block_delta", index=index, delta={"type": "thinking_delta", "thinking": d.text})
+                yield _event(
+                    "content_block_delta", index=index, delta={"type": "thinking_delta", "thinking": d.text}
+                )
             elif isinstance(d, ContentDelta):
                 yield _event("content_block_delta", index=index, delta={"type": "text_delta", "text": d.text})
     except APIError as e:
@@ -228,5 +306,7 @@ async def _stream(req: Any, prompt: Any, reasoning: bool, mid: str, name: str) -
 async def count_tokens(request: Request) -> Response:
     state: AppState = request.app.state.strata
     body = parse(CountTokensRequest, await read_json(request))
-    prompt = await prepare(state.engine, to_chat(body), count_only=True)  # over-context prompts are counted too
+    prompt = await prepare(
+        state.engine, to_chat(body), count_only=True
+    )  # over-context prompts are counted too
     return JSONResponse({"input_tokens": len(prompt.ids)})

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from strata.api import anthropic_messages, openapi, ops, openai_chat, openai_completions
+from strata.api import anthropic_messages, openai_chat, openai_completions, openapi, ops
 from strata.api.auth import APIKeyMiddleware
 from strata.api.errors import APIError, error_response
 from strata.api.loading import Loading, LoadingGate
@@ -39,7 +39,9 @@ async def _strata_error(request: Request, exc: Exception) -> Response:
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     """A bug: still an answer in the protocol's shape (Starlette logs the traceback)."""
-    return error_response(request, APIError(500, f"internal error: {type(exc).__name__}", code="internal_error"))
+    return error_response(
+        request, APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
+    )
 
 
 def build_app(cfg: ServerConfig, loading: Loading) -> Starlette:
@@ -73,9 +75,16 @@ def build_app(cfg: ServerConfig, loading: Loading) -> Starlette:
 
     app = Starlette(
         routes=routes,
-        middleware=[Middleware(APIKeyMiddleware, keys=cfg.api_keys), Middleware(LoadingGate, loading=loading)],
-        exception_handlers={APIError: _api_error, HTTPException: _http_error, StrataError: _strata_error,
-                            Exception: _internal_error},
+        middleware=[
+            Middleware(APIKeyMiddleware, keys=cfg.api_keys),
+            Middleware(LoadingGate, loading=loading),
+        ],
+        exception_handlers={
+            APIError: _api_error,
+            HTTPException: _http_error,
+            StrataError: _strata_error,
+            Exception: _internal_error,
+        },
         lifespan=lifespan,
     )
     app.state.strata = None

@@ -44,8 +44,11 @@ async def _read_limited(request: Request, limit: int) -> bytes:
 
 
 def _too_large(limit: int) -> APIError:
-    return APIError(413, f"request body is larger than {limit / (1 << 20):g} MiB (--max-body-mib)",
-                    code="request_too_large")
+    return APIError(
+        413,
+        f"request body is larger than {limit / (1 << 20):g} MiB (--max-body-mib)",
+        code="request_too_large",
+    )
 
 
 def _no_constant(name: str) -> Any:
@@ -59,7 +62,9 @@ def decode(raw: bytes) -> dict[str, Any]:
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         raise bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from None
     except RecursionError:
-        raise bad_request(f"request body is nested more than {MAX_DEPTH} levels deep", code="invalid_json") from None
+        raise bad_request(
+            f"request body is nested more than {MAX_DEPTH} levels deep", code="invalid_json"
+        ) from None
     if not isinstance(data, dict):
         raise bad_request("request body must be a JSON object", code="invalid_json")
     check_tree(data)
@@ -78,8 +83,11 @@ def check_tree(data: Any, max_depth: int = MAX_DEPTH) -> None:
         if not isinstance(node, (dict, list)):
             continue
         if depth > max_depth:
-            raise bad_request(f"request body is nested more than {max_depth} levels deep",
-                              param=_dotted(path) or None, code="invalid_json")
+            raise bad_request(
+                f"request body is nested more than {max_depth} levels deep",
+                param=_dotted(path) or None,
+                code="invalid_json",
+            )
         if isinstance(node, dict):
             for k, v in node.items():
                 if _SURROGATE.search(k):
@@ -92,8 +100,11 @@ def check_tree(data: Any, max_depth: int = MAX_DEPTH) -> None:
 def _bad_string(path: tuple[str | int, ...], key: bool = False) -> APIError:
     where = _dotted(path)
     what = f"a key in {where or 'the body'}" if key else where
-    return bad_request(f"{what}: text contains a lone UTF-16 surrogate, which is not valid Unicode",
-                       param=where or None, code="invalid_unicode")
+    return bad_request(
+        f"{what}: text contains a lone UTF-16 surrogate, which is not valid Unicode",
+        param=where or None,
+        code="invalid_unicode",
+    )
 
 
 def _dotted(path: tuple[str | int, ...]) -> str:

@@ -23,8 +23,8 @@ from strata.api.schema_check import compiled
 from strata.api.state import AppState
 from strata.constraints.closing import closing_suffix
 from strata.constraints.schema import Grammar
-from strata.sampling.params import SamplingParams
 from strata.runtime.finish import FinishReason
+from strata.sampling.params import SamplingParams
 from strata.sched.request import DoneEvent, ErrorEvent, Request, TokenEvent
 from strata.sched.scheduler import ShuttingDownError
 from strata.sched.slots import QueueFullError
@@ -43,9 +43,17 @@ class EngineFailure(APIError):
         super().__init__(503, f"generation failed: {reason}", code="engine_error")
 
 
-async def submit(state: AppState, prompt: Prompt, params: SamplingParams, max_tokens: int,
-                 stop: tuple[str, ...], ignore_eos: bool = False, think_budget: int | None = None,
-                 json_schema: dict[str, Any] | None = None, schema_param: str = "response_format") -> Request:
+async def submit(
+    state: AppState,
+    prompt: Prompt,
+    params: SamplingParams,
+    max_tokens: int,
+    stop: tuple[str, ...],
+    ignore_eos: bool = False,
+    think_budget: int | None = None,
+    json_schema: dict[str, Any] | None = None,
+    schema_param: str = "response_format",
+) -> Request:
     """Queue the request. The schema the output must follow (the forced tool call's, else
     json_schema) is compiled here, off the loop, so a bad one is this request's 400 and never
     reaches the scheduler."""
@@ -56,8 +64,17 @@ async def submit(state: AppState, prompt: Prompt, params: SamplingParams, max_to
         grammar = await compiled(prompt.json_schema, "tools", tok, prompt.json_seed)
     else:
         grammar = await compiled(json_schema, schema_param, tok)
-    req = Request(prompt.ids, params, max_tokens, seed, stop=stop, ignore_eos=ignore_eos, grammar=grammar,
-                  think_budget=think_budget, in_think=prompt.in_reasoning)
+    req = Request(
+        prompt.ids,
+        params,
+        max_tokens,
+        seed,
+        stop=stop,
+        ignore_eos=ignore_eos,
+        grammar=grammar,
+        think_budget=think_budget,
+        in_think=prompt.in_reasoning,
+    )
     try:
         state.scheduler.submit(req)
     except QueueFullError as e:
@@ -67,7 +84,9 @@ async def submit(state: AppState, prompt: Prompt, params: SamplingParams, max_to
     return req
 
 
-async def deltas(req: Request, prompt: Prompt, reasoning: bool, raw: bool = False) -> AsyncIterator[Delta | Finished]:
+async def deltas(
+    req: Request, prompt: Prompt, reasoning: bool, raw: bool = False
+) -> AsyncIterator[Delta | Finished]:
     """Parsed output of a submitted request, ending with Finished (or raising EngineFailure).
 
     raw=True (text completions) passes text through untouched: no reasoning or tool parsing.
@@ -109,12 +128,17 @@ def forced_call(text: str, grammar: Grammar) -> ToolCallDelta:
     with a schema-valid ending, so clients always get parseable arguments."""
     obj = json.loads(text + closing_suffix(grammar.text, text))
     args = obj.get("arguments")
-    return ToolCallDelta(0, new_call_id(), str(obj.get("name", "")),
-                         json.dumps(args if isinstance(args, dict) else {}, ensure_ascii=False))
+    return ToolCallDelta(
+        0,
+        new_call_id(),
+        str(obj.get("name", "")),
+        json.dumps(args if isinstance(args, dict) else {}, ensure_ascii=False),
+    )
 
 
-async def collect(http: HTTPRequest, req: Request, prompt: Prompt, reasoning: bool,
-                  raw: bool = False) -> tuple[list[Delta], Finished]:
+async def collect(
+    http: HTTPRequest, req: Request, prompt: Prompt, reasoning: bool, raw: bool = False
+) -> tuple[list[Delta], Finished]:
     """Non-streaming: gather every delta, cancelling the request if the client disconnects."""
     out: list[Delta] = []
     stream = deltas(req, prompt, reasoning, raw)

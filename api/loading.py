@@ -28,7 +28,11 @@ class Loading:
     started: float = field(default_factory=time.monotonic)
 
     def body(self) -> dict[str, object]:
-        return {"status": "loading", "phase": self.phase, "elapsed_s": round(time.monotonic() - self.started, 1)}
+        return {
+            "status": "loading",
+            "phase": self.phase,
+            "elapsed_s": round(time.monotonic() - self.started, 1),
+        }
 
 
 class LoadingGate:
@@ -39,6 +43,10 @@ class LoadingGate:
         if scope["type"] != "http" or self.loading.ready or scope["path"] in OPEN_WHILE_LOADING:
             await self.app(scope, receive, send)
             return
-        err = APIError(503, f"the model is loading ({self.loading.phase}); retry shortly", code="loading",
-                       headers={"Retry-After": "2"})
+        err = APIError(
+            503,
+            f"the model is loading ({self.loading.phase}); retry shortly",
+            code="loading",
+            headers={"Retry-After": "2"},
+        )
         await error_response(Request(scope), err)(scope, receive, send)

@@ -12,20 +12,25 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from strata.api.body import read_json
 from strata.api.errors import APIError, bad_request
 from strata.api.generation import Finished, collect, deltas, submit
 from strata.api.output_parser import ContentDelta, ReasoningDelta, ToolCallDelta
-from strata.api.body import read_json
 from strata.api.prompt import IMAGE_PARTS, Chat, ToolMode, prepare, vision_error
 from strata.api.sampling_args import openai_params
 from strata.api.schemas import (
-    REFUSED_CHAT, ChatCompletionRequest, ChatMessage, NamedToolChoice, ResponseFormat, parse, unsupported,
+    REFUSED_CHAT,
+    ChatCompletionRequest,
+    ChatMessage,
+    NamedToolChoice,
+    ResponseFormat,
+    parse,
+    unsupported,
 )
 from strata.api.sse import event_json
 from strata.api.state import VERSION, AppState
 from strata.constraints.schema import JSON_OBJECT
 from strata.runtime.finish import OPENAI_FINISH
-
 
 # reasoning_effort -> tokens of thinking before </think> is forced (high: the model decides).
 EFFORT_BUDGET = {"low": 1024, "medium": 4096}
@@ -40,8 +45,11 @@ def _text(m: ChatMessage, i: int) -> str:
         if p.type in IMAGE_PARTS:
             raise vision_error(where)
         if p.type not in ("text", "input_text"):
-            raise bad_request(f"{where}: content parts of type {p.type!r} are not supported (only text)",
-                              param=f"{where}.type", code="unsupported_content")
+            raise bad_request(
+                f"{where}: content parts of type {p.type!r} are not supported (only text)",
+                param=f"{where}.type",
+                code="unsupported_content",
+            )
         if p.text is None:
             raise bad_request(f"{where}.text: a text part needs its text", param=f"{where}.text")
         out.append(p.text)
@@ -82,7 +90,9 @@ def to_chat(body: ChatCompletionRequest) -> Chat:
     return Chat(messages, tools, mode, forced, thinking)
 
 
-def _tool_choice(choice: str | NamedToolChoice | None, tools: list[dict[str, Any]]) -> tuple[ToolMode, str | None]:
+def _tool_choice(
+    choice: str | NamedToolChoice | None, tools: list[dict[str, Any]]
+) -> tuple[ToolMode, str | None]:
     if choice is None or choice == "auto":
         return (ToolMode.AUTO if tools else ToolMode.NONE), None
     if choice == "none":
@@ -107,9 +117,12 @@ def _output_schema(fmt: ResponseFormat | None) -> dict[str, Any] | None:
 
 
 def _usage(f: Finished) -> dict[str, Any]:
-    return {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
-            "total_tokens": f.prompt_tokens + f.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": f.cached_tokens}}
+    return {
+        "prompt_tokens": f.prompt_tokens,
+        "completion_tokens": f.completion_tokens,
+        "total_tokens": f.prompt_tokens + f.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": f.cached_tokens},
+    }
 
 
 def _call_json(d: ToolCallDelta) -> dict[str, Any]:
@@ -129,14 +142,22 @@ async def chat_completions(request: Request) -> Response:
     max_tokens = body.max_completion_tokens or body.max_tokens or state.engine.n_ctx
     stops = tuple([body.stop] if isinstance(body.stop, str) else (body.stop or []))
     reasoning = chat.thinking is not False
-    req = await submit(state, prompt, params, max_tokens, stops, ignore_eos=body.ignore_eos,
-                       think_budget=EFFORT_BUDGET.get(body.reasoning_effort or ""),
-                       json_schema=_output_schema(body.response_format))
+    req = await submit(
+        state,
+        prompt,
+        params,
+        max_tokens,
+        stops,
+        ignore_eos=body.ignore_eos,
+        think_budget=EFFORT_BUDGET.get(body.reasoning_effort or ""),
+        json_schema=_output_schema(body.response_format),
+    )
     cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return EventSourceResponse(_stream(req, prompt, reasoning, cid, created, name, include_usage),
-                                   ping=15)
+        return EventSourceResponse(
+            _stream(req, prompt, reasoning, cid, created, name, include_usage), ping=15
+        )
     parts, fin = await collect(request, req, prompt, reasoning)
     content = "".join(d.text for d in parts if isinstance(d, ContentDelta))
     reasoning_text = "".join(d.text for d in parts if isinstance(d, ReasoningDelta))
@@ -146,20 +167,35 @@ async def chat_completions(request: Request) -> Response:
         message["reasoning_content"] = reasoning_text
     if calls:
         message["tool_calls"] = calls
-    return JSONResponse({
-        "id": cid, "object": "chat.completion", "created": created, "model": name,
-        "system_fingerprint": f"strata-{VERSION}",
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": OPENAI_FINISH[fin.reason]}],
-        "usage": _usage(fin), "timings": fin.timings,
-    })
+    return JSONResponse(
+        {
+            "id": cid,
+            "object": "chat.completion",
+            "created": created,
+            "model": name,
+            "system_fingerprint": f"strata-{VERSION}",
+            "choices": [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": OPENAI_FINISH[fin.reason]}
+            ],
+            "usage": _usage(fin),
+            "timings": fin.timings,
+        }
+    )
 
 
-async def _stream(req: Any, prompt: Any, reasoning: bool, cid: str, created: int, name: str,
-                  include_usage: bool) -> AsyncIterator[dict[str, str]]:
+async def _stream(
+    req: Any, prompt: Any, reasoning: bool, cid: str, created: int, name: str, include_usage: bool
+) -> AsyncIterator[dict[str, str]]:
     def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, str]:
-        obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
-               "system_fingerprint": f"strata-{VERSION}",
-               "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra}
+        obj = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": name,
+            "system_fingerprint": f"strata-{VERSION}",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            **extra,
+        }
         return {"data": event_json(obj)}
 
     yield chunk({"role": "assistant", "content": ""})
@@ -174,8 +210,14 @@ async def _stream(req: Any, prompt: Any, reasoning: bool, cid: str, created: int
             else:
                 yield chunk({}, OPENAI_FINISH[d.reason], timings=d.timings)
                 if include_usage:
-                    usage = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
-                             "choices": [], "usage": _usage(d)}
+                    usage = {
+                        "id": cid,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": name,
+                        "choices": [],
+                        "usage": _usage(d),
+                    }
                     yield {"data": event_json(usage)}
     except APIError as e:
         yield {"data": event_json({"error": {"message": e.message, "type": "server_error", "code": e.code}})}

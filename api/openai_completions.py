@@ -12,10 +12,10 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from strata.api.body import read_json
 from strata.api.errors import APIError, bad_request
 from strata.api.generation import Finished, collect, deltas, submit
 from strata.api.output_parser import ContentDelta
-from strata.api.body import read_json
 from strata.api.prompt import Prompt, check_context
 from strata.api.prompt_tokens import min_tokens
 from strata.api.sampling_args import openai_params
@@ -53,28 +53,50 @@ async def completions(request: Request) -> Response:
     name = state.model_name(body.model)
     prompt = await asyncio.to_thread(_prompt, state, body)  # megabytes of prompt must not stall the loop
     stops = tuple([body.stop] if isinstance(body.stop, str) else (body.stop or []))
-    req = await submit(state, prompt, openai_params(body), body.max_tokens or 16, stops, ignore_eos=body.ignore_eos)
+    req = await submit(
+        state, prompt, openai_params(body), body.max_tokens or 16, stops, ignore_eos=body.ignore_eos
+    )
     cid, created = f"cmpl-{secrets.token_hex(12)}", int(time.time())
     echo = body.prompt if (body.echo and isinstance(body.prompt, str)) else ""
     if body.stream:
         return EventSourceResponse(_stream(req, prompt, cid, created, name, echo))
     parts, fin = await collect(request, req, prompt, reasoning=False, raw=True)
     text = echo + "".join(d.text for d in parts if isinstance(d, ContentDelta))
-    return JSONResponse({
-        "id": cid, "object": "text_completion", "created": created, "model": name,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": OPENAI_FINISH[fin.reason]}],
-        "usage": {"prompt_tokens": fin.prompt_tokens, "completion_tokens": fin.completion_tokens,
-                  "total_tokens": fin.prompt_tokens + fin.completion_tokens},
-        "timings": fin.timings,
-    })
+    return JSONResponse(
+        {
+            "id": cid,
+            "object": "text_completion",
+            "created": created,
+            "model": name,
+            "choices": [
+                {"index": 0, "text": text, "logprobs": None, "finish_reason": OPENAI_FINISH[fin.reason]}
+            ],
+            "usage": {
+                "prompt_tokens": fin.prompt_tokens,
+                "completion_tokens": fin.completion_tokens,
+                "total_tokens": fin.prompt_tokens + fin.completion_tokens,
+            },
+            "timings": fin.timings,
+        }
+    )
 
 
-async def _stream(req: Any, prompt: Prompt, cid: str, created: int, name: str,
-                  echo: str) -> AsyncIterator[dict[str, str]]:
+async def _stream(
+    req: Any, prompt: Prompt, cid: str, created: int, name: str, echo: str
+) -> AsyncIterator[dict[str, str]]:
     def chunk(text: str, finish: str | None = None, **extra: Any) -> dict[str, str]:
-        return {"data": event_json({"id": cid, "object": "text_completion", "created": created, "model": name,
-                                   "choices": [{"index": 0, "text": text, "logprobs": None,
-                                                "finish_reason": finish}], **extra})}
+        return {
+            "data": event_json(
+                {
+                    "id": cid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": name,
+                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+                    **extra,
+                }
+            )
+        }
 
     if echo:
         yield chunk(echo)

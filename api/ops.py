@@ -34,24 +34,51 @@ async def health(request: Request) -> Response:
 
 async def models(request: Request) -> Response:
     s = _state(request)
-    return JSONResponse({"object": "list", "data": [
-        {"id": s.alias, "object": "model", "created": int(s.started), "owned_by": "strata",
-         "meta": {"arch": s.engine.arch, "n_ctx": s.engine.n_ctx, "n_vocab": s.engine.tokenizer.vocab_size}},
-    ]})
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": s.alias,
+                    "object": "model",
+                    "created": int(s.started),
+                    "owned_by": "strata",
+                    "meta": {
+                        "arch": s.engine.arch,
+                        "n_ctx": s.engine.n_ctx,
+                        "n_vocab": s.engine.tokenizer.vocab_size,
+                    },
+                },
+            ],
+        }
+    )
 
 
 async def status(request: Request) -> Response:
     s = _state(request)
     sch = s.scheduler
-    return JSONResponse({
-        "model": s.alias, "arch": s.engine.arch, "slots": sch.parallel, "busy_slots": sch.busy_slots,
-        "serving": sch.busy_slots, "queue_depth": sch.queue_depth, "uptime_s": round(time.time() - s.started, 1),
-        "requests_total": sch.counters.requests, "epoch": sch.epoch,
-        "prefix_cache": None if sch.prefix_cache is None else {
-            "entries": len(sch.prefix_cache), "bytes": sch.prefix_cache.used, "hits": sch.prefix_cache.hits,
-            "reused_tokens": sch.prefix_cache.reused_tokens},
-        "expert_cache": _expert_cache(s),
-    })
+    return JSONResponse(
+        {
+            "model": s.alias,
+            "arch": s.engine.arch,
+            "slots": sch.parallel,
+            "busy_slots": sch.busy_slots,
+            "serving": sch.busy_slots,
+            "queue_depth": sch.queue_depth,
+            "uptime_s": round(time.time() - s.started, 1),
+            "requests_total": sch.counters.requests,
+            "epoch": sch.epoch,
+            "prefix_cache": None
+            if sch.prefix_cache is None
+            else {
+                "entries": len(sch.prefix_cache),
+                "bytes": sch.prefix_cache.used,
+                "hits": sch.prefix_cache.hits,
+                "reused_tokens": sch.prefix_cache.reused_tokens,
+            },
+            "expert_cache": _expert_cache(s),
+        }
+    )
 
 
 def _expert_cache(s: AppState) -> dict[str, object] | None:
@@ -59,21 +86,37 @@ def _expert_cache(s: AppState) -> dict[str, object] | None:
     cache = s.engine.expert_cache
     if cache is None:
         return None
-    out: dict[str, object] = {"slots": cache.n_slots, "experts": cache.layout.n_total,
-                              "slot_bytes": cache.layout.slot_bytes, "bytes": cache.n_slots * cache.layout.slot_bytes}
+    out: dict[str, object] = {
+        "slots": cache.n_slots,
+        "experts": cache.layout.n_total,
+        "slot_bytes": cache.layout.slot_bytes,
+        "bytes": cache.n_slots * cache.layout.slot_bytes,
+    }
     for phase, c in (("decode", cache.use.decode), ("prefill", cache.use.prefill)):
-        out[phase] = {"lookups": c.lookups, "hits": c.hits, "hit_rate": round(c.hit_rate, 4),
-                      "pcie_bytes": c.pcie_bytes, "cpu_expert_calls": c.cpu_calls,
-                      "mmap_expert_reads": c.mmap_reads, "mmap_bytes": c.mmap_bytes}
+        out[phase] = {
+            "lookups": c.lookups,
+            "hits": c.hits,
+            "hit_rate": round(c.hit_rate, 4),
+            "pcie_bytes": c.pcie_bytes,
+            "cpu_expert_calls": c.cpu_calls,
+            "mmap_expert_reads": c.mmap_reads,
+            "mmap_bytes": c.mmap_bytes,
+        }
     ring = getattr(cache.slots, "ring", None)  # the low-RAM mode's bounce ring (tiers/ring.py)
-    out["ram"] = {"arena_experts": int(cache.in_ram.sum()), "mmap_experts": int((~cache.in_ram).sum()),
-                  "arena_bytes": _arena_bytes(cache), "bounce_bytes": ring.bytes if ring is not None else 0}
+    out["ram"] = {
+        "arena_experts": int(cache.in_ram.sum()),
+        "mmap_experts": int((~cache.in_ram).sum()),
+        "arena_bytes": _arena_bytes(cache),
+        "bounce_bytes": ring.bytes if ring is not None else 0,
+    }
     out["pcie_frac"], out["swaps"], out["swap_bytes"] = cache.pcie_frac, cache.swaps, cache.swap_bytes
     out["policy"] = type(cache.policy).__name__.lower() if cache.policy is not None else "static"
     out["swaps_per_s"] = round(cache.swaps / max(time.monotonic() - cache.started, 1e-9), 2)
     out["prefetch"] = cache.prefetch.status()  # the lookahead (GPU, or the CPU stand-in): staged, used, bytes
-    out["per_layer_hit_rate"] = [round(h / lk, 4) if lk else 0.0
-                                 for h, lk in zip(cache.layer_hits.tolist(), cache.layer_lookups.tolist())]
+    out["per_layer_hit_rate"] = [
+        round(h / lk, 4) if lk else 0.0
+        for h, lk in zip(cache.layer_hits.tolist(), cache.layer_lookups.tolist())
+    ]
     return out
 
 
@@ -85,12 +128,19 @@ def _arena_bytes(cache: Any) -> int:
 
 async def props(request: Request) -> Response:
     s = _state(request)
-    return JSONResponse({
-        "model_alias": s.alias, "model_path": s.engine.gguf.path, "n_ctx": s.engine.n_ctx,
-        "total_slots": s.scheduler.parallel, "chat_template": s.engine.template.source,
-        "bos_token": s.engine.tokenizer.bos_token, "eos_token": s.engine.tokenizer.eos_token,
-        "version": VERSION, "build_info": f"strata {VERSION}",
-    })
+    return JSONResponse(
+        {
+            "model_alias": s.alias,
+            "model_path": s.engine.gguf.path,
+            "n_ctx": s.engine.n_ctx,
+            "total_slots": s.scheduler.parallel,
+            "chat_template": s.engine.template.source,
+            "bos_token": s.engine.tokenizer.bos_token,
+            "eos_token": s.engine.tokenizer.eos_token,
+            "version": VERSION,
+            "build_info": f"strata {VERSION}",
+        }
+    )
 
 
 async def metrics(request: Request) -> Response:
@@ -102,7 +152,9 @@ async def metrics(request: Request) -> Response:
 async def tokenize(request: Request) -> Response:
     s = _state(request)
     body = parse(TokenizeRequest, await read_json(request))
-    ids = await asyncio.to_thread(s.engine.tokenizer.encode, body.content, body.add_special, body.parse_special)
+    ids = await asyncio.to_thread(
+        s.engine.tokenizer.encode, body.content, body.add_special, body.parse_special
+    )
     if body.with_pieces:
         return JSONResponse({"tokens": [{"id": i, "piece": s.engine.tokenizer.token_text(i)} for i in ids]})
     return JSONResponse({"tokens": ids})

@@ -120,8 +120,14 @@ class OutputParser:
         so the output continues inside it, but nothing it would produce is emitted.
     """
 
-    def __init__(self, *, reasoning: bool = True, start_in_reasoning: bool = False, prefix: str = "",
-                 make_id: Callable[[], str] = new_call_id) -> None:
+    def __init__(
+        self,
+        *,
+        reasoning: bool = True,
+        start_in_reasoning: bool = False,
+        prefix: str = "",
+        make_id: Callable[[], str] = new_call_id,
+    ) -> None:
         self.reasoning_enabled = reasoning
         self.errors: list[str] = []  # one line per tool_call block that could not be parsed
         self._make_id = make_id
@@ -251,7 +257,7 @@ class OutputParser:
             # Give the text back as content, minus whatever part of it the server wrote itself.
             raw = TOOL_OPEN + body + (TOOL_CLOSE if closed else "")
             self._strip = False
-            self._text(out, raw[max(0, self._prefix_len - self._block_start):])
+            self._text(out, raw[max(0, self._prefix_len - self._block_start) :])
             return
         self._strip = True
         if self._muted:

@@ -16,9 +16,9 @@ from typing import Any
 
 from strata.api.errors import APIError, bad_request
 from strata.api.prompt_tokens import Marks, min_tokens
+from strata.constraints.schema import tool_call_schema
 from strata.engine import Engine
 from strata.errors import TemplateError
-from strata.constraints.schema import tool_call_schema
 
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -80,8 +80,12 @@ def _as_hermes(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> l
                 out.append({"role": "user", "content": block, "_tool": True})
         elif m["role"] == "assistant" and m.get("tool_calls"):
             calls = [
-                f"{TOOL_OPEN}\n" + json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
-                                              ensure_ascii=False) + f"\n{TOOL_CLOSE}"
+                f"{TOOL_OPEN}\n"
+                + json.dumps(
+                    {"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+                    ensure_ascii=False,
+                )
+                + f"\n{TOOL_CLOSE}"
                 for c in m["tool_calls"]
             ]
             text = "\n".join(([m["content"]] if m.get("content") else []) + calls)
@@ -112,8 +116,12 @@ def build_prompt(engine: Engine, chat: Chat, count_only: bool = False) -> Prompt
     if thinking is not None:
         kw["enable_thinking"] = thinking
     try:
-        text = template.render(shown_messages, tools=shown_tools if (native_tools and tools) else None,
-                               add_generation_prompt=True, **kw)
+        text = template.render(
+            shown_messages,
+            tools=shown_tools if (native_tools and tools) else None,
+            add_generation_prompt=True,
+            **kw,
+        )
     except TemplateError as e:
         raise bad_request(f"chat template: {e}", param="messages") from None
     seed, schema = None, None
@@ -122,8 +130,9 @@ def build_prompt(engine: Engine, chat: Chat, count_only: bool = False) -> Prompt
         schema = tool_call_schema({t["function"]["name"]: _params(t) for t in tools})
     elif chat.tool_mode is ToolMode.NAMED:
         seed = f'{{"name": {json.dumps(chat.forced_tool)}, "arguments": '
-        schema = tool_call_schema({chat.forced_tool: _params(t) for t in tools
-                                   if t["function"]["name"] == chat.forced_tool})
+        schema = tool_call_schema(
+            {chat.forced_tool: _params(t) for t in tools if t["function"]["name"] == chat.forced_tool}
+        )
     prefix = "" if seed is None else f"{TOOL_OPEN}\n{seed}"
     text, literal = marks.restore(text + prefix)
     if not count_only and (at_least := min_tokens(engine.tokenizer, text)) >= engine.n_ctx:
@@ -142,14 +151,21 @@ def _params(tool: dict[str, Any]) -> dict[str, Any]:
 def check_context(engine: Engine, n_prompt: int, exact: bool = True, param: str = "messages") -> None:
     if n_prompt >= engine.n_ctx:
         count = f"{n_prompt}" if exact else f"at least {n_prompt}"
-        raise APIError(400, f"the prompt has {count} tokens but the context size is {engine.n_ctx}; "
-                            f"shorten the prompt or raise --ctx-size", param=param,
-                       code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"the prompt has {count} tokens but the context size is {engine.n_ctx}; "
+            f"shorten the prompt or raise --ctx-size",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
 
 
 def vision_error(param: str) -> APIError:
-    return bad_request("this model has no vision support: image inputs are not accepted", param=param,
-                       code="vision_not_supported")
+    return bad_request(
+        "this model has no vision support: image inputs are not accepted",
+        param=param,
+        code="vision_not_supported",
+    )

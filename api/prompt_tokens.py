@@ -46,7 +46,7 @@ class Marks:
         spans: list[tuple[int, int]] = []
         pos = size = 0
         for m in self._marker.finditer(text):
-            out.append(text[pos:m.start()])
+            out.append(text[pos : m.start()])
             size += m.start() - pos
             original = self.originals[int(m.group(1))]
             spans.append((size, size + len(original)))

@@ -7,7 +7,6 @@ import dataclasses
 from strata.api.errors import bad_request
 from strata.api.schemas import SamplingFields
 from strata.api.schemas_anthropic import MessagesRequest
-
 from strata.sampling.params import SamplingError, SamplingParams
 
 # llama-server's defaults: the clients we serve were tuned against them.
@@ -27,8 +26,16 @@ def _given(body: object, names: tuple[str, ...]) -> dict[str, object]:
 
 
 def openai_params(b: SamplingFields) -> SamplingParams:
-    names = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
-             "frequency_penalty", "seed")
+    names = (
+        "temperature",
+        "top_k",
+        "top_p",
+        "min_p",
+        "repeat_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+    )
     return _checked(dataclasses.replace(DEFAULTS, **_given(b, names)))
 
 

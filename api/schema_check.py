@@ -15,12 +15,17 @@ from strata.text.tokenizer import Tokenizer
 
 COMPILE_SECONDS = 5.0
 # keyword pairs where lower > upper leaves no value (JSON Schema: the instance must satisfy both)
-_BOUNDS = (("minimum", "maximum"), ("minLength", "maxLength"), ("minItems", "maxItems"),
-           ("minProperties", "maxProperties"))
+_BOUNDS = (
+    ("minimum", "maximum"),
+    ("minLength", "maxLength"),
+    ("minItems", "maxItems"),
+    ("minProperties", "maxProperties"),
+)
 
 
-async def compiled(schema: dict[str, Any] | None, param: str, tokenizer: Tokenizer,
-                   seed: str = "") -> Grammar | None:
+async def compiled(
+    schema: dict[str, Any] | None, param: str, tokenizer: Tokenizer, seed: str = ""
+) -> Grammar | None:
     """The schema's grammar for the model's vocabulary (its matcher past `seed`), or a 400 naming
     the part of `param` that is contradictory, that llguidance cannot take, or too slow to compile."""
     if schema is None:
@@ -34,8 +39,11 @@ async def compiled(schema: dict[str, Any] | None, param: str, tokenizer: Tokeniz
         where = f"{param}.{e.where}" if e.where else param
         raise bad_request(f"{where}: {e.reason}", param=where, code="invalid_schema") from None
     except TimeoutError:
-        raise bad_request(f"{param}: the schema took longer than {COMPILE_SECONDS:g} s to compile",
-                          param=param, code="invalid_schema") from None
+        raise bad_request(
+            f"{param}: the schema took longer than {COMPILE_SECONDS:g} s to compile",
+            param=param,
+            code="invalid_schema",
+        ) from None
 
 
 def check_satisfiable(schema: Any, param: str) -> None:
@@ -62,4 +70,6 @@ def _number(v: Any) -> bool:
 
 
 def _unsatisfiable(where: str, why: str) -> APIError:
-    return bad_request(f"{where}: the schema can never be satisfied ({why})", param=where, code="invalid_schema")
+    return bad_request(
+        f"{where}: the schema can never be satisfied ({why})", param=where, code="invalid_schema"
+    )

@@ -15,17 +15,17 @@ import uvicorn
 from sse_starlette.sse import AppStatus
 from starlette.applications import Starlette
 
-from strata.hub import default_model
 from strata.api.app import build_app
 from strata.api.loading import Loading
 from strata.api.state import AppState
 from strata.conf.engine import parse_overrides
 from strata.conf.server import ServerConfig
+from strata.console.logs import configure_logging
 from strata.engine import Engine
 from strata.errors import ConfigError, StrataError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys
-from strata.console.logs import configure_logging
+from strata.hub import default_model
 from strata.sched.prefix_cache import PrefixCache
 from strata.sched.scheduler import Scheduler
 
@@ -36,18 +36,28 @@ def check_model(cfg: ServerConfig) -> tuple[Path, int]:
     """The model file and the context asked for (0: the engine chooses, strata.tiers.context), from its header
     alone: what can be refused before the socket opens."""
     path = Path(cfg.model) if cfg.model else default_model.pull()
-    trained = int(GGUFFile(path, parse_overrides(cfg.engine.get("override_kv", ()))).arch_get(Keys.CONTEXT_LENGTH, 4096))
+    trained = int(
+        GGUFFile(path, parse_overrides(cfg.engine.get("override_kv", ()))).arch_get(Keys.CONTEXT_LENGTH, 4096)
+    )
     if cfg.ctx_size > trained:
         raise ConfigError("--ctx-size", cfg.ctx_size, f"{path.name} was trained for at most {trained} tokens")
     return path, cfg.ctx_size
 
 
 def load_state(cfg: ServerConfig, path: Path, n_ctx: int) -> AppState:
-    engine = Engine.load(path, n_ctx=n_ctx, weight_cache_mib=cfg.weight_cache_mib, n_seq=cfg.parallel, **cfg.engine)
+    engine = Engine.load(
+        path, n_ctx=n_ctx, weight_cache_mib=cfg.weight_cache_mib, n_seq=cfg.parallel, **cfg.engine
+    )
     alias = cfg.alias or path.stem
     cache = PrefixCache(cfg.cache_ram_mib << 20) if cfg.prompt_cache else None
-    return AppState(engine, Scheduler(engine, cfg.parallel, cfg.queue_limit, cache, cfg.watchdog_s,
-                                         decode_ahead=cfg.decode_ahead), cfg, alias)
+    return AppState(
+        engine,
+        Scheduler(
+            engine, cfg.parallel, cfg.queue_limit, cache, cfg.watchdog_s, decode_ahead=cfg.decode_ahead
+        ),
+        cfg,
+        alias,
+    )
 
 
 def serve(cfg: ServerConfig) -> int:
@@ -56,21 +66,31 @@ def serve(cfg: ServerConfig) -> int:
     json_logs = cfg.log_format == "json"
     # --verbose: the scheduler's debug lines (each window's cost and the pacer's model) too; in json uvicorn's
     # lines come through the same handler, in text they keep uvicorn's own format
-    configure_logging(cfg.log_format, logging.DEBUG if cfg.verbose else logging.INFO,
-                      ("strata", "uvicorn") if json_logs else ("strata",))
+    configure_logging(
+        cfg.log_format,
+        logging.DEBUG if cfg.verbose else logging.INFO,
+        ("strata", "uvicorn") if json_logs else ("strata",),
+    )
     path, n_ctx = check_model(cfg)
     url = f"http://{cfg.host}:{cfg.port}"
     if not cfg.api_keys:
-        log.warning("no API key set (--api-key / STRATA_API_KEY): the server is open to anyone who can "
-                    "reach it")
+        log.warning(
+            "no API key set (--api-key / STRATA_API_KEY): the server is open to anyone who can reach it"
+        )
     loading = Loading()
     app = build_app(cfg, loading)
     # uvicorn waits for open connections a little past the grace: the requests the grace cut short
     # still send their error events before their connections close
-    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, loop="uvloop", http="h11",
-                            log_level="info" if cfg.verbose else "warning",
-                            **({"log_config": None} if json_logs else {}),
-                            timeout_graceful_shutdown=int(cfg.shutdown_grace_s) + 2)
+    config = uvicorn.Config(
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        loop="uvloop",
+        http="h11",
+        log_level="info" if cfg.verbose else "warning",
+        **({"log_config": None} if json_logs else {}),
+        timeout_graceful_shutdown=int(cfg.shutdown_grace_s) + 2,
+    )
     server = DrainingServer(config, cfg, app, loading, (path, n_ctx))
     log.info("loading the model; %s/health answers 503 until it is ready", url)
     server.run()
@@ -83,11 +103,21 @@ def serve(cfg: ServerConfig) -> int:
 def _announce(cfg: ServerConfig, state: AppState, seconds: float) -> None:
     url = f"http://{cfg.host}:{cfg.port}"
     auth = f' -H "Authorization: Bearer {cfg.api_keys[0]}"' if cfg.api_keys else ""
-    log.info("serving %s (%s, ctx %d) at %s (ready in %.1f s)", state.alias, state.engine.arch,
-             state.engine.n_ctx, url, seconds,
-             extra={"url": url, "model": state.alias, "ready_s": round(seconds, 3)})
-    log.info("  curl %s/v1/chat/completions -H 'Content-Type: application/json'%s "
-             """-d '{"messages":[{"role":"user","content":"Hello!"}]}'""", url, auth)
+    log.info(
+        "serving %s (%s, ctx %d) at %s (ready in %.1f s)",
+        state.alias,
+        state.engine.arch,
+        state.engine.n_ctx,
+        url,
+        seconds,
+        extra={"url": url, "model": state.alias, "ready_s": round(seconds, 3)},
+    )
+    log.info(
+        "  curl %s/v1/chat/completions -H 'Content-Type: application/json'%s "
+        """-d '{"messages":[{"role":"user","content":"Hello!"}]}'""",
+        url,
+        auth,
+    )
 
 
 class DrainingServer(uvicorn.Server):
@@ -95,8 +125,14 @@ class DrainingServer(uvicorn.Server):
     requests finish for --shutdown-grace-s, fail the rest with a reason, exit. A second signal exits
     at once."""
 
-    def __init__(self, config: uvicorn.Config, cfg: ServerConfig, app: Starlette, loading: Loading,
-                 model: tuple[Path, int]) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        cfg: ServerConfig,
+        app: Starlette,
+        loading: Loading,
+        model: tuple[Path, int],
+    ) -> None:
         super().__init__(config)
         self.cfg, self.app, self.loading, self.model = cfg, app, loading, model
         # sse-starlette would cut every stream at the first signal; ours end through the scheduler
@@ -114,8 +150,10 @@ class DrainingServer(uvicorn.Server):
             state = load_state(self.cfg, *self.model)
             self.loading.phase = "warming up (kernels, decode graphs, a prefill pass)"
             state.engine.warm_up(self.cfg.parallel)
-        except Exception as e:  # noqa: BLE001 - any failure to load ends the server with its reason
-            self.loading.error = str(e) if isinstance(e, StrataError | OSError) else f"{type(e).__name__}: {e}"
+        except Exception as e:
+            self.loading.error = (
+                str(e) if isinstance(e, StrataError | OSError) else f"{type(e).__name__}: {e}"
+            )
             loop.call_soon_threadsafe(setattr, self, "should_exit", True)
             return
         loop.call_soon_threadsafe(self._ready, state)
@@ -140,5 +178,7 @@ class DrainingServer(uvicorn.Server):
         sch = state.scheduler
         sch.draining = True
         loop = asyncio.get_event_loop()
-        loop.call_soon_threadsafe(loop.call_later, grace, sch.abort, "the server shut down before this request finished")
+        loop.call_soon_threadsafe(
+            loop.call_later, grace, sch.abort, "the server shut down before this request finished"
+        )
         super().handle_exit(sig, frame)

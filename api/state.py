@@ -27,6 +27,10 @@ class AppState:
         if not requested:
             return self.alias
         if self.config.strict_model and requested != self.alias:
-            raise APIError(404, f"model {requested!r} is not served; available: {self.alias}",
-                           param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"model {requested!r} is not served; available: {self.alias}",
+                param="model",
+                code="model_not_found",
+            )
         return requested

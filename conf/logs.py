@@ -16,6 +16,10 @@ def check_log_format(value: str, name: str = "--log-format") -> None:
 
 
 def add_log_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-format", default="text", choices=LOG_FORMATS,
-                   help="text (default): `strata: message` lines on stderr; json: one object a line (ts, "
-                   "level, logger, msg and the record's extra fields), for a service's log collector")
+    p.add_argument(
+        "--log-format",
+        default="text",
+        choices=LOG_FORMATS,
+        help="text (default): `strata: message` lines on stderr; json: one object a line (ts, "
+        "level, logger, msg and the record's extra fields), for a service's log collector",
+    )

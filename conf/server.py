@@ -25,7 +25,9 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     api_keys: tuple[str, ...] = ()
-    ctx_size: int = 0  # 0 = the trained context when its KV fits, else the largest that does (tiers/context.py)
+    ctx_size: int = (
+        0  # 0 = the trained context when its KV fits, else the largest that does (tiers/context.py)
+    )
     parallel: int = 4
     alias: str | None = None
     strict_model: bool = False
@@ -38,7 +40,9 @@ class ServerConfig:
     cache_ram_mib: int = 1024  # prefix cache budget
     decode_ahead: bool = True  # decode windows queued one ahead of the host's work (sched/ahead.py)
     max_body_mib: float = 16.0  # larger request bodies get a 413
-    watchdog_s: float = 60.0  # /health turns 503 when the scheduler makes no progress this long with work waiting
+    watchdog_s: float = (
+        60.0  # /health turns 503 when the scheduler makes no progress this long with work waiting
+    )
     shutdown_grace_s: float = 10.0  # after SIGTERM: in-flight requests get this long to finish
     test_hooks: bool = False  # exposes POST /debug/fault for the crash-epoch tests
     verbose: bool = False
@@ -62,8 +66,11 @@ class ServerConfig:
             raise ConfigError("--cache-ram-mib", self.cache_ram_mib, "must be >= 0")
         if self.weight_cache_mib < 0:
             raise ConfigError("--weight-cache-mib", self.weight_cache_mib, "must be >= 0")
-        for flag, value in (("--max-body-mib", self.max_body_mib), ("--watchdog-s", self.watchdog_s),
-                            ("--shutdown-grace-s", self.shutdown_grace_s)):
+        for flag, value in (
+            ("--max-body-mib", self.max_body_mib),
+            ("--watchdog-s", self.watchdog_s),
+            ("--shutdown-grace-s", self.shutdown_grace_s),
+        ):
             if not 0 < value < 1e6:  # also refuses nan and inf
                 raise ConfigError(flag, value, "must be a positive number")
         check_log_format(self.log_format)
@@ -79,14 +86,22 @@ class ServerConfig:
 
 
 def add_server_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", default=None, help=f"GGUF to serve (default: ${ENV_MODEL} or SmolLM2-135M)")
+    p.add_argument(
+        "--model", "-m", default=None, help=f"GGUF to serve (default: ${ENV_MODEL} or SmolLM2-135M)"
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--api-key", action="append", default=[], help="accepted key (repeatable)")
     p.add_argument("--api-key-file", default=None, help="file with one accepted key per line")
-    p.add_argument("--ctx-size", "-c", type=int, default=0, help="context size, at most the trained "
-                   "context (0: the trained context when its KV fits the memory plan, else the largest that does; "
-                   "start-up says which and why)")
+    p.add_argument(
+        "--ctx-size",
+        "-c",
+        type=int,
+        default=0,
+        help="context size, at most the trained "
+        "context (0: the trained context when its KV fits the memory plan, else the largest that does; "
+        "start-up says which and why)",
+    )
     p.add_argument("--parallel", "-np", type=int, default=4, help="batch slots")
     p.add_argument("--alias", default=None, help="model name reported by /v1/models")
     p.add_argument("--strict-model", action="store_true", help="404 for requests naming another model")
@@ -95,16 +110,35 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     add_backend_flags(p)
     p.add_argument("--prompt-cache", choices=("on", "off"), default="on", help="reuse cached prompt prefixes")
     p.add_argument("--cache-ram-mib", type=int, default=1024, help="RAM for the prompt prefix cache")
-    p.add_argument("--decode-ahead", choices=("on", "off"), default="on",
-                   help="queue each decode step before the host has handled the last one's tokens (off: one at a "
-                   "time, the host's sampling, detokenising and SSE between steps; for comparison)")
-    p.add_argument("--max-body-mib", type=float, default=16.0, help="largest request body (MiB); more is a 413")
-    p.add_argument("--watchdog-s", type=float, default=60.0,
-                   help="/health reports 503 when the scheduler makes no progress this long while work waits")
-    p.add_argument("--shutdown-grace-s", type=float, default=10.0,
-                   help="on SIGTERM, how long in-flight requests may take to finish (a second SIGTERM exits now)")
+    p.add_argument(
+        "--decode-ahead",
+        choices=("on", "off"),
+        default="on",
+        help="queue each decode step before the host has handled the last one's tokens (off: one at a "
+        "time, the host's sampling, detokenising and SSE between steps; for comparison)",
+    )
+    p.add_argument(
+        "--max-body-mib", type=float, default=16.0, help="largest request body (MiB); more is a 413"
+    )
+    p.add_argument(
+        "--watchdog-s",
+        type=float,
+        default=60.0,
+        help="/health reports 503 when the scheduler makes no progress this long while work waits",
+    )
+    p.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=10.0,
+        help="on SIGTERM, how long in-flight requests may take to finish (a second SIGTERM exits now)",
+    )
     p.add_argument("--test-hooks", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--verbose", "-v", action="store_true", help="request logs, and each window's cost and the pacer's model")
+    p.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="request logs, and each window's cost and the pacer's model",
+    )
     add_log_flags(p)
 
 
@@ -121,14 +155,25 @@ def server_config(args: argparse.Namespace, env: Mapping[str, str] | None = None
         keys = [k for k in env[ENV_API_KEY].split(",") if k]
     cfg = ServerConfig(
         model=args.model or env.get(ENV_MODEL) or None,
-        host=args.host, port=args.port, api_keys=tuple(keys), ctx_size=args.ctx_size,
-        parallel=args.parallel, alias=args.alias, strict_model=args.strict_model,
-        queue_limit=args.queue_limit, weight_cache_mib=args.weight_cache_mib, verbose=args.verbose,
+        host=args.host,
+        port=args.port,
+        api_keys=tuple(keys),
+        ctx_size=args.ctx_size,
+        parallel=args.parallel,
+        alias=args.alias,
+        strict_model=args.strict_model,
+        queue_limit=args.queue_limit,
+        weight_cache_mib=args.weight_cache_mib,
+        verbose=args.verbose,
         log_format=args.log_format,
         engine=backend_options(args),
-        prompt_cache=args.prompt_cache == "on", cache_ram_mib=args.cache_ram_mib, test_hooks=args.test_hooks,
+        prompt_cache=args.prompt_cache == "on",
+        cache_ram_mib=args.cache_ram_mib,
+        test_hooks=args.test_hooks,
         decode_ahead=args.decode_ahead == "on",
-        max_body_mib=args.max_body_mib, watchdog_s=args.watchdog_s, shutdown_grace_s=args.shutdown_grace_s,
+        max_body_mib=args.max_body_mib,
+        watchdog_s=args.watchdog_s,
+        shutdown_grace_s=args.shutdown_grace_s,
     )
     cfg.validate()
     return cfg

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType
+
+from strata.gguf import GGUFFile
+from strata.gguf.reader import TensorInfo
 from strata.jit.blas import limit_blas_threads
 from strata.jit.cpus import host_plan
 from strata.jit.kernels import Kernels
 from strata.jit.pool import ExpertPool, ExpertWeights
-
-from strata.gguf import GGUFFile
-from strata.gguf.reader import TensorInfo
 
 # Tokens per kernel call: the activation tile a row sweep re-reads stays in L2 (64 x 4096 floats
 # = 1 MiB at most); longer prompts go through in slices, each re-reading the quantized weights.
@@ -72,8 +72,10 @@ class JitBackend:
     def _pack(self, names: tuple[str, ...]) -> tuple[np.ndarray, GGMLQuantizationType] | None:
         infos = [self.gguf.tensors[n] for n in names]
         first = infos[0]
-        if any(len(i.shape) != 2 or i.qtype != first.qtype or i.row_bytes != first.row_bytes or not self._fits(i)
-               for i in infos):
+        if any(
+            len(i.shape) != 2 or i.qtype != first.qtype or i.row_bytes != first.row_bytes or not self._fits(i)
+            for i in infos
+        ):
             return None
         rows = [self.gguf.raw(n).reshape(-1, first.row_bytes) for n in names]
         return np.concatenate(rows, axis=0), first.qtype  # uint8 [sum rows, row_bytes], a copy
@@ -81,8 +83,9 @@ class JitBackend:
     def _sliced(self, raw: np.ndarray, qtype: GGMLQuantizationType, x: np.ndarray) -> np.ndarray:
         if x.shape[0] <= MAX_TOKENS:
             return self.pool.matmul(raw, qtype, x)
-        return np.concatenate([self.pool.matmul(raw, qtype, x[i : i + MAX_TOKENS])
-                               for i in range(0, x.shape[0], MAX_TOKENS)])
+        return np.concatenate(
+            [self.pool.matmul(raw, qtype, x[i : i + MAX_TOKENS]) for i in range(0, x.shape[0], MAX_TOKENS)]
+        )
 
     def experts(self, name: str, table: np.ndarray | None = None) -> ExpertWeights | None:
         """The 3-D expert tensor `name` for the pool; `table` [E] gives each expert's address when the
@@ -95,8 +98,9 @@ class JitBackend:
             w = self._experts[name] = ExpertWeights(self.gguf.raw(name), info.qtype)
         return w if table is None else ExpertWeights(w.raw, w.qtype, table)
 
-    def moe(self, h: np.ndarray, ids: np.ndarray, weights: np.ndarray, gate: str, up: str,
-            down: str) -> np.ndarray | None:
+    def moe(
+        self, h: np.ndarray, ids: np.ndarray, weights: np.ndarray, gate: str, up: str, down: str
+    ) -> np.ndarray | None:
         """The SwiGLU experts of one MoE layer over h [T, D] (see ExpertPool.moe); None when a
         tensor's type has no kernel, so the caller takes the numpy path."""
         ws = [self.experts(n) for n in (gate, up, down)]

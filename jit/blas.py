@@ -13,8 +13,12 @@ import ctypes
 from pathlib import Path
 
 # numpy's wheels bundle scipy-openblas with prefixed, ILP64-suffixed names; system builds do not.
-_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
-            "openblas_set_num_threads64_", "openblas_set_num_threads")
+_SETTERS = (
+    "scipy_openblas_set_num_threads64_",
+    "scipy_openblas_set_num_threads",
+    "openblas_set_num_threads64_",
+    "openblas_set_num_threads",
+)
 
 
 def _loaded_openblas(maps: Path = Path("/proc/self/maps")) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import llvmlite.binding as llvm
 from llvmlite import ir
+
 from strata.jit.host import Host, target_machine
 
 # Bump whenever generated code changes meaning: old cache entries then simply stop matching.
@@ -35,7 +36,9 @@ class Compiler:
         self._lock = threading.Lock()
         self.compiled = 0  # modules built from IR (not loaded from the cache): tests look at it
 
-    def symbols(self, name: str, params: str, build: Callable[[], ir.Module], names: tuple[str, ...]) -> dict[str, int]:
+    def symbols(
+        self, name: str, params: str, build: Callable[[], ir.Module], names: tuple[str, ...]
+    ) -> dict[str, int]:
         """Addresses of `names` in the module `build()` returns, compiled or loaded from the cache."""
         key = f"v{KERNEL_VERSION}|{name}|{params}|{self.host.key}"
         digest = hashlib.sha256(key.encode()).hexdigest()[:20]

@@ -16,6 +16,7 @@ expert, so experts running on different threads never write the same row.
 from __future__ import annotations
 
 from llvmlite import ir
+
 from strata.jit.host import Host
 from strata.jit.irutil import F32, I32, I64, P8, PF32, PI32, VOID, c64, cvec, fma, intrinsic, loop, vec
 from strata.jit.matmul_ir import QMM_ARGS
@@ -40,8 +41,12 @@ def vexp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """exp of a <n x float>, elementwise (the same bits for any n: no cross-lane work)."""
     n = x.type.count
     vf = x.type
-    x = intrinsic(b, f"llvm.minnum.v{n}f32", vf, [intrinsic(b, f"llvm.maxnum.v{n}f32", vf, [x, _cf(n, _LO)]),
-                                                   _cf(n, _HI)])
+    x = intrinsic(
+        b,
+        f"llvm.minnum.v{n}f32",
+        vf,
+        [intrinsic(b, f"llvm.maxnum.v{n}f32", vf, [x, _cf(n, _LO)]), _cf(n, _HI)],
+    )
     k = intrinsic(b, f"llvm.floor.v{n}f32", vf, [fma(b, x, _cf(n, _LOG2E), _cf(n, 0.5))])
     r = b.fsub(x, b.fmul(k, _cf(n, _LN2_HI)))
     r = b.fsub(r, b.fmul(k, _cf(n, _LN2_LO)))
@@ -74,8 +79,26 @@ def build(host: Host) -> ir.Module:
     mod = ir.Module(name="expert")
     mod.triple = host.triple
     fn = ir.Function(mod, ir.FunctionType(VOID, EXPERT_ARGS), "expert")
-    (x, d, tok, tw, slot, n, gate_fn, gate_w, gate_rb, up_fn, up_w, up_rb,
-     down_fn, down_w, down_rb, f, scratch, out) = fn.args
+    (
+        x,
+        d,
+        tok,
+        tw,
+        slot,
+        n,
+        gate_fn,
+        gate_w,
+        gate_rb,
+        up_fn,
+        up_w,
+        up_rb,
+        down_fn,
+        down_w,
+        down_rb,
+        f,
+        scratch,
+        out,
+    ) = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     qmm_t = ir.FunctionType(VOID, QMM_ARGS).as_pointer()
     xs = scratch  # [n, D]

@@ -18,6 +18,7 @@ from typing import Any
 
 from gguf.constants import GGMLQuantizationType as T
 from llvmlite import ir
+
 from strata.jit.irutil import (
     F16,
     F32,
@@ -68,8 +69,9 @@ class Ctx:
         s = splat(self.b, m, v.type.count)
         return self.b.fadd(v, s) if sign > 0 else self.b.fsub(v, s)
 
-    def map16(self, codes: ir.Value, base: tuple[int, ...], d: ir.Value, m: ir.Value | None = None,
-              sign: int = 1) -> ir.Value:
+    def map16(
+        self, codes: ir.Value, base: tuple[int, ...], d: ir.Value, m: ir.Value | None = None, sign: int = 1
+    ) -> ir.Value:
         """<32 x i8> codes 0..15 -> <32 x float> of base[code] * d (+ sign * m).
 
         With vpermps the 16 possible weights of a (sub-)block are computed once into a register
@@ -81,11 +83,16 @@ class Ctx:
         b = self.b
         if self.permute:
             dv = splat(b, d, 16)
-            tab = b.fmul(cvec(F32, base), dv) if m is None else \
-                fma(b, cvec(F32, base), dv, splat(b, m if sign > 0 else b.fneg(m), 16))
+            tab = (
+                b.fmul(cvec(F32, base), dv)
+                if m is None
+                else fma(b, cvec(F32, base), dv, splat(b, m if sign > 0 else b.fneg(m), 16))
+            )
             idx = b.zext(codes, vec(I32, 32))
-            parts = [intrinsic(b, "llvm.x86.avx512.permvar.sf.512", vec(F32, 16), [tab, _lanes(b, idx, k)])
-                     for k in (0, 16)]
+            parts = [
+                intrinsic(b, "llvm.x86.avx512.permvar.sf.512", vec(F32, 16), [tab, _lanes(b, idx, k)])
+                for k in (0, 16)
+            ]
             return b.shuffle_vector(parts[0], parts[1], cvec(I32, range(32)))
         if base == tuple(range(16)):
             q = self.u8f(codes)
@@ -103,8 +110,10 @@ class Ctx:
             return intrinsic(b, "llvm.x86.avx2.pshuf.b", idx.type, [cvec(I8, table * 2), idx])
         if self.shuffle == "ssse3":
             t16 = cvec(I8, table)
-            halves = [intrinsic(b, "llvm.x86.ssse3.pshuf.b.128", vec(I8, 16), [t16, part])
-                      for part in (_lanes(b, idx, 0), _lanes(b, idx, 16))]
+            halves = [
+                intrinsic(b, "llvm.x86.ssse3.pshuf.b.128", vec(I8, 16), [t16, part])
+                for part in (_lanes(b, idx, 0), _lanes(b, idx, 16))
+            ]
             return b.shuffle_vector(halves[0], halves[1], cvec(I32, range(32)))
         out = ir.Constant(idx.type, None)  # portable and slow: one extract/insert per element
         for i in range(idx.type.count):

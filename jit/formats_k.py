@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from gguf.constants import GGMLQuantizationType as T
 from llvmlite import ir
+
 from strata.jit.formats import IOTA16, Ctx, fmt
 from strata.jit.irutil import F32, I8, I16, I32, concat, cvec, load, nibbles, splat
-
 from strata.quants.iq_tables import KVALUES_IQ4NL
 
 
@@ -67,7 +67,9 @@ def _q4_k(c: Ctx, blk: ir.Value, s: tuple[list[ir.Value], list[ir.Value]], j: in
 def _q5_k(c: Ctx, blk: ir.Value, s: tuple[list[ir.Value], list[ir.Value]], j: int) -> ir.Value:
     # layout: d | dmin | scales[12] | qh[32] | qs[128]; bit j of qh[l] is bit 4 of element 32j + l
     b = c.b
-    high = b.shl(b.and_(b.lshr(c.bytes(blk, 16, 32), cvec(I8, [j] * 32)), cvec(I8, [1] * 32)), cvec(I8, [4] * 32))
+    high = b.shl(
+        b.and_(b.lshr(c.bytes(blk, 16, 32), cvec(I8, [j] * 32)), cvec(I8, [1] * 32)), cvec(I8, [4] * 32)
+    )
     q = b.or_(_k4_codes(c, blk, 48, j), high)
     return c.offset(c.scale(c.u8f(q), s[0][j]), s[1][j], -1)
 
@@ -118,4 +120,3 @@ def _iq4_xs_prep(c: Ctx, blk: ir.Value) -> list[ir.Value]:
 def _iq4_xs(c: Ctx, blk: ir.Value, dl: list[ir.Value], j: int) -> ir.Value:
     # layout: d | scales_h (uint16) | scales_l[4] | qs[128]; sub-block j's codes are bytes 16j..16j+15
     return _kv(c, blk, 8 + 16 * j, dl[j])
-

@@ -117,7 +117,11 @@ def loop(b: ir.IRBuilder, start: ir.Value, stop: ir.Value, step: int) -> Iterato
     After the `with`, the builder sits past the loop and i still names the phi, whose value there
     is where the loop stopped: the start of a tail loop over what is left."""
     fn = b.function
-    head, body, done = fn.append_basic_block("head"), fn.append_basic_block("body"), fn.append_basic_block("done")
+    head, body, done = (
+        fn.append_basic_block("head"),
+        fn.append_basic_block("body"),
+        fn.append_basic_block("done"),
+    )
     entry = b.block
     b.branch(head)
     b.position_at_end(head)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as T
+
 from strata.jit import expert_ir, spin, tasks
 from strata.jit import formats_k as _k  # noqa: F401  (registers the K-quant and IQ4 decoders)
 from strata.jit.compiler import Compiler
@@ -25,14 +26,26 @@ from strata.jit.formats import FORMAT_F16, FORMATS, Format
 from strata.jit.host import Host, detect
 from strata.jit.matmul_ir import Tiling, build
 
-QMM = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                       ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64)
+QMM = ctypes.CFUNCTYPE(
+    None,
+    ctypes.c_void_p,
+    ctypes.c_int64,
+    ctypes.c_void_p,
+    ctypes.c_int64,
+    ctypes.c_int64,
+    ctypes.c_void_p,
+    ctypes.c_int64,
+    ctypes.c_int64,
+    ctypes.c_int64,
+)
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 EXPERT = ctypes.CFUNCTYPE(None, _P, _I, _P, _P, _P, _I, *([_P, _P, _I] * 3), _I, _P, _P)
 
 
 class Kernels:
-    def __init__(self, cache_dir: Path | None = None, host: Host | None = None, tiling: Tiling | None = None) -> None:
+    def __init__(
+        self, cache_dir: Path | None = None, host: Host | None = None, tiling: Tiling | None = None
+    ) -> None:
         self.host = host or detect()
         self.tiling = tiling or Tiling.for_host(self.host)
         self.compiler = Compiler(self.host, cache_dir)
@@ -91,16 +104,26 @@ class Kernels:
 
     def _address(self, fmt: Format) -> int:
         name = f"qmm_{fmt.qtype.name.lower()}"
-        syms = self.compiler.symbols(name, self.tiling.key, lambda: build(fmt, self.host, self.tiling), (name,))
+        syms = self.compiler.symbols(
+            name, self.tiling.key, lambda: build(fmt, self.host, self.tiling), (name,)
+        )
         return syms[name]
 
-    def matmul(self, raw: np.ndarray, qtype: T | int, x: np.ndarray, out: np.ndarray | None = None,
-               rows: tuple[int, int] | None = None) -> np.ndarray:
+    def matmul(
+        self,
+        raw: np.ndarray,
+        qtype: T | int,
+        x: np.ndarray,
+        out: np.ndarray | None = None,
+        rows: tuple[int, int] | None = None,
+    ) -> np.ndarray:
         """x [N, C] float32 times the quantized [R, C] matrix `raw`, transposed: y [N, R] float32."""
         block, size = GGML_QUANT_SIZES[T(qtype)]
         n_rows, row_bytes = raw.shape
         if row_bytes % size or x.ndim != 2 or x.shape[1] * size != row_bytes * block:
-            raise ValueError(f"x {x.shape} does not match a {T(qtype).name} matrix of {row_bytes} bytes per row")
+            raise ValueError(
+                f"x {x.shape} does not match a {T(qtype).name} matrix of {row_bytes} bytes per row"
+            )
         if x.dtype != np.float32 or not x.flags.c_contiguous:
             x = np.ascontiguousarray(x, dtype=np.float32)
         if not raw.flags.c_contiguous:
@@ -109,7 +132,7 @@ class Kernels:
             out = np.empty((x.shape[0], n_rows), np.float32)
         assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape == (x.shape[0], n_rows)
         r0, r1 = rows or (0, n_rows)
-        self.fn(qtype)(raw.ctypes.data, row_bytes, x.ctypes.data, x.shape[1], x.shape[0],
-                       out.ctypes.data, n_rows, r0, r1)
+        self.fn(qtype)(
+            raw.ctypes.data, row_bytes, x.ctypes.data, x.shape[1], x.shape[0], out.ctypes.data, n_rows, r0, r1
+        )
         return out
-

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llvmlite import ir
+
 from strata.jit.formats import Ctx, Format
 from strata.jit.host import Host
 from strata.jit.irutil import F32, I64, P8, PF32, VOID, c64, fma, hsum, lanes, loop, vec
@@ -48,7 +49,12 @@ class Tiling:
 
 def ctx_for(b: ir.IRBuilder, host: Host) -> Ctx:
     shuffle = "avx2" if host.has("avx2") else "ssse3" if host.has("ssse3") else ""
-    return Ctx(b, f16c=host.has("f16c"), shuffle=shuffle if host.x86 else "", permute=host.x86 and host.has("avx512f"))
+    return Ctx(
+        b,
+        f16c=host.has("f16c"),
+        shuffle=shuffle if host.x86 else "",
+        permute=host.x86 and host.has("avx512f"),
+    )
 
 
 def _tile(mod: ir.Module, fmt: Format, host: Host, tl: Tiling, rt: int, tt: int) -> ir.Function:
@@ -110,8 +116,19 @@ def build(fmt: Format, host: Host, tl: Tiling) -> ir.Module:
     return mod
 
 
-def _call(b: ir.IRBuilder, tile: ir.Function, w_r: ir.Value, row_bytes: ir.Value, x: ir.Value,
-          ldx: ir.Value, y: ir.Value, ldy: ir.Value, r: ir.Value, t: ir.Value, nb: ir.Value) -> None:
+def _call(
+    b: ir.IRBuilder,
+    tile: ir.Function,
+    w_r: ir.Value,
+    row_bytes: ir.Value,
+    x: ir.Value,
+    ldx: ir.Value,
+    y: ir.Value,
+    ldy: ir.Value,
+    r: ir.Value,
+    t: ir.Value,
+    nb: ir.Value,
+) -> None:
     x_t = b.gep(x, [b.mul(t, ldx)])
     y_tr = b.gep(y, [b.add(b.mul(t, ldy), r)])
     b.call(tile, [w_r, row_bytes, x_t, ldx, y_tr, ldy, nb])

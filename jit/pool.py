@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as T
+
 from strata.jit.cpus import CpuPlan
 from strata.jit.kernels import Kernels
 from strata.jit.spin import SpinGroup
@@ -63,8 +64,9 @@ class ExpertPool:
         self.kernels = kernels
         self.plan = plan
         self.workers = plan.workers
-        self._exec = ThreadPoolExecutor(plan.workers, thread_name_prefix="strata-pool",
-                                        initializer=_pin, initargs=(plan.worker_cpus,))
+        self._exec = ThreadPoolExecutor(
+            plan.workers, thread_name_prefix="strata-pool", initializer=_pin, initargs=(plan.worker_cpus,)
+        )
         self._spin: SpinGroup | None = None  # started by the first dense matmul worth splitting
         self._qmm: dict[T, tuple[Callable[..., None], int, int, int]] = {}  # fn, address, block, bytes
 
@@ -75,7 +77,9 @@ class ExpertPool:
 
     def _spin_group(self) -> SpinGroup:
         if self._spin is None:
-            self._spin = SpinGroup(*self.kernels.spin(), self.workers - 1, functools.partial(_pin, self.plan.worker_cpus))
+            self._spin = SpinGroup(
+                *self.kernels.spin(), self.workers - 1, functools.partial(_pin, self.plan.worker_cpus)
+            )
         return self._spin
 
     def pin_helper(self) -> None:
@@ -123,7 +127,9 @@ class ExpertPool:
             if kernel is not None and group.lock.acquire(blocking=False):  # else another thread splits
                 try:
                     step = (-(-n_rows // self.workers) + 15) // 16 * 16  # whole register tiles per part
-                    group.matmul(*kernel, raw, x, out, [(r, min(n_rows, r + step)) for r in range(0, n_rows, step)])
+                    group.matmul(
+                        *kernel, raw, x, out, [(r, min(n_rows, r + step)) for r in range(0, n_rows, step)]
+                    )
                 finally:
                     group.lock.release()
                 return out
@@ -143,14 +149,30 @@ class ExpertPool:
             if not self.kernels.supports(qtype):
                 return None
             fn = self.kernels.fn(qtype)
-            hit = self._qmm[qtype] = (fn, int(ctypes.cast(fn, ctypes.c_void_p).value or 0), *GGML_QUANT_SIZES[T(qtype)])
+            hit = self._qmm[qtype] = (
+                fn,
+                int(ctypes.cast(fn, ctypes.c_void_p).value or 0),
+                *GGML_QUANT_SIZES[T(qtype)],
+            )
         fn, address, block, size = hit
-        if raw.ndim != 2 or not raw.flags.c_contiguous or raw.shape[1] % size or x.shape[1] * size != raw.shape[1] * block:
+        if (
+            raw.ndim != 2
+            or not raw.flags.c_contiguous
+            or raw.shape[1] % size
+            or x.shape[1] * size != raw.shape[1] * block
+        ):
             return None
         return fn, address
 
-    def moe(self, x: np.ndarray, ids: np.ndarray, weights: np.ndarray, gate: ExpertWeights,
-            up: ExpertWeights, down: ExpertWeights) -> np.ndarray:
+    def moe(
+        self,
+        x: np.ndarray,
+        ids: np.ndarray,
+        weights: np.ndarray,
+        gate: ExpertWeights,
+        up: ExpertWeights,
+        down: ExpertWeights,
+    ) -> np.ndarray:
         """sum_a weights[t, a] * expert_{ids[t, a]}(x[t]) -> [T, D]: one fused call per used expert.
 
         Tokens are sorted by expert, so each expert's weights are read once per window. Each expert
@@ -177,9 +199,26 @@ class ExpertPool:
                 break
             s = int(starts[e])
             scratch = np.empty(n * (2 * d + 2 * f), np.float32)
-            args = (x.ctypes.data, d, tok[s:].ctypes.data, tw[s:].ctypes.data, order[s:].ctypes.data, n,
-                    ptr[gate.qtype], gate.address(e), gate.row_bytes, ptr[up.qtype], up.address(e), up.row_bytes,
-                    ptr[down.qtype], down.address(e), down.row_bytes, f, scratch.ctypes.data, slots.ctypes.data)
+            args = (
+                x.ctypes.data,
+                d,
+                tok[s:].ctypes.data,
+                tw[s:].ctypes.data,
+                order[s:].ctypes.data,
+                n,
+                ptr[gate.qtype],
+                gate.address(e),
+                gate.row_bytes,
+                ptr[up.qtype],
+                up.address(e),
+                up.row_bytes,
+                ptr[down.qtype],
+                down.address(e),
+                down.row_bytes,
+                f,
+                scratch.ctypes.data,
+                slots.ctypes.data,
+            )
             tasks.append(lambda args=args, keep=scratch: fn(*args))
         self.run(tasks)
         return slots.reshape(t, a, d).sum(axis=1)

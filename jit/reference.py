@@ -25,8 +25,9 @@ def abs_products(raw: np.ndarray, qtype: T | int, x: np.ndarray) -> np.ndarray:
     return np.abs(x.astype(np.float64)) @ w.T
 
 
-def expert(x: np.ndarray, gate: tuple[np.ndarray, int], up: tuple[np.ndarray, int],
-           down: tuple[np.ndarray, int]) -> np.ndarray:
+def expert(
+    x: np.ndarray, gate: tuple[np.ndarray, int], up: tuple[np.ndarray, int], down: tuple[np.ndarray, int]
+) -> np.ndarray:
     """One SwiGLU expert on x [n, D]: down(silu(gate(x)) * up(x)) -> [n, D], float32 numpy."""
     g = x @ dequantize(*gate).T
     u = x @ dequantize(*up).T

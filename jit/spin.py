@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 from llvmlite import ir
+
 from strata.jit.host import Host
 from strata.jit.irutil import I32, I64, P8, PF32, VOID, c64
 from strata.jit.matmul_ir import QMM_ARGS
@@ -75,9 +76,17 @@ def build(host: Host) -> ir.Module:
 
     b.position_at_end(blk["run"])  # call the qmm kernel on rows [R0, R1)
     qmm = b.inttoptr(b.load(slot(FN)), ir.FunctionType(VOID, QMM_ARGS).as_pointer())
-    args = [b.inttoptr(b.load(slot(RAW)), P8), b.load(slot(ROW_BYTES)), b.inttoptr(b.load(slot(X)), PF32),
-            b.load(slot(COLS)), b.load(slot(N_TOK)), b.inttoptr(b.load(slot(OUT)), PF32),
-            b.load(slot(N_ROWS)), b.load(slot(R0)), b.load(slot(R1))]
+    args = [
+        b.inttoptr(b.load(slot(RAW)), P8),
+        b.load(slot(ROW_BYTES)),
+        b.inttoptr(b.load(slot(X)), PF32),
+        b.load(slot(COLS)),
+        b.load(slot(N_TOK)),
+        b.inttoptr(b.load(slot(OUT)), PF32),
+        b.load(slot(N_ROWS)),
+        b.load(slot(R0)),
+        b.load(slot(R1)),
+    ]
     b.call(qmm, args)
     b.store_atomic(seq, slot(DONE), "release", 8)
     b.branch(blk["loop"])
@@ -96,8 +105,15 @@ def build(host: Host) -> ir.Module:
     return mod
 
 
-def idle_blocks(b: ir.IRBuilder, blk: dict[str, ir.Block], slot: Callable[[int], ir.Value], mode_at: int,
-                sleep_at: int, idle: ir.Value, pause: Callable[[ir.IRBuilder], None]) -> None:
+def idle_blocks(
+    b: ir.IRBuilder,
+    blk: dict[str, ir.Block],
+    slot: Callable[[int], ir.Value],
+    mode_at: int,
+    sleep_at: int,
+    idle: ir.Value,
+    pause: Callable[[ir.IRBuilder], None],
+) -> None:
     """A helper loop's idle path, from blk["check"] (entered when no new work was seen) to blk["loop"]:
     pause-spin SPINS times, then nap, short and then long (parked: short naps at once); blk["quit"] returns
     when MODE is QUIT. `idle` counts the checks since the last work; slot(sleep_at) holds usleep's address."""
@@ -138,7 +154,9 @@ def _stop(ctl: np.ndarray, threads: list[threading.Thread]) -> None:
 class SpinGroup:
     """`helpers` spinning threads; `matmul` splits one kernel call's rows between them and the caller."""
 
-    def __init__(self, worker_address: int, claim_address: int, helpers: int, pin: Callable[[], None]) -> None:
+    def __init__(
+        self, worker_address: int, claim_address: int, helpers: int, pin: Callable[[], None]
+    ) -> None:
         self.ctl = np.zeros((helpers, ROW), np.int64)
         self.ctl[:, SLEEP] = ctypes.cast(ctypes.CDLL(None).usleep, ctypes.c_void_p).value or 0
         self.seq = 0
@@ -153,8 +171,10 @@ class SpinGroup:
             pin()
             worker(row.ctypes.data)  # ctypes drops the GIL for the whole loop
 
-        self.threads = [threading.Thread(target=run, args=(self.ctl[i],), daemon=True, name=f"strata-spin-{i}")
-                        for i in range(helpers)]
+        self.threads = [
+            threading.Thread(target=run, args=(self.ctl[i],), daemon=True, name=f"strata-spin-{i}")
+            for i in range(helpers)
+        ]
         for t in self.threads:
             t.start()
         self.close = weakref.finalize(self, _stop, self.ctl, self.threads)
@@ -162,8 +182,15 @@ class SpinGroup:
     def park(self, parked: bool) -> None:
         self.ctl[:, MODE] = PARK if parked else RUN
 
-    def matmul(self, fn: Callable[..., None], address: int, raw: np.ndarray, x: np.ndarray, out: np.ndarray,
-               bounds: list[tuple[int, int]]) -> None:
+    def matmul(
+        self,
+        fn: Callable[..., None],
+        address: int,
+        raw: np.ndarray,
+        x: np.ndarray,
+        out: np.ndarray,
+        bounds: list[tuple[int, int]],
+    ) -> None:
         """out[:, r0:r1] = x . raw[r0:r1]^T for each (r0, r1) in bounds: the first here, the rest
         on helpers (at most one bound per helper). fn is the qmm kernel, address the same as an int."""
         n_rows, row_bytes = raw.shape
@@ -173,7 +200,7 @@ class SpinGroup:
         seq, posted, prevs = self.seq, bounds[1:], self.posted[:]
         self.in_flight = (raw, x, out)  # alive until the next call, even if this one is interrupted
         for i, (r0, r1) in enumerate(posted):
-            self.ctl[i, FN:R1 + 1] = (*common, r0, r1)
+            self.ctl[i, FN : R1 + 1] = (*common, r0, r1)
             self.ctl[i, SEQ] = self.posted[i] = seq  # after the arguments: the helper acts on this store
         r0, r1 = bounds[0]
         fn(pr, row_bytes, px, x.shape[1], x.shape[0], po, n_rows, r0, r1)

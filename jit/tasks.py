@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from llvmlite import ir
+
 from strata.jit.host import Host
 from strata.jit.irutil import I32, I64, P8, PF32, VOID, c64, intrinsic
 from strata.jit.matmul_ir import QMM_ARGS

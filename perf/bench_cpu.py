@@ -55,11 +55,28 @@ def strata_speed(model: Path, n_prompt: int, n_gen: int, reps: int, **options: o
     return float(np.median(pp)), float(np.median(tg))
 
 
-def llama_speed(bench: Path, model: Path, threads: int, n_prompt: int, n_gen: int, reps: int) -> tuple[float, float]:
+def llama_speed(
+    bench: Path, model: Path, threads: int, n_prompt: int, n_gen: int, reps: int
+) -> tuple[float, float]:
     out = subprocess.run(
-        [str(bench), "-m", str(model), "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen),
-         "-r", str(reps), "-o", "json"],
-        capture_output=True, text=True, check=True,
+        [
+            str(bench),
+            "-m",
+            str(model),
+            "-t",
+            str(threads),
+            "-p",
+            str(n_prompt),
+            "-n",
+            str(n_gen),
+            "-r",
+            str(reps),
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     rows = json.loads(out.stdout)
     pp = next(r["avg_ts"] for r in rows if r["n_prompt"] == n_prompt and r["n_gen"] == 0)
@@ -76,8 +93,21 @@ def bench_moe(root: Path) -> Path:
     from strata.synth.shapes import QWEN3MOE, Shape
     from strata.synth.writer import write_synth
 
-    shape = Shape(QWEN3MOE, "bench-1b", n_layer=8, d_model=1024, n_head=16, n_kv=4, head_dim=128, n_expert=64,
-                  top_k=8, expert_ff=512, dense_ff=4096, n_ctx=32768, rope_base=1e6)
+    shape = Shape(
+        QWEN3MOE,
+        "bench-1b",
+        n_layer=8,
+        d_model=1024,
+        n_head=16,
+        n_kv=4,
+        head_dim=128,
+        n_expert=64,
+        top_k=8,
+        expert_ff=512,
+        dense_ff=4096,
+        n_ctx=32768,
+        rope_base=1e6,
+    )
     path = root / "synth-qwen3moe-bench-1b-q4_k.gguf"
     if not path.is_file():  # the writer renames a finished file into place
         root.mkdir(parents=True, exist_ok=True)
@@ -96,10 +126,18 @@ def _load() -> list[float]:
     return [round(v, 2) for v in os.getloadavg()]
 
 
-def row(model: Path, engine: str, speed: tuple[float, float], ref: tuple[float, float] | None) -> dict[str, Any]:
+def row(
+    model: Path, engine: str, speed: tuple[float, float], ref: tuple[float, float] | None
+) -> dict[str, Any]:
     pp, tg = speed
-    return {"model": model.name, "engine": engine, "prefill_tok_s": pp, "decode_tok_s": tg,
-            "prefill_vs_llama": pp / ref[0] if ref else None, "decode_vs_llama": tg / ref[1] if ref else None}
+    return {
+        "model": model.name,
+        "engine": engine,
+        "prefill_tok_s": pp,
+        "decode_tok_s": tg,
+        "prefill_vs_llama": pp / ref[0] if ref else None,
+        "decode_vs_llama": tg / ref[1] if ref else None,
+    }
 
 
 def main() -> None:
@@ -111,16 +149,26 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--engines", default="numpy,jit,llama")
-    ap.add_argument("--llama-bench", type=Path, default=Path.home() / ".cache/strata-peer/build/bin/llama-bench")
+    ap.add_argument(
+        "--llama-bench", type=Path, default=Path.home() / ".cache/strata-peer/build/bin/llama-bench"
+    )
     ap.add_argument("--json", type=Path, default=None, help="write the result here")
     a = ap.parse_args()
     configure_logging()  # the engine's start-up lines (tiers, PLE table) on stderr, as the CLI's
     engines = a.engines.split(",")
     models = a.model or default_models()
     bench = a.llama_bench if a.llama_bench.exists() else shutil.which("llama-bench")
-    meta = run_meta(bench="perf/bench_cpu.py", models=[str(m) for m in models], engines=engines, threads=a.threads,
-                    prompt=a.prompt, gen=a.gen, reps=a.reps, llama_bench=str(bench) if bench else None,
-                    load_before=_load())
+    meta = run_meta(
+        bench="perf/bench_cpu.py",
+        models=[str(m) for m in models],
+        engines=engines,
+        threads=a.threads,
+        prompt=a.prompt,
+        gen=a.gen,
+        reps=a.reps,
+        llama_bench=str(bench) if bench else None,
+        load_before=_load(),
+    )
     # Engine by engine, not model by model: the JIT backend holds numpy's BLAS to one thread for
     # the rest of the process (jit/blas.py), so every numpy measurement must come before it.
     speeds: dict[Path, dict[str, tuple[float, float]]] = {m: {} for m in models}
@@ -132,13 +180,20 @@ def main() -> None:
             speeds[model]["strata numpy"] = strata_speed(model, a.prompt, a.gen, a.reps)
     for model in models:
         if "jit" in engines:
-            speeds[model]["strata jit"] = strata_speed(model, a.prompt, a.gen, a.reps, backend="jit",
-                                                       pool_workers=a.threads)
+            speeds[model]["strata jit"] = strata_speed(
+                model, a.prompt, a.gen, a.reps, backend="jit", pool_workers=a.threads
+            )
     rows = [row(m, name, v, speeds[m].get("llama.cpp")) for m in models for name, v in speeds[m].items()]
     meta["load_after"] = _load()
     result = engine_result(meta, {"throughput": rows})
-    print(engine_tables(f"bench_cpu: threads {a.threads}, pp{a.prompt} / tg{a.gen}, load average before "
-                        f"{meta['load_before']}, after {meta['load_after']}", result), flush=True)
+    print(
+        engine_tables(
+            f"bench_cpu: threads {a.threads}, pp{a.prompt} / tg{a.gen}, load average before "
+            f"{meta['load_before']}, after {meta['load_after']}",
+            result,
+        ),
+        flush=True,
+    )
     if "llama" in engines and not bench:
         print("llama-bench not found: build it with shared/peer/build-cpu.sh for the ratios")
     if a.json:

@@ -28,7 +28,9 @@ from strata.models import model_class
 from strata.runtime.weights import WeightStore
 
 
-def bench(path: Path, n_prompt: int, n_gen: int, cache_mib: int, backend: str, workers: int) -> dict[str, float]:
+def bench(
+    path: Path, n_prompt: int, n_gen: int, cache_mib: int, backend: str, workers: int
+) -> dict[str, float]:
     g = GGUFFile(path)
     t0 = time.perf_counter()
     weights = WeightStore(g, cache_mib << 20)
@@ -51,8 +53,12 @@ def bench(path: Path, n_prompt: int, n_gen: int, cache_mib: int, backend: str, w
     for _ in range(n_gen):
         logits = model.forward(np.array([int(logits[-1].argmax())]), state, all_logits=False)
     tg = time.perf_counter() - t0
-    out = {"load_warm_s": warm, "prefill_tok_s": n_prompt / pp, "decode_tok_s": n_gen / tg,
-           "state_kib": state.nbytes() / 1024}
+    out = {
+        "load_warm_s": warm,
+        "prefill_tok_s": n_prompt / pp,
+        "decode_tok_s": n_gen / tg,
+        "state_kib": state.nbytes() / 1024,
+    }
     if stats:
         n = stats.tokens - base[0]
         out["ple_rows_per_tok"] = (stats.rows - base[1]) / n
@@ -79,7 +85,10 @@ def main() -> int:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        models = {"tiny qwen3next": flagship.tiny_qwen3next()["f32"], "tiny qwen4exp": flagship.tiny_qwen4exp()["f32"]}
+        models = {
+            "tiny qwen3next": flagship.tiny_qwen3next()["f32"],
+            "tiny qwen4exp": flagship.tiny_qwen4exp()["f32"],
+        }
     if not args.skip_mid:
         from synth_qwen4exp import Synth, synth_path
 
@@ -90,11 +99,15 @@ def main() -> int:
     backends = ["numpy", "jit"] if args.backend == "both" else [args.backend]
     for (name, path), backend in ((m, b) for m in models.items() for b in backends):
         r = bench(Path(path), args.prompt, args.gen, args.cache_mib, backend, args.workers)
-        line = (f"{name + ' ' + backend:<40} prefill {r['prefill_tok_s']:8.1f} tok/s  decode {r['decode_tok_s']:7.2f} tok/s  "
-                f"state {r['state_kib']:8.1f} KiB  (load+warm {r['load_warm_s']:.1f}s)")
+        line = (
+            f"{name + ' ' + backend:<40} prefill {r['prefill_tok_s']:8.1f} tok/s  decode {r['decode_tok_s']:7.2f} tok/s  "
+            f"state {r['state_kib']:8.1f} KiB  (load+warm {r['load_warm_s']:.1f}s)"
+        )
         if "ple_bytes_per_tok" in r:
-            line += (f"  PLE {r['ple_rows_per_tok']:.0f} rows = {r['ple_bytes_per_tok']:,.0f} B/token"
-                     f" of a {r['ple_table_mib']:,.1f} MiB table")
+            line += (
+                f"  PLE {r['ple_rows_per_tok']:.0f} rows = {r['ple_bytes_per_tok']:,.0f} B/token"
+                f" of a {r['ple_table_mib']:,.1f} MiB table"
+            )
         print(line, flush=True)
     return 0
 

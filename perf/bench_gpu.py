@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
-from strata.tiers.lookahead import PREFETCH_DEFAULT
 
 from strata.bench.report import engine_result, engine_tables, run_meta, write_json
 from strata.console.logs import configure_logging
+from strata.tiers.lookahead import PREFETCH_DEFAULT
 
 
 def copy_bandwidth(cp: Any) -> float:
@@ -49,7 +49,12 @@ def step_bytes(gpu: Any, b: int) -> float:
     d = gpu.dims
     total = gpu.head.data.nbytes + b * gpu.embd.row_bytes
     for L in gpu.layers:
-        dense = [*L.qkv, L.o, L.attn_gate, L.router]  # Qwen3-Next: a DeltaNet layer's projections, the shared expert
+        dense = [
+            *L.qkv,
+            L.o,
+            L.attn_gate,
+            L.router,
+        ]  # Qwen3-Next: a DeltaNet layer's projections, the shared expert
         dense += [*L.dn.proj, L.dn.out] if L.dn is not None else []
         dense += [*L.shared.gate_up, L.shared.down, L.shared.gate_inp] if L.shared is not None else []
         total += sum(m.data.nbytes for m in dense if m is not None)
@@ -178,7 +183,10 @@ def sweep(gpu: Any, batches: list[int], gen: int = 64) -> dict[str, float]:
                 t = time.perf_counter()
                 gpu.graphs.greedy_loop(list(range(1, b + 1)), states, gen)
                 out[f"{label} b{b}"] = b * gen / (time.perf_counter() - t)
-            print(f"sweep {label}: " + ", ".join(f"b={b} {out[f'{label} b{b}']:.1f}" for b in batches), flush=True)
+            print(
+                f"sweep {label}: " + ", ".join(f"b={b} {out[f'{label} b{b}']:.1f}" for b in batches),
+                flush=True,
+            )
     finally:
         ops_mod.MMVQ_GRID, gpu.ops.q8 = keep
         gpu.graphs._graphs.clear()
@@ -186,22 +194,28 @@ def sweep(gpu: Any, batches: list[int], gen: int = 64) -> dict[str, float]:
 
 
 # llama.cpp CUDA on the same machine kind and file, from perf/README.md (2026-11-30, H200): --llama-published
-LLAMA_PUBLISHED = {"pp512": 10152.9, "pp4096": 10746.4, "pp16384": 9031.0, "tg128_b1": 314.3, "batched_tg128_b4": 672.7,
-                   "batched_tg128_b1": 296.1, "published": True}
+LLAMA_PUBLISHED = {
+    "pp512": 10152.9,
+    "pp4096": 10746.4,
+    "pp16384": 9031.0,
+    "tg128_b1": 314.3,
+    "batched_tg128_b4": 672.7,
+    "batched_tg128_b1": 296.1,
+    "published": True,
+}
 
 
 def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     import cupy as cp
-    from strata.tiers.share import parse_pcie_frac
 
     from strata.gguf import GGUFFile
     from strata.gpu.model import GpuModel, GpuOptions
     from strata.gpu.tiers import TierOptions
     from strata.models import model_class
     from strata.runtime.weights import WeightStore
-
     from strata.tiers import profile as rp
     from strata.tiers.layout import ExpertLayout
+    from strata.tiers.share import parse_pcie_frac
 
     g = GGUFFile(path)
     cpu = model_class(g)(g, WeightStore(g, 0))
@@ -213,27 +227,59 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
         assert filled is not None, f"{a.routing_profile_in}: no profile of this model's shape"
     free0 = cp.cuda.runtime.memGetInfo()[0]  # the context exists now: what follows is Strata's
     t0 = time.perf_counter()
-    gpu = GpuModel(cpu, GpuOptions(chunk=a.chunk, n_ctx=max(a.prompts) + a.gen + 64, max_batch=max(a.batches),
-                                   split=not a.v1, q8=not a.no_q8, budget_mib=a.vram_budget_mib,
-                                   expert_cache=a.expert_cache, seqs=max(a.batches),
-                                   tiers=TierOptions(parse_pcie_frac(a.pcie_frac), a.probe, a.pool_workers,
-                                                      cache_policy=a.cache_policy,
-                                                      swap_budget=a.swap_budget_mib << 20, profile=filled,
-                                                      prefetch=a.prefetch)))
-    res: dict[str, Any] = {"load_s": time.perf_counter() - t0, "chunk": a.chunk,
-                           "kernels": "v1" if a.v1 else ("split" if a.no_q8 else "split+q8")}
+    gpu = GpuModel(
+        cpu,
+        GpuOptions(
+            chunk=a.chunk,
+            n_ctx=max(a.prompts) + a.gen + 64,
+            max_batch=max(a.batches),
+            split=not a.v1,
+            q8=not a.no_q8,
+            budget_mib=a.vram_budget_mib,
+            expert_cache=a.expert_cache,
+            seqs=max(a.batches),
+            tiers=TierOptions(
+                parse_pcie_frac(a.pcie_frac),
+                a.probe,
+                a.pool_workers,
+                cache_policy=a.cache_policy,
+                swap_budget=a.swap_budget_mib << 20,
+                profile=filled,
+                prefetch=a.prefetch,
+            ),
+        ),
+    )
+    res: dict[str, Any] = {
+        "load_s": time.perf_counter() - t0,
+        "chunk": a.chunk,
+        "kernels": "v1" if a.v1 else ("split" if a.no_q8 else "split+q8"),
+    }
     cache = gpu.expert_cache
-    if cache is not None and a.routing_profile_out:  # count every pass's routing (the learning passes see each)
+    if (
+        cache is not None and a.routing_profile_out
+    ):  # count every pass's routing (the learning passes see each)
         cache.profile = rp.Profile(np.zeros(cache.where.shape))
     if cache is not None:
-        res["tiers"] = {"slots": cache.n_slots, "experts": cache.layout.n_total, "slot_bytes": cache.layout.slot_bytes,
-                        "budget_mib": a.vram_budget_mib, "pcie": gpu.tiers.probe(),
-                        "layers": len(cache.layout.layers), "expert_bytes": cache.layout.total_bytes,
-                        "pcie_frac": cache.pcie_frac, "pageable": gpu.tiers.pageable,
-                        "policy": a.cache_policy, "swap_budget_mib": a.swap_budget_mib, "prefetch": a.prefetch,
-                        "rates": None if gpu.tiers.rates is None else dataclasses.asdict(gpu.tiers.rates)}
-        print(f"  PCIe: zero-copy {res['tiers']['pcie']['zero_copy'] / 1e9:.1f} GB/s, copy engine "
-              f"{res['tiers']['pcie']['copy_engine'] / 1e9:.1f} GB/s", flush=True)
+        res["tiers"] = {
+            "slots": cache.n_slots,
+            "experts": cache.layout.n_total,
+            "slot_bytes": cache.layout.slot_bytes,
+            "budget_mib": a.vram_budget_mib,
+            "pcie": gpu.tiers.probe(),
+            "layers": len(cache.layout.layers),
+            "expert_bytes": cache.layout.total_bytes,
+            "pcie_frac": cache.pcie_frac,
+            "pageable": gpu.tiers.pageable,
+            "policy": a.cache_policy,
+            "swap_budget_mib": a.swap_budget_mib,
+            "prefetch": a.prefetch,
+            "rates": None if gpu.tiers.rates is None else dataclasses.asdict(gpu.tiers.rates),
+        }
+        print(
+            f"  PCIe: zero-copy {res['tiers']['pcie']['zero_copy'] / 1e9:.1f} GB/s, copy engine "
+            f"{res['tiers']['pcie']['copy_engine'] / 1e9:.1f} GB/s",
+            flush=True,
+        )
     rng = np.random.default_rng(0)
     vocab = gpu.params.vocab
     gpu.forward(rng.integers(0, vocab, 600), gpu.new_state(), all_logits=False)  # warm: modules, pool
@@ -260,10 +306,17 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     if cache is not None and a.warm_decode:  # a cache that learns: let it follow the routing first
         t, s0, b0 = time.perf_counter(), cache.swaps, cache.swap_bytes
         gpu.graphs.greedy_loop([1], [gpu.new_state()], a.warm_decode)
-        res["warm_decode"] = {"tokens": a.warm_decode, "s": time.perf_counter() - t, "swaps": cache.swaps - s0,
-                              "swap_bytes": cache.swap_bytes - b0}
-        print(f"  warm decode: {a.warm_decode} tokens in {res['warm_decode']['s']:.1f} s, {cache.swaps - s0:,} swaps "
-              f"({(cache.swap_bytes - b0) / 1e9:.2f} GB)", flush=True)
+        res["warm_decode"] = {
+            "tokens": a.warm_decode,
+            "s": time.perf_counter() - t,
+            "swaps": cache.swaps - s0,
+            "swap_bytes": cache.swap_bytes - b0,
+        }
+        print(
+            f"  warm decode: {a.warm_decode} tokens in {res['warm_decode']['s']:.1f} s, {cache.swaps - s0:,} swaps "
+            f"({(cache.swap_bytes - b0) / 1e9:.2f} GB)",
+            flush=True,
+        )
     for b in a.batches:
         warm = [gpu.new_state() for _ in range(b)]
         gpu.graphs.greedy_loop(list(range(1, b + 1)), warm, 4)  # captures the graph for b
@@ -280,36 +333,60 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
         res[f"tg{a.gen}_b{b}"] = b * a.gen / dt
         if cache is not None and cache.policy is not None:
             res[f"swaps_b{b}"] = {"swaps": cache.swaps - w0[0], "bytes": cache.swap_bytes - w0[1]}
-            print(f"  swaps during tg: {cache.swaps - w0[0]:,} ({(cache.swap_bytes - w0[1]) / 1e6:,.0f} MB)", flush=True)
+            print(
+                f"  swaps during tg: {cache.swaps - w0[0]:,} ({(cache.swap_bytes - w0[1]) / 1e6:,.0f} MB)",
+                flush=True,
+            )
         if share is not None:
             n_req = max(1, share.requests - r0)
             res[f"cpu_share_us_b{b}"] = (share.busy_s - s0) / n_req * 1e6
-            print(f"  CPU share: {res[f'cpu_share_us_b{b}']:.0f} us a layer on the CPU ({n_req} requests)", flush=True)
+            print(
+                f"  CPU share: {res[f'cpu_share_us_b{b}']:.0f} us a layer on the CPU ({n_req} requests)",
+                flush=True,
+            )
         res[f"bytes_b{b}"] = step_bytes(gpu, b)
         print(f"strata tg{a.gen} b={b}: {res[f'tg{a.gen}_b{b}']:.1f} tok/s", flush=True)
         if cache is not None:
             d = [s.experts.decode for s in states]
-            lk, hits, nb, cc = (sum(getattr(c, k) for c in d) for k in ("lookups", "hits", "pcie_bytes", "cpu_calls"))
+            lk, hits, nb, cc = (
+                sum(getattr(c, k) for c in d) for k in ("lookups", "hits", "pcie_bytes", "cpu_calls")
+            )
             per_call = cache.layout.total_bytes / cache.layout.n_total
-            res[f"tiers_b{b}"] = {"lookups": lk, "hits": hits, "hit_rate": hits / max(lk, 1),
-                                  "pcie_bytes_per_token": nb / (b * a.gen), "cpu_calls": cc,
-                                  "cpu_bytes_per_token": cc * per_call / (b * a.gen)}
-            print(f"  decode expert cache hit rate {hits / max(lk, 1):.1%}, "
-                  f"{nb / (b * a.gen) / 1e6:.0f} MB/token over PCIe, {cc * per_call / (b * a.gen) / 1e6:.0f} MB/token "
-                  f"on the CPU (pcie_frac {cache.pcie_frac:.2f})", flush=True)
+            res[f"tiers_b{b}"] = {
+                "lookups": lk,
+                "hits": hits,
+                "hit_rate": hits / max(lk, 1),
+                "pcie_bytes_per_token": nb / (b * a.gen),
+                "cpu_calls": cc,
+                "cpu_bytes_per_token": cc * per_call / (b * a.gen),
+            }
+            print(
+                f"  decode expert cache hit rate {hits / max(lk, 1):.1%}, "
+                f"{nb / (b * a.gen) / 1e6:.0f} MB/token over PCIe, {cc * per_call / (b * a.gen) / 1e6:.0f} MB/token "
+                f"on the CPU (pcie_frac {cache.pcie_frac:.2f})",
+                flush=True,
+            )
             pf = cache.prefetch
             if pf.copy_ns > pf0.copy_ns:
-                got = {k: getattr(pf, k) - getattr(pf0, k)
-                       for k in ("staged", "used", "used_bytes", "wasted_bytes", "copied_bytes", "copy_ns")}
+                got = {
+                    k: getattr(pf, k) - getattr(pf0, k)
+                    for k in ("staged", "used", "used_bytes", "wasted_bytes", "copied_bytes", "copy_ns")
+                }
                 forks = a.gen * len(cache.layout.layers)  # a branch per MoE layer and step
-                res[f"prefetch_b{b}"] = {**got, "accuracy": got["used"] / max(got["staged"], 1),
-                                         "saved_bytes_per_token": got["used_bytes"] / (b * a.gen),
-                                         "copy_us_per_layer": got["copy_ns"] / forks / 1e3}
-                print(f"  lookahead: {got['used']:,} of {got['staged']:,} staged parts used "
-                      f"({got['used'] / max(got['staged'], 1):.1%}), {got['used_bytes'] / (b * a.gen) / 1e6:.0f} MB/token "
-                      f"read ahead, {got['wasted_bytes'] / (b * a.gen) / 1e6:.0f} wasted; copies ran "
-                      f"{got['copy_ns'] / forks / 1e3:.1f} us a layer at {got['copied_bytes'] / max(got['copy_ns'], 1):.1f} "
-                      "GB/s", flush=True)
+                res[f"prefetch_b{b}"] = {
+                    **got,
+                    "accuracy": got["used"] / max(got["staged"], 1),
+                    "saved_bytes_per_token": got["used_bytes"] / (b * a.gen),
+                    "copy_us_per_layer": got["copy_ns"] / forks / 1e3,
+                }
+                print(
+                    f"  lookahead: {got['used']:,} of {got['staged']:,} staged parts used "
+                    f"({got['used'] / max(got['staged'], 1):.1%}), {got['used_bytes'] / (b * a.gen) / 1e6:.0f} MB/token "
+                    f"read ahead, {got['wasted_bytes'] / (b * a.gen) / 1e6:.0f} wasted; copies ran "
+                    f"{got['copy_ns'] / forks / 1e3:.1f} us a layer at {got['copied_bytes'] / max(got['copy_ns'], 1):.1f} "
+                    "GB/s",
+                    flush=True,
+                )
     s = gpu.new_state()
     gpu.forward(np.array([1]), s, all_logits=False)
     t = time.perf_counter()
@@ -321,7 +398,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     if a.profile:
         try:
             res["graph_profile_b1"] = graph_profile(gpu)
-        except Exception as e:  # noqa: BLE001 - a measurement aid: never lose the run for it
+        except Exception as e:
             print(f"graph profile failed: {e!r}", flush=True)
         gpu.graphs.use_graphs = False
         with Profile(cp) as prof:
@@ -336,9 +413,12 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     res["vram_used_mib"] = (free0 - cp.cuda.runtime.memGetInfo()[0]) / 2**20
     pool = cp.get_default_memory_pool()
     res["vram_pool_mib"], res["vram_pool_used_mib"] = pool.total_bytes() / 2**20, pool.used_bytes() / 2**20
-    print(f"  VRAM used by Strata: {res['vram_used_mib']:,.0f} MiB (budget {a.vram_budget_mib or '-'} MiB; the pool holds "
-          f"{res['vram_pool_mib']:,.0f} MiB, {res['vram_pool_used_mib']:,.0f} in use; the rest: modules, graphs, "
-          "driver)", flush=True)
+    print(
+        f"  VRAM used by Strata: {res['vram_used_mib']:,.0f} MiB (budget {a.vram_budget_mib or '-'} MiB; the pool holds "
+        f"{res['vram_pool_mib']:,.0f} MiB, {res['vram_pool_used_mib']:,.0f} in use; the rest: modules, graphs, "
+        "driver)",
+        flush=True,
+    )
     if cache is not None and cache.profile is not None:
         rp.save_file(a.routing_profile_out, cache.profile)
     pool.set_limit(size=0)  # the copy-rate buffers below are the bench's, not Strata's: outside its budget
@@ -349,15 +429,52 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
 def llama(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     bin_ = Path(a.llama_bin)
     res: dict[str, Any] = {}
-    out = subprocess.run([str(bin_ / "llama-bench"), "-m", str(path), "-ngl", "99", "-p", ",".join(map(str, a.prompts)),
-                          "-n", str(a.gen), "-r", "3", "-o", "json"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            str(bin_ / "llama-bench"),
+            "-m",
+            str(path),
+            "-ngl",
+            "99",
+            "-p",
+            ",".join(map(str, a.prompts)),
+            "-n",
+            str(a.gen),
+            "-r",
+            "3",
+            "-o",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     for r in json.loads(out.stdout):
         key = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}_b1"
         res[key] = float(r["avg_ts"])
         res["flash_attn"] = r.get("flash_attn")
-    out = subprocess.run([str(bin_ / "llama-batched-bench"), "-m", str(path), "-ngl", "99", "-c", "4096",
-                          "-npp", "128", "-ntg", str(a.gen), "-npl", ",".join(map(str, a.batches)),
-                          "--output-format", "jsonl"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            str(bin_ / "llama-batched-bench"),
+            "-m",
+            str(path),
+            "-ngl",
+            "99",
+            "-c",
+            "4096",
+            "-npp",
+            "128",
+            "-ntg",
+            str(a.gen),
+            "-npl",
+            ",".join(map(str, a.batches)),
+            "--output-format",
+            "jsonl",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     for line in (out.stdout + out.stderr).splitlines():
         if line.startswith('{"n_kv_max"'):
             r = json.loads(line)
@@ -371,59 +488,104 @@ Rows = list[dict[str, Any]]
 def scenarios(s: dict[str, Any], ll: dict[str, Any], a: argparse.Namespace) -> dict[str, Rows]:
     """The comparison's rows: prefill per prompt length; decode per batch, with the weight bytes a token reads
     and that traffic's share of the measured copy bandwidth."""
+
     def ratio(mine: float | None, theirs: float | None) -> float | None:
         return mine / theirs if mine and theirs else None
 
-    prefill = [{"test": f"pp{p}", "strata_tok_s": s.get(f"pp{p}"), "llama_tok_s": ll.get(f"pp{p}"),
-                "ratio": ratio(s.get(f"pp{p}"), ll.get(f"pp{p}"))} for p in a.prompts]
+    prefill = [
+        {
+            "test": f"pp{p}",
+            "strata_tok_s": s.get(f"pp{p}"),
+            "llama_tok_s": ll.get(f"pp{p}"),
+            "ratio": ratio(s.get(f"pp{p}"), ll.get(f"pp{p}")),
+        }
+        for p in a.prompts
+    ]
     decode = []
     for b in a.batches:
         key = f"tg{a.gen}_b{b}"
         mine, theirs = s.get(key), ll.get(key if b == 1 else f"batched_{key}")  # llama-bench's tg is b=1
         per_tok = s[f"bytes_b{b}"] / b if f"bytes_b{b}" in s else None
-        decode.append({"test": f"tg{a.gen} b={b}", "strata_tok_s": mine, "llama_tok_s": theirs,
-                       "ratio": ratio(mine, theirs), "gb_per_token": per_tok / 1e9 if per_tok else None,
-                       "pct_of_copy_bw": 100 * per_tok * mine / s["copy_bw"] if per_tok and mine else None})
+        decode.append(
+            {
+                "test": f"tg{a.gen} b={b}",
+                "strata_tok_s": mine,
+                "llama_tok_s": theirs,
+                "ratio": ratio(mine, theirs),
+                "gb_per_token": per_tok / 1e9 if per_tok else None,
+                "pct_of_copy_bw": 100 * per_tok * mine / s["copy_bw"] if per_tok and mine else None,
+            }
+        )
     return {"prefill": prefill, "decode": decode}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, required=True)
-    ap.add_argument("--llama-bin", default=None, help="folder with llama-bench and llama-batched-bench (CUDA build)")
+    ap.add_argument(
+        "--llama-bin", default=None, help="folder with llama-bench and llama-batched-bench (CUDA build)"
+    )
     ap.add_argument("--prompts", type=lambda s: [int(v) for v in s.split(",")], default=[512, 4096, 16384])
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 4])
     ap.add_argument("--chunk", type=int, default=4096, help="Strata prefill rows per pass")
     ap.add_argument("--v1", action="store_true", help="the first kernel versions (GpuOptions(split=False))")
     ap.add_argument("--profile", action="store_true", help="GPU time per kernel (eager decode and pp512)")
-    ap.add_argument("--sweep", action="store_true", help="decode tok/s per decode-kernel setting (fp32 / int8 inputs)")
-    ap.add_argument("--no-q8", action="store_true", help="decode products on fp32 inputs (GpuOptions(q8=False))")
-    ap.add_argument("--llama-published", action="store_true",
-                    help="no llama.cpp run: compare with the H200 numbers recorded in perf/README.md")
-    ap.add_argument("--strata-json", type=Path, default=None,
-                    help="take Strata's numbers from this earlier --json output instead of measuring (llama.cpp only)")
+    ap.add_argument(
+        "--sweep", action="store_true", help="decode tok/s per decode-kernel setting (fp32 / int8 inputs)"
+    )
+    ap.add_argument(
+        "--no-q8", action="store_true", help="decode products on fp32 inputs (GpuOptions(q8=False))"
+    )
+    ap.add_argument(
+        "--llama-published",
+        action="store_true",
+        help="no llama.cpp run: compare with the H200 numbers recorded in perf/README.md",
+    )
+    ap.add_argument(
+        "--strata-json",
+        type=Path,
+        default=None,
+        help="take Strata's numbers from this earlier --json output instead of measuring (llama.cpp only)",
+    )
     ap.add_argument("--no-table", action="store_true", help="measure and save, but print no comparison table")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--vram-budget-mib", type=int, default=0, help="Strata's VRAM budget (0: free memory)")
     ap.add_argument("--expert-cache", default="auto", help="Strata's --expert-cache")
     ap.add_argument("--pcie-frac", default="auto", help="Strata's --pcie-frac (auto: from the probe)")
-    ap.add_argument("--pool-workers", type=int, default=0, help="Strata's --pool-workers (the CPU share's threads)")
+    ap.add_argument(
+        "--pool-workers", type=int, default=0, help="Strata's --pool-workers (the CPU share's threads)"
+    )
     ap.add_argument("--probe", action="store_true", help="Strata's --probe: measure the split's rates again")
-    ap.add_argument("--cache-policy", default="static", help="Strata's --cache-policy (static, lru, adaptive)")
+    ap.add_argument(
+        "--cache-policy", default="static", help="Strata's --cache-policy (static, lru, adaptive)"
+    )
     ap.add_argument("--swap-budget-mib", type=int, default=64, help="Strata's --swap-budget-mib")
     ap.add_argument("--prefetch", type=int, default=PREFETCH_DEFAULT, help="Strata's --prefetch (0: off)")
-    ap.add_argument("--routing-profile-out", type=Path, default=None, help="count the run's routing into this "
-                    "profile file (.npz)")
-    ap.add_argument("--routing-profile-in", type=Path, default=None, help="fill the cache from this profile file")
-    ap.add_argument("--warm-decode", type=int, default=0, help="decode this many tokens before measuring decode "
-                    "(a learning cache follows the routing first)")
+    ap.add_argument(
+        "--routing-profile-out",
+        type=Path,
+        default=None,
+        help="count the run's routing into this profile file (.npz)",
+    )
+    ap.add_argument(
+        "--routing-profile-in", type=Path, default=None, help="fill the cache from this profile file"
+    )
+    ap.add_argument(
+        "--warm-decode",
+        type=int,
+        default=0,
+        help="decode this many tokens before measuring decode (a learning cache follows the routing first)",
+    )
     a = ap.parse_args()
     configure_logging()  # the engine's start-up lines (VRAM plan, tiers, probe) on stderr, as the CLI's
     earlier = json.loads(a.strata_json.read_text())["strata"] if a.strata_json else None
     ll = llama(a.model, a) if a.llama_bin else (dict(LLAMA_PUBLISHED) if a.llama_published else {})
-    meta = run_meta(bench="perf/bench_gpu.py", model=str(a.model),
-                    config={k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()})
+    meta = run_meta(
+        bench="perf/bench_gpu.py",
+        model=str(a.model),
+        config={k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
+    )
     # "strata" and "llama.cpp" as they were: bench_tiers.py and --strata-json read them
     out = engine_result(meta, {}, model=str(a.model), **{"llama.cpp": ll})
     print(f"llama.cpp: {ll}", flush=True)
@@ -447,11 +609,19 @@ def main() -> None:
                 print(f"  {name[:60]:<60}{n:>6}{ms:>10.3f}")
     if a.no_table:
         return
-    print("\n" + engine_tables(f"bench_gpu: model {a.model.name}; Strata loaded in {s['load_s']:.1f} s; copy "
-                               f"bandwidth {s['copy_bw'] / 1e12:.2f} TB/s", out))
+    print(
+        "\n"
+        + engine_tables(
+            f"bench_gpu: model {a.model.name}; Strata loaded in {s['load_s']:.1f} s; copy "
+            f"bandwidth {s['copy_bw'] / 1e12:.2f} TB/s",
+            out,
+        )
+    )
     if "batched_tg" + str(a.gen) + "_b1" in ll:
         print(f"llama-batched-bench b=1 (after a 128-token prompt): {ll[f'batched_tg{a.gen}_b1']:.1f} tok/s")
-    print(f"strata decode through forward_batch (logits to the host each step), b=1: {s['tg_api_b1']:.1f} tok/s")
+    print(
+        f"strata decode through forward_batch (logits to the host each step), b=1: {s['tg_api_b1']:.1f} tok/s"
+    )
 
 
 if __name__ == "__main__":

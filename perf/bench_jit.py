@@ -17,9 +17,9 @@ from gguf.constants import GGMLQuantizationType as T
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from quant_blocks import random_blocks
+
 from strata.jit.kernels import Kernels
 from strata.jit.matmul_ir import Tiling
-
 from strata.quants import dequantize
 
 

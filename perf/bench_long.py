@@ -42,8 +42,17 @@ def run(path: Path, a: argparse.Namespace, splits: int) -> list[dict[str, Any]]:
     cpu = model_class(g)(g, WeightStore(g, 0))
     t0 = time.perf_counter()
     n_ctx = a.n_ctx or max(a.contexts) + a.gen + 64
-    gpu = GpuModel(cpu, GpuOptions(chunk=a.chunk, n_ctx=n_ctx, max_batch=1, budget_mib=a.vram_budget_mib,
-                                   kv_type=KVType(a.kv_type), tiers=TierOptions(parse_pcie_frac(a.pcie_frac))))
+    gpu = GpuModel(
+        cpu,
+        GpuOptions(
+            chunk=a.chunk,
+            n_ctx=n_ctx,
+            max_batch=1,
+            budget_mib=a.vram_budget_mib,
+            kv_type=KVType(a.kv_type),
+            tiers=TierOptions(parse_pcie_frac(a.pcie_frac)),
+        ),
+    )
     print(f"  loaded in {time.perf_counter() - t0:.1f} s (splits {splits}, KV {a.kv_type})", flush=True)
     rng = np.random.default_rng(0)
     vocab = gpu.params.vocab
@@ -61,12 +70,23 @@ def run(path: Path, a: argparse.Namespace, splits: int) -> list[dict[str, Any]]:
         gpu.graphs.greedy_loop([1], [s], a.gen)
         tg = a.gen / (time.perf_counter() - t)
         free, total = cp.cuda.runtime.memGetInfo()
-        row = {"context": n, "splits": splits, "kv_type": a.kv_type, "ttft_s": ttft, "pp_tok_s": n / ttft,
-               "tg_tok_s": tg, "vram_used_mib": (total - free) / 2**20, "pool_mib": cp.get_default_memory_pool().total_bytes() / 2**20,
-               "rss_mib": psutil.Process().memory_info().rss / 2**20}
+        row = {
+            "context": n,
+            "splits": splits,
+            "kv_type": a.kv_type,
+            "ttft_s": ttft,
+            "pp_tok_s": n / ttft,
+            "tg_tok_s": tg,
+            "vram_used_mib": (total - free) / 2**20,
+            "pool_mib": cp.get_default_memory_pool().total_bytes() / 2**20,
+            "rss_mib": psutil.Process().memory_info().rss / 2**20,
+        }
         rows.append(row)
-        print(f"strata ctx {n:,}: TTFT {ttft:.2f} s ({n / ttft:,.0f} tok/s), decode {tg:.1f} tok/s, "
-              f"VRAM {row['vram_used_mib']:,.0f} MiB, RSS {row['rss_mib']:,.0f} MiB", flush=True)
+        print(
+            f"strata ctx {n:,}: TTFT {ttft:.2f} s ({n / ttft:,.0f} tok/s), decode {tg:.1f} tok/s, "
+            f"VRAM {row['vram_used_mib']:,.0f} MiB, RSS {row['rss_mib']:,.0f} MiB",
+            flush=True,
+        )
         del s
     gpu.close()
     return rows
@@ -75,22 +95,40 @@ def run(path: Path, a: argparse.Namespace, splits: int) -> list[dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", type=Path, required=True)
-    ap.add_argument("--contexts", type=lambda s: [int(v) for v in s.split(",")], default=[4096, 32768, 131072, 262144])
+    ap.add_argument(
+        "--contexts", type=lambda s: [int(v) for v in s.split(",")], default=[4096, 32768, 131072, 262144]
+    )
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--chunk", type=int, default=4096, help="prefill rows per pass")
     ap.add_argument("--vram-budget-mib", type=int, default=0)
     ap.add_argument("--kv-type", default="int8", choices=["f16", "int8"])
     ap.add_argument("--splits", type=lambda s: [int(v) for v in s.split(",")], default=[32])
-    ap.add_argument("--n-ctx", type=int, default=0, help="the plan's context (0: the longest length + gen); give "
-                    "runs the same one to compare them on the same plan")
-    ap.add_argument("--pcie-frac", default="1", help="Strata's --pcie-frac (default 1: every miss over PCIe, so "
-                    "the lengths differ only in attention)")
+    ap.add_argument(
+        "--n-ctx",
+        type=int,
+        default=0,
+        help="the plan's context (0: the longest length + gen); give "
+        "runs the same one to compare them on the same plan",
+    )
+    ap.add_argument(
+        "--pcie-frac",
+        default="1",
+        help="Strata's --pcie-frac (default 1: every miss over PCIe, so "
+        "the lengths differ only in attention)",
+    )
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     configure_logging("text")
     rows = [r for sp in a.splits for r in run(a.model, a, sp)]
-    meta = run_meta(bench="bench_long", model=str(a.model), vram_budget_mib=a.vram_budget_mib, gen=a.gen,
-                    kv_type=a.kv_type, n_ctx=a.n_ctx, pcie_frac=a.pcie_frac)
+    meta = run_meta(
+        bench="bench_long",
+        model=str(a.model),
+        vram_budget_mib=a.vram_budget_mib,
+        gen=a.gen,
+        kv_type=a.kv_type,
+        n_ctx=a.n_ctx,
+        pcie_frac=a.pcie_frac,
+    )
     out = engine_result(meta, {"long_context": rows})
     print(engine_tables(f"bench_long: {a.model.name}, budget {a.vram_budget_mib} MiB, KV {a.kv_type}", out))
     if a.json:

@@ -18,7 +18,9 @@ from strata.sampling.sampler import sample
 
 SETS = {
     "greedy": SamplingParams(temperature=0.0),
-    "server defaults (k40 p0.95 min_p0.05)": SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+    "server defaults (k40 p0.95 min_p0.05)": SamplingParams(
+        temperature=0.8, top_k=40, top_p=0.95, min_p=0.05
+    ),
     "Qwen recommended (T0.7 k20 p0.8)": SamplingParams(temperature=0.7, top_k=20, top_p=0.8),
     "top_p 0.9 only": SamplingParams(temperature=1.0, top_p=0.9),
     "min_p 0.05 only": SamplingParams(temperature=0.8, min_p=0.05),

@@ -58,8 +58,9 @@ def strata_at(a: argparse.Namespace, cap: int, frac: str, out: Path) -> dict[str
     return json.loads(js.read_text())["strata"]
 
 
-def plan_at(a: argparse.Namespace, cap: int, hbm: float, pcie: float, cpu_gbps: float, fixed_s: float,
-            frac: float) -> dict[str, Any]:
+def plan_at(
+    a: argparse.Namespace, cap: int, hbm: float, pcie: float, cpu_gbps: float, fixed_s: float, frac: float
+) -> dict[str, Any]:
     cmd = [
         sys.executable,
         "-m",
@@ -135,7 +136,9 @@ def bound(s: dict[str, Any], b: int) -> float:
     once, so the slower side counts)."""
     t = s[f"tiers_b{b}"]
     miss, cpu = t["pcie_bytes_per_token"], t.get("cpu_bytes_per_token", 0.0)
-    vram = s[f"bytes_b{b}"] / b - miss - cpu  # bytes_b: the step's weight bytes as if resident, per step of b tokens
+    vram = (
+        s[f"bytes_b{b}"] / b - miss - cpu
+    )  # bytes_b: the step's weight bytes as if resident, per step of b tokens
     rates = s["tiers"].get("rates") or {}
     cpu_s = cpu / rates["cpu"] if cpu and rates.get("cpu") else 0.0
     return 1 / (vram / s["copy_bw"] + max(miss / s["tiers"]["pcie"]["zero_copy"], cpu_s))
@@ -152,11 +155,20 @@ def table_rows(rows: list[dict[str, Any]], a: argparse.Namespace) -> list[dict[s
             b = int(key.rsplit("b", 1)[1]) if key.startswith("tg") else 0
             bd = bound(s, b) if b else None
             hit = s[f"tiers_b{a.batches[0]}"]["hit_rate"]
-            out.append({"cap_mib": r["cap"], "pcie_frac": s["tiers"]["pcie_frac"], "hit_rate": hit,
-                        "test": key, "strata_tok_s": mine,
-                        "llama_tok_s": theirs or None, "ratio": mine / theirs if theirs else None,
-                        "bound_tok_s": bd, "of_bound": mine / bd if bd else None,
-                        "planner_tok_s": r["plan"]["decode_tok_s"] if b == 1 else None})
+            out.append(
+                {
+                    "cap_mib": r["cap"],
+                    "pcie_frac": s["tiers"]["pcie_frac"],
+                    "hit_rate": hit,
+                    "test": key,
+                    "strata_tok_s": mine,
+                    "llama_tok_s": theirs or None,
+                    "ratio": mine / theirs if theirs else None,
+                    "bound_tok_s": bd,
+                    "of_bound": mine / bd if bd else None,
+                    "planner_tok_s": r["plan"]["decode_tok_s"] if b == 1 else None,
+                }
+            )
     return out
 
 
@@ -233,25 +245,39 @@ def main() -> None:
     ap.add_argument(
         "--llama-json", type=Path, default=None, help="{cap MiB: {pp512: .., tg64_b1: ..}} measured before"
     )
-    ap.add_argument("--pcie-fracs", default="auto", help="Strata's --pcie-frac values to run at each cap (commas)")
+    ap.add_argument(
+        "--pcie-fracs", default="auto", help="Strata's --pcie-frac values to run at each cap (commas)"
+    )
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     earlier = json.loads(a.llama_json.read_text()) if a.llama_json else {}
-    meta = run_meta(bench="perf/bench_tiers.py", model=str(a.model),
-                    config={k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()})
+    meta = run_meta(
+        bench="perf/bench_tiers.py",
+        model=str(a.model),
+        config={k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
+    )
     rows = []
     peer: dict[int, dict[str, Any]] = {}
     for cap in a.caps:
         for frac in a.pcie_fracs.split(","):
             s = strata_at(a, cap, frac, a.out)
             rates = s["tiers"].get("rates") or {}
-            plan = plan_at(a, cap, s["copy_bw"], s["tiers"]["pcie"]["zero_copy"], rates.get("cpu", 0.0) / 1e9,
-                           rates.get("cpu_fixed_s", 0.0), s["tiers"]["pcie_frac"])
+            plan = plan_at(
+                a,
+                cap,
+                s["copy_bw"],
+                s["tiers"]["pcie"]["zero_copy"],
+                rates.get("cpu", 0.0) / 1e9,
+                rates.get("cpu_fixed_s", 0.0),
+                s["tiers"]["pcie_frac"],
+            )
             if cap not in peer:
                 if a.llama_bin:
                     n_layer = s["tiers"]["layers"]
-                    peer[cap] = llama_at(a, cap, s["tiers"]["expert_bytes"] / n_layer, plan["dense_bytes"], n_layer)
+                    peer[cap] = llama_at(
+                        a, cap, s["tiers"]["expert_bytes"] / n_layer, plan["dense_bytes"], n_layer
+                    )
                 else:
                     peer[cap] = earlier.get(str(cap), {})
             rows.append({"cap": cap, "frac": frac, "strata": s, "plan": plan, "llama": peer[cap]})

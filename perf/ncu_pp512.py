@@ -1,6 +1,6 @@
 """One 512-token prefill pass over a GGUF on the GPU engine, for Nsight Compute to profile (perf/run_ncu.sh).
 
-    python perf/ncu_pp512.py MODEL.gguf
+python perf/ncu_pp512.py MODEL.gguf
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Two overload probes against a running server (issue 13, items 5 and 6); bounded, they stop by themselves.
 
-  burst:  N concurrent short completions; how many were admitted (200) and how many refused (429).
-          Run the server with --parallel 4 --queue-limit 8 to compare with the issue's 32-burst.
-  big:    one ~5 MB prompt while /v1/status is polled; the worst /v1/status latency while it is in
-          flight, and what the big request got back.
+burst:  N concurrent short completions; how many were admitted (200) and how many refused (429).
+        Run the server with --parallel 4 --queue-limit 8 to compare with the issue's 32-burst.
+big:    one ~5 MB prompt while /v1/status is polled; the worst /v1/status latency while it is in
+        flight, and what the big request got back.
 
-    python perf/probe_hardening.py --url http://127.0.0.1:8080 --key sk-x burst --n 32
-    python perf/probe_hardening.py --url http://127.0.0.1:8080 --key sk-x big --mib 5
+  python perf/probe_hardening.py --url http://127.0.0.1:8080 --key sk-x burst --n 32
+  python perf/probe_hardening.py --url http://127.0.0.1:8080 --key sk-x big --mib 5
 """
 
 from __future__ import annotations
@@ -39,8 +39,10 @@ async def big(c: httpx.AsyncClient, mib: float) -> None:
         assert r.status_code == 200, r.text
         await asyncio.sleep(0.02)
     r = await task
-    print(f"{len(prompt) / (1 << 20):.1f} MiB prompt: status {r.status_code} ({r.text[:100]!r}); "
-          f"/v1/status worst {worst * 1000:.0f} ms over {polls} polls")
+    print(
+        f"{len(prompt) / (1 << 20):.1f} MiB prompt: status {r.status_code} ({r.text[:100]!r}); "
+        f"/v1/status worst {worst * 1000:.0f} ms over {polls} polls"
+    )
 
 
 async def main() -> None:

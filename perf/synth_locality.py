@@ -19,29 +19,57 @@ from pathlib import Path
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType as Q
-from strata.tiers import sim, trace
 
 from strata.engine import Engine
 from strata.sampling.params import SamplingParams
 from strata.synth import write_synth
 from strata.synth.shapes import QWEN3NEXT, Shape
+from strata.tiers import sim, trace
 
 TOKENIZER = Path.home() / ".cache/strata/fixtures/qwen3_tokenizer/package/models"
 
 
 def shape(a: argparse.Namespace) -> Shape:
-    common = {"n_layer": a.layers, "d_model": a.d_model, "n_head": 4, "n_kv": 2, "head_dim": a.head_dim,
-              "n_expert": a.experts, "top_k": a.top_k, "expert_ff": 256, "dense_ff": 768, "n_ctx": 8192,
-              "tied": True}
+    common = {
+        "n_layer": a.layers,
+        "d_model": a.d_model,
+        "n_head": 4,
+        "n_kv": 2,
+        "head_dim": a.head_dim,
+        "n_expert": a.experts,
+        "top_k": a.top_k,
+        "expert_ff": 256,
+        "dense_ff": 768,
+        "n_ctx": 8192,
+        "tied": True,
+    }
     if a.arch == QWEN3NEXT:
-        return Shape(QWEN3NEXT, "locality", rope_base=1e7, shared_ff=256, full_attn_interval=4, lin_k_heads=2,
-                     lin_v_heads=4, lin_head_dim=64, conv_kernel=4, rotary_factor=0.25, **common)
+        return Shape(
+            QWEN3NEXT,
+            "locality",
+            rope_base=1e7,
+            shared_ff=256,
+            full_attn_interval=4,
+            lin_k_heads=2,
+            lin_v_heads=4,
+            lin_head_dim=64,
+            conv_kernel=4,
+            rotary_factor=0.25,
+            **common,
+        )
     return Shape("qwen3moe", "locality", rope_base=1e6, **common)
 
 
 def routes(path: Path, out: Path, tokens: int) -> np.ndarray:
-    eng = Engine.load(path, device="cpu", backend="numpy", expert_cache="off", prefetch=0,
-                      routing_profile="off", record_routes=str(out))
+    eng = Engine.load(
+        path,
+        device="cpu",
+        backend="numpy",
+        expert_cache="off",
+        prefetch=0,
+        routing_profile="off",
+        record_routes=str(out),
+    )
     ids, st = np.random.default_rng(0).integers(10, 150_000, tokens), eng.new_state()
     for i in range(0, tokens, 256):
         eng.model.forward(ids[i : i + 256], st, all_logits=False)
@@ -52,27 +80,42 @@ def routes(path: Path, out: Path, tokens: int) -> np.ndarray:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="qwen3moe")
-    for flag, default in (("layers", 4), ("d-model", 256), ("head-dim", 64), ("experts", 128), ("top-k", 4),
-                          ("tokens", 2000), ("decode", 200)):
+    for flag, default in (
+        ("layers", 4),
+        ("d-model", 256),
+        ("head-dim", 64),
+        ("experts", 128),
+        ("top-k", 4),
+        ("tokens", 2000),
+        ("decode", 200),
+    ):
         ap.add_argument(f"--{flag}", type=int, default=default)
     ap.add_argument("--modes", default="skew,locality")
     a = ap.parse_args()
     s, e = shape(a), a.experts
     root = Path(tempfile.mkdtemp(prefix="synth_locality_"))
     for mode in a.modes.split(","):
-        path = write_synth(root / f"{mode}.gguf", s, Q.Q8_0, Q.Q8_0, 0.0, TOKENIZER, seed=1,
-                           router_mode=mode).path
+        path = write_synth(
+            root / f"{mode}.gguf", s, Q.Q8_0, Q.Q8_0, 0.0, TOKENIZER, seed=1, router_mode=mode
+        ).path
         ids = routes(path, root / f"{mode}.npz", a.tokens)
         lru = [sim.simulate(ids, e, n, "lru") for n in (e // 8, e // 4)]
         static = sim.simulate(ids, e, e // 16, "static")
-        print(f"{a.arch} {a.layers} layers, {mode}: LRU-{e // 8} {lru[0].hit_rate:.1%} "
-              f"{[round(x, 2) for x in lru[0].per_layer]}, LRU-{e // 4} {lru[1].hit_rate:.1%} "
-              f"{[round(x, 2) for x in lru[1].per_layer]}, static-{e // 16} {static.hit_rate:.1%}")
+        print(
+            f"{a.arch} {a.layers} layers, {mode}: LRU-{e // 8} {lru[0].hit_rate:.1%} "
+            f"{[round(x, 2) for x in lru[0].per_layer]}, LRU-{e // 4} {lru[1].hit_rate:.1%} "
+            f"{[round(x, 2) for x in lru[1].per_layer]}, static-{e // 16} {static.hit_rate:.1%}"
+        )
         if a.decode:
-            eng = Engine.load(path, device="cpu", backend="numpy", expert_cache="25%", prefetch=4,
-                              routing_profile="off")  # the static fill, not a profile of the last run
-            eng.generate(list(range(30, 62)), max_tokens=a.decode, params=SamplingParams(temperature=0.0),
-                         ignore_eos=True).run()
+            eng = Engine.load(
+                path, device="cpu", backend="numpy", expert_cache="25%", prefetch=4, routing_profile="off"
+            )  # the static fill, not a profile of the last run
+            eng.generate(
+                list(range(30, 62)),
+                max_tokens=a.decode,
+                params=SamplingParams(temperature=0.0),
+                ignore_eos=True,
+            ).run()
             print(f"  decode {a.decode} tokens, 25% cache: {eng.expert_cache.prefetch.line()}")
 
 

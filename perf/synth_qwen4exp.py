@@ -87,18 +87,34 @@ def write(path: Path, s: Synth, seed: int = 0) -> Path:
     k = lambda suffix: f"{ARCH}.{suffix}"
     n_d, c = s.hc * s.d, 2 * s.lin_k_heads * s.lin_dim + s.lin_v_heads * s.lin_dim
     linear = [i != s.layers - 1 for i in range(s.layers)]
-    for key, val in ((Keys.BLOCK_COUNT, s.layers), (Keys.CONTEXT_LENGTH, 262144), (Keys.EMBEDDING_LENGTH, s.d),
-                     (Keys.HEAD_COUNT, s.heads), (Keys.HEAD_COUNT_KV, s.kv_heads), (Keys.KEY_LENGTH, s.head_dim),
-                     (Keys.VALUE_LENGTH, s.head_dim), (Keys.ROPE_DIMENSION_COUNT, s.rot),
-                     (Keys.EXPERT_COUNT, s.experts), (Keys.EXPERT_USED_COUNT, s.top_k),
-                     (Keys.EXPERT_FEED_FORWARD_LENGTH, s.ffn), (Keys.EXPERT_SHARED_FEED_FORWARD_LENGTH, s.shared_ffn),
-                     (Keys.SSM_CONV_KERNEL, s.conv), (Keys.SSM_STATE_SIZE, s.lin_dim),
-                     (Keys.SSM_GROUP_COUNT, s.lin_k_heads), (Keys.SSM_TIME_STEP_RANK, s.lin_v_heads),
-                     (Keys.SSM_INNER_SIZE, s.lin_v_heads * s.lin_dim), (Keys.HC_COUNT, s.hc),
-                     (Keys.HC_LOW_RANK, s.hc_rank), (Keys.INDEXER_HEAD_COUNT, s.idx_heads),
-                     (Keys.INDEXER_KEY_LENGTH, s.idx_dim), (Keys.INDEXER_TOP_K, s.idx_budget),
-                     (Keys.PLE_NGRAM_SIZE, s.ngram), (Keys.PLE_HEADS_PER_NGRAM, s.heads_per_ngram),
-                     (Keys.PLE_CONV_KERNEL, s.ple_kernel), (Keys.PLE_EOS_TOKEN_ID, s.eos)):
+    for key, val in (
+        (Keys.BLOCK_COUNT, s.layers),
+        (Keys.CONTEXT_LENGTH, 262144),
+        (Keys.EMBEDDING_LENGTH, s.d),
+        (Keys.HEAD_COUNT, s.heads),
+        (Keys.HEAD_COUNT_KV, s.kv_heads),
+        (Keys.KEY_LENGTH, s.head_dim),
+        (Keys.VALUE_LENGTH, s.head_dim),
+        (Keys.ROPE_DIMENSION_COUNT, s.rot),
+        (Keys.EXPERT_COUNT, s.experts),
+        (Keys.EXPERT_USED_COUNT, s.top_k),
+        (Keys.EXPERT_FEED_FORWARD_LENGTH, s.ffn),
+        (Keys.EXPERT_SHARED_FEED_FORWARD_LENGTH, s.shared_ffn),
+        (Keys.SSM_CONV_KERNEL, s.conv),
+        (Keys.SSM_STATE_SIZE, s.lin_dim),
+        (Keys.SSM_GROUP_COUNT, s.lin_k_heads),
+        (Keys.SSM_TIME_STEP_RANK, s.lin_v_heads),
+        (Keys.SSM_INNER_SIZE, s.lin_v_heads * s.lin_dim),
+        (Keys.HC_COUNT, s.hc),
+        (Keys.HC_LOW_RANK, s.hc_rank),
+        (Keys.INDEXER_HEAD_COUNT, s.idx_heads),
+        (Keys.INDEXER_KEY_LENGTH, s.idx_dim),
+        (Keys.INDEXER_TOP_K, s.idx_budget),
+        (Keys.PLE_NGRAM_SIZE, s.ngram),
+        (Keys.PLE_HEADS_PER_NGRAM, s.heads_per_ngram),
+        (Keys.PLE_CONV_KERNEL, s.ple_kernel),
+        (Keys.PLE_EOS_TOKEN_ID, s.eos),
+    ):
         w.add_uint32(k(key), val)
     w.add_float32(k(Keys.ROPE_FREQ_BASE), 1e7)
     w.add_float32(k(Keys.RMS_EPS), 1e-6)
@@ -111,8 +127,12 @@ def write(path: Path, s: Synth, seed: int = 0) -> Path:
     u64 = gguf.GGUFValueType.UINT64
     mult = [2 * int(m) + 1 for m in r.rng.integers(1, (2**63 - 1) // s.vocab // 2, s.ngram)]
     w.add_key_value(k(Keys.PLE_LAYER_MULTIPLIERS), mult, gguf.GGUFValueType.ARRAY, sub_type=u64)
-    w.add_key_value(k(Keys.PLE_HEAD_OFFSETS), [int(x) for x in np.cumsum([0, *vocab[:-1]])],
-                    gguf.GGUFValueType.ARRAY, sub_type=u64)
+    w.add_key_value(
+        k(Keys.PLE_HEAD_OFFSETS),
+        [int(x) for x in np.cumsum([0, *vocab[:-1]])],
+        gguf.GGUFValueType.ARRAY,
+        sub_type=u64,
+    )
     w.add_key_value(k(Keys.PLE_HEAD_VOCAB_SIZES), vocab, gguf.GGUFValueType.ARRAY, sub_type=u64)
 
     def mat(name: str, rows: int, cols: int, dtype: type = np.float16) -> None:

@@ -88,5 +88,10 @@ class HostAhead:
     def _step(self, tokens: list[int]) -> np.ndarray:
         states = self._states
         logits = self.model.forward_batch([np.asarray([t], np.int64) for t in tokens], states)
-        return np.asarray([sample(row, s.tokens, p, seed, s.n_past)
-                           for row, s, (p, seed) in zip(logits, states, self._draws)], np.int64)
+        return np.asarray(
+            [
+                sample(row, s.tokens, p, seed, s.n_past)
+                for row, s, (p, seed) in zip(logits, states, self._draws)
+            ],
+            np.int64,
+        )

@@ -44,15 +44,25 @@ class Metrics:
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, buckets=buckets, registry=r)
 
-        self.ttft = histogram("strata_time_to_first_token_seconds",
-                              "Submit to a request's first token (queue wait included)", WAIT_BUCKETS)
-        self.inter_token = histogram("strata_inter_token_latency_seconds",
-                                     "Between a stream's consecutive tokens", STEP_BUCKETS)
+        self.ttft = histogram(
+            "strata_time_to_first_token_seconds",
+            "Submit to a request's first token (queue wait included)",
+            WAIT_BUCKETS,
+        )
+        self.inter_token = histogram(
+            "strata_inter_token_latency_seconds", "Between a stream's consecutive tokens", STEP_BUCKETS
+        )
         self.queue_wait = histogram("strata_queue_wait_seconds", "Submit to a batch slot", WAIT_BUCKETS)
-        self.window = histogram("strata_window_seconds", "One engine step: a token for every running slot "
-                                "and at most one prompt chunk", STEP_BUCKETS)
-        self.prefill_chunk = histogram("strata_prefill_chunk_seconds", "Windows that read a prompt chunk "
-                                       "(streams decoding beside it included)", WAIT_BUCKETS)
+        self.window = histogram(
+            "strata_window_seconds",
+            "One engine step: a token for every running slot and at most one prompt chunk",
+            STEP_BUCKETS,
+        )
+        self.prefill_chunk = histogram(
+            "strata_prefill_chunk_seconds",
+            "Windows that read a prompt chunk (streams decoding beside it included)",
+            WAIT_BUCKETS,
+        )
         r.register(_Totals(scheduler))
 
     def render(self) -> bytes:
@@ -85,19 +95,29 @@ class _Totals:
 
     def collect(self) -> Iterator[Metric]:
         sch, c = self.sch, self.sch.counters
-        outcomes = CounterMetricFamily("strata_requests_total", "Requests ended, by outcome (the scheduler's "
-                                       "finish reason; error: the window failed)", labels=["outcome"])
+        outcomes = CounterMetricFamily(
+            "strata_requests_total",
+            "Requests ended, by outcome (the scheduler's finish reason; error: the window failed)",
+            labels=["outcome"],
+        )
         for reason in OUTCOMES:
             outcomes.add_metric([reason.value], c.outcomes.get(reason, 0))
         yield outcomes
         yield CounterMetricFamily("strata_prompt_tokens_total", "Prompt tokens prefilled", c.prompt_tokens)
-        yield CounterMetricFamily("strata_prompt_tokens_cached_total",
-                                  "Prompt tokens reused from the prefix cache", c.cached_prompt_tokens)
+        yield CounterMetricFamily(
+            "strata_prompt_tokens_cached_total",
+            "Prompt tokens reused from the prefix cache",
+            c.cached_prompt_tokens,
+        )
         yield CounterMetricFamily("strata_generated_tokens_total", "Tokens generated", c.generated_tokens)
-        yield CounterMetricFamily("strata_prompt_seconds_total", "Window seconds spent on prompt tokens "
-                                  "(a window's time split by the tokens it fed)", c.prompt_seconds)
-        yield CounterMetricFamily("strata_decode_seconds_total", "Window seconds spent on decode tokens",
-                                  c.decode_seconds)
+        yield CounterMetricFamily(
+            "strata_prompt_seconds_total",
+            "Window seconds spent on prompt tokens (a window's time split by the tokens it fed)",
+            c.prompt_seconds,
+        )
+        yield CounterMetricFamily(
+            "strata_decode_seconds_total", "Window seconds spent on decode tokens", c.decode_seconds
+        )
         yield GaugeMetricFamily("strata_slots_busy", "Slots holding a request now", sch.busy_slots)
         yield GaugeMetricFamily("strata_slots_total", "Configured slots (--parallel)", sch.parallel)
         yield GaugeMetricFamily("strata_queue_depth", "Requests waiting for a slot", sch.queue_depth)
@@ -105,10 +125,12 @@ class _Totals:
         yield from _expert_cache(sch)
         ledger = getattr(sch.engine.model, "ledger", None)  # the GPU model's VRAM account
         if ledger is not None:
-            yield GaugeMetricFamily("strata_vram_used_bytes", "VRAM Strata holds (weights, buffers, KV)",
-                                    ledger.used)
-            yield GaugeMetricFamily("strata_vram_budget_bytes", "The VRAM budget (--vram-budget-mib)",
-                                    ledger.budget)
+            yield GaugeMetricFamily(
+                "strata_vram_used_bytes", "VRAM Strata holds (weights, buffers, KV)", ledger.used
+            )
+            yield GaugeMetricFamily(
+                "strata_vram_budget_bytes", "The VRAM budget (--vram-budget-mib)", ledger.budget
+            )
 
 
 def _prefix_cache(sch: Scheduler) -> Iterator[Metric]:
@@ -117,46 +139,67 @@ def _prefix_cache(sch: Scheduler) -> Iterator[Metric]:
         return
     yield GaugeMetricFamily("strata_prefix_cache_entries", "Prompt states kept", len(pc))
     yield GaugeMetricFamily("strata_prefix_cache_bytes", "RAM the kept prompt states take", pc.used)
-    yield GaugeMetricFamily("strata_prefix_cache_budget_bytes", "The prefix cache's RAM (--cache-ram-mib)",
-                            pc.budget)
-    yield CounterMetricFamily("strata_prefix_cache_hits_total", "Requests that restored a cached prefix",
-                              pc.hits)
-    yield CounterMetricFamily("strata_prefix_cache_reused_tokens_total", "Prompt tokens restored from it",
-                              pc.reused_tokens)
+    yield GaugeMetricFamily(
+        "strata_prefix_cache_budget_bytes", "The prefix cache's RAM (--cache-ram-mib)", pc.budget
+    )
+    yield CounterMetricFamily(
+        "strata_prefix_cache_hits_total", "Requests that restored a cached prefix", pc.hits
+    )
+    yield CounterMetricFamily(
+        "strata_prefix_cache_reused_tokens_total", "Prompt tokens restored from it", pc.reused_tokens
+    )
 
 
 def _expert_cache(sch: Scheduler) -> Iterator[Metric]:
     cache = sch.engine.expert_cache
     if cache is None:
         return
-    yield GaugeMetricFamily("strata_expert_cache_slots",
-                            "Expert cache slots (VRAM; RAM for the CPU stand-in)", cache.n_slots)
-    yield GaugeMetricFamily("strata_expert_cache_bytes", "Bytes of the expert cache's slots",
-                            cache.n_slots * cache.layout.slot_bytes)
+    yield GaugeMetricFamily(
+        "strata_expert_cache_slots", "Expert cache slots (VRAM; RAM for the CPU stand-in)", cache.n_slots
+    )
+    yield GaugeMetricFamily(
+        "strata_expert_cache_bytes",
+        "Bytes of the expert cache's slots",
+        cache.n_slots * cache.layout.slot_bytes,
+    )
     pinned = getattr(cache.arena, "nbytes", None)  # a pinned arena; the file's mapping has no size of its own
     if pinned is not None:
-        yield GaugeMetricFamily("strata_pinned_arena_bytes", "Page-locked RAM holding the expert arena "
-                                "(every expert, or what --ram-budget-mib allows)", pinned())
-    yield GaugeMetricFamily("strata_arena_experts", "Experts with a copy in the RAM tier",
-                            int(cache.in_ram.sum()))
-    yield GaugeMetricFamily("strata_mmap_experts", "Experts only the file's mapping holds (--ram-budget-mib)",
-                            int((~cache.in_ram).sum()))
+        yield GaugeMetricFamily(
+            "strata_pinned_arena_bytes",
+            "Page-locked RAM holding the expert arena (every expert, or what --ram-budget-mib allows)",
+            pinned(),
+        )
+    yield GaugeMetricFamily(
+        "strata_arena_experts", "Experts with a copy in the RAM tier", int(cache.in_ram.sum())
+    )
+    yield GaugeMetricFamily(
+        "strata_mmap_experts",
+        "Experts only the file's mapping holds (--ram-budget-mib)",
+        int((~cache.in_ram).sum()),
+    )
     ring = getattr(cache.slots, "ring", None)
-    yield CounterMetricFamily("strata_bounce_bytes_total", "Bytes copied from the file's mapping through "
-                              "the pinned bounce ring (fills, staging, restores)",
-                              ring.bytes if ring is not None else 0)
-    yield CounterMetricFamily("strata_expert_swaps_total", "Experts the cache policy copied into slots",
-                              cache.swaps)
-    yield CounterMetricFamily("strata_expert_swap_bytes_total", "Bytes the cache policy copied into slots",
-                              cache.swap_bytes)
+    yield CounterMetricFamily(
+        "strata_bounce_bytes_total",
+        "Bytes copied from the file's mapping through the pinned bounce ring (fills, staging, restores)",
+        ring.bytes if ring is not None else 0,
+    )
+    yield CounterMetricFamily(
+        "strata_expert_swaps_total", "Experts the cache policy copied into slots", cache.swaps
+    )
+    yield CounterMetricFamily(
+        "strata_expert_swap_bytes_total", "Bytes the cache policy copied into slots", cache.swap_bytes
+    )
     pf = cache.prefetch
-    yield CounterMetricFamily("strata_prefetch_staged_total",
-                              "Expert parts the lookahead copied ahead of the router", pf.staged)
+    yield CounterMetricFamily(
+        "strata_prefetch_staged_total", "Expert parts the lookahead copied ahead of the router", pf.staged
+    )
     yield CounterMetricFamily("strata_prefetch_used_total", "Staged parts the router then used", pf.used)
-    yield CounterMetricFamily("strata_prefetch_saved_bytes_total", "Bytes of staged parts the router used",
-                              pf.used_bytes)
-    yield CounterMetricFamily("strata_prefetch_wasted_bytes_total", "Bytes the lookahead copied for nothing",
-                              pf.wasted_bytes)
+    yield CounterMetricFamily(
+        "strata_prefetch_saved_bytes_total", "Bytes of staged parts the router used", pf.used_bytes
+    )
+    yield CounterMetricFamily(
+        "strata_prefetch_wasted_bytes_total", "Bytes the lookahead copied for nothing", pf.wasted_bytes
+    )
     by_phase = {  # a counter each, labelled decode / prefill
         "lookups": ("strata_expert_lookups_total", "Routed experts looked up"),
         "hits": ("strata_expert_hits_total", "Routed experts found in a slot"),
@@ -168,8 +211,14 @@ def _expert_cache(sch: Scheduler) -> Iterator[Metric]:
     }
     families = {k: CounterMetricFamily(name, doc, labels=["phase"]) for k, (name, doc) in by_phase.items()}
     for phase, t in (("decode", cache.use.decode), ("prefill", cache.use.prefill)):
-        for key, value in (("lookups", t.lookups), ("hits", t.hits), ("misses", t.lookups - t.hits),
-                           ("pcie", t.pcie_bytes), ("cpu", t.cpu_calls), ("mmap_reads", t.mmap_reads),
-                           ("mmap_bytes", t.mmap_bytes)):
+        for key, value in (
+            ("lookups", t.lookups),
+            ("hits", t.hits),
+            ("misses", t.lookups - t.hits),
+            ("pcie", t.pcie_bytes),
+            ("cpu", t.cpu_calls),
+            ("mmap_reads", t.mmap_reads),
+            ("mmap_bytes", t.mmap_bytes),
+        ):
             families[key].add_metric([phase], value)
     yield from families.values()

@@ -57,7 +57,9 @@ class PrefillPacer:
         """A window took `seconds`: decode-only (n_prefill 0: the streams' cadence), or reading n_prefill
         prompt tokens beside running streams (streams) or alone."""
         if n_prefill == 0:
-            self.decode_s = seconds if self.decode_s is None else (1 - _ALPHA) * self.decode_s + _ALPHA * seconds
+            self.decode_s = (
+                seconds if self.decode_s is None else (1 - _ALPHA) * self.decode_s + _ALPHA * seconds
+            )
             self._owed = max(0, self._owed - 1)
             return
         if n_prefill >= BIG:  # what the window took beyond a decode window's fixed part, per token
@@ -77,14 +79,18 @@ class PrefillPacer:
         d = self.decode_s
         ns = [n for n, _ in self._mixed]
         ts = [t for _, t in self._mixed]
-        if len(set(ns)) >= 2 and max(ns) >= BIG:  # least squares over recent mixed windows, large ones among them
+        if (
+            len(set(ns)) >= 2 and max(ns) >= BIG
+        ):  # least squares over recent mixed windows, large ones among them
             mn, mt = sum(ns) / len(ns), sum(ts) / len(ts)
             b = sum((n - mn) * (t - mt) for n, t in zip(ns, ts)) / sum((n - mn) ** 2 for n in ns)
             if b > 0 and mt - b * mn >= 0:
                 return mt - b * mn, b
         if self._per_token is not None:  # the fixed part is at least a decode window
             return max(d, max((t - self._per_token * n for n, t in self._mixed), default=d)), self._per_token
-        return d, max(sum(t - d for t in ts) / sum(ns), 1e-9)  # one size seen: beyond a decode window, per token
+        return d, max(
+            sum(t - d for t in ts) / sum(ns), 1e-9
+        )  # one size seen: beyond a decode window, per token
 
     def chunk(self, max_chunk: int, remaining: int) -> int:
         """Prompt tokens for the next window beside running streams, of `remaining` still to read (0: this one

@@ -50,7 +50,7 @@ class PrefixCache:
         a request: a snapshot that cannot be made is not kept."""
         try:
             snap = state.snapshot()
-        except Exception:  # noqa: BLE001 - e.g. no VRAM for a copy on the way: serve on without caching
+        except Exception:
             log.exception("prefix cache: could not snapshot a state of %d tokens", state.n_past)
             return
         size = snap.nbytes()
@@ -89,7 +89,7 @@ class PrefixCache:
         self._entries.move_to_end(best_key)
         try:
             fresh.restore(entry.state)
-        except Exception:  # noqa: BLE001 - e.g. no VRAM to bring it back: prefill from scratch instead
+        except Exception:
             log.exception("prefix cache: could not restore %d cached tokens", best_len)
             return 0
         fresh.kv.truncate(best_len)

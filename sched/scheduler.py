@@ -32,6 +32,8 @@ import numpy as np
 
 from strata.engine import Engine
 from strata.errors import StrataError
+from strata.runtime.finish import FinishReason
+from strata.runtime.sequence import ActiveSequence, Chunk
 from strata.sched.ahead import Ahead, HostAhead
 from strata.sched.constraints import request_constraints
 from strata.sched.faults import FaultHook
@@ -39,11 +41,13 @@ from strata.sched.metrics import Metrics
 from strata.sched.pacer import PrefillPacer
 from strata.sched.prefix_cache import PrefixCache
 from strata.sched.request import (
-    DoneEvent, ErrorEvent, Request, RequestState, TokenEvent,
+    DoneEvent,
+    ErrorEvent,
+    Request,
+    RequestState,
+    TokenEvent,
 )
 from strata.sched.slots import Counters, QueueFullError, Slot
-from strata.runtime.finish import FinishReason
-from strata.runtime.sequence import ActiveSequence, Chunk
 from strata.tiers.telemetry import hit_rate_line, note
 
 __all__ = ["QueueFullError", "Scheduler", "ShuttingDownError"]
@@ -56,8 +60,15 @@ class ShuttingDownError(StrataError):
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, parallel: int = 4, queue_limit: int = 0,
-                 prefix_cache: PrefixCache | None = None, watchdog_s: float = 60.0, decode_ahead: bool = True) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        parallel: int = 4,
+        queue_limit: int = 0,
+        prefix_cache: PrefixCache | None = None,
+        watchdog_s: float = 60.0,
+        decode_ahead: bool = True,
+    ) -> None:
         self.engine = engine
         self.parallel = parallel
         self.queue_limit = queue_limit
@@ -80,10 +91,14 @@ class Scheduler:
         # the model's own pipeline (the GPU's draws inside the decode graph) or the host's, for any model
         make = getattr(engine.model, "decode_ahead", None)
         self._ahead: Ahead = (make() if make is not None else None) or HostAhead(engine.model, parallel)
-        self.decode_ahead = decode_ahead  # False: every window waits for the host's work on the last (--decode-ahead off)
+        self.decode_ahead = (
+            decode_ahead  # False: every window waits for the host's work on the last (--decode-ahead off)
+        )
         self._live: list[Slot] | None = None  # the slots of the pipeline's launch in flight
         self._reset_due = False  # a failed window left the pipeline with launches to drop
-        self._decode_mark: float | None = None  # when the last decode-only window's tokens came (pacer cadence)
+        self._decode_mark: float | None = (
+            None  # when the last decode-only window's tokens came (pacer cadence)
+        )
 
     # ---- public, on the loop ----------------------------------------------------------------
     def start(self) -> None:
@@ -194,14 +209,24 @@ class Scheduler:
         """The pipeline's next launch would serve the same slots: nobody left, nobody waits for a slot."""
         live = self._live
         assert live is not None
-        return (live == self._slots and not any(s.req.cancelled for s in live)
-                and not (self._queue and len(self._slots) < self.parallel))
+        return (
+            live == self._slots
+            and not any(s.req.cancelled for s in live)
+            and not (self._queue and len(self._slots) < self.parallel)
+        )
 
     def _pipelined(self, window: list[tuple[Slot, np.ndarray]]) -> bool:
         ahead = self._ahead
-        return (self.decode_ahead and 0 < len(window) == len(self._slots) <= ahead.max_batch
-                and all(s.req.state is not RequestState.ADMITTING and not s.seq.constraints
-                        and ahead.drawable(s.seq.params) for s, _ in window))
+        return (
+            self.decode_ahead
+            and 0 < len(window) == len(self._slots) <= ahead.max_batch
+            and all(
+                s.req.state is not RequestState.ADMITTING
+                and not s.seq.constraints
+                and ahead.drawable(s.seq.params)
+                for s, _ in window
+            )
+        )
 
     async def _ahead_window(self, window: list[tuple[Slot, np.ndarray]]) -> None:
         slots = [s for s, _ in window]
@@ -294,10 +319,18 @@ class Scheduler:
     def _new_slot(self, req: Request) -> Slot:
         state = self.engine.new_state()
         cached = self.prefix_cache.lookup(req.prompt_ids, state) if self.prefix_cache else 0
-        seq = ActiveSequence(self.engine.tokenizer, state, req.prompt_ids, params=req.params, seed=req.seed,
-                             max_tokens=req.max_tokens, stop=req.stop, ignore_eos=req.ignore_eos,
-                             constraints=request_constraints(req, self.engine.tokenizer, self._masks),
-                             tiered=self.engine.expert_cache is not None)
+        seq = ActiveSequence(
+            self.engine.tokenizer,
+            state,
+            req.prompt_ids,
+            params=req.params,
+            seed=req.seed,
+            max_tokens=req.max_tokens,
+            stop=req.stop,
+            ignore_eos=req.ignore_eos,
+            constraints=request_constraints(req, self.engine.tokenizer, self._masks),
+            tiered=self.engine.expert_cache is not None,
+        )
         return Slot(req, seq, cached)
 
     def _plan(self) -> list[tuple[Slot, np.ndarray]]:
@@ -320,7 +353,9 @@ class Scheduler:
                 window.append((s, s.seq.next_input(1)))
         return window
 
-    def _commit(self, window: list[tuple[Slot, np.ndarray]], logits: list[np.ndarray], seconds: float) -> None:
+    def _commit(
+        self, window: list[tuple[Slot, np.ndarray]], logits: list[np.ndarray], seconds: float
+    ) -> None:
         n_prefill = sum(len(t) for s, t in window if s.req.state is RequestState.ADMITTING)
         self.counters.add_window(seconds, n_prefill, len(window))
         self.metrics.window_done(seconds, n_prefill)
@@ -330,8 +365,15 @@ class Scheduler:
             self.pacer.observe(self._cadence(seconds), 0)
         if n_prefill:
             self._decode_mark = None
-            log.debug("window: %d rows, %d prompt tokens, %.1f ms; pacer fit %s, decode %s, owed %d", len(window),
-                      n_prefill, seconds * 1e3, self.pacer.cost(), self.pacer.decode_s, self.pacer.owed)
+            log.debug(
+                "window: %d rows, %d prompt tokens, %.1f ms; pacer fit %s, decode %s, owed %d",
+                len(window),
+                n_prefill,
+                seconds * 1e3,
+                self.pacer.cost(),
+                self.pacer.decode_s,
+                self.pacer.owed,
+            )
         for (slot, _), row in zip(window, logits):
             try:
                 self._commit_one(slot, row)
@@ -342,8 +384,11 @@ class Scheduler:
 
     def _commit_one(self, slot: Slot, row: np.ndarray) -> None:
         req, seq = slot.req, slot.seq
-        if (req.state is RequestState.ADMITTING and self.prefix_cache is not None
-                and self.prefix_cache.wants(seq.state, len(seq.prompt))):
+        if (
+            req.state is RequestState.ADMITTING
+            and self.prefix_cache is not None
+            and self.prefix_cache.wants(seq.state, len(seq.prompt))
+        ):
             self.prefix_cache.store(seq.state)
         self._emit(slot, seq.accept(row))
         if req.state is RequestState.ADMITTING and seq.state.n_past >= len(seq.prompt):
@@ -369,8 +414,11 @@ class Scheduler:
             note(hit_rate_line(r.timings.experts.decode))
         if self.prefix_cache is not None and reason is not FinishReason.CANCELLED:
             self.prefix_cache.store(slot.seq.state)
-        req.events.put_nowait(DoneEvent(reason, r.stop_string, len(req.prompt_ids), slot.cached,
-                                        len(r.tokens), r.timings.to_dict()))
+        req.events.put_nowait(
+            DoneEvent(
+                reason, r.stop_string, len(req.prompt_ids), slot.cached, len(r.tokens), r.timings.to_dict()
+            )
+        )
 
     def _reap_cancelled(self) -> None:
         for slot in [s for s in self._slots if s.req.cancelled]:

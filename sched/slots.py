@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 from strata.errors import StrataError
 from strata.runtime.finish import FinishReason
-from strata.sched.request import Request
 from strata.runtime.sequence import ActiveSequence, GenerationResult
+from strata.sched.request import Request
 
 
 class QueueFullError(StrataError):

@@ -12,9 +12,14 @@ from typing import Any
 
 __all__ = ["Engine", "FinishReason", "Generation", "GenerationResult", "SamplingParams", "StrataError"]
 
-_HOME = {"Engine": "strata.engine", "Generation": "strata.engine", "GenerationResult": "strata.engine",
-         "FinishReason": "strata.runtime.finish", "SamplingParams": "strata.sampling.params",
-         "StrataError": "strata.errors"}
+_HOME = {
+    "Engine": "strata.engine",
+    "Generation": "strata.engine",
+    "GenerationResult": "strata.engine",
+    "FinishReason": "strata.runtime.finish",
+    "SamplingParams": "strata.sampling.params",
+    "StrataError": "strata.errors",
+}
 
 
 def __getattr__(name: str) -> Any:

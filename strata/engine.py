@@ -17,8 +17,8 @@ from strata.conf import EngineOptions
 from strata.conf.engine import parse_overrides
 from strata.errors import ConfigError, ContextOverflowError
 from strata.gguf import GGUFFile
-from strata.runtime.kvcache import KVCache, KVType
 from strata.models import Model, model_class
+from strata.runtime.kvcache import KVCache, KVType
 from strata.runtime.sequence import ActiveSequence, Chunk, Constraint, GenerationResult, Timings
 from strata.runtime.state import SequenceState
 from strata.runtime.weights import WeightStore, check_supported
@@ -136,16 +136,34 @@ class Engine:
             from strata.gpu.model import GpuOptions
             from strata.gpu.tiers import TierOptions
 
-            share = TierOptions(parse_pcie_frac(opts.pcie_frac), opts.probe, opts.pool_workers, opts.aux_cpus,
-                                 opts.jit_cache, cache_policy=opts.cache_policy,
-                                 swap_budget=opts.swap_budget_mib << 20, profile=keeper.saved if keeper else None,
-                                 prefetch=opts.prefetch, ram_budget_mib=opts.ram_budget_mib)
-            gpu_opts = GpuOptions(opts.vram_budget_mib, opts.n_ctx, opts.prefill_chunk,
-                                  reserve_mib=opts.vram_reserve_mib, expert_cache=opts.expert_cache, seqs=opts.n_seq,
-                                  tiers=share, kv_type=KVType.INT8 if opts.kv_type == KVType.INT8 else KVType.F16)
+            share = TierOptions(
+                parse_pcie_frac(opts.pcie_frac),
+                opts.probe,
+                opts.pool_workers,
+                opts.aux_cpus,
+                opts.jit_cache,
+                cache_policy=opts.cache_policy,
+                swap_budget=opts.swap_budget_mib << 20,
+                profile=keeper.saved if keeper else None,
+                prefetch=opts.prefetch,
+                ram_budget_mib=opts.ram_budget_mib,
+            )
+            gpu_opts = GpuOptions(
+                opts.vram_budget_mib,
+                opts.n_ctx,
+                opts.prefill_chunk,
+                reserve_mib=opts.vram_reserve_mib,
+                expert_cache=opts.expert_cache,
+                seqs=opts.n_seq,
+                tiers=share,
+                kv_type=KVType.INT8 if opts.kv_type == KVType.INT8 else KVType.F16,
+            )
             if opts.kv_type == KVType.F32:
-                raise ConfigError("kv_type", opts.kv_type, "the GPU's attention kernels read f16 or int8 cells; "
-                                  "f32 KV runs on the CPU (device=cpu)")
+                raise ConfigError(
+                    "kv_type",
+                    opts.kv_type,
+                    "the GPU's attention kernels read f16 or int8 cells; f32 KV runs on the CPU (device=cpu)",
+                )
             engine = cls(gguf, gpu_model(model_cls(gguf, weights), gpu_opts), Tokenizer.from_gguf(gguf), opts)
             engine.profile_keeper = _count_routing(engine.expert_cache, keeper)
             if opts.record_routes and engine.expert_cache is not None:
@@ -252,9 +270,18 @@ class Engine:
             raise ContextOverflowError(len(ids), self.n_ctx)
         max_tokens = min(max_tokens, self.n_ctx - len(ids))
         seed = params.seed if params.seed is not None else secrets.randbits(63)
-        seq = ActiveSequence(self.tokenizer, self.new_state(), ids, params=params, seed=seed, max_tokens=max_tokens,
-                       stop=stop, ignore_eos=ignore_eos, constraints=constraints,
-                       tiered=self.expert_cache is not None)
+        seq = ActiveSequence(
+            self.tokenizer,
+            self.new_state(),
+            ids,
+            params=params,
+            seed=seed,
+            max_tokens=max_tokens,
+            stop=stop,
+            ignore_eos=ignore_eos,
+            constraints=constraints,
+            tiered=self.expert_cache is not None,
+        )
         return Generation(self._steps(seq), seq.result)
 
     def _steps(self, seq: ActiveSequence) -> Iterator[Chunk]:
@@ -266,5 +293,8 @@ class Engine:
             if tables is not None and start is not None:
                 t = seq.result.timings
                 t.table_rows, t.table_bytes = tables.rows - start[0], tables.bytes - start[1]
-                t.table_disk_bytes, t.table_wait_ms = tables.disk_bytes - start[2], (tables.wait_s - start[3]) * 1e3
+                t.table_disk_bytes, t.table_wait_ms = (
+                    tables.disk_bytes - start[2],
+                    (tables.wait_s - start[3]) * 1e3,
+                )
             yield from seq.accept(logits)

@@ -84,6 +84,8 @@ def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items or _gpu_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU through cupy (cupy missing or cupy.is_available() False)")
+    skip = pytest.mark.skip(
+        reason="needs a CUDA GPU through cupy (cupy missing or cupy.is_available() False)"
+    )
     for item in gpu_items:
         item.add_marker(skip)

@@ -14,10 +14,26 @@ from gguf.constants import GGMLQuantizationType as T
 
 # Byte offsets of fp16 scale fields inside one block (see ggml-common.h block_* structs).
 F16_FIELDS: dict[T, tuple[int, ...]] = {
-    T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
-    T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
-    T.IQ2_XXS: (0,), T.IQ2_XS: (0,), T.IQ2_S: (0,), T.IQ3_XXS: (0,), T.IQ3_S: (0,),
-    T.IQ1_S: (0,), T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.TQ1_0: (52,), T.TQ2_0: (64,),
+    T.Q4_0: (0,),
+    T.Q4_1: (0, 2),
+    T.Q5_0: (0,),
+    T.Q5_1: (0, 2),
+    T.Q8_0: (0,),
+    T.Q2_K: (80, 82),
+    T.Q3_K: (108,),
+    T.Q4_K: (0, 2),
+    T.Q5_K: (0, 2),
+    T.Q6_K: (208,),
+    T.IQ2_XXS: (0,),
+    T.IQ2_XS: (0,),
+    T.IQ2_S: (0,),
+    T.IQ3_XXS: (0,),
+    T.IQ3_S: (0,),
+    T.IQ1_S: (0,),
+    T.IQ4_NL: (0,),
+    T.IQ4_XS: (0,),
+    T.TQ1_0: (52,),
+    T.TQ2_0: (64,),
 }
 
 

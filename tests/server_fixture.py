@@ -46,8 +46,20 @@ def free_port() -> int:
 def running_server(model: Path, *extra: str, key: str | None = API_KEY) -> Iterator[Server]:
     """key=None starts an open server (no --api-key)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "strata", "serve", "--model", str(model), "--port", str(port),
-           *(["--api-key", key] if key else []), "--ctx-size", "2048", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "strata",
+        "serve",
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        *(["--api-key", key] if key else []),
+        "--ctx-size",
+        "2048",
+        *extra,
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # A file, not a pipe: nobody drains a pipe during the tests, and a full pipe blocks the server.
     log = tempfile.TemporaryFile(mode="w+")

@@ -188,10 +188,29 @@ def test_engine_benches_share_the_bench_envelope(tiny_qwen3moe: dict, tmp_path: 
     import subprocess
 
     out = tmp_path / "cpu.json"
-    run = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "perf/bench_cpu.py"),
-                          "--model", str(tiny_qwen3moe["f32"]), "--engines", "numpy", "--prompt", "8", "--gen", "4",
-                          "--reps", "1", "--threads", "1", "--json", str(out)],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).resolve().parents[1] / "perf/bench_cpu.py"),
+            "--model",
+            str(tiny_qwen3moe["f32"]),
+            "--engines",
+            "numpy",
+            "--prompt",
+            "8",
+            "--gen",
+            "4",
+            "--reps",
+            "1",
+            "--threads",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     res = json.loads(out.read_text())
     assert {"started", "cpus"} <= set(res["meta"]) and res["meta"]["bench"] == "perf/bench_cpu.py"
@@ -199,14 +218,28 @@ def test_engine_benches_share_the_bench_envelope(tiny_qwen3moe: dict, tmp_path: 
     assert row["engine"] == "strata numpy" and row["prefill_tok_s"] > 0 and row["decode_tok_s"] > 0
     assert row["decode_vs_llama"] is None  # no llama.cpp asked for
     lines = run.stdout.splitlines()
-    assert "== throughput" in lines and lines[lines.index("== throughput") + 1].split()[:2] == ["model", "engine"]
+    assert "== throughput" in lines and lines[lines.index("== throughput") + 1].split()[:2] == [
+        "model",
+        "engine",
+    ]
 
 
 def test_engine_tables_print_each_scenario_as_the_bench_does() -> None:
     from strata.bench.report import engine_result, engine_tables, run_meta
 
-    res = engine_result(run_meta(bench="x"), {"decode": [{"test": "tg64 b=1", "tok_s": 123.4}], "prefill": []},
-                        strata={"pp512": 1.0})
+    res = engine_result(
+        run_meta(bench="x"),
+        {"decode": [{"test": "tg64 b=1", "tok_s": 123.4}], "prefill": []},
+        strata={"pp512": 1.0},
+    )
     assert res["strata"] == {"pp512": 1.0} and res["scenarios"]["prefill"] == {"rows": []}
     assert engine_tables("title", res).splitlines() == [
-        "title", "", "== decode", "    test  tok_s", "tg64 b=1    123", "", "== prefill", "(no rows)"]
+        "title",
+        "",
+        "== decode",
+        "    test  tok_s",
+        "tg64 b=1    123",
+        "",
+        "== prefill",
+        "(no rows)",
+    ]

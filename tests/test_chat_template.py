@@ -16,7 +16,10 @@ from strata.errors import TemplateError
 from strata.gguf import GGUFFile
 from strata.text.chat_template import ChatTemplate, load_default_template
 
-_CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich", "unit": "celsius"}}}
+_CALL = {
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": {"city": "Zürich", "unit": "celsius"}},
+}
 _ADD = {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 40}}}
 EXTRA_CONVERSATIONS: dict[str, tuple[list[dict], list[dict] | None]] = {
     "reasoning_field": (
@@ -39,7 +42,10 @@ EXTRA_CONVERSATIONS: dict[str, tuple[list[dict], list[dict] | None]] = {
         TOOLS,
     ),
     "assistant_last_with_think": (
-        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<think>\nhm\n</think>\n\nHello!"}],
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "<think>\nhm\n</think>\n\nHello!"},
+        ],
         None,
     ),
 }
@@ -61,9 +67,9 @@ def qwen3(qwen3_tokenizer_dir):
 
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path):
-    return ChatTemplate.from_gguf(GGUFFile(smollm2_path), strata_tokenizer(str(smollm2_path))), hf_gguf_tokenizer(
-        str(smollm2_path)
-    )
+    return ChatTemplate.from_gguf(
+        GGUFFile(smollm2_path), strata_tokenizer(str(smollm2_path))
+    ), hf_gguf_tokenizer(str(smollm2_path))
 
 
 @pytest.mark.parametrize("name", sorted(ALL_CONVERSATIONS))
@@ -116,7 +122,9 @@ def test_smollm2_matches_transformers(smollm2, name):
 
 # ---- environment semantics ------------------------------------------------------------------
 def test_raise_exception_is_template_error():
-    t = ChatTemplate("{% if messages[0].role != 'user' %}{{ raise_exception('Roles must alternate') }}{% endif %}")
+    t = ChatTemplate(
+        "{% if messages[0].role != 'user' %}{{ raise_exception('Roles must alternate') }}{% endif %}"
+    )
     with pytest.raises(TemplateError, match="^Roles must alternate$"):
         t.render([{"role": "assistant", "content": "x"}])
     assert t.render([{"role": "user", "content": "x"}]) == ""
@@ -138,11 +146,15 @@ def test_tojson_has_hf_semantics():
         "{{ v | tojson(sort_keys=true) }}\n{{ v | tojson(ensure_ascii=true) }}"
     )
     out = ChatTemplate(src).render([], v=value)
-    assert out == "\n".join([
-        json.dumps(value, ensure_ascii=False), json.dumps(value, ensure_ascii=False, indent=2),
-        json.dumps(value, ensure_ascii=False, separators=(",", ":")),
-        json.dumps(value, ensure_ascii=False, sort_keys=True), json.dumps(value),
-    ])
+    assert out == "\n".join(
+        [
+            json.dumps(value, ensure_ascii=False),
+            json.dumps(value, ensure_ascii=False, indent=2),
+            json.dumps(value, ensure_ascii=False, separators=(",", ":")),
+            json.dumps(value, ensure_ascii=False, sort_keys=True),
+            json.dumps(value),
+        ]
+    )
 
 
 def test_globals_and_extensions():
@@ -151,14 +163,21 @@ def test_globals_and_extensions():
         "{% if m.role == 'system' %}{% continue %}{% endif %}{{ m.content }}{% endfor %}|"
         "{% generation %}gen{% endgeneration %}|{{ bos_token }}{{ eos_token }}|{{ add_generation_prompt }}"
     )
-    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}, {"role": "user", "content": "X"}]
+    msgs = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "U"},
+        {"role": "user", "content": "X"},
+    ]
     out = ChatTemplate(src, "<s>", "</s>").render(msgs)
     assert out == f"{time.strftime('%Y')}|U|gen|<s></s>|True"
 
 
 def test_trim_and_lstrip_blocks():
     src = "{% for m in messages %}\n    {% if m.content %}\n{{ m.content }}\n    {% endif %}\n{% endfor %}"
-    assert ChatTemplate(src).render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]) == "a\nb\n"
+    assert (
+        ChatTemplate(src).render([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+        == "a\nb\n"
+    )
 
 
 def test_reasoning_fields_are_aliased():
@@ -206,9 +225,14 @@ _TOK = types.SimpleNamespace(bos_token="<s>", eos_token="</s>")
 def test_chatml_default_for_other_architectures(tmp_path):
     t = ChatTemplate.from_gguf(_tiny_gguf(tmp_path / "m.gguf", "llama"), _TOK)
     assert t.source == load_default_template("llama")
-    msgs = [{"role": "user", "content": "hi"},
-            {"role": "assistant", "content": None,
-             "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": '{"x":1}'}}]}]
+    msgs = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": '{"x":1}'}}],
+        },
+    ]
     assert t.render(msgs) == (
         '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}'
         "\n</tool_call><|im_end|>\n<|im_start|>assistant\n"
@@ -216,12 +240,17 @@ def test_chatml_default_for_other_architectures(tmp_path):
 
 
 def test_named_tool_use_variant_is_picked_with_tools(tmp_path):
-    g = _tiny_gguf(tmp_path / "m.gguf", "llama", [{"name": "default", "template": "plain"},
-                                                   {"name": "tool_use", "template": "tools:{{ tools | length }}"}])
+    g = _tiny_gguf(
+        tmp_path / "m.gguf",
+        "llama",
+        [
+            {"name": "default", "template": "plain"},
+            {"name": "tool_use", "template": "tools:{{ tools | length }}"},
+        ],
+    )
     t = ChatTemplate.from_gguf(g, _TOK)
     assert t.render([{"role": "user", "content": "x"}]) == "plain"
     assert t.render([{"role": "user", "content": "x"}], tools=TOOLS) == "tools:2"
-
 
 
 @pytest.mark.parametrize("name", ["smollm2", "gemma3"])

@@ -11,12 +11,24 @@ import pytest
 
 
 def strata(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "strata", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "strata", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_generate_json(smollm2_path: Path) -> None:
-    out = strata("generate", "--model", str(smollm2_path), "--prompt", "The three primary colors are",
-                 "--max-tokens", "5", "--temperature", "0", "--json")
+    out = strata(
+        "generate",
+        "--model",
+        str(smollm2_path),
+        "--prompt",
+        "The three primary colors are",
+        "--max-tokens",
+        "5",
+        "--temperature",
+        "0",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     obj = json.loads(out.stdout)
     assert set(obj) >= {"prompt_ids", "tokens", "text", "timings"}
@@ -62,8 +74,8 @@ def test_bad_files_give_one_line(tmp_path: Path, smollm2_path: Path, kind: str) 
 
 
 def test_unknown_architecture_one_line(tmp_path: Path) -> None:
-    from gguf import GGUFWriter
     import numpy as np
+    from gguf import GGUFWriter
 
     p = tmp_path / "arch.gguf"
     w = GGUFWriter(str(p), "notamodel")
@@ -77,13 +89,18 @@ def test_unknown_architecture_one_line(tmp_path: Path) -> None:
 
 def test_bad_flag_value_names_the_flag(smollm2_path: Path) -> None:
     _assert_one_line_error(
-        strata("generate", "--model", str(smollm2_path), "--prompt", "x", "--temperature", "-3"), "--temperature"
+        strata("generate", "--model", str(smollm2_path), "--prompt", "x", "--temperature", "-3"),
+        "--temperature",
     )
 
 
 def test_usage_errors_are_one_line_and_exit_1(smollm2_path: Path) -> None:
-    for args in (["generate", "--model", str(smollm2_path)], ["generate", "--prompt", "hi", "--max-tokens", "x"],
-                 ["plan"], ["no-such-command"]):
+    for args in (
+        ["generate", "--model", str(smollm2_path)],
+        ["generate", "--prompt", "hi", "--max-tokens", "x"],
+        ["plan"],
+        ["no-such-command"],
+    ):
         out = strata(*args)
         assert out.returncode == 1, (args, out.stderr)
         _assert_one_line_error(out, "strata: error:")
@@ -105,7 +122,24 @@ def test_generate_without_model_uses_strata_model(smollm2_path: Path) -> None:
     import os
 
     env = {**os.environ, "STRATA_MODEL": str(smollm2_path)}
-    out = subprocess.run([sys.executable, "-m", "strata", "generate", "--prompt", "hi", "--max-tokens", "3",
-                          "--temperature", "0", "--json"], capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "strata",
+            "generate",
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "3",
+            "--temperature",
+            "0",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["prompt_ids"]

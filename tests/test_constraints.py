@@ -22,8 +22,15 @@ from strata.constraints.schema import SchemaError, compile_schema, grammar_text,
 from strata.constraints.vocab import byte_vocab
 from strata.text.tokenizer import Tokenizer
 
-WEATHER = {"type": "object", "required": ["city"], "properties": {
-    "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer"}}}
+WEATHER = {
+    "type": "object",
+    "required": ["city"],
+    "properties": {
+        "city": {"type": "string"},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer"},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +65,7 @@ def test_the_mask_keeps_allowed_logits_and_drops_padding(qwen3: Tokenizer) -> No
     logits = np.random.default_rng(0).standard_normal(151_936).astype(np.float32)  # Qwen3's padded rows
     out = c.mask(logits)
     kept = np.isfinite(out)
-    assert np.array_equal(out[kept], logits[kept]) and not kept[qwen3.vocab_size:].any()
+    assert np.array_equal(out[kept], logits[kept]) and not kept[qwen3.vocab_size :].any()
     assert all(qwen3.decode([int(t)]).lstrip().startswith("{") for t in np.flatnonzero(kept))
 
 
@@ -85,21 +92,31 @@ def test_a_refused_token_is_a_constraint_error(qwen3: Tokenizer) -> None:
         c.advance(qwen3.encode("hello", add_special=False)[0])
 
 
-@pytest.mark.parametrize(("schema", "where", "why"), [
-    ({"properties": {"tags": {"type": "array", "uniqueItems": True}}}, "properties.tags.uniqueItems",
-     "uniqueItems"),
-    ({"properties": {"a": {"not": {"type": "null"}}}}, "properties.a.not", "not"),
-    ({"properties": {"code": {"type": "string", "pattern": "(?<=a)b"}}}, "properties.code.pattern",
-     "look-around"),
-    ({"properties": {"a": {"$ref": "#/$defs/missing"}}}, "properties.a.$ref", "does not exist"),
-    ({"properties": {"n": {"type": "quux"}}}, "properties.n.type", "quux"),
-    # the keyword "if", not the property named "not"
-    ({"properties": {"not": {"type": "integer"}}, "if": {"required": ["not"]}}, "if", "if"),
-    ({"enum": []}, "", "Unsatisfiable"),
-    (False, "", "object schema"),
-])
-def test_a_schema_llguidance_cannot_take_names_the_part(qwen3: Tokenizer, schema: Any, where: str,
-                                                        why: str) -> None:
+@pytest.mark.parametrize(
+    ("schema", "where", "why"),
+    [
+        (
+            {"properties": {"tags": {"type": "array", "uniqueItems": True}}},
+            "properties.tags.uniqueItems",
+            "uniqueItems",
+        ),
+        ({"properties": {"a": {"not": {"type": "null"}}}}, "properties.a.not", "not"),
+        (
+            {"properties": {"code": {"type": "string", "pattern": "(?<=a)b"}}},
+            "properties.code.pattern",
+            "look-around",
+        ),
+        ({"properties": {"a": {"$ref": "#/$defs/missing"}}}, "properties.a.$ref", "does not exist"),
+        ({"properties": {"n": {"type": "quux"}}}, "properties.n.type", "quux"),
+        # the keyword "if", not the property named "not"
+        ({"properties": {"not": {"type": "integer"}}, "if": {"required": ["not"]}}, "if", "if"),
+        ({"enum": []}, "", "Unsatisfiable"),
+        (False, "", "object schema"),
+    ],
+)
+def test_a_schema_llguidance_cannot_take_names_the_part(
+    qwen3: Tokenizer, schema: Any, where: str, why: str
+) -> None:
     with pytest.raises(SchemaError) as e:
         compile_schema(schema, qwen3)
     assert e.value.where == where and why in e.value.reason
@@ -120,9 +137,10 @@ def test_declared_properties_close_the_object_unless_it_says_otherwise() -> None
     assert not accepts(WEATHER, '{"city": "a", "x": 1}')
     assert accepts({**WEATHER, "additionalProperties": True}, '{"city": "a", "x": [1, {}]}')
     assert accepts({"type": "object"}, '{"anything": [1, {"x": null}]}')
-    merged = {"$defs": {"base": {"properties": {"id": {"type": "integer"}}, "required": ["id"]}},
-              "allOf": [{"$ref": "#/$defs/base"},
-                        {"properties": {"tag": {"type": "string"}}, "required": ["tag"]}]}
+    merged = {
+        "$defs": {"base": {"properties": {"id": {"type": "integer"}}, "required": ["id"]}},
+        "allOf": [{"$ref": "#/$defs/base"}, {"properties": {"tag": {"type": "string"}}, "required": ["tag"]}],
+    }
     assert accepts(merged, '{"id": 1, "tag": "x"}')  # allOf's objects stay open: each declares part of it
 
 
@@ -142,10 +160,17 @@ def test_whitespace_is_enough_to_pretty_print_and_bounded() -> None:
 
 
 def test_forced_call_seeds_and_tool_refs(qwen3: Tokenizer) -> None:
-    point = {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
-             "required": ["x", "y"]}
-    plot = {"$defs": {"point": point},
-            "type": "object", "properties": {"origin": {"$ref": "#/$defs/point"}}, "required": ["origin"]}
+    point = {
+        "type": "object",
+        "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+        "required": ["x", "y"],
+    }
+    plot = {
+        "$defs": {"point": point},
+        "type": "object",
+        "properties": {"origin": {"$ref": "#/$defs/point"}},
+        "required": ["origin"],
+    }
     calls = tool_call_schema({"get_weather": WEATHER, "plot": plot})
     assert accepts(calls, '{"name": "plot", "arguments": {"origin": {"x": 1, "y": 2}}}')
     assert not accepts(calls, '{"name": "plot", "arguments": {"origin": {"x": 1}}}')
@@ -159,37 +184,73 @@ def test_forced_call_seeds_and_tool_refs(qwen3: Tokenizer) -> None:
         tool_call_schema({})
 
 
-@pytest.mark.parametrize(("prefix", "suffix"), [
-    ("", '{"city":""}'), ("{", '"city":""}'), ('{"ci', 'ty":""}'), ('{"city": "Par', '"}'),
-    ('{"city": "Paris", "u', 'nit":"fahrenheit"}'), ('{"city": "a", "days": -', "0}"),
-    ('{"city": "a", "unit": "fahr', 'enheit"}'), ('{"city": "a\\', '""}'), ('{"city": "\\u00', '00"}'),
-    ('{"city": "a",', '"unit":"fahrenheit"}'), ('{"city": "a"}', ""),
-])
+@pytest.mark.parametrize(
+    ("prefix", "suffix"),
+    [
+        ("", '{"city":""}'),
+        ("{", '"city":""}'),
+        ('{"ci', 'ty":""}'),
+        ('{"city": "Par', '"}'),
+        ('{"city": "Paris", "u', 'nit":"fahrenheit"}'),
+        ('{"city": "a", "days": -', "0}"),
+        ('{"city": "a", "unit": "fahr', 'enheit"}'),
+        ('{"city": "a\\', '""}'),
+        ('{"city": "\\u00', '00"}'),
+        ('{"city": "a",', '"unit":"fahrenheit"}'),
+        ('{"city": "a"}', ""),
+    ],
+)
 def test_closing_suffix_examples(prefix: str, suffix: str) -> None:
     assert closing_suffix(grammar_text(WEATHER), prefix) == suffix
 
 
 def test_closing_suffix_spells_missing_required_keys_and_fills_formats() -> None:
-    schema = {"type": "object", "required": ["to", "n", "tags"], "properties": {
-        "to": {"type": "string", "format": "email"}, "n": {"type": "integer"},
-        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2}}}
+    schema = {
+        "type": "object",
+        "required": ["to", "n", "tags"],
+        "properties": {
+            "to": {"type": "string", "format": "email"},
+            "n": {"type": "integer"},
+            "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+        },
+    }
     check = validator_for(schema)(schema)
-    for prefix in ("", '{"to": "someone', '{"to": "a@b.com", "n": 1',
-                   '{"to": "a@b.com", "n": 1, "tags": ["x'):
+    for prefix in (
+        "",
+        '{"to": "someone',
+        '{"to": "a@b.com", "n": 1',
+        '{"to": "a@b.com", "n": 1, "tags": ["x',
+    ):
         check.validate(json.loads(prefix + closing_suffix(grammar_text(schema), prefix)))
 
 
 def test_mask_time_per_token_at_the_qwen3_vocabulary(qwen3: Tokenizer) -> None:
     """The per-token work the mask thread does (advance: consume the token, compute the next mask)
     and the draw's share (apply it), along a 1,000-token document; printed, with a generous bound."""
-    row = {"type": "object", "required": ["id", "name"], "properties": {
-        "id": {"type": "integer"}, "name": {"type": "string"}, "score": {"type": ["number", "null"]},
-        "tags": {"type": "array", "items": {"enum": ["a", "bb", "ccc"]}},
-        "email": {"type": "string", "format": "email"},
-        "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"}}}
+    row = {
+        "type": "object",
+        "required": ["id", "name"],
+        "properties": {
+            "id": {"type": "integer"},
+            "name": {"type": "string"},
+            "score": {"type": ["number", "null"]},
+            "tags": {"type": "array", "items": {"enum": ["a", "bb", "ccc"]}},
+            "email": {"type": "string", "format": "email"},
+            "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
+        },
+    }
     schema = {"type": "object", "properties": {"rows": {"type": "array", "items": row}}, "required": ["rows"]}
-    rows = [{"id": i, "name": f"row é \\ \" {i}", "score": 0.5 if i % 2 else None, "tags": ["a"],
-             "email": "a.b@example.com", "code": "ABC-1234"} for i in range(20)]
+    rows = [
+        {
+            "id": i,
+            "name": f'row é \\ " {i}',
+            "score": 0.5 if i % 2 else None,
+            "tags": ["a"],
+            "email": "a.b@example.com",
+            "code": "ABC-1234",
+        }
+        for i in range(20)
+    ]
     doc = json.dumps({"rows": rows}, ensure_ascii=False)
     c = GrammarConstraint(compile_schema(schema, qwen3))
     logits = np.random.default_rng(0).standard_normal(151_936).astype(np.float32)

@@ -40,7 +40,9 @@ def test_gpu_takes_what_all_experts_leave_when_that_is_more() -> None:
 
 def test_never_below_the_floor() -> None:
     assert context.on_gpu(262_144, KV_80B, 4, room=64 * MIB, experts=EXPERTS_80B).n_ctx == context.FLOOR
-    assert context.on_gpu(2048, KV_80B, 4, room=64 * MIB, experts=EXPERTS_80B).n_ctx == 2048  # trained is smaller
+    assert (
+        context.on_gpu(2048, KV_80B, 4, room=64 * MIB, experts=EXPERTS_80B).n_ctx == 2048
+    )  # trained is smaller
 
 
 def test_cpu_fits_the_full_context_in_half_the_free_ram() -> None:
@@ -52,7 +54,9 @@ def test_cpu_fits_the_full_context_in_half_the_free_ram() -> None:
 def test_engine_chooses_on_load(smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import psutil
 
-    assert Engine.load(smollm2_path, device="cpu").n_ctx == 8192  # SmolLM2's trained context: 360 MiB of f32 KV
+    assert (
+        Engine.load(smollm2_path, device="cpu").n_ctx == 8192
+    )  # SmolLM2's trained context: 360 MiB of f32 KV
     assert Engine.load(smollm2_path, device="cpu", n_ctx=1000).n_ctx == 1000  # asked for: kept
     monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=250 * MIB))
     assert Engine.load(smollm2_path, device="cpu").n_ctx == context.FLOOR

@@ -11,12 +11,12 @@ import pytest
 from gguf.constants import GGMLQuantizationType as T
 from gguf.quants import dequantize
 from quant_blocks import random_blocks
+
+from strata.gpu.kernels import tiers as kt
 from strata.jit.kernels import Kernels
 from strata.jit.share import MB_WORDS, CpuShare, ExpertBytes, Mailbox
 from strata.tiers import share
 from strata.tiers.slots import ExpertCache, NumpyBytes
-
-from strata.gpu.kernels import tiers as kt
 
 L, E, A, D, F, ROWS = 2, 6, 3, 256, 512, 8
 
@@ -29,12 +29,22 @@ def kernels(tmp_path_factory: pytest.TempPathFactory) -> Kernels:
 def _experts(qtypes: tuple[T, T, T]):
     """Random experts [L][P] as raw [E, rows, row_bytes] arrays and the ExpertBytes over them."""
     shapes = [(F, D), (F, D), (D, F)]
-    raws = [[np.stack([random_blocks(q, r, c, seed=100 * li + 10 * p + e) for e in range(E)])
-             for p, (q, (r, c)) in enumerate(zip(qtypes, shapes))] for li in range(L)]
+    raws = [
+        [
+            np.stack([random_blocks(q, r, c, seed=100 * li + 10 * p + e) for e in range(E)])
+            for p, (q, (r, c)) in enumerate(zip(qtypes, shapes))
+        ]
+        for li in range(L)
+    ]
     bases = np.array([[int(r.ctypes.data) for r in row] for row in raws], np.int64)
     strides = np.array([[r.shape[1] * r.shape[2] for r in row] for row in raws], np.int64)
-    ex = ExpertBytes(bases, strides, np.array([[int(q) for q in qtypes]] * L, np.int64),
-                     np.array([[F, F, D]] * L, np.int64), np.array([[r.shape[2] for r in row] for row in raws], np.int64))
+    ex = ExpertBytes(
+        bases,
+        strides,
+        np.array([[int(q) for q in qtypes]] * L, np.int64),
+        np.array([[F, F, D]] * L, np.int64),
+        np.array([[r.shape[2] for r in row] for row in raws], np.int64),
+    )
     return raws, ex
 
 
@@ -97,7 +107,9 @@ def test_a_row_without_cpu_experts_gets_zeros_and_no_calls(kernels: Kernels) -> 
     box = _box()
     srv = CpuShare(kernels, ex, np.zeros((L, E), bool), box, 2)
     try:
-        y, calls = srv.layer(0, np.ones((2, D), np.float32), np.zeros((2, A), np.int32), np.ones((2, A), np.float32))
+        y, calls = srv.layer(
+            0, np.ones((2, D), np.float32), np.zeros((2, A), np.int32), np.ones((2, A), np.float32)
+        )
         assert not y.any() and not calls.any()
     finally:
         srv.close()

@@ -63,7 +63,9 @@ def ref_chunk(q, k, v, g, beta, state, chunk_size=64):  # type: ignore[no-untype
     beta_, decay = (np.pad(x, ((0, 0), (0, pad))) for x in (beta_, decay))
     n_chunks = (seq + pad) // chunk_size
     v_beta, k_beta = value * beta_[..., None], key * beta_[..., None]
-    query, key, k_beta, v_beta = (x.reshape(x.shape[0], -1, chunk_size, x.shape[-1]) for x in (query, key, k_beta, v_beta))
+    query, key, k_beta, v_beta = (
+        x.reshape(x.shape[0], -1, chunk_size, x.shape[-1]) for x in (query, key, k_beta, v_beta)
+    )
     decay = decay.reshape(decay.shape[0], -1, chunk_size)
     upper = np.triu(np.ones((chunk_size, chunk_size), dtype=bool), 1)
     cum = np.cumsum(decay, axis=-1)
@@ -109,7 +111,10 @@ def test_transcription_matches_torch(seed: int) -> None:
     t = {n: torch.from_numpy(a)[None] for n, a in x.items() if n != "state"}
     s0 = torch.from_numpy(x["state"])[None]
     kw = {"initial_state": s0, "output_final_state": True, "use_qk_l2norm_in_kernel": True}
-    for fn, ref in ((m.torch_chunk_gated_delta_rule, ref_chunk), (m.torch_recurrent_gated_delta_rule, ref_recurrent)):
+    for fn, ref in (
+        (m.torch_chunk_gated_delta_rule, ref_chunk),
+        (m.torch_recurrent_gated_delta_rule, ref_recurrent),
+    ):
         o_t, s_t = fn(t["q"], t["k"], t["v"], g=t["g"], beta=t["beta"], **kw)
         o_r, s_r = ref(**x)
         _close(o_r, o_t[0].numpy(), 1e-5, f"{fn.__name__} output")
@@ -178,6 +183,8 @@ def test_conv_matches_torch() -> None:
     rng = np.random.default_rng(6)
     x = rng.standard_normal((17, 6)).astype(np.float32)
     w = rng.standard_normal((6, 4)).astype(np.float32)
-    want = torch.nn.functional.conv1d(torch.from_numpy(x.T)[None], torch.from_numpy(w)[:, None], padding=3, groups=6)
+    want = torch.nn.functional.conv1d(
+        torch.from_numpy(x.T)[None], torch.from_numpy(w)[:, None], padding=3, groups=6
+    )
     got, _ = causal_conv1d(x, np.zeros((3, 6), np.float32), w)
     _close(got, want[0, :, :17].numpy().T, 1e-5, "conv vs torch")

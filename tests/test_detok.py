@@ -67,7 +67,9 @@ def test_random_ids_never_break_the_invariant(tok, skip_special):
     high_bytes = [i for i in range(2000) if len(tok.token_bytes(i)) == 1 and tok.token_bytes(i)[0] >= 0x80]
     assert len(high_bytes) >= 64  # every vocabulary here has single-byte pieces for 0x80-0xFF
     emoji = tok.encode("é😀漢", add_special=False)
-    pool = np.array(high_bytes + emoji + [tok.eos_id, tok.bos_id or 0] + rng.integers(0, tok.vocab_size, 16).tolist())
+    pool = np.array(
+        high_bytes + emoji + [tok.eos_id, tok.bos_id or 0] + rng.integers(0, tok.vocab_size, 16).tolist()
+    )
     for _ in range(60):
         ids = rng.choice(pool, int(rng.integers(1, 16))).tolist()
         pieces = _stream(tok, ids, skip_special)
@@ -91,10 +93,13 @@ def test_leading_space_prefix_vocab_streams_like_decode():
     tokens = ["<unk>", "<s>", "</s>", "▁", "h", "i", "▁h", "▁hi", "hi"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [2, CONTROL, CONTROL] + [NORMAL] * 6 + [6] * 256
     meta = {
-        "general.architecture": "llama", "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": tokens,
+        "general.architecture": "llama",
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.token_type": np.asarray(types, np.int32),
         "tokenizer.ggml.scores": np.arange(len(tokens), 0, -1, dtype=np.float32),
-        "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
     }
     tok = Tokenizer(build_tokenizer(meta), meta)
     for text in ("hi hi", " hi", "hi  é hi"):

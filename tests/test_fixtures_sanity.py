@@ -12,7 +12,6 @@ import struct
 import gguf
 import numpy as np
 import pytest
-
 from oracle import assets
 
 
@@ -55,7 +54,9 @@ def test_tiny_variants_differ_only_in_routing(tiny_qwen3moe: dict) -> None:
     a, b = assets.load_npz(tiny_qwen3moe["oracle"]), assets.load_npz(tiny_qwen3moe["oracle_nonorm"])
     assert (a["prompt_ids"] == b["prompt_ids"]).all()
     np.testing.assert_array_equal(a["hidden_states"][0], b["hidden_states"][0])  # same weights
-    np.testing.assert_array_equal(a["router_logits"][0], b["router_logits"][0])  # first router sees same input
+    np.testing.assert_array_equal(
+        a["router_logits"][0], b["router_logits"][0]
+    )  # first router sees same input
     assert np.abs(a["logits"] - b["logits"]).max() > 0.1  # the renormalisation matters
 
 
@@ -77,7 +78,7 @@ def _fields(path) -> tuple[dict, dict]:
         nonlocal pos
         n = take("Q")
         pos += n
-        return bytes(buf[pos - n:pos]).decode("utf-8", "replace")
+        return bytes(buf[pos - n : pos]).decode("utf-8", "replace")
 
     def value(t):
         if t == 8:

@@ -21,12 +21,32 @@ D, HEAD_DIM, ROT = 32, 16, 8
 
 
 def _config(**kw):  # type: ignore[no-untyped-def]
-    base = {"vocab_size": 100, "hidden_size": D, "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"],
-                "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": HEAD_DIM, "num_experts": 4, "num_experts_per_tok": 2,
-                "rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": ROT / HEAD_DIM,
-                                 "mrope_section": [2, 1, 1], "mrope_interleaved": True},
-                "indexer_n_heads": 4, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8, "indexer_compress_ratio": 4,
-                "hc_count": 3, "hc_lowrank": 8, "eos_token_id": 1}
+    base = {
+        "vocab_size": 100,
+        "hidden_size": D,
+        "num_hidden_layers": 2,
+        "layer_types": ["linear_attention", "full_attention"],
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": HEAD_DIM,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 1e4,
+            "partial_rotary_factor": ROT / HEAD_DIM,
+            "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True,
+        },
+        "indexer_n_heads": 4,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 16,
+        "indexer_budget": 8,
+        "indexer_compress_ratio": 4,
+        "hc_count": 3,
+        "hc_lowrank": 8,
+        "eos_token_id": 1,
+    }
     base.update(kw)
     return Qwen4ExpTextConfig(**base)
 
@@ -72,18 +92,34 @@ def test_qsa_selection_matches_indexer(splits: tuple[int, ...]) -> None:
         want = idx(h, emb(h, pos), causal, None)[0, 0].numpy()  # [T, T]
     n_q = cfg.indexer_n_heads * cfg.indexer_head_dim
     w_qk = _np(idx.index_qk_proj.weight)
-    weights = DictWeights({
-        tensor(X.INDEXER_Q_PROJ, 1): w_qk[:n_q], tensor(X.INDEXER_K_PROJ, 1): w_qk[n_q:],
-        tensor(X.INDEXER_Q_NORM, 1): 1 + _np(idx.q_layernorm.weight),  # the converter's +1
-        tensor(X.INDEXER_K_NORM, 1): 1 + _np(idx.k_layernorm.weight),
-    })
-    p = QSAParams(cfg.indexer_n_heads, cfg.indexer_head_dim, cfg.indexer_budget, cfg.indexer_compress_ratio, 1e-6)
+    weights = DictWeights(
+        {
+            tensor(X.INDEXER_Q_PROJ, 1): w_qk[:n_q],
+            tensor(X.INDEXER_K_PROJ, 1): w_qk[n_q:],
+            tensor(X.INDEXER_Q_NORM, 1): 1 + _np(idx.q_layernorm.weight),  # the converter's +1
+            tensor(X.INDEXER_K_NORM, 1): 1 + _np(idx.k_layernorm.weight),
+        }
+    )
+    p = QSAParams(
+        cfg.indexer_n_heads, cfg.indexer_head_dim, cfg.indexer_budget, cfg.indexer_compress_ratio, 1e-6
+    )
     mrope = MRope(Rope(ROT, 1e4, RopeStyle.NEOX), (2, 1, 1))
     st, x, n_past = QSAState.empty(p), _np(h[0]), 0
     for n in splits:
-        got = qsa_select(x[n_past : n_past + n], weights, 1, p, mrope.rope, mrope.tables,  # type: ignore[arg-type]
-                         mrope.tables(np.arange(n_past, n_past + n)), st, n_past)
-        np.testing.assert_array_equal(got, want[n_past : n_past + n, : n_past + n], err_msg=f"rows {n_past}..")
+        got = qsa_select(
+            x[n_past : n_past + n],
+            weights,
+            1,
+            p,
+            mrope.rope,
+            mrope.tables,  # type: ignore[arg-type]
+            mrope.tables(np.arange(n_past, n_past + n)),
+            st,
+            n_past,
+        )
+        np.testing.assert_array_equal(
+            got, want[n_past : n_past + n, : n_past + n], err_msg=f"rows {n_past}.."
+        )
         n_past += n
     assert st.blocks.shape[0] == t // p.ratio and st.tail.shape[0] == t % p.ratio
     assert (want.sum(1) < np.arange(1, t + 1)).any(), "the budget never bit: selection was not exercised"
@@ -98,8 +134,11 @@ def test_hyper_connection_mixer_matches_transformers() -> None:
         with torch.no_grad():
             ref = hc(streams)
         names = HCNames("norm", "down", "up", "inject" if use_combine else None)
-        tensors = {"norm": 1 + _np(hc.hc_norm.weight), "down": _np(hc.input_mix_weight_down.weight),
-                   "up": _np(hc.input_mix_weight_up.weight)}
+        tensors = {
+            "norm": 1 + _np(hc.hc_norm.weight),
+            "down": _np(hc.input_mix_weight_down.weight),
+            "up": _np(hc.input_mix_weight_up.weight),
+        }
         if use_combine:
             tensors["inject"] = _np(hc.block_inject_weight.weight)
         w, n = DictWeights(tensors), cfg.hc_count

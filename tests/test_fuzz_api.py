@@ -14,7 +14,6 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-
 from server_fixture import Server, running_server
 
 TALLY: collections.Counter[str] = collections.Counter()
@@ -41,7 +40,13 @@ def check(case, response: httpx.Response, keyed: bool) -> None:  # type: ignore[
     path = case.operation.path
     TALLY["requests"] += 1
     TALLY[f"status {response.status_code}"] += 1
-    assert response.status_code < 500, (case.method, path, case.body, response.status_code, response.text[:500])
+    assert response.status_code < 500, (
+        case.method,
+        path,
+        case.body,
+        response.status_code,
+        response.text[:500],
+    )
     if not keyed and path != "/health":
         assert response.status_code == 401, (path, response.status_code)
     if response.status_code < 400:
@@ -56,8 +61,9 @@ def check(case, response: httpx.Response, keyed: bool) -> None:  # type: ignore[
 @schema.parametrize()
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 def test_fuzz_with_a_key(case, fuzz_server: Server) -> None:  # type: ignore[no-untyped-def]
-    response = case.call(base_url=fuzz_server.url, headers={"Authorization": f"Bearer {fuzz_server.key}"},
-                         timeout=60)
+    response = case.call(
+        base_url=fuzz_server.url, headers={"Authorization": f"Bearer {fuzz_server.key}"}, timeout=60
+    )
     check(case, response, keyed=True)
 
 

@@ -51,18 +51,49 @@ def _deltanet_case(cp, ops, rng, kd, n_k, n_v, v, fused, tiled, width) -> None:
     norm_w = rng.uniform(0.5, 1.5, v).astype(np.float32)
     n_layer, layer = 2, 1  # state of the second DeltaNet layer
     nc, ns = (width - 1) * c, n_v * kd * v
-    states = [(rng.standard_normal(n_layer * nc).astype(np.float32),
-               (rng.standard_normal(n_layer * ns) * 0.1).astype(np.float32)) for _ in range(3)]
+    states = [
+        (
+            rng.standard_normal(n_layer * nc).astype(np.float32),
+            (rng.standard_normal(n_layer * ns) * 0.1).astype(np.float32),
+        )
+        for _ in range(3)
+    ]
     dev_states = [(cp.asarray(a), cp.asarray(b)) for a, b in states]
 
     def run(mix, seqs, t, count):
         m = cp.asarray(mix)
-        y, o = cp.full((mix.shape[0], c), cp.nan, cp.float32), cp.full((mix.shape[0], inner), cp.nan, cp.float32)
-        tab = cp.asarray(np.array([[0, 0, 0, 0, 0, dev_states[j][0].data.ptr, dev_states[j][1].data.ptr]
-                                   for j in seqs], np.int64))
+        y, o = (
+            cp.full((mix.shape[0], c), cp.nan, cp.float32),
+            cp.full((mix.shape[0], inner), cp.nan, cp.float32),
+        )
+        tab = cp.asarray(
+            np.array(
+                [[0, 0, 0, 0, 0, dev_states[j][0].data.ptr, dev_states[j][1].data.ptr] for j in seqs],
+                np.int64,
+            )
+        )
         ops.dn_conv(width, m, ld, c, t, count, tab, 7, layer * nc, cp.asarray(conv_w), y, c)
-        ops.dn_recur(kd, y, c, ptr(m, 4 * (c + inner)), ld, t, count, tab, 7, layer * ns, n_k, n_v, v, tiled, fused_r,
-                     cp.asarray(a_coef), cp.asarray(dt), o, inner)
+        ops.dn_recur(
+            kd,
+            y,
+            c,
+            ptr(m, 4 * (c + inner)),
+            ld,
+            t,
+            count,
+            tab,
+            7,
+            layer * ns,
+            n_k,
+            n_v,
+            v,
+            tiled,
+            fused_r,
+            cp.asarray(a_coef),
+            cp.asarray(dt),
+            o,
+            inner,
+        )
         raw = o.get()
         ops.dn_gated_norm(o, inner, ptr(m, 4 * c), ld, cp.asarray(norm_w), n_v, v, 1e-6, mix.shape[0])
         return y.get(), raw, o.get()

@@ -22,15 +22,29 @@ from strata.blocks.norms import rms_norm
 from strata.blocks.rope import Rope, RopeStyle
 from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
 from strata.gpu.weights import DevMatrix, resident
-from strata.runtime.kvcache import dequantize_rows, group_of, quantize_rows
 from strata.quants import dequantize
+from strata.runtime.kvcache import dequantize_rows, group_of, quantize_rows
 from strata.sampling import sampler
 from strata.sampling.params import SamplingParams
 from strata.sampling.sampler import draw_row
 
 pytestmark = pytest.mark.gpu
 
-QTYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_NL, Q.IQ4_XS]
+QTYPES = [
+    Q.F32,
+    Q.F16,
+    Q.BF16,
+    Q.Q4_0,
+    Q.Q4_1,
+    Q.Q5_0,
+    Q.Q5_1,
+    Q.Q8_0,
+    Q.Q4_K,
+    Q.Q5_K,
+    Q.Q6_K,
+    Q.IQ4_NL,
+    Q.IQ4_XS,
+]
 HDS = [16, 64, 128, 256]
 MOE_TYPES = [(int(Q.Q4_K), int(Q.Q4_K), int(Q.Q6_K)), (int(Q.Q8_0), int(Q.Q8_0), int(Q.Q8_0))]
 
@@ -42,7 +56,9 @@ def cp():
     return cupy
 
 
-@pytest.fixture(scope="module", params=[(True, True), (True, False), (False, False)], ids=["q8", "split", "v1"])
+@pytest.fixture(
+    scope="module", params=[(True, True), (True, False), (False, False)], ids=["q8", "split", "v1"]
+)
 def ops(cp, request):
     """Every kernel generation: int8-input decode products (mmvq, with split-K fp32 kernels for the other
     types), split-K decode on fp32 inputs, and the first versions."""
@@ -69,7 +85,9 @@ def weights(qt: Q, rows_: int, cols: int, seed: int, n_expert: int = 1) -> np.nd
     raw = random_blocks(qt, n_expert * rows_, cols, seed=seed)
     blocks = raw.reshape(-1, GGML_QUANT_SIZES[qt][1])
     for off in F16_FIELDS[qt]:
-        d = (rng.uniform(1e-3, 1e-2, blocks.shape[0]) * rng.choice([-1, 1], blocks.shape[0])).astype(np.float16)
+        d = (rng.uniform(1e-3, 1e-2, blocks.shape[0]) * rng.choice([-1, 1], blocks.shape[0])).astype(
+            np.float16
+        )
         if qt in (Q.Q6_K, Q.IQ4_XS, Q.IQ4_NL, Q.Q8_0):
             d = (d.astype(np.float32) / 32).astype(np.float16)  # larger codes: smaller scales
         blocks[:, off : off + 2] = d.view(np.uint8).reshape(-1, 2)
@@ -77,13 +95,17 @@ def weights(qt: Q, rows_: int, cols: int, seed: int, n_expert: int = 1) -> np.nd
 
 
 def dev(cp, raw: np.ndarray, qt: Q, rows_: int, cols: int, n_expert: int = 1) -> DevMatrix:
-    return resident(DevMatrix("t", int(qt), rows_, cols, n_expert, raw.shape[-1], cp.asarray(raw.reshape(-1))))
+    return resident(
+        DevMatrix("t", int(qt), rows_, cols, n_expert, raw.shape[-1], cp.asarray(raw.reshape(-1)))
+    )
 
 
 def check(got: np.ndarray, ref: np.ndarray, bound: np.ndarray, tol: float, what: str) -> None:
     err = np.abs(got.astype(np.float64) - ref) / (bound + 1e-30)
     worst = np.unravel_index(int(np.argmax(err)), err.shape)
-    assert err[worst] <= tol, f"{what}: worst element {worst}: got {got[worst]}, want {ref[worst]} (err {err[worst]:.3g})"
+    assert err[worst] <= tol, (
+        f"{what}: worst element {worst}: got {got[worst]}, want {ref[worst]} (err {err[worst]:.3g})"
+    )
 
 
 @pytest.mark.parametrize("qt", QTYPES, ids=lambda q: q.name)
@@ -96,7 +118,9 @@ def test_dequantize_bit_exact(cp, ops, qt):
     want = dequantize(raw, qt)
     got = out.get()
     bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
-    assert bad.size == 0, f"{qt.name}: {bad.size} values differ; first at {np.unravel_index(bad[0], got.shape)}"
+    assert bad.size == 0, (
+        f"{qt.name}: {bad.size} values differ; first at {np.unravel_index(bad[0], got.shape)}"
+    )
 
 
 @pytest.mark.parametrize("qt", QTYPES, ids=lambda q: q.name)
@@ -105,7 +129,11 @@ def test_gemv_matches_twin(cp, ops, qt):
     cols, rows_ = _cols(qt), 300
     raw = weights(qt, rows_, cols, seed=1)
     w = dequantize(raw, qt).astype(np.float64)
-    parts = [dev(cp, raw[:100], qt, 100, cols), dev(cp, raw[100:140], qt, 40, cols), dev(cp, raw[140:], qt, 160, cols)]
+    parts = [
+        dev(cp, raw[:100], qt, 100, cols),
+        dev(cp, raw[100:140], qt, 40, cols),
+        dev(cp, raw[140:], qt, 160, cols),
+    ]
     nw = rng.uniform(0.5, 1.5, cols).astype(np.float32)
     for n in (1, 3, 8, 11):
         x = rng.standard_normal((n, 2 * cols)).astype(np.float32)
@@ -114,15 +142,33 @@ def test_gemv_matches_twin(cp, ops, qt):
             y0 = rng.standard_normal((n, rows_)).astype(np.float32)
             y = cp.asarray(y0)
             h = cp.zeros((n, cols), cp.float32)
-            ops.matvec(parts, cp.asarray(xin), n, y, accumulate=True, norm=cp.asarray(nw) if pro == 1 else None,
-                       eps=1e-6, h_out=h if pro == 1 else None, silu_mul=pro == 2)
+            ops.matvec(
+                parts,
+                cp.asarray(xin),
+                n,
+                y,
+                accumulate=True,
+                norm=cp.asarray(nw) if pro == 1 else None,
+                eps=1e-6,
+                h_out=h if pro == 1 else None,
+                silu_mul=pro == 2,
+            )
             ref = gemv.ref_gemv(raw, qt, xin, pro, nw, 1e-6).astype(np.float64) + y0
-            xt = xin if pro == 0 else (h.get() if pro == 1 else xin[:, :cols] / (1 + np.exp(-xin[:, :cols])) * xin[:, cols:])
+            xt = (
+                xin
+                if pro == 0
+                else (h.get() if pro == 1 else xin[:, :cols] / (1 + np.exp(-xin[:, :cols])) * xin[:, cols:])
+            )
             if pro != 1 and ops.takes_q8(parts[0]):  # int8 inputs: the twin quantizes them the same way
                 ref = mmvq.ref_mmvq(raw, qt, xin, pro).astype(np.float64) + y0
                 xt = np.abs(mmvq.dequantize_q8(np.asarray(xt, np.float32)))
-            check(y.get(), ref, np.abs(xt) @ np.abs(w).T + np.abs(y0), 1e-5 if pro == 0 else 2e-4,
-                  f"{qt.name} n={n} pro={pro}")
+            check(
+                y.get(),
+                ref,
+                np.abs(xt) @ np.abs(w).T + np.abs(y0),
+                1e-5 if pro == 0 else 2e-4,
+                f"{qt.name} n={n} pro={pro}",
+            )
 
 
 @pytest.mark.parametrize("qt", sorted(mmvq.MMVQ_TYPES), ids=lambda q: Q(q).name)
@@ -164,10 +210,18 @@ def test_gemm_matches_twin(cp, ops, qt):
         finally:
             ops.gemm_bk = keep
         ref = gemm.ref_gemm(raw, qt, a, amode).astype(np.float64)
-        a16 = np.abs(gemm.ref_gemm(np.eye(cols, dtype=np.float32).view(np.uint8), Q.F32, a, amode))  # |fp16(a)|
+        a16 = np.abs(
+            gemm.ref_gemm(np.eye(cols, dtype=np.float32).view(np.uint8), Q.F32, a, amode)
+        )  # |fp16(a)|
         # amode 1: expf may differ from numpy's exp by an ulp, which can flip one input's fp16 rounding
         tol = 1e-4 if amode == 0 else 5e-4
-        check(c.get(), ref, a16.astype(np.float64) @ np.abs(w16).T, tol, f"{qt.name} m={mrows} amode={amode} bk={bk}")
+        check(
+            c.get(),
+            ref,
+            a16.astype(np.float64) @ np.abs(w16).T,
+            tol,
+            f"{qt.name} m={mrows} amode={amode} bk={bk}",
+        )
 
 
 def test_router_logits_are_the_fp32_product(cp, ops):
@@ -190,8 +244,12 @@ def test_rmsnorm_and_qkv_post(cp, ops):
     out = cp.empty_like(cp.asarray(x))
     ops.rmsnorm(cp.asarray(x), cp.asarray(w), 1e-6, 5, 96, out)
     np.testing.assert_allclose(out.get(), rows.ref_rmsnorm(x, w, 1e-6), rtol=2e-6, atol=1e-6)
-    for hd, n_rot, style, qk in [(64, 64, RopeStyle.NEOX, True), (128, 64, RopeStyle.NORM, False), (16, 16, RopeStyle.NEOX, True),
-                                  (256, 64, RopeStyle.NEOX, True)]:  # the last: Qwen3-Next's partial rotary
+    for hd, n_rot, style, qk in [
+        (64, 64, RopeStyle.NEOX, True),
+        (128, 64, RopeStyle.NORM, False),
+        (16, 16, RopeStyle.NEOX, True),
+        (256, 64, RopeStyle.NEOX, True),
+    ]:  # the last: Qwen3-Next's partial rotary
         h, kv, n, layer, cap = 4, 2, 6, 1, 40
         rope = Rope(n_rot=n_rot, base=1e6, style=style, scale=2.0 if style is RopeStyle.NORM else 1.0)
         qkv = rng.standard_normal((n, (h + 2 * kv) * hd)).astype(np.float32)
@@ -202,9 +260,24 @@ def test_rmsnorm_and_qkv_post(cp, ops):
         vc = cp.zeros_like(kc)
         tab = cp.asarray(np.array([[kc.data.ptr, vc.data.ptr, cap, p, 0] for p in pos], np.int64))
         q = cp.empty((n, h * hd), cp.float32)
-        ops.qkv_post(cp.asarray(qkv), n, h, kv, hd, None if qn is None else cp.asarray(qn),
-                     None if kn is None else cp.asarray(kn), 1e-6, cp.asarray(rows.inv_freq(rope)), n_rot,
-                     style is RopeStyle.NEOX, rope.scale, tab, 5, layer, q)
+        ops.qkv_post(
+            cp.asarray(qkv),
+            n,
+            h,
+            kv,
+            hd,
+            None if qn is None else cp.asarray(qn),
+            None if kn is None else cp.asarray(kn),
+            1e-6,
+            cp.asarray(rows.inv_freq(rope)),
+            n_rot,
+            style is RopeStyle.NEOX,
+            rope.scale,
+            tab,
+            5,
+            layer,
+            q,
+        )
         rq, rk, rv = rows.ref_qkv_post(qkv, h, kv, hd, rope, pos, qn, kn, 1e-6)
         np.testing.assert_allclose(q.get().reshape(n, h, hd), rq, rtol=1e-5, atol=2e-5)
         kk = kc.get()[layer][:, pos].transpose(1, 0, 2).astype(np.float32)
@@ -242,8 +315,19 @@ def test_attention_decode_and_flash(cp, ops, hd):
             np.testing.assert_allclose(out.get().reshape(t, h, hd), ref, rtol=1e-4, atol=1e-5)
             continue
         lb = kv * cap * hd * 2
-        ops.flash(cp.asarray(q), kc.data.ptr + layer * lb, vc.data.ptr + layer * lb, cap * hd, t, n_past, h, kv, hd,
-                  scale, out)
+        ops.flash(
+            cp.asarray(q),
+            kc.data.ptr + layer * lb,
+            vc.data.ptr + layer * lb,
+            cap * hd,
+            t,
+            n_past,
+            h,
+            kv,
+            hd,
+            scale,
+            out,
+        )
         got = out.get().reshape(t, h, hd)
         np.testing.assert_allclose(got, attention.ref_flash(q, k, v, scale), rtol=1e-3, atol=2e-3)
         ref = attention.ref_attention(q, k, v, scale)
@@ -286,7 +370,9 @@ def test_attention_decode_fused_with_qkv_post(cp, ops, hd):
     rq, rk, rv = rows.ref_qkv_post(qkv, h, kv, hd, rope, pos, qn, kn, 1e-6)
     for r, p in enumerate(pos):
         (k0, v0), (k1, v1) = caches[0][r], caches[1][r]
-        np.testing.assert_allclose(k1.get().astype(np.float32), k0.get().astype(np.float32), rtol=2e-3, atol=2e-3)
+        np.testing.assert_allclose(
+            k1.get().astype(np.float32), k0.get().astype(np.float32), rtol=2e-3, atol=2e-3
+        )
         np.testing.assert_array_equal(v1.get(), v0.get())
         kk = k1.get()[layer][:, : p + 1].transpose(1, 0, 2).astype(np.float32)
         vv = v1.get()[layer][:, : p + 1].transpose(1, 0, 2).astype(np.float32)
@@ -338,8 +424,20 @@ def test_attention_on_int8_cells(cp, ops, hd):
             np.testing.assert_allclose(out.get().reshape(t, h, hd), ref, rtol=1e-4, atol=1e-5)
             continue
         lb, sb = kv * cap * hd, kv * cap * ng * 4
-        ops.flash(cp.asarray(q), kc.data.ptr + layer * lb, vc.data.ptr + layer * lb, cap * hd, t, n_past, h, kv, hd,
-                  scale, out, (ks.data.ptr + layer * sb, vs.data.ptr + layer * sb, cap * ng))
+        ops.flash(
+            cp.asarray(q),
+            kc.data.ptr + layer * lb,
+            vc.data.ptr + layer * lb,
+            cap * hd,
+            t,
+            n_past,
+            h,
+            kv,
+            hd,
+            scale,
+            out,
+            (ks.data.ptr + layer * sb, vs.data.ptr + layer * sb, cap * ng),
+        )
         got = out.get().reshape(t, h, hd)
         want = attention.ref_flash(q, attention.ref_cells(k, True), attention.ref_cells(v, True), scale)
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=2e-3)
@@ -385,8 +483,9 @@ def test_int8_cells_written_by_qkv_post_and_the_fused_decode(cp, ops, hd):
             kk = dequantize_rows(kc.get()[layer][:, : p + 1], ks.get()[layer][:, : p + 1]).transpose(1, 0, 2)
             vv = dequantize_rows(vc.get()[layer][:, : p + 1], vs.get()[layer][:, : p + 1]).transpose(1, 0, 2)
             ref = attend(rq[r][None], kk, vv, scale)  # the cells as cached, decoded
-            np.testing.assert_allclose(got.get()[r].reshape(1, h, hd), ref[0].reshape(1, h, hd), rtol=1e-4,
-                                       atol=1e-5)
+            np.testing.assert_allclose(
+                got.get()[r].reshape(1, h, hd), ref[0].reshape(1, h, hd), rtol=1e-4, atol=1e-5
+            )
 
 
 @pytest.mark.parametrize("q8", [False, True])
@@ -442,9 +541,13 @@ def test_topk_and_expert_ffn_both_ways(cp, ops):
     rng = np.random.default_rng(9)
     e, a, d, f = 16, 4, 256, 256
     for qg, qu, qd in MOE_TYPES:
-        gr, ur, dr = (weights(Q(q), e * r, c, seed=s).reshape(e, r, -1)
-                      for q, r, c, s in ((qg, f, d, 3), (qu, f, d, 4), (qd, d, f, 5)))
-        G, U, Dn = (dev(cp, raw, Q(q), r, c, e) for raw, q, r, c in ((gr, qg, f, d), (ur, qu, f, d), (dr, qd, d, f)))
+        gr, ur, dr = (
+            weights(Q(q), e * r, c, seed=s).reshape(e, r, -1)
+            for q, r, c, s in ((qg, f, d, 3), (qu, f, d, 4), (qd, d, f, 5))
+        )
+        G, U, Dn = (
+            dev(cp, raw, Q(q), r, c, e) for raw, q, r, c in ((gr, qg, f, d), (ur, qu, f, d), (dr, qd, d, f))
+        )
         wg, wu, wd = (dequantize(raw, Q(q)).astype(np.float64) for raw, q in ((gr, qg), (ur, qu), (dr, qd)))
         for n in (3, 150):
             logits = (rng.standard_normal((n, e)) * 2).astype(np.float32)
@@ -467,8 +570,9 @@ def test_topk_and_expert_ffn_both_ways(cp, ops):
                 hq, hds = _q8_rows(cp, h)
                 aq, ads = cp.empty((n * a, f), cp.int8), cp.empty((n * a, f // 16), cp.float32)
                 ops.moe_q8(G, U, Dn, ids, wts, a, hq, hds, n, aq, ads, x)
-                twin = x0 + mmvq.ref_moe_q8(h, rid, rw.astype(np.float64), wg.__getitem__, wu.__getitem__,
-                                            wd.__getitem__)
+                twin = x0 + mmvq.ref_moe_q8(
+                    h, rid, rw.astype(np.float64), wg.__getitem__, wu.__getitem__, wd.__getitem__
+                )
                 err = np.linalg.norm(x.get() - twin) / np.linalg.norm(twin - x0)
                 # an activation a rounding step from a code boundary may take the other code
                 assert err < 1e-3, f"{qg},{qu},{qd} n={n}: int8 FFN off its twin by {err:.3g}"
@@ -480,7 +584,11 @@ def test_topk_and_expert_ffn_both_ways(cp, ops):
                 tol = 1e-4
             else:
                 p = n * a
-                counts, offsets, cursor = cp.empty(e, cp.int32), cp.empty(e + 1, cp.int32), cp.empty(e, cp.int32)
+                counts, offsets, cursor = (
+                    cp.empty(e, cp.int32),
+                    cp.empty(e + 1, cp.int32),
+                    cp.empty(e, cp.int32),
+                )
                 tiles, nt = cp.empty(3 * moe.max_tiles(p, e), cp.int32), cp.empty(1, cp.int32)
                 rows_of, tok_of = cp.empty(p, cp.int32), cp.empty(p, cp.int32)
                 ops.moe_group(ids, p, a, e, counts, offsets, cursor, tiles, nt, rows_of, tok_of)
@@ -493,8 +601,17 @@ def test_topk_and_expert_ffn_both_ways(cp, ops):
                 y = cp.empty((p, d), cp.float32)
                 grid = moe.max_tiles(p, e)
                 ops.matmul(G, hd_, p, gu, ldc=2 * f, a_index=tok_of, tiles=tiles, n_tiles=nt, grid_rows=grid)
-                ops.matmul(U, hd_, p, gu.data.ptr + 4 * f, ldc=2 * f, a_index=tok_of, tiles=tiles, n_tiles=nt,
-                           grid_rows=grid)
+                ops.matmul(
+                    U,
+                    hd_,
+                    p,
+                    gu.data.ptr + 4 * f,
+                    ldc=2 * f,
+                    a_index=tok_of,
+                    tiles=tiles,
+                    n_tiles=nt,
+                    grid_rows=grid,
+                )
                 ops.matmul(Dn, gu, p, y, silu_mul=True, tiles=tiles, n_tiles=nt, grid_rows=grid)
                 ops.moe_combine(y, rows_of, wts, a, d, n, x)
                 tol = 1e-2  # fp16 operands through two chained products
@@ -521,8 +638,14 @@ def test_router_topk_equals_matvec_then_topk(cp, ops, qt):
     # norm weights scaled so the logits have std ~2: routing decided by probabilities, not by which of
     # several underflowed (flushed) ones has the lowest id
     probe = cp.empty((1, e), cp.float32)
-    ops.matvec([m], cp.asarray(rng.standard_normal((1, cols)).astype(np.float32)), 1, probe,
-               norm=cp.ones(cols, cp.float32), eps=1e-6)
+    ops.matvec(
+        [m],
+        cp.asarray(rng.standard_normal((1, cols)).astype(np.float32)),
+        1,
+        probe,
+        norm=cp.ones(cols, cp.float32),
+        eps=1e-6,
+    )
     nw = cp.asarray((rng.uniform(0.5, 1.5, cols) * 2 / float(probe.std())).astype(np.float32))
     counter = cp.zeros(1, cp.int32)
     for n in (1, 3, 8, 1):
@@ -558,8 +681,12 @@ def test_argmax_and_sampler(cp, ops):
     out = cp.zeros(3 * 5, cp.int64)
     ops.argmax(cp.asarray(logits), 3, logits.shape[1], out, 5)
     np.testing.assert_array_equal(out.get()[::5], sample.ref_argmax(logits))
-    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
-              SamplingParams(temperature=1.3, top_k=256, top_p=0.5), SamplingParams(temperature=0.7, top_k=1)]
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+        SamplingParams(temperature=1.3, top_k=256, top_p=0.5),
+        SamplingParams(temperature=0.7, top_k=1),
+    ]
     same = total = 0
     for pos in range(24):
         lg = (rng.standard_normal((4, v)) * 4).astype(np.float32)
@@ -604,7 +731,7 @@ def test_kv_growth_keeps_the_cells_when_the_budget_holds_one_copy(cp, kind):
         kv.reserve(300)
         rng = np.random.default_rng(3)
         before = {}
-        for name in (["k", "v", "ks", "vs"] if kind == "int8" else ["k", "v"]):
+        for name in ["k", "v", "ks", "vs"] if kind == "int8" else ["k", "v"]:
             a = getattr(kv, name)
             a[...] = cp.asarray(rng.integers(-100, 100, a.shape).astype(a.dtype))
             before[name] = a[:, :, :300].get()

@@ -16,15 +16,15 @@ import ctypes
 
 import numpy as np
 import pytest
-from strata.tiers.budget import MIB
-from strata.tiers.layout import ExpertLayout
-from strata.tiers.ram import ring_bytes
 from test_gpu_model import tiny_file
 from test_gpu_share import _close, _forced
 from test_gpu_tiers import _model, _run
 
 from strata.errors import ConfigError
 from strata.gguf import GGUFFile
+from strata.tiers.budget import MIB
+from strata.tiers.layout import ExpertLayout
+from strata.tiers.ram import ring_bytes
 
 pytestmark = pytest.mark.gpu
 
@@ -49,6 +49,7 @@ def _home_twin(m) -> None:
                 buf = (ctypes.c_uint8 * parts[p].nbytes).from_address(int(cache.home[li, p, e]))
                 raw = np.frombuffer(buf, np.uint8).reshape(parts[p].rows, parts[p].row_bytes)
                 return dequantize(raw, parts[p].qtype).astype(np.float64)
+
             return get
 
         mine = cache.cpu[li][ids]
@@ -110,9 +111,10 @@ def _long(path, cache: str = "auto", **share):
     from strata.runtime.weights import WeightStore
 
     g = GGUFFile(path)
-    return GpuModel(model_class(g)(g, WeightStore(g, 1 << 30)),
-                    GpuOptions(chunk=512, n_ctx=1024, expert_cache=cache,
-                               tiers=TierOptions(pcie_frac=1.0, **share)))
+    return GpuModel(
+        model_class(g)(g, WeightStore(g, 1 << 30)),
+        GpuOptions(chunk=512, n_ctx=1024, expert_cache=cache, tiers=TierOptions(pcie_frac=1.0, **share)),
+    )
 
 
 def test_a_long_prompt_and_a_batch_with_low_ram(tmp_path):
@@ -122,12 +124,15 @@ def test_a_long_prompt_and_a_batch_with_low_ram(tmp_path):
     ids = np.random.default_rng(3).integers(0, 900, 300)
     ref, m = _long(path), _long(path, "50%", ram_budget_mib=_budget(path, 2))
     assert m.expert_cache.low_ram
-    assert np.array_equal(ref.forward(ids, ref.new_state(), all_logits=False),
-                          m.forward(ids, m.new_state(), all_logits=False))
+    assert np.array_equal(
+        ref.forward(ids, ref.new_state(), all_logits=False), m.forward(ids, m.new_state(), all_logits=False)
+    )
     sr, sm = [ref.new_state() for _ in range(3)], [m.new_state() for _ in range(3)]
     for j in range(3):
-        assert np.array_equal(ref.forward(ids[: 10 + j], sr[j], all_logits=False),
-                              m.forward(ids[: 10 + j], sm[j], all_logits=False))
+        assert np.array_equal(
+            ref.forward(ids[: 10 + j], sr[j], all_logits=False),
+            m.forward(ids[: 10 + j], sm[j], all_logits=False),
+        )
     step = [np.array([t]) for t in (3, 4, 5)]
     for k, (a, b) in enumerate(zip(m.forward_batch(step, sm), ref.forward_batch(step, sr))):
         _close(a, b, f"batched decode row {k}")

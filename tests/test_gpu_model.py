@@ -43,7 +43,10 @@ D, H, KV, HD, E, A, FE, FD, VOCAB = 256, 4, 2, 64, 8, 2, 256, 512, 1000
 MIXES = {
     "q4_k_m": (Q.Q4_K, {"attn_v": Q.Q6_K, "ffn_down": Q.Q6_K, "output": Q.Q6_K}),
     "q8_0": (Q.Q8_0, {}),
-    "legacy": (Q.Q4_0, {"attn_k": Q.Q4_1, "attn_v": Q.Q5_0, "attn_output": Q.Q5_1, "ffn_down": Q.Q8_0, "output": Q.Q8_0}),
+    "legacy": (
+        Q.Q4_0,
+        {"attn_k": Q.Q4_1, "attn_v": Q.Q5_0, "attn_output": Q.Q5_1, "ffn_down": Q.Q8_0, "output": Q.Q8_0},
+    ),
     "iq4_xs": (Q.IQ4_XS, {"attn_q": Q.Q5_K, "ffn_down": Q.IQ4_NL, "output": Q.Q6_K}),
     "float": (Q.F16, {"token_embd": Q.BF16, "output": Q.F32, "attn_k": Q.BF16}),
 }
@@ -89,16 +92,26 @@ def write_tiny(path: Path, arch: str, mix: str) -> Path:
     _tensor(w, "output.weight", kind("output"), (VOCAB, D), next(seed))
     w.add_tensor("output_norm.weight", rng.uniform(0.5, 1.5, D).astype(np.float32))
     for i in range(2):
-        for t, shape in (("attn_q", (H * HD, D)), ("attn_k", (KV * HD, D)), ("attn_v", (KV * HD, D)),
-                         ("attn_output", (D, H * HD))):
+        for t, shape in (
+            ("attn_q", (H * HD, D)),
+            ("attn_k", (KV * HD, D)),
+            ("attn_v", (KV * HD, D)),
+            ("attn_output", (D, H * HD)),
+        ):
             _tensor(w, f"blk.{i}.{t}.weight", kind(t), shape, next(seed))
         for t in ("attn_norm", "ffn_norm"):
             w.add_tensor(f"blk.{i}.{t}.weight", rng.uniform(0.5, 1.5, D).astype(np.float32))
         if arch == "qwen3moe":
             for t in ("attn_q_norm", "attn_k_norm"):
                 w.add_tensor(f"blk.{i}.{t}.weight", rng.uniform(0.5, 1.5, HD).astype(np.float32))
-            w.add_tensor(f"blk.{i}.ffn_gate_inp.weight", (rng.standard_normal((E, D)) * 0.3).astype(np.float32))
-            for t, shape in (("ffn_gate_exps", (E, FE, D)), ("ffn_up_exps", (E, FE, D)), ("ffn_down_exps", (E, D, FE))):
+            w.add_tensor(
+                f"blk.{i}.ffn_gate_inp.weight", (rng.standard_normal((E, D)) * 0.3).astype(np.float32)
+            )
+            for t, shape in (
+                ("ffn_gate_exps", (E, FE, D)),
+                ("ffn_up_exps", (E, FE, D)),
+                ("ffn_down_exps", (E, D, FE)),
+            ):
                 _tensor(w, f"blk.{i}.{t}.weight", kind(t.replace("_exps", "")), shape, next(seed))
         else:
             for t, shape in (("ffn_gate", (FD, D)), ("ffn_up", (FD, D)), ("ffn_down", (D, FD))):
@@ -130,8 +143,12 @@ def int8_inputs():
 
     def matmul(self: WS, x: np.ndarray, name: str, expert: int = -1) -> np.ndarray:
         k = x.shape[-1]
-        if (self.gguf.tensors[name].qtype in mmvq.MMVQ_TYPES and "ffn_gate_inp" not in name and k % 32 == 0
-                and k <= mmvq.MAX_K):
+        if (
+            self.gguf.tensors[name].qtype in mmvq.MMVQ_TYPES
+            and "ffn_gate_inp" not in name
+            and k % 32 == 0
+            and k <= mmvq.MAX_K
+        ):
             x = mmvq.dequantize_q8(np.asarray(x, np.float32)).astype(np.float32)
         return plain(self, x, name, expert)
 
@@ -175,8 +192,10 @@ def _compare(cpu, gpu, q8: bool, label: str) -> None:
         with oracle():
             e_dec.append(rel(got, cpu.forward(np.array([tok]), sc, all_logits=False)[-1]))
     own = rel(want_short, plain_short)  # what rounding the inputs to int8 does, on the CPU alone
-    print(f"\n{label}/{'q8' if q8 else 'fp32'}: prompt(6, gemv) {e_short:.2e}  prompt(41, gemm+flash) "
-          f"{e_long:.2e}  decode max {max(e_dec):.2e}  (int8 inputs themselves, on the CPU: {own:.2e})")
+    print(
+        f"\n{label}/{'q8' if q8 else 'fp32'}: prompt(6, gemv) {e_short:.2e}  prompt(41, gemm+flash) "
+        f"{e_long:.2e}  decode max {max(e_dec):.2e}  (int8 inputs themselves, on the CPU: {own:.2e})"
+    )
     # With int8 inputs the GPU and the oracle round the same values only where their inputs agree to well
     # under a code step: the fp16 KV cache and fp32 summation order upstream move some inputs across a
     # rounding boundary, so a share of the codes differ by one step. The stated bound: the fp32 path's 5e-3
@@ -194,9 +213,19 @@ def _tokenizer_root() -> Path:
 
 # Qwen3-Next shapes written by the synth writer: its tiny shape, and one with Qwen3-Next-80B-A3B's head sizes
 # (attention head dim 256 with 64 rotary dims, DeltaNet key/value heads of 128) at a few layers' cost
-NEXT_SHAPES = {"tiny": SHAPES[("qwen3next", "tiny")],
-               "wide": replace(SHAPES[("qwen3next", "tiny")], name="wide", n_head=4, n_kv=2, head_dim=256,
-                               lin_k_heads=2, lin_v_heads=4, lin_head_dim=128)}
+NEXT_SHAPES = {
+    "tiny": SHAPES[("qwen3next", "tiny")],
+    "wide": replace(
+        SHAPES[("qwen3next", "tiny")],
+        name="wide",
+        n_head=4,
+        n_kv=2,
+        head_dim=256,
+        lin_k_heads=2,
+        lin_v_heads=4,
+        lin_head_dim=128,
+    ),
+}
 
 
 def write_next(tmp_path: Path, shape: str, quant: Q) -> Path:
@@ -252,7 +281,11 @@ def test_graph_replay_equals_eager_and_batch_equals_solo(tmp_path, arch):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3next"])
 def test_mixed_window_and_checkpoint(tmp_path, arch):
-    path = write_tiny(tmp_path / "m.gguf", "llama", "q8_0") if arch == "llama" else write_next(tmp_path, "tiny", Q.Q8_0)
+    path = (
+        write_tiny(tmp_path / "m.gguf", "llama", "q8_0")
+        if arch == "llama"
+        else write_next(tmp_path, "tiny", Q.Q8_0)
+    )
     # fp32 decode inputs on qwen3next: the int8 rounding's own effect on this random file's logits (8e-2 on
     # the CPU, test_qwen3next_matches_cpu) exceeds the bound, and what is tested here is the mixing
     cpu, gpu = _models(path, q8=arch == "llama")
@@ -311,12 +344,18 @@ def test_decode_pipeline_equals_plain_windows(tmp_path, arch):
     _, gpu = _models(path)
     rng = np.random.default_rng(4)
     prompts = [rng.integers(0, VOCAB, n) for n in (3, 7, 20)]
-    draws = [(SamplingParams(temperature=0.0), 1), (SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05), 7),
-             (SamplingParams(temperature=1.5, top_k=200), 9)]
+    draws = [
+        (SamplingParams(temperature=0.0), 1),
+        (SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05), 7),
+        (SamplingParams(temperature=1.5, top_k=200), 9),
+    ]
     pipelined_equals_plain(gpu, prompts, draws, 300)  # the KV grows past its first capacity (256) on the way
 
 
-FIXTURES = {"qwen3moe": "tiny_qwen3moe/tiny-q8_0.gguf", "qwen3next": "tiny_qwen3next/strata-tiny-qwen3next-q8_0.gguf"}
+FIXTURES = {
+    "qwen3moe": "tiny_qwen3moe/tiny-q8_0.gguf",
+    "qwen3next": "tiny_qwen3next/strata-tiny-qwen3next-q8_0.gguf",
+}
 
 
 def _fixture(arch: str = "qwen3moe") -> Path:
@@ -358,7 +397,9 @@ def test_oracle_fixture_engine_matches_cpu(tmp_path, arch, kind):
     from strata.engine import Engine
     from strata.sampling.params import SamplingParams
 
-    path = _fixture(arch) if kind.startswith("q8_0") else _f32_copy(_fixture(arch), tmp_path / "tiny-f32.gguf")
+    path = (
+        _fixture(arch) if kind.startswith("q8_0") else _f32_copy(_fixture(arch), tmp_path / "tiny-f32.gguf")
+    )
     kv = "int8" if kind.endswith("int8-kv") else "auto"
     gpu, cpu = Engine.load(path, device="cuda", kv_type=kv), Engine.load(path, device="cpu", kv_type=kv)
     assert type(gpu.model).__name__ == "GpuModel" and type(cpu.model).__name__ != "GpuModel"
@@ -366,7 +407,9 @@ def test_oracle_fixture_engine_matches_cpu(tmp_path, arch, kind):
     ids = gpu.tokenizer.encode(prompt, add_special=True, parse_special=True)
     lg, lc = gpu.logits(ids), cpu.logits(ids)
     e, e_max = rel(lg, lc), float(np.abs(lg - lc).max())
-    tg = gpu.generate(ids, max_tokens=16, params=SamplingParams(temperature=0.0), ignore_eos=True).run().tokens
+    tg = (
+        gpu.generate(ids, max_tokens=16, params=SamplingParams(temperature=0.0), ignore_eos=True).run().tokens
+    )
     st = cpu.new_state()
     logits = cpu.model.forward(np.asarray(ids), st, all_logits=False)[-1]
     tc, steps = [], []
@@ -376,12 +419,18 @@ def test_oracle_fixture_engine_matches_cpu(tmp_path, arch, kind):
         with int8_inputs():
             logits = cpu.model.forward(np.asarray([tc[-1]]), st, all_logits=False)[-1]
     same = next((i for i, (a, b) in enumerate(zip(tg, tc)) if a != b), len(tc))
-    print(f"\noracle fixture {arch} {kind}: {len(ids)}-token prompt logits rel {e:.2e}, max |dlogit| {e_max:.3f}; "
-          f"greedy gpu {tg} cpu {tc}; identical for {same} of {len(tc)}")
+    print(
+        f"\noracle fixture {arch} {kind}: {len(ids)}-token prompt logits rel {e:.2e}, max |dlogit| {e_max:.3f}; "
+        f"greedy gpu {tg} cpu {tc}; identical for {same} of {len(tc)}"
+    )
     assert e < 2e-2
     if same < len(tc):
-        gap = float(steps[same][tc[same]] - steps[same][tg[same]])  # how far below the CPU's pick the GPU's is
-        print(f"step {same}: the GPU's token is {gap:.3f} below the CPU's on the CPU (tie threshold {2 * e_max:.3f})")
+        gap = float(
+            steps[same][tc[same]] - steps[same][tg[same]]
+        )  # how far below the CPU's pick the GPU's is
+        print(
+            f"step {same}: the GPU's token is {gap:.3f} below the CPU's on the CPU (tie threshold {2 * e_max:.3f})"
+        )
         assert gap <= 2 * e_max, f"greedy tokens differ at step {same}, {gap:.3f} apart: not a tie"
 
 
@@ -407,8 +456,26 @@ def test_synth_tiny_matches_cpu(tmp_path):
 
     _tokenizer_root()
     path = tmp_path / "synth-tiny.gguf"
-    subprocess.run([sys.executable, "-m", "strata", "synth", "--arch", "qwen3moe", "--shape", "tiny", "--quant", "q4_k",
-                    "--output-quant", "q6_k", "-o", str(path)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "strata",
+            "synth",
+            "--arch",
+            "qwen3moe",
+            "--shape",
+            "tiny",
+            "--quant",
+            "q4_k",
+            "--output-quant",
+            "q6_k",
+            "-o",
+            str(path),
+        ],
+        check=True,
+        capture_output=True,
+    )
     gpu, cpu = Engine.load(path, device="cuda"), Engine.load(path, device="cpu")
     ids = list(range(100, 140))
     e = rel(gpu.logits(ids), cpu.logits(ids))

@@ -19,13 +19,13 @@ from strata.blocks.rope import Rope, RopeStyle
 from strata.errors import ConfigError
 from strata.gguf.names import T, tensor
 from strata.gpu import resolve_device
-from strata.tiers.budget import MIB, Ledger, VramBudgetError, VramPlan
 from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
 from strata.gpu.kernels import deltanet as dk
 from strata.quants import dequantize
 from strata.sampling import sampler as sample_mod
 from strata.sampling.params import SamplingParams
 from strata.sampling.sampler import device_drawable, draw_row
+from strata.tiers.budget import MIB, Ledger, VramBudgetError, VramPlan
 
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -60,10 +60,14 @@ def test_int8_cell_twins_are_the_cpu_cache_cells():
     rope = Rope(n_rot=64, base=1e6, style=RopeStyle.NEOX)
     qkv = rng.standard_normal((3, 8 * 64)).astype(np.float32)
     _, rk, rv = rows.ref_qkv_post(qkv, 4, 2, 64, rope, np.array([0, 5, 9]), None, None, 1e-6)
-    _, (kc, ks), (vc, vs) = rows.ref_qkv_post(qkv, 4, 2, 64, rope, np.array([0, 5, 9]), None, None, 1e-6, q8=True)
+    _, (kc, ks), (vc, vs) = rows.ref_qkv_post(
+        qkv, 4, 2, 64, rope, np.array([0, 5, 9]), None, None, 1e-6, q8=True
+    )
     for c, sc, f16 in ((kc, ks, rk), (vc, vs, rv)):
         step = np.repeat(sc, 32, axis=-1)
-        assert np.all(np.abs(dequantize_rows(c, sc) - f16.astype(np.float32)) <= 0.5 * step + 2e-3 * np.abs(f16))
+        assert np.all(
+            np.abs(dequantize_rows(c, sc) - f16.astype(np.float32)) <= 0.5 * step + 2e-3 * np.abs(f16)
+        )
 
 
 def test_gemm_twin_is_fp16_rounding_of_the_product():
@@ -86,8 +90,9 @@ def test_gemv_twin_prologues():
     np.testing.assert_allclose(gemv.ref_gemv(raw, Q.Q8_0, x, pro=2), gu @ w.T, rtol=1e-4, atol=1e-4)
     nw = rng.standard_normal(64).astype(np.float32)
     xn = x[:, :64] / np.sqrt(np.mean(x[:, :64] ** 2, axis=1, keepdims=True) + 1e-6) * nw
-    np.testing.assert_allclose(gemv.ref_gemv(raw, Q.Q8_0, x[:, :64], pro=1, norm_w=nw), xn @ w.T, rtol=1e-4,
-                               atol=1e-4)
+    np.testing.assert_allclose(
+        gemv.ref_gemv(raw, Q.Q8_0, x[:, :64], pro=1, norm_w=nw), xn @ w.T, rtol=1e-4, atol=1e-4
+    )
 
 
 def test_q8_twin_rounds_each_input_to_its_nearest_code():
@@ -115,11 +120,17 @@ def test_mmvq_twins_are_the_fp32_products_within_the_input_rounding():
         raw, w = raw[ok], w[ok]
         x = rng.standard_normal((3, 1024)).astype(np.float32)
         for pro, xin in ((0, x[:, :512]), (2, x)):
-            xt = xin if pro == 0 else (xin[:, :512] / (1 + np.exp(-xin[:, :512])) * xin[:, 512:]).astype(np.float32)
+            xt = (
+                xin
+                if pro == 0
+                else (xin[:, :512] / (1 + np.exp(-xin[:, :512])) * xin[:, 512:]).astype(np.float32)
+            )
             _, d = mmvq.quantize_q8(np.ascontiguousarray(xt))
             bound = (np.repeat(d.astype(np.float64), 32, axis=1) / 2) @ np.abs(w).T
-            diff = np.abs(mmvq.ref_mmvq(raw, qt, np.ascontiguousarray(xin), pro).astype(np.float64)
-                          - gemv.ref_gemv(raw, qt, np.ascontiguousarray(xin), pro).astype(np.float64))
+            diff = np.abs(
+                mmvq.ref_mmvq(raw, qt, np.ascontiguousarray(xin), pro).astype(np.float64)
+                - gemv.ref_gemv(raw, qt, np.ascontiguousarray(xin), pro).astype(np.float64)
+            )
             scale = np.abs(xt) @ np.abs(w).T
             assert (diff <= bound * (1 + 1e-4) + 1e-6 * scale).all(), (Q(qt).name, pro)
     # the expert FFN twin: the same dispatch with both quantizations, close to the fp32 one
@@ -161,7 +172,9 @@ def test_max_tiles_bounds_every_routing():
     rng = np.random.default_rng(4)
     for t, e, a in [(1, 8, 2), (9, 128, 8), (513, 128, 8), (4096, 16, 4)]:
         for skew in (0.0, 3.0, 30.0):
-            logits = rng.standard_normal((t, e)).astype(np.float32) + skew * np.linspace(0, 1, e, dtype=np.float32)
+            logits = rng.standard_normal((t, e)).astype(np.float32) + skew * np.linspace(
+                0, 1, e, dtype=np.float32
+            )
             ids, _ = route_softmax_topk(logits, a, True)
             _, tiles, _ = moe.ref_plan(ids, e)
             assert len(tiles) <= moe.max_tiles(t * a, e)
@@ -178,7 +191,9 @@ def test_qkv_post_twin_partial_rotary_keeps_the_tail():
         np.testing.assert_array_equal(q[0], qkv[0, : hq * hd].reshape(hq, hd))  # position 0: no rotation
         assert k.dtype == v.dtype == np.float16
     rope = Rope(n_rot=16, base=10000.0, style=RopeStyle.NEOX)
-    np.testing.assert_array_equal(rows.inv_freq(rope), 1.0 / (np.float32(10000.0) ** (np.arange(0, 16, 2) / 16)).astype(np.float32))
+    np.testing.assert_array_equal(
+        rows.inv_freq(rope), 1.0 / (np.float32(10000.0) ** (np.arange(0, 16, 2) / 16)).astype(np.float32)
+    )
 
 
 DRAWS = [
@@ -261,13 +276,17 @@ def _deltanet_store(p: DeltaNetParams, d: int, seed: int) -> DictWeights:
     c, inner = p.conv_channels, p.n_v_heads * p.v_dim
 
     def mat(rows: int, cols: int) -> np.ndarray:
-        return (rng.standard_normal((rows, cols)) * cols ** -0.5).astype(np.float32)
+        return (rng.standard_normal((rows, cols)) * cols**-0.5).astype(np.float32)
 
-    t = {tensor(T.ATTN_QKV, 0): mat(c, d), tensor(T.ATTN_GATE, 0): mat(inner, d), tensor(T.SSM_OUT, 0): mat(d, inner),
-         tensor(T.SSM_CONV1D, 0): (rng.standard_normal((c, p.conv_kernel)) * 0.5).astype(np.float32),
-         tensor(T.SSM_A, 0, ""): -np.exp(rng.standard_normal(p.n_v_heads) * 0.5).astype(np.float32),
-         tensor(T.SSM_DT, 0, "bias"): rng.standard_normal(p.n_v_heads).astype(np.float32),
-         tensor(T.SSM_NORM, 0): rng.uniform(0.5, 1.5, p.v_dim).astype(np.float32)}
+    t = {
+        tensor(T.ATTN_QKV, 0): mat(c, d),
+        tensor(T.ATTN_GATE, 0): mat(inner, d),
+        tensor(T.SSM_OUT, 0): mat(d, inner),
+        tensor(T.SSM_CONV1D, 0): (rng.standard_normal((c, p.conv_kernel)) * 0.5).astype(np.float32),
+        tensor(T.SSM_A, 0, ""): -np.exp(rng.standard_normal(p.n_v_heads) * 0.5).astype(np.float32),
+        tensor(T.SSM_DT, 0, "bias"): rng.standard_normal(p.n_v_heads).astype(np.float32),
+        tensor(T.SSM_NORM, 0): rng.uniform(0.5, 1.5, p.v_dim).astype(np.float32),
+    }
     if p.fused_ba:
         t[tensor(T.SSM_BETA_ALPHA, 0)] = mat(2 * p.n_v_heads, d)
     else:
@@ -275,33 +294,50 @@ def _deltanet_store(p: DeltaNetParams, d: int, seed: int) -> DictWeights:
     return DictWeights(t)
 
 
-@pytest.mark.parametrize("order,fused", [(HeadOrder.GROUPED, True), (HeadOrder.TILED, False)],
-                         ids=["qwen3next", "qwen4exp"])
+@pytest.mark.parametrize(
+    "order,fused", [(HeadOrder.GROUPED, True), (HeadOrder.TILED, False)], ids=["qwen3next", "qwen4exp"]
+)
 def test_deltanet_twins_compose_to_the_cpu_sublayer(order, fused):
     """mix projections -> ref_conv -> ref_recur -> ref_gated_norm -> ssm_out, on the kernels' column layout
     and state layout, equals strata.blocks.linear_attn.deltanet (whose prefill is the chunked form) over a
     37-token prompt and 3 decode tokens carried on the state."""
-    p = DeltaNetParams(n_k_heads=2, n_v_heads=6, k_dim=16, v_dim=24, conv_kernel=4, eps=1e-6, order=order,
-                       fused_ba=fused)
+    p = DeltaNetParams(
+        n_k_heads=2, n_v_heads=6, k_dim=16, v_dim=24, conv_kernel=4, eps=1e-6, order=order, fused_ba=fused
+    )
     d = 48
     w = _deltanet_store(p, d, 5)
     rng = np.random.default_rng(6)
     h = rng.standard_normal((40, d)).astype(np.float32)
     ref_state = DeltaNetState.empty(p)
-    ref = np.concatenate([deltanet(h[:37], w, 0, p, ref_state)] + [deltanet(h[j : j + 1], w, 0, p, ref_state)
-                                                                   for j in range(37, 40)])
+    ref = np.concatenate(
+        [deltanet(h[:37], w, 0, p, ref_state)]
+        + [deltanet(h[j : j + 1], w, 0, p, ref_state) for j in range(37, 40)]
+    )
     ba = [tensor(T.SSM_BETA_ALPHA, 0)] if fused else [tensor(T.SSM_BETA, 0), tensor(T.SSM_ALPHA, 0)]
     names = [tensor(T.ATTN_QKV, 0), tensor(T.ATTN_GATE, 0), *ba]
     c, inner = p.conv_channels, p.n_v_heads * p.v_dim
-    window, ssm = np.zeros((p.conv_kernel - 1, c), np.float32), np.zeros((p.n_v_heads, p.k_dim, p.v_dim), np.float32)
+    window, ssm = (
+        np.zeros((p.conv_kernel - 1, c), np.float32),
+        np.zeros((p.n_v_heads, p.k_dim, p.v_dim), np.float32),
+    )
     fused_r = p.n_v_heads // p.n_k_heads if fused else 0
     got = []
     for lo, hi in ((0, 37), (37, 38), (38, 39), (39, 40)):
         mix = np.concatenate([w.matmul(h[lo:hi], n) for n in names], axis=1)
         y, window = dk.ref_conv(mix, c, window, w.t[tensor(T.SSM_CONV1D, 0)])
-        o, ssm = dk.ref_recur(y, mix[:, c + inner :], p.n_k_heads, p.n_v_heads, p.k_dim, p.v_dim, fused_r,
-                              order is HeadOrder.TILED, w.vector(tensor(T.SSM_A, 0, "")),
-                              w.vector(tensor(T.SSM_DT, 0, "bias")), ssm)
+        o, ssm = dk.ref_recur(
+            y,
+            mix[:, c + inner :],
+            p.n_k_heads,
+            p.n_v_heads,
+            p.k_dim,
+            p.v_dim,
+            fused_r,
+            order is HeadOrder.TILED,
+            w.vector(tensor(T.SSM_A, 0, "")),
+            w.vector(tensor(T.SSM_DT, 0, "bias")),
+            ssm,
+        )
         o = dk.ref_gated_norm(o, mix[:, c : c + inner], w.vector(tensor(T.SSM_NORM, 0)), p.n_v_heads, p.eps)
         got.append(w.matmul(o, tensor(T.SSM_OUT, 0)))
     err = _rel(np.concatenate(got), ref)
@@ -316,7 +352,9 @@ def test_gate_twins():
     x, g, y = (rng.standard_normal((5, 12)).astype(np.float32) for _ in range(3))
     s = rng.standard_normal(5).astype(np.float32)
     np.testing.assert_allclose(rows.ref_gate_mul(x, g), x / (1 + np.exp(-g)), rtol=1e-6)
-    np.testing.assert_allclose(rows.ref_gated_add(x, y, s), x + y / (1 + np.exp(-s[:, None])), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(
+        rows.ref_gated_add(x, y, s), x + y / (1 + np.exp(-s[:, None])), rtol=1e-6, atol=1e-7
+    )
 
 
 def test_plan_refuses_with_every_component_named():
@@ -353,12 +391,16 @@ def test_prefetch_twins_pick_rank_by_rank_and_count_the_used():
     from strata.gpu.kernels import tiers as kt
 
     where = np.array([-1, 0, -1, -2, -1, -1], np.int32)
-    pred = np.array([[2, 1, 4], [2, 5, 0]], np.int32)  # rank 0: 2, 2 (repeat); rank 1: 1 (slot), 5; rank 2: 4, 0
+    pred = np.array(
+        [[2, 1, 4], [2, 5, 0]], np.int32
+    )  # rank 0: 2, 2 (repeat); rank 1: 1 (slot), 5; rank 2: 4, 0
     np.testing.assert_array_equal(kt.ref_prefetch_pick(pred, where, 3), [2, 5, 4])
     np.testing.assert_array_equal(kt.ref_prefetch_pick(pred, where, 6), [2, 5, 4, 0, -1, -1])
     np.testing.assert_array_equal(kt.ref_prefetch_pick(np.array([[1, 3]], np.int32), where, 2), [-1, -1])
     flipped = np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1]], bool)  # pick 2 (-1) has nothing to restore
-    stats = kt.ref_prefetch_restore(np.array([2, 5, -1], np.int32), flipped, np.array([5, 1, 0]), (10, 20, 30))
+    stats = kt.ref_prefetch_restore(
+        np.array([2, 5, -1], np.int32), flipped, np.array([5, 1, 0]), (10, 20, 30)
+    )
     np.testing.assert_array_equal(stats, [3, 1, 10, 30])  # 2's gate and up unused, 5's gate used
 
 

@@ -20,11 +20,11 @@ import time
 
 import numpy as np
 import pytest
-from strata.jit.share import Mailbox
 from test_gpu_model import tiny_file
 from test_gpu_tiers import _model, _run
 
 from strata.gpu.kernels import tiers as kt
+from strata.jit.share import Mailbox
 
 pytestmark = pytest.mark.gpu
 
@@ -60,7 +60,9 @@ def test_cpu_share_agrees_with_all_resident(tmp_path, arch, frac):
     assert m.tiers.share is not None and m.expert_cache.pcie_frac == frac
     got, st = _forced(m, prompt, tokens)
     assert np.array_equal(got[0], ref[0]), "prompt passes of 16 rows read every miss through the full table"
-    worst = max(_close(g, r, f"{arch} frac {frac} step {k}") for k, (g, r) in enumerate(zip(got[1:], ref[1:])))
+    worst = max(
+        _close(g, r, f"{arch} frac {frac} step {k}") for k, (g, r) in enumerate(zip(got[1:], ref[1:]))
+    )
     d = st.experts.decode
     per = m.expert_cache.expert_bytes  # [L]: the q4_k_m mix gives layers their own types
     assert d.lookups == 6 * m.expert_cache.layout.top_k * len(m.expert_cache.layout.layers)
@@ -117,10 +119,26 @@ def test_publish_and_collect_match_their_twins():
     wts = rng.random(n * a).astype(np.float32)
     ticket, err = cp.zeros(1, cp.int64), cp.zeros(1, cp.int32)
     addr = [int(v.ctypes.data) for v in (box.ctl, box.h, box.ids, box.wts, box.out)]
-    launch(k["cpu_publish"], (1,), 256, (cp.asarray(h), cp.asarray(ids), cp.asarray(wts), np.int32(n), np.int32(a),
-                                         np.int32(d), np.int32(5), *map(np.uint64, addr[:4]), ticket))
+    launch(
+        k["cpu_publish"],
+        (1,),
+        256,
+        (
+            cp.asarray(h),
+            cp.asarray(ids),
+            cp.asarray(wts),
+            np.int32(n),
+            np.int32(a),
+            np.int32(d),
+            np.int32(5),
+            *map(np.uint64, addr[:4]),
+            ticket,
+        ),
+    )
     cp.cuda.get_current_stream().synchronize()
-    want = {k2: np.zeros_like(v) for k2, v in (("ctl", box.ctl), ("h", box.h), ("ids", box.ids), ("wts", box.wts))}
+    want = {
+        k2: np.zeros_like(v) for k2, v in (("ctl", box.ctl), ("h", box.h), ("ids", box.ids), ("wts", box.wts))
+    }
     t_ref = np.zeros(1, np.int64)
     kt.ref_cpu_publish(h, ids, wts, 5, want["ctl"], want["h"], want["ids"], want["wts"], t_ref)
     for name, value in want.items():
@@ -135,8 +153,12 @@ def test_publish_and_collect_match_their_twins():
     threading.Thread(target=cpu).start()
     x0 = rng.standard_normal((n, d)).astype(np.float32)
     x = cp.asarray(x0)
-    launch(k["cpu_collect"], (n,), 256, (x, np.int32(d), np.uint64(addr[0]), np.uint64(addr[4]), ticket, err,
-                                         np.int64(5_000_000_000)))
+    launch(
+        k["cpu_collect"],
+        (n,),
+        256,
+        (x, np.int32(d), np.uint64(addr[0]), np.uint64(addr[4]), ticket, err, np.int64(5_000_000_000)),
+    )
     cp.cuda.get_current_stream().synchronize()  # the kernel returns once the thread above has answered
     ref_x = x0.copy()
     assert kt.ref_cpu_collect(ref_x, box.ctl, box.out, t_ref)
@@ -159,7 +181,10 @@ def _q8_twin(m):
         def mat(p):
             def get(e):
                 raw = arena.arrays[p][li * lay.n_expert + e, : parts[p].nbytes]
-                return dequantize(raw.reshape(parts[p].rows, parts[p].row_bytes), parts[p].qtype).astype(np.float64)
+                return dequantize(raw.reshape(parts[p].rows, parts[p].row_bytes), parts[p].qtype).astype(
+                    np.float64
+                )
+
             return get
 
         mine = cache.cpu[li][ids]
@@ -179,6 +204,8 @@ def test_the_share_plumbing_is_exact_with_the_gpus_own_arithmetic(tmp_path, arch
     got, st = _forced(m, prompt, [int(r[-1].argmax()) for r in ref[:-1]])
     for k, (g, r) in enumerate(zip(got, ref)):
         rel = float(np.linalg.norm(g - r) / np.linalg.norm(r))
-        assert rel <= 5e-3, f"{arch} step {k}: relative L2 {rel:.3g} with the GPU's arithmetic on the CPU side"
+        assert rel <= 5e-3, (
+            f"{arch} step {k}: relative L2 {rel:.3g} with the GPU's arithmetic on the CPU side"
+        )
     assert st.experts.decode.cpu_calls > 0
     m.close()

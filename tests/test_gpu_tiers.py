@@ -19,9 +19,9 @@ from test_gpu_model import tiny_file
 from strata.gguf import GGUFFile
 from strata.gpu.kernels import tiers as kt
 from strata.models import model_class
+from strata.runtime.weights import WeightStore
 from strata.tiers.budget import MIB
 from strata.tiers.layout import ExpertLayout
-from strata.runtime.weights import WeightStore
 
 pytestmark = pytest.mark.gpu
 
@@ -36,8 +36,10 @@ def _model(path: Path, cache: str = "auto", **share):
     cpu = model_class(g)(g, WeightStore(g, 1 << 30))
     if cache == "one":  # exactly one slot
         cache = f"{(ExpertLayout.from_gguf(g).slot_bytes + 1) / MIB:.6f}MiB"
-    return GpuModel(cpu, GpuOptions(chunk=16, n_ctx=256, expert_cache=cache,
-                                    tiers=TierOptions(**{"pcie_frac": 1.0, **share})))
+    return GpuModel(
+        cpu,
+        GpuOptions(chunk=16, n_ctx=256, expert_cache=cache, tiers=TierOptions(**{"pcie_frac": 1.0, **share})),
+    )
 
 
 def _run(m, prompt: np.ndarray, steps: int):
@@ -149,10 +151,28 @@ def test_prefetch_kernels_match_twins():
     blocks = 5
 
     def run() -> None:
-        launch(k["prefetch"], (blocks,), 256,
-               (cp.asarray(pred.reshape(-1)), np.int32(n), np.int32(a), cp.asarray(where), tab, np.int32(e),
-                np.int32(K), *(np.uint64(s.data.ptr) for s in stage), *(np.int64(stride),) * 3,
-                *(np.int64(b) for b in nbytes), picked, saved, landed, stop, stats))
+        launch(
+            k["prefetch"],
+            (blocks,),
+            256,
+            (
+                cp.asarray(pred.reshape(-1)),
+                np.int32(n),
+                np.int32(a),
+                cp.asarray(where),
+                tab,
+                np.int32(e),
+                np.int32(K),
+                *(np.uint64(s.data.ptr) for s in stage),
+                *(np.int64(stride),) * 3,
+                *(np.int64(b) for b in nbytes),
+                picked,
+                saved,
+                landed,
+                stop,
+                stats,
+            ),
+        )
 
     run()  # the router was done before the copy began: nothing lands, the table is untouched
     assert (landed.get() == 0).all() and (saved.get() == 0).all() and int(stats[4].get()) == 0
@@ -162,22 +182,44 @@ def test_prefetch_kernels_match_twins():
     want = kt.ref_prefetch_pick(pred, where, K)
     np.testing.assert_array_equal(picked.get(), want)
     # every block's slice of every part of each pick
-    np.testing.assert_array_equal(landed.get().reshape(K, 3), np.repeat(np.where(want >= 0, blocks, 0)[:, None], 3, 1))
-    assert int(stats[4].get()) == sum(16 * (b // 16) for b in nbytes) * int((want >= 0).sum())  # tails: not counted
+    np.testing.assert_array_equal(
+        landed.get().reshape(K, 3), np.repeat(np.where(want >= 0, blocks, 0)[:, None], 3, 1)
+    )
+    assert int(stats[4].get()) == sum(16 * (b // 16) for b in nbytes) * int(
+        (want >= 0).sum()
+    )  # tails: not counted
     got_tab = tab.get()
     for q, x in enumerate(want):
         for j in range(3):
             if x < 0:
                 continue
             assert got_tab[j, x] == int(stage[j].data.ptr) + q * stride
-            np.testing.assert_array_equal(stage[j][q * stride : q * stride + nbytes[j]].get(),
-                                          arena[j][x * stride : x * stride + nbytes[j]].get())
+            np.testing.assert_array_equal(
+                stage[j][q * stride : q * stride + nbytes[j]].get(),
+                arena[j][x * stride : x * stride + nbytes[j]].get(),
+            )
     routed = rng.integers(0, e, n * a).astype(np.int32)
     routed[0] = want[0]  # at least one pick used
     stats.fill(0)
     stop.fill(1)
-    launch(k["prefetch_restore"], (1,), 128, (tab, np.int32(e), np.int32(K), picked, saved, landed, stop,
-                                             cp.asarray(routed), np.int32(n * a), *(np.int64(b) for b in nbytes), stats))
+    launch(
+        k["prefetch_restore"],
+        (1,),
+        128,
+        (
+            tab,
+            np.int32(e),
+            np.int32(K),
+            picked,
+            saved,
+            landed,
+            stop,
+            cp.asarray(routed),
+            np.int32(n * a),
+            *(np.int64(b) for b in nbytes),
+            stats,
+        ),
+    )
     np.testing.assert_array_equal(tab.get(), table)
     flipped = np.repeat((want >= 0)[:, None], 3, axis=1)
     np.testing.assert_array_equal(stats.get()[:4], kt.ref_prefetch_restore(want, flipped, routed, nbytes))
@@ -197,11 +239,15 @@ def test_prefetch_equals_all_resident(tmp_path, arch):
         assert m.tiers.lookahead is not None
         got, _ = _run(m, prompt, 8)
         for step, (x, y) in enumerate(zip(got, ref)):
-            assert np.array_equal(x, y), f"{arch} cache {size} K={k}: step {step} differs by {np.abs(x - y).max()}"
+            assert np.array_equal(x, y), (
+                f"{arch} cache {size} K={k}: step {step} differs by {np.abs(x - y).max()}"
+            )
         np.testing.assert_array_equal(m.tiers.table.get(), m.expert_cache.table)
         pf, lay = m.expert_cache.prefetch, m.expert_cache.layout
         assert 0 <= pf.staged <= 3 * k * len(lay.layers) * 9 and pf.used <= pf.staged
-        assert pf.used_bytes + pf.wasted_bytes <= pf.copied_bytes + 3 * 16 * pf.staged  # landed parts were copied
+        assert (
+            pf.used_bytes + pf.wasted_bytes <= pf.copied_bytes + 3 * 16 * pf.staged
+        )  # landed parts were copied
         print(f"{arch} cache {size} K={k}: {pf.line()}")
 
 

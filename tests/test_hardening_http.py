@@ -12,10 +12,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from server_fixture import Server, running_server
 
-CHAT, COMPLETE, MESSAGES, COUNT = "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens"
+CHAT, COMPLETE, MESSAGES, COUNT = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+)
 POST_ROUTES = [CHAT, COMPLETE, MESSAGES, COUNT, "/tokenize", "/detokenize"]
 HI = [{"role": "user", "content": "hi"}]
 
@@ -52,14 +56,29 @@ def assert_alive(server: Server) -> None:
 
 
 # ---- item 1 and 2: requests that killed the scheduler or froze the process -----------------------
-@pytest.mark.parametrize("route,body", [
-    (COMPLETE, {"prompt": "Hello", "max_tokens": 4, "temperature": 5e-324}),
-    (CHAT, {"messages": HI, "max_tokens": 4, "temperature": 5e-324}),
-    (COMPLETE, {"prompt": "Hello", "max_tokens": 4, "temperature": 1, "repeat_penalty": 1e-40}),
-    (CHAT, {"messages": HI, "max_tokens": 4, "temperature": 1, "repeat_penalty": 1e-40}),
-    (COMPLETE, {"prompt": "Hello Hello Hello", "max_tokens": 4, "temperature": 2, "repeat_penalty": 1e-300,
-                "top_k": 0, "top_p": 1e-300, "min_p": 1.0, "presence_penalty": 2, "frequency_penalty": -2}),
-])
+@pytest.mark.parametrize(
+    "route,body",
+    [
+        (COMPLETE, {"prompt": "Hello", "max_tokens": 4, "temperature": 5e-324}),
+        (CHAT, {"messages": HI, "max_tokens": 4, "temperature": 5e-324}),
+        (COMPLETE, {"prompt": "Hello", "max_tokens": 4, "temperature": 1, "repeat_penalty": 1e-40}),
+        (CHAT, {"messages": HI, "max_tokens": 4, "temperature": 1, "repeat_penalty": 1e-40}),
+        (
+            COMPLETE,
+            {
+                "prompt": "Hello Hello Hello",
+                "max_tokens": 4,
+                "temperature": 2,
+                "repeat_penalty": 1e-300,
+                "top_k": 0,
+                "top_p": 1e-300,
+                "min_p": 1.0,
+                "presence_penalty": 2,
+                "frequency_penalty": -2,
+            },
+        ),
+    ],
+)
 def test_extreme_sampling_values_are_answered(server: Server, route: str, body: dict) -> None:
     r = post(server, route, body, timeout=30)
     assert r.status_code == 200, r.text
@@ -76,18 +95,46 @@ def nested_schema(depth: int) -> dict:
 
 @pytest.mark.parametrize("depth", [30, 250])
 @pytest.mark.parametrize("where", ["response_format", "forced_tool", "anthropic_format", "anthropic_tool"])
-def test_deep_schemas_are_a_400_or_an_answer_never_a_dead_scheduler(server: Server, where: str, depth: int) -> None:
+def test_deep_schemas_are_a_400_or_an_answer_never_a_dead_scheduler(
+    server: Server, where: str, depth: int
+) -> None:
     schema = nested_schema(depth)
     tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
     route, body = {
-        "response_format": (CHAT, {"messages": HI, "max_tokens": 3, "response_format": {
-            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}),
-        "forced_tool": (CHAT, {"messages": HI, "max_tokens": 3, "tools": [tool],
-                               "tool_choice": {"type": "function", "function": {"name": "f"}}}),
-        "anthropic_format": (MESSAGES, {"messages": HI, "max_tokens": 3,
-                                        "output_config": {"format": {"type": "json_schema", "schema": schema}}}),
-        "anthropic_tool": (MESSAGES, {"messages": HI, "max_tokens": 3, "tools": [{"name": "f", "input_schema": schema}],
-                                      "tool_choice": {"type": "tool", "name": "f"}}),
+        "response_format": (
+            CHAT,
+            {
+                "messages": HI,
+                "max_tokens": 3,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+            },
+        ),
+        "forced_tool": (
+            CHAT,
+            {
+                "messages": HI,
+                "max_tokens": 3,
+                "tools": [tool],
+                "tool_choice": {"type": "function", "function": {"name": "f"}},
+            },
+        ),
+        "anthropic_format": (
+            MESSAGES,
+            {
+                "messages": HI,
+                "max_tokens": 3,
+                "output_config": {"format": {"type": "json_schema", "schema": schema}},
+            },
+        ),
+        "anthropic_tool": (
+            MESSAGES,
+            {
+                "messages": HI,
+                "max_tokens": 3,
+                "tools": [{"name": "f", "input_schema": schema}],
+                "tool_choice": {"type": "tool", "name": "f"},
+            },
+        ),
     }[where]
     r = post(server, route, body)
     if depth > 100:
@@ -110,8 +157,11 @@ SURROGATE_BODIES = [
     (CHAT, rb'{"model": "\ud800", "stream": true, "messages": [{"role": "user", "content": "hi"}]}', "model"),
     (COMPLETE, rb'{"prompt": "\udfff"}', "prompt"),
     (MESSAGES, rb'{"max_tokens": 3, "messages": [{"role": "user", "content": "\ud83d"}]}', None),
-    (MESSAGES, rb'{"model": "\ud800", "stream": true, "max_tokens": 3, "messages": [{"role": "user", "content": "x"}]}',
-     None),
+    (
+        MESSAGES,
+        rb'{"model": "\ud800", "stream": true, "max_tokens": 3, "messages": [{"role": "user", "content": "x"}]}',
+        None,
+    ),
     (COUNT, rb'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]}', None),
     ("/tokenize", rb'{"content": "\ud800"}', "content"),
     (CHAT, rb'{"messages": [{"role": "user", "content": "hi", "\ud800": 1}]}', "messages.0"),
@@ -119,27 +169,57 @@ SURROGATE_BODIES = [
 
 
 @pytest.mark.parametrize("route,raw,param", SURROGATE_BODIES)
-def test_lone_surrogates_are_a_400_naming_the_field(server: Server, route: str, raw: bytes, param: str | None) -> None:
+def test_lone_surrogates_are_a_400_naming_the_field(
+    server: Server, route: str, raw: bytes, param: str | None
+) -> None:
     assert_client_error(route, post(server, route, raw), param=param)
 
 
 WRONG_SHAPES = [
-    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": 123}]}]}, "messages.0.content.0.text"),
+    (
+        CHAT,
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": 123}]}]},
+        "messages.0.content.0.text",
+    ),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages.0.content.0.text"),
     (CHAT, {"messages": [{"role": "user", "content": [7]}]}, "messages.0.content.0"),
-    (CHAT, {"messages": [{"role": "assistant", "tool_calls": [{"function": "f"}]}]}, "messages.0.tool_calls.0.function"),
-    (CHAT, {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": ["x"]}}]}]},
-     "messages.0.tool_calls.0.function.name"),
+    (
+        CHAT,
+        {"messages": [{"role": "assistant", "tool_calls": [{"function": "f"}]}]},
+        "messages.0.tool_calls.0.function",
+    ),
+    (
+        CHAT,
+        {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": ["x"]}}]}]},
+        "messages.0.tool_calls.0.function.name",
+    ),
     (CHAT, {"messages": HI, "tool_choice": {"function": "f"}}, "tool_choice.type"),
-    (CHAT, {"messages": HI, "tool_choice": {"type": "function", "function": {"name": ["x"]}}},
-     "tool_choice.function.name"),
+    (
+        CHAT,
+        {"messages": HI, "tool_choice": {"type": "function", "function": {"name": ["x"]}}},
+        "tool_choice.function.name",
+    ),
     (CHAT, {"messages": HI, "tool_choice": "sometimes"}, "tool_choice"),
     (CHAT, {"messages": HI, "stop": [1]}, "stop.0"),
     (MESSAGES, {"max_tokens": 3, "messages": HI, "system": [{"type": "text", "text": 5}]}, None),
-    (MESSAGES, {"max_tokens": 3, "messages": [{"role": "assistant", "content": [{"type": "thinking", "thinking": 5}]}]},
-     None),
-    (MESSAGES, {"max_tokens": 3, "messages": [{"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "t", "content": [1]}]}]}, None),
+    (
+        MESSAGES,
+        {
+            "max_tokens": 3,
+            "messages": [{"role": "assistant", "content": [{"type": "thinking", "thinking": 5}]}],
+        },
+        None,
+    ),
+    (
+        MESSAGES,
+        {
+            "max_tokens": 3,
+            "messages": [
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [1]}]}
+            ],
+        },
+        None,
+    ),
     (MESSAGES, {"max_tokens": 3, "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]}, None),
     (MESSAGES, {"max_tokens": 3, "messages": HI, "output_config": {"format": "json"}}, None),
     (MESSAGES, {"max_tokens": 3, "messages": HI, "tool_choice": {"type": "tool", "name": ["x"]}}, None),
@@ -149,7 +229,9 @@ WRONG_SHAPES = [
 
 
 @pytest.mark.parametrize("route,body,param", WRONG_SHAPES)
-def test_wrong_shapes_are_a_400_naming_the_field(server: Server, route: str, body: dict, param: str | None) -> None:
+def test_wrong_shapes_are_a_400_naming_the_field(
+    server: Server, route: str, body: dict, param: str | None
+) -> None:
     assert_client_error(route, post(server, route, body), param=param)
 
 
@@ -161,7 +243,10 @@ NUMBERS = [
     (COMPLETE, b'{"prompt": "hi", "max_tokens": 1e400}'),
     (COMPLETE, b'{"prompt": "hi", "max_tokens": 99999999999999999999999}'),
     (COMPLETE, b'{"prompt": "hi", "seed": -1}'),
-    (MESSAGES, b'{"max_tokens": 3, "messages": [{"role": "user", "content": "hi"}], "temperature": -Infinity}'),
+    (
+        MESSAGES,
+        b'{"max_tokens": 3, "messages": [{"role": "user", "content": "hi"}], "temperature": -Infinity}',
+    ),
     (MESSAGES, b'{"max_tokens": 3, "messages": [{"role": "user", "content": "hi"}], "top_k": -1}'),
 ]
 
@@ -172,11 +257,14 @@ def test_non_finite_and_insane_numbers_are_a_400(server: Server, route: str, raw
 
 
 # ---- item 4: auth headers that are not UTF-8 ----------------------------------------------------
-@pytest.mark.parametrize("header", [{"x-api-key": b"\xff\xfe"}, {"authorization": b"Bearer \xff"},
-                                    {"authorization": b"\xc3\x28"}])
+@pytest.mark.parametrize(
+    "header", [{"x-api-key": b"\xff\xfe"}, {"authorization": b"Bearer \xff"}, {"authorization": b"\xc3\x28"}]
+)
 @pytest.mark.parametrize("route", [CHAT, MESSAGES, "/v1/models"])
 def test_non_utf8_auth_headers_are_a_401(server: Server, header: dict, route: str) -> None:
-    r = httpx.request("GET" if route == "/v1/models" else "POST", f"{server.url}{route}", json={}, headers=header)
+    r = httpx.request(
+        "GET" if route == "/v1/models" else "POST", f"{server.url}{route}", json={}, headers=header
+    )
     assert_client_error(route, r, status=401)
 
 
@@ -195,9 +283,11 @@ def test_a_5mb_prompt_does_not_stall_the_event_loop(server: Server) -> None:
         big = "hello world " * (5 * (1 << 20) // 12)
         headers = {"Authorization": f"Bearer {server.key}"}
         async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=60) as c:
-            tasks = [asyncio.create_task(c.post(COMPLETE, json={"prompt": big, "max_tokens": 2})),
-                     asyncio.create_task(c.post(CHAT, json={"messages": [{"role": "user", "content": big}]})),
-                     asyncio.create_task(c.post(COUNT, json={"messages": [{"role": "user", "content": big}]}))]
+            tasks = [
+                asyncio.create_task(c.post(COMPLETE, json={"prompt": big, "max_tokens": 2})),
+                asyncio.create_task(c.post(CHAT, json={"messages": [{"role": "user", "content": big}]})),
+                asyncio.create_task(c.post(COUNT, json={"messages": [{"role": "user", "content": big}]})),
+            ]
             worst = 0.0
             await asyncio.sleep(0.05)
             while not all(t.done() for t in tasks):
@@ -239,27 +329,64 @@ def test_special_token_text_in_content_is_not_a_control_token(server: Server) ->
 
 
 # ---- item 11: accepted and silently ignored before --------------------------------------------------
-@pytest.mark.parametrize("route,body,param", [
-    (CHAT, {"messages": HI, "logprobs": True}, "logprobs"),
-    (CHAT, {"messages": HI, "top_logprobs": 3}, "top_logprobs"),
-    (CHAT, {"messages": HI, "logit_bias": {"50": 10}}, "logit_bias"),
-    (CHAT, {"messages": HI, "modalities": ["text", "audio"]}, "modalities"),
-    (CHAT, {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
-     "messages.0.content.0.type"),
-    (CHAT, {"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {}}]}]},
-     "messages.0.content.0.type"),
-    (COMPLETE, {"prompt": "hi", "best_of": 2}, "best_of"),
-    (COMPLETE, {"prompt": "hi", "suffix": "end"}, "suffix"),
-    (COMPLETE, {"prompt": "hi", "logprobs": 2}, "logprobs"),
-    (CHAT, {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": []}}}},
-     "response_format"),
-    (CHAT, {"messages": HI, "response_format": {"type": "json_schema", "json_schema": {"schema": {
-        "type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}}}}}},
-     "response_format.properties.n"),
-    (MESSAGES, {"max_tokens": 3, "messages": HI, "output_config": {"format": {"type": "json_schema", "schema": False}}},
-     None),
-])
-def test_unsupported_fields_are_refused_by_name(server: Server, route: str, body: dict, param: str | None) -> None:
+@pytest.mark.parametrize(
+    "route,body,param",
+    [
+        (CHAT, {"messages": HI, "logprobs": True}, "logprobs"),
+        (CHAT, {"messages": HI, "top_logprobs": 3}, "top_logprobs"),
+        (CHAT, {"messages": HI, "logit_bias": {"50": 10}}, "logit_bias"),
+        (CHAT, {"messages": HI, "modalities": ["text", "audio"]}, "modalities"),
+        (
+            CHAT,
+            {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]},
+            "messages.0.content.0.type",
+        ),
+        (
+            CHAT,
+            {"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {}}]}]},
+            "messages.0.content.0.type",
+        ),
+        (COMPLETE, {"prompt": "hi", "best_of": 2}, "best_of"),
+        (COMPLETE, {"prompt": "hi", "suffix": "end"}, "suffix"),
+        (COMPLETE, {"prompt": "hi", "logprobs": 2}, "logprobs"),
+        (
+            CHAT,
+            {
+                "messages": HI,
+                "response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": []}}},
+            },
+            "response_format",
+        ),
+        (
+            CHAT,
+            {
+                "messages": HI,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 1}},
+                        }
+                    },
+                },
+            },
+            "response_format.properties.n",
+        ),
+        (
+            MESSAGES,
+            {
+                "max_tokens": 3,
+                "messages": HI,
+                "output_config": {"format": {"type": "json_schema", "schema": False}},
+            },
+            None,
+        ),
+    ],
+)
+def test_unsupported_fields_are_refused_by_name(
+    server: Server, route: str, body: dict, param: str | None
+) -> None:
     assert_client_error(route, post(server, route, body), param=param)
 
 

@@ -39,8 +39,10 @@ def within(seconds: float, fn: Callable[[], int]) -> int:
 
 
 logit_values = st.one_of(st.sampled_from(EXTREME), st.floats(width=32), st.floats(-50, 50, width=32))
-positive = st.one_of(st.sampled_from([5e-324, 1e-320, 1e-40, 1e-6, 0.5, 1.0, 2.0, 100.0]),
-                     st.floats(min_value=5e-324, max_value=1e6, allow_nan=False, allow_infinity=False))
+positive = st.one_of(
+    st.sampled_from([5e-324, 1e-320, 1e-40, 1e-6, 0.5, 1.0, 2.0, 100.0]),
+    st.floats(min_value=5e-324, max_value=1e6, allow_nan=False, allow_infinity=False),
+)
 params = st.builds(
     SamplingParams,
     temperature=st.one_of(st.just(0.0), st.floats(min_value=5e-324, max_value=100.0)),
@@ -56,10 +58,15 @@ params = st.builds(
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(logits=arrays(np.float32, st.integers(1, 300), elements=logit_values), p=params,
-       history=st.lists(st.integers(0, 299), max_size=80), position=st.integers(0, 2**31))
+@given(
+    logits=arrays(np.float32, st.integers(1, 300), elements=logit_values),
+    p=params,
+    history=st.lists(st.integers(0, 299), max_size=80),
+    position=st.integers(0, 2**31),
+)
 def test_any_logits_and_parameters_give_an_unmasked_token_in_range(
-        logits: np.ndarray, p: SamplingParams, history: list[int], position: int) -> None:
+    logits: np.ndarray, p: SamplingParams, history: list[int], position: int
+) -> None:
     p.validate()
     history = [h % logits.size for h in history]
     allowed = ~(np.isnan(logits) | np.isneginf(logits))
@@ -73,8 +80,13 @@ def test_any_logits_and_parameters_give_an_unmasked_token_in_range(
 
 
 @settings(max_examples=200, deadline=None)
-@given(logits=arrays(np.float32, st.integers(2, 200), elements=st.floats(-F32_MAX, F32_MAX, width=32), unique=True),
-       seed=st.integers(0, 2**63), top_k=st.sampled_from([0, 1, 40]))
+@given(
+    logits=arrays(
+        np.float32, st.integers(2, 200), elements=st.floats(-F32_MAX, F32_MAX, width=32), unique=True
+    ),
+    seed=st.integers(0, 2**63),
+    top_k=st.sampled_from([0, 1, 40]),
+)
 def test_the_smallest_temperature_is_the_argmax(logits: np.ndarray, seed: int, top_k: int) -> None:
     p = SamplingParams(temperature=5e-324, top_k=top_k, top_p=0.95, min_p=0.05)
     assert within(5, lambda: sample(logits, [], p, seed, 3)) == int(np.argmax(logits))
@@ -83,13 +95,21 @@ def test_the_smallest_temperature_is_the_argmax(logits: np.ndarray, seed: int, t
 VOCAB = np.random.default_rng(1).normal(size=49152).astype(np.float32) * 4  # SmolLM2's vocabulary size
 
 
-@pytest.mark.parametrize("p", [
-    SamplingParams(temperature=5e-324, top_k=40, top_p=0.95, min_p=0.05),  # issue: sampling indexed []
-    SamplingParams(temperature=1.0, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1e-40),  # issue: froze
-    SamplingParams(temperature=1.0, repeat_penalty=1e-320),
-    SamplingParams(temperature=100.0, top_k=49151, top_p=1e-300),
-    SamplingParams(temperature=5e-324, repeat_penalty=1e-40, presence_penalty=2.0, frequency_penalty=-2.0),
-], ids=["temp-5e-324", "repeat-1e-40", "repeat-1e-320", "hot-wide", "all-extremes"])
+@pytest.mark.parametrize(
+    "p",
+    [
+        SamplingParams(temperature=5e-324, top_k=40, top_p=0.95, min_p=0.05),  # issue: sampling indexed []
+        SamplingParams(
+            temperature=1.0, top_k=40, top_p=0.95, min_p=0.05, repeat_penalty=1e-40
+        ),  # issue: froze
+        SamplingParams(temperature=1.0, repeat_penalty=1e-320),
+        SamplingParams(temperature=100.0, top_k=49151, top_p=1e-300),
+        SamplingParams(
+            temperature=5e-324, repeat_penalty=1e-40, presence_penalty=2.0, frequency_penalty=-2.0
+        ),
+    ],
+    ids=["temp-5e-324", "repeat-1e-40", "repeat-1e-320", "hot-wide", "all-extremes"],
+)
 def test_the_issues_inputs_sample_at_full_vocabulary_size_quickly(p: SamplingParams) -> None:
     history = list(range(0, 49152, 7))[:64]
     for pos in range(5):

@@ -10,14 +10,14 @@ import threading
 import numpy as np
 import pytest
 from llguidance import LLMatcher
+from test_scheduler import PROMPTS, FakeEngine, drain, make, run, solo
 
 from strata.constraints.schema import Grammar, grammar_text
 from strata.constraints.vocab import byte_vocab
 from strata.runtime.finish import FinishReason
+from strata.runtime.sequence import ActiveSequence
 from strata.sched.request import DoneEvent, ErrorEvent, Request
 from strata.sched.scheduler import QueueFullError, Scheduler, ShuttingDownError
-from strata.runtime.sequence import ActiveSequence
-from test_scheduler import PROMPTS, FakeEngine, drain, make, run, solo
 
 
 def _failed_grammar() -> Grammar:
@@ -78,7 +78,9 @@ def test_a_request_whose_commit_raises_fails_alone(monkeypatch: pytest.MonkeyPat
     run(go())
 
 
-def test_an_error_anywhere_in_a_step_fails_in_flight_requests_not_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_error_anywhere_in_a_step_fails_in_flight_requests_not_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     async def go() -> None:
         sch = Scheduler(FakeEngine(), parallel=2)  # type: ignore[arg-type]
         real_plan, calls = sch._plan, [0]
@@ -179,4 +181,3 @@ def test_draining_refuses_new_requests() -> None:
     sch.draining = True
     with pytest.raises(ShuttingDownError):
         sch.submit(make(PROMPTS[0], 1))
-

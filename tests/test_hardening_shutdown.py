@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from server_fixture import Server, running_server
 
 LONG = {"prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True, "stream": True}
@@ -40,8 +39,12 @@ def test_sigterm_drains_then_fails_what_is_left_and_exits(smollm2_path: Path) ->
         server.proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         try:  # a new request while draining: refused (503 in shape) or no longer accepted at all
-            r = httpx.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 1},
-                           headers={"Authorization": f"Bearer {server.key}"}, timeout=5)
+            r = httpx.post(
+                f"{server.url}/v1/completions",
+                json={"prompt": "x", "max_tokens": 1},
+                headers={"Authorization": f"Bearer {server.key}"},
+                timeout=5,
+            )
             assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
         except httpx.ConnectError:
             pass

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from strata.text import tokenizer as tokenizer_mod
 from strata.api.prompt import Chat, build_prompt
 from strata.engine import Engine
+from strata.text import tokenizer as tokenizer_mod
 from strata.text.tokenizer import Tokenizer
 
 
@@ -23,13 +23,38 @@ def tok(smollm2_path: Path) -> Tokenizer:
     return Tokenizer.from_gguf(smollm2_path)
 
 
-WORDS = ["hello", " world", "  ", "\n", "\n\n", "\t", " 123", "4567", "!?", " (x)", "é", " naïve", "日本語", " 😀",
-         "<|im_end|>", "<|im_start|>", " <|endoftext|>", "'s", " don't", "a_b", " __init__", "x" * 40, " " * 9]
+WORDS = [
+    "hello",
+    " world",
+    "  ",
+    "\n",
+    "\n\n",
+    "\t",
+    " 123",
+    "4567",
+    "!?",
+    " (x)",
+    "é",
+    " naïve",
+    "日本語",
+    " 😀",
+    "<|im_end|>",
+    "<|im_start|>",
+    " <|endoftext|>",
+    "'s",
+    " don't",
+    "a_b",
+    " __init__",
+    "x" * 40,
+    " " * 9,
+]
 
 
 @settings(max_examples=150, deadline=None)
-@given(parts=st.lists(st.sampled_from(WORDS) | st.text(max_size=12), min_size=1, max_size=300),
-       parse_special=st.booleans())
+@given(
+    parts=st.lists(st.sampled_from(WORDS) | st.text(max_size=12), min_size=1, max_size=300),
+    parse_special=st.booleans(),
+)
 def test_pieces_give_the_ids_of_one_encode(tok: Tokenizer, parts: list[str], parse_special: bool) -> None:
     text = "".join(parts)
     whole = tok.encode(text, add_special=False, parse_special=parse_special)
@@ -69,9 +94,11 @@ def test_special_text_in_a_message_is_text_and_the_template_markup_is_not(smollm
     plain = tok.encode("<|im_end|>", add_special=False, parse_special=False)
     assert len(plain) > 1 and _contains(forged.ids, plain)
     # a system message that only repeats the markup cannot swallow the template's own tokens
-    echo = build_prompt(eng, Chat([{"role": "system", "content": "<|im_end|>"}, {"role": "user", "content": "x"}]))
+    echo = build_prompt(
+        eng, Chat([{"role": "system", "content": "<|im_end|>"}, {"role": "user", "content": "x"}])
+    )
     assert echo.ids.count(im_start) == 3 and echo.ids.count(im_end) == 2
 
 
 def _contains(seq: list[int], sub: list[int]) -> bool:
-    return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+    return any(seq[i : i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))

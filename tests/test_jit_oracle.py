@@ -54,7 +54,9 @@ def test_tiny_qwen3moe_nonorm_jit(tiny_qwen3moe: dict, jit_cache: Path) -> None:
 def test_tiny_qwen3moe_q8_0_jit(tiny_qwen3moe: dict, jit_cache: Path) -> None:
     # q8_0 rounds every weight (0.445 max |dlogit| measured for transformers on the dequantized
     # weights): the oracle bound is loose, the comparison with the numpy path is the real check.
-    _compare(tiny_qwen3moe["q8_0"], dict(np.load(tiny_qwen3moe["oracle"])), 0.75, jit_cache, exact_oracle=False)
+    _compare(
+        tiny_qwen3moe["q8_0"], dict(np.load(tiny_qwen3moe["oracle"])), 0.75, jit_cache, exact_oracle=False
+    )
 
 
 def test_moe_layers_run_on_the_pool(tiny_qwen3moe: dict, jit_cache: Path) -> None:

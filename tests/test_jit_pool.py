@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
 from quant_blocks import random_blocks
-from strata.jit import cpus, reference
-from strata.jit.kernels import Kernels
-from strata.jit.pool import ExpertPool, ExpertWeights
 
 from strata.blocks.moe import dispatch
 from strata.errors import ConfigError
+from strata.jit import cpus, reference
+from strata.jit.kernels import Kernels
+from strata.jit.pool import ExpertPool, ExpertWeights
 
 
 def test_worker_default_follows_restricted_affinity() -> None:
@@ -50,18 +50,26 @@ def _fake_root(tmp: Path, cgroup: str, files: dict[str, str]) -> Path:
 
 
 def test_cgroup_v2_quota_is_the_tightest_on_the_path(tmp_path: Path) -> None:
-    root = _fake_root(tmp_path, "0::/kube/pod1\n", {
-        "sys/fs/cgroup/kube/cpu.max": "1600000 100000\n",  # 16 CPUs for the pod's parent
-        "sys/fs/cgroup/kube/pod1/cpu.max": "max 100000\n",
-    })
+    root = _fake_root(
+        tmp_path,
+        "0::/kube/pod1\n",
+        {
+            "sys/fs/cgroup/kube/cpu.max": "1600000 100000\n",  # 16 CPUs for the pod's parent
+            "sys/fs/cgroup/kube/pod1/cpu.max": "max 100000\n",
+        },
+    )
     assert cpus.cgroup_quota(root) == 16.0
 
 
 def test_cgroup_v1_quota(tmp_path: Path) -> None:
-    root = _fake_root(tmp_path, "4:cpu,cpuacct:/docker/abc\n", {
-        "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": "250000\n",
-        "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us": "100000\n",
-    })
+    root = _fake_root(
+        tmp_path,
+        "4:cpu,cpuacct:/docker/abc\n",
+        {
+            "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": "250000\n",
+            "sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+        },
+    )
     assert cpus.cgroup_quota(root) == 2.5
     assert cpus.cgroup_quota(_fake_root(tmp_path / "none", "0::/\n", {})) is None
 
@@ -92,8 +100,11 @@ def _experts(qt: T, e: int, rows: int, cols: int, seed: int) -> ExpertWeights:
     return ExpertWeights(np.stack([random_blocks(qt, rows, cols, seed=seed + i) for i in range(e)]), qt)
 
 
-@pytest.mark.parametrize("types", [(T.Q4_K, T.Q4_K, T.Q6_K), (T.Q8_0, T.Q8_0, T.Q8_0), (T.F32, T.F32, T.Q5_0)],
-                         ids=["q4k-q6k", "q8_0", "f32-q5_0"])
+@pytest.mark.parametrize(
+    "types",
+    [(T.Q4_K, T.Q4_K, T.Q6_K), (T.Q8_0, T.Q8_0, T.Q8_0), (T.F32, T.F32, T.Q5_0)],
+    ids=["q4k-q6k", "q8_0", "f32-q5_0"],
+)
 @pytest.mark.parametrize("n_tok", [1, 7, 40])
 def test_moe_matches_numpy_dispatch(kernels: Kernels, types: tuple[T, T, T], n_tok: int) -> None:
     e, d, f, a = 8, 256, 256, 3
@@ -105,7 +116,9 @@ def test_moe_matches_numpy_dispatch(kernels: Kernels, types: tuple[T, T, T], n_t
     w = rng.random((n_tok, a)).astype(np.float32)
 
     def ref(ex: int, xs: np.ndarray) -> np.ndarray:
-        return reference.expert(xs, (gate.raw[ex], types[0]), (up.raw[ex], types[1]), (down.raw[ex], types[2]))
+        return reference.expert(
+            xs, (gate.raw[ex], types[0]), (up.raw[ex], types[1]), (down.raw[ex], types[2])
+        )
 
     want = dispatch(x, ids, w, ref)
     results = []

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as T
 from quant_blocks import random_blocks
+
+from strata.gguf import GGUFFile
 from strata.jit import cpus
 from strata.jit.backend import JitBackend
 from strata.jit.kernels import Kernels
 from strata.jit.pool import ExpertPool
-
-from strata.gguf import GGUFFile
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as T
 from llvmlite import ir
 from quant_blocks import random_blocks
+
 from strata.jit import tasks
 from strata.jit.irutil import I64, VOID, c64, loop
 from strata.jit.kernels import Kernels
@@ -173,7 +174,9 @@ def meet_fn(kernels: Kernels) -> int:
         b.cbranch(met, blk["met"], blk["again"])
         b.position_at_end(blk["again"])
         i.add_incoming(b.add(i, c64(1)), blk["again"])
-        b.cbranch(b.icmp_signed("<", i, c64(1 << 32)), blk["wait"], blk["gave_up"])  # seconds: a loaded CI box
+        b.cbranch(
+            b.icmp_signed("<", i, c64(1 << 32)), blk["wait"], blk["gave_up"]
+        )  # seconds: a loaded CI box
         b.position_at_end(blk["gave_up"])
         b.atomic_rmw("add", miss, c64(1), "monotonic")
         b.branch(blk["met"])

@@ -27,10 +27,12 @@ from strata.runtime.kvcache import KVCache, KVType, dequantize_rows, quantize_ro
 from strata.sampling.params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
-TEXT = ("The river rose for three days after the storm, and by the fourth morning the lower town was under water. "
-        "People moved their furniture to the upper floors, tied boats to the lamp posts and waited. The mayor, who "
-        "had promised a new levee in every election for twenty years, gave a speech from the church steps, and "
-        "nobody listened. When the water finally fell, the mud it left behind was full of things the town had lost.")
+TEXT = (
+    "The river rose for three days after the storm, and by the fourth morning the lower town was under water. "
+    "People moved their furniture to the upper floors, tied boats to the lamp posts and waited. The mayor, who "
+    "had promised a new levee in every election for twenty years, gave a speech from the church steps, and "
+    "nobody listened. When the water finally fell, the mud it left behind was full of things the town had lost."
+)
 
 
 def test_quantize_rows_is_symmetric_per_group() -> None:
@@ -58,26 +60,37 @@ def test_cache_appends_truncates_and_copies(kind: KVType) -> None:
         keys, values = kv.append(3, ks[s : s + 7], vs[s : s + 7])
     tol = {KVType.F32: 0, KVType.F16: 2e-3, KVType.INT8: 0.03}[kind]
     assert keys.shape == (40, 2, 16) and keys.dtype == np.float32
-    assert np.abs(keys - ks).max() <= tol * np.abs(ks).max() and np.abs(values - vs).max() <= tol * np.abs(vs).max()
+    assert (
+        np.abs(keys - ks).max() <= tol * np.abs(ks).max()
+        and np.abs(values - vs).max() <= tol * np.abs(vs).max()
+    )
     assert kv.nbytes() == 40 * KVCache.bytes_per_token(kind, 1, 2, 16)
     snap = kv.copy()
     kv.truncate(10)
     again, _ = kv.append(3, ks[10:12], vs[10:12])
     assert again.shape[0] == 12 and np.array_equal(again[:10], keys[:10])
-    assert snap.length[3] == 40 and np.array_equal(snap.append(0, ks[:1], vs[:1])[0], kv.append(0, ks[:1], vs[:1])[0])
+    assert snap.length[3] == 40 and np.array_equal(
+        snap.append(0, ks[:1], vs[:1])[0], kv.append(0, ks[:1], vs[:1])[0]
+    )
 
 
 def _fixtures(tiny_qwen3moe: dict, smollm2_path: Path) -> dict[str, Path]:
-    return {"qwen3next": build(flagship.tiny_qwen3next)["f32"], "qwen4exp": build(flagship.tiny_qwen4exp)["f32"],
-            "qwen3moe": tiny_qwen3moe["f32"], "smollm2": smollm2_path}
+    return {
+        "qwen3next": build(flagship.tiny_qwen3next)["f32"],
+        "qwen4exp": build(flagship.tiny_qwen4exp)["f32"],
+        "qwen3moe": tiny_qwen3moe["f32"],
+        "smollm2": smollm2_path,
+    }
 
 
 # arch -> kind -> (max |dlogit| / max |logit|, top-1 agreement, leading greedy tokens that must match)
 F16 = (0.01, 1.0, 32)
-BOUNDS = {"smollm2": {KVType.F16: F16, KVType.INT8: (0.05, 0.97, 24)},
-          "qwen4exp": {KVType.F16: F16, KVType.INT8: (0.05, 0.97, 16)},
-          "qwen3next": {KVType.F16: F16, KVType.INT8: (0.25, 0.95, 0)},
-          "qwen3moe": {KVType.F16: F16, KVType.INT8: (0.75, 0.8, 0)}}
+BOUNDS = {
+    "smollm2": {KVType.F16: F16, KVType.INT8: (0.05, 0.97, 24)},
+    "qwen4exp": {KVType.F16: F16, KVType.INT8: (0.05, 0.97, 16)},
+    "qwen3next": {KVType.F16: F16, KVType.INT8: (0.25, 0.95, 0)},
+    "qwen3moe": {KVType.F16: F16, KVType.INT8: (0.75, 0.8, 0)},
+}
 
 
 @pytest.mark.slow
@@ -96,8 +109,10 @@ def test_kv_types_stay_close_to_f32(arch: str, tiny_qwen3moe: dict, smollm2_path
         gen = eng.generate(ids[:40], max_tokens=32, params=GREEDY, ignore_eos=True).run().tokens
         err = float(np.abs(got - ref).max() / np.abs(ref).max())
         agree = float((got.argmax(-1) == ref.argmax(-1)).mean())
-        print(f"{arch} {kind}: max |dlogit| / max |logit| {err:.4f}, top-1 {agree:.3f}, greedy "
-              f"{next((i for i, (a, b) in enumerate(zip(gen, ref_gen)) if a != b), len(gen))} / {len(gen)}")
+        print(
+            f"{arch} {kind}: max |dlogit| / max |logit| {err:.4f}, top-1 {agree:.3f}, greedy "
+            f"{next((i for i, (a, b) in enumerate(zip(gen, ref_gen)) if a != b), len(gen))} / {len(gen)}"
+        )
         assert err <= rel and agree >= top1 and gen[:need] == ref_gen[:need], (kind, err, agree, gen, ref_gen)
 
 

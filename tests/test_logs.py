@@ -12,16 +12,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from server_fixture import running_server
+
 from strata.conf.server import ServerConfig
-from strata.errors import ConfigError
 from strata.console.logs import JsonFormatter, TextFormatter, configure_logging
+from strata.errors import ConfigError
 
 
 def _record(level: int, msg: str, *args: object, **extra: object) -> logging.LogRecord:
-    return logging.getLogger("strata.test").makeRecord("strata.test", level, __file__, 1, msg, args, None,
-                                                       extra=extra)
+    return logging.getLogger("strata.test").makeRecord(
+        "strata.test", level, __file__, 1, msg, args, None, extra=extra
+    )
 
 
 def test_json_lines_carry_the_fields_and_the_extras() -> None:
@@ -34,8 +35,9 @@ def test_json_lines_carry_the_fields_and_the_extras() -> None:
     try:
         raise ValueError("bad")
     except ValueError:
-        rec = logging.getLogger("strata.test").makeRecord("strata.test", logging.ERROR, __file__, 1, "failed",
-                                                          (), sys.exc_info())
+        rec = logging.getLogger("strata.test").makeRecord(
+            "strata.test", logging.ERROR, __file__, 1, "failed", (), sys.exc_info()
+        )
     obj = json.loads(JsonFormatter().format(rec))
     assert obj["level"] == "error" and "ValueError: bad" in obj["exc"]
     assert "\n" not in JsonFormatter().format(rec)  # the traceback is escaped: still one line
@@ -67,7 +69,9 @@ def test_configure_logging_replaces_its_handler_and_names_a_bad_format(strata_lo
         ServerConfig(log_format="xml").validate()
 
 
-def test_tier_notes_are_log_records(strata_logger: logging.Logger, capsys: pytest.CaptureFixture[str]) -> None:
+def test_tier_notes_are_log_records(
+    strata_logger: logging.Logger, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The tiers' start-up lines (strata.tiers.telemetry.note) read as before in text and are JSON objects in json,
     a "warning: " line at warning level."""
     from strata.tiers.telemetry import note
@@ -82,7 +86,9 @@ def test_tier_notes_are_log_records(strata_logger: logging.Logger, capsys: pytes
         note(line)
     objs = [json.loads(ln) for ln in capsys.readouterr().err.splitlines()]
     assert [(o["logger"], o["level"], o["msg"]) for o in objs] == [
-        ("strata.tiers", "info", lines[0]), ("strata.tiers", "warning", "pinning refused. Falling back")]
+        ("strata.tiers", "info", lines[0]),
+        ("strata.tiers", "warning", "pinning refused. Falling back"),
+    ]
 
 
 def test_serve_json_logs_one_object_a_line(smollm2_path: Path) -> None:
@@ -101,10 +107,28 @@ def test_serve_json_logs_one_object_a_line(smollm2_path: Path) -> None:
 
 
 def test_generate_takes_the_flag(smollm2_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "strata", "generate", "--model", str(smollm2_path),
-                          "--prompt", "Hi", "--max-tokens", "2", "--temperature", "0", "--json",
-                          "--log-format", "json"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "strata",
+            "generate",
+            "--model",
+            str(smollm2_path),
+            "--prompt",
+            "Hi",
+            "--max-tokens",
+            "2",
+            "--temperature",
+            "0",
+            "--json",
+            "--log-format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert len(json.loads(out.stdout)["tokens"]) == 2
     assert all(json.loads(ln)["msg"] for ln in out.stderr.splitlines() if ln.strip())

@@ -15,16 +15,16 @@ import json
 
 import numpy as np
 import pytest
-from strata.tiers.budget import MIB
-from strata.tiers.layout import ExpertLayout
-from strata.tiers.profile import Profile
-from strata.tiers.ram import arena_rows, choose_held, ring_bytes
-from strata.tiers.ring import batches, host_ring, merged, split_rows
 
 from strata.engine import Engine
 from strata.errors import ConfigError
 from strata.gguf import GGUFFile
 from strata.sampling.params import SamplingParams
+from strata.tiers.budget import MIB
+from strata.tiers.layout import ExpertLayout
+from strata.tiers.profile import Profile
+from strata.tiers.ram import arena_rows, choose_held, ring_bytes
+from strata.tiers.ring import batches, host_ring, merged, split_rows
 
 PROMPT = 300  # > BORROW_MIN, one chunk of the CPU's 512
 
@@ -55,8 +55,14 @@ def test_a_tiny_ram_budget_gives_the_all_resident_tokens(arch):
     plain = Engine.load(path, device="cpu", backend="numpy", routing_profile="off")
     ref_long, ref_short = _greedy(plain, long), _greedy(plain, short)
     for rows in (3, 0):
-        eng = Engine.load(path, device="cpu", backend="numpy", expert_cache="50%", routing_profile="off",
-                          ram_budget_mib=_budget(path, rows))
+        eng = Engine.load(
+            path,
+            device="cpu",
+            backend="numpy",
+            expert_cache="50%",
+            routing_profile="off",
+            ram_budget_mib=_budget(path, rows),
+        )
         cache = eng.expert_cache
         assert cache is not None and cache.low_ram and int(cache.in_ram.sum()) == rows
         assert cache.borrow_min == 9, "every pass past 8 rows stages, as the GPU's past its decode rows"
@@ -99,8 +105,9 @@ def test_no_budget_or_a_budget_for_everything_keeps_every_expert_in_ram():
     path = _fixture("qwen3moe")
     lay = ExpertLayout.from_gguf(GGUFFile(path))
     for mib in (0, lay.n_total * lay.slot_bytes / MIB):
-        eng = Engine.load(path, device="cpu", backend="numpy", expert_cache="50%", routing_profile="off",
-                          ram_budget_mib=mib)
+        eng = Engine.load(
+            path, device="cpu", backend="numpy", expert_cache="50%", routing_profile="off", ram_budget_mib=mib
+        )
         assert not eng.expert_cache.low_ram and eng.expert_cache.slots.ring is None
         t = _greedy(eng, list(range(30, 50))).timings.to_dict()
         assert t["mmap_expert_reads"] == t["prompt_mmap_expert_reads"] == t["cpu_expert_calls"] == 0
@@ -143,8 +150,11 @@ def test_the_ring_cuts_and_merges_copies():
 def test_an_impossible_budget_is_refused_with_the_flag_and_the_numbers():
     path = _fixture("qwen3moe")
     lay = ExpertLayout.from_gguf(GGUFFile(path))
-    with pytest.raises(ConfigError, match=r"ram_budget_mib=0\.01: .*0\.11 MiB for every expert.*bounce ring.*"
-                       r"0\.053 MiB \(2 buffers of 4 experts"):
+    with pytest.raises(
+        ConfigError,
+        match=r"ram_budget_mib=0\.01: .*0\.11 MiB for every expert.*bounce ring.*"
+        r"0\.053 MiB \(2 buffers of 4 experts",
+    ):
         Engine.load(path, device="cpu", backend="numpy", expert_cache="50%", ram_budget_mib=0.01)
     with pytest.raises(ConfigError, match="ram_budget_mib=-1"):
         Engine.load(path, device="cpu", ram_budget_mib=-1)
@@ -161,11 +171,10 @@ def test_cli_refuses_a_bad_budget_naming_the_flag(capsys):
 
 
 def test_the_flag_means_the_same_on_serve_generate_and_the_api():
+    from strata.cli import build_parser
     from strata.conf import EngineOptions
     from strata.conf.engine import backend_options
     from strata.conf.server import server_config
-
-    from strata.cli import build_parser
 
     argv = ["--model", str(_fixture("qwen3moe")), "--ram-budget-mib", "512.5", "--expert-cache", "40%"]
     cfg = server_config(build_parser().parse_args(["serve", *argv]), env={})
@@ -191,7 +200,8 @@ def test_the_planner_shows_three_tiers(capsys):
     share = p["mmap_experts"] / p["experts_total"]
     assert p["mmap_bytes_per_token"] == pytest.approx(share * p["routed_bytes_per_token"])
     assert p["pcie_bytes_per_token"] + p["mmap_bytes_per_token"] == pytest.approx(
-        (1 - p["hit_rate_uniform"]) * p["routed_bytes_per_token"])
+        (1 - p["hit_rate_uniform"]) * p["routed_bytes_per_token"]
+    )
     assert set(p["tiers"]) == {"vram", "pinned", "mmap"}
     for name, t in p["tiers"].items():
         assert {"experts", "bytes", "bytes_per_token", "gbps", "ms_per_token"} <= set(t), name
@@ -213,16 +223,25 @@ def test_the_cpu_share_reads_each_expert_at_its_own_address(tmp_path):
     from dataclasses import replace
 
     from gguf.constants import GGMLQuantizationType as T
+    from test_cpu_share import _box, _experts
+
     from strata.jit.kernels import Kernels
     from strata.jit.share import CpuShare
-    from test_cpu_share import _box, _experts
 
     kernels = Kernels(tmp_path)
     raws, ex = _experts((T.Q8_0, T.Q8_0, T.Q8_0))
     copies = [[r[::-1].copy() for r in row] for row in raws]  # experts in reverse order elsewhere
     n_l, n_e = ex.bases.shape[0], raws[0][0].shape[0]
-    addrs = np.array([[[int(copies[li][p].ctypes.data) + (n_e - 1 - e) * int(ex.strides[li, p])
-                        for e in range(n_e)] for p in range(3)] for li in range(n_l)], np.int64)
+    addrs = np.array(
+        [
+            [
+                [int(copies[li][p].ctypes.data) + (n_e - 1 - e) * int(ex.strides[li, p]) for e in range(n_e)]
+                for p in range(3)
+            ]
+            for li in range(n_l)
+        ],
+        np.int64,
+    )
     per_expert = replace(ex, bases=np.zeros_like(ex.bases), strides=np.zeros_like(ex.strides), addrs=addrs)
     mine = np.ones((n_l, n_e), bool)
     rng = np.random.default_rng(0)
@@ -271,5 +290,11 @@ def test_mapped_only_misses_are_always_the_cpus_share():
 def test_a_learning_policy_is_refused_in_low_ram_mode():
     path = _fixture("qwen3moe")
     with pytest.raises(ConfigError, match="cache_policy='adaptive'.*file's mapping.*keeps its fill"):
-        Engine.load(path, device="cpu", backend="numpy", expert_cache="50%", cache_policy="adaptive",
-                    ram_budget_mib=_budget(path, 2))
+        Engine.load(
+            path,
+            device="cpu",
+            backend="numpy",
+            expert_cache="50%",
+            cache_policy="adaptive",
+            ram_budget_mib=_budget(path, 2),
+        )

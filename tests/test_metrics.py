@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 
 from prometheus_client.parser import text_string_to_metric_families
+from test_scheduler import PROMPTS, FakeEngine, drain, make, run, solo
 
 from strata.sched.request import DoneEvent, ErrorEvent
 from strata.sched.scheduler import Scheduler
-from test_scheduler import PROMPTS, FakeEngine, drain, make, run, solo
 
 
 def samples(sch: Scheduler) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -31,7 +31,9 @@ def test_prompt_logits_match_transformers(engine: Engine, smollm2_oracle: dict) 
 def test_greedy_continuation_matches_transformers(engine: Engine, smollm2_oracle: dict) -> None:
     ids = smollm2_oracle["prompt_ids"].tolist()
     want = smollm2_oracle["greedy"].tolist()
-    r = engine.generate(ids, max_tokens=len(want), params=SamplingParams(temperature=0.0), ignore_eos=True).run()
+    r = engine.generate(
+        ids, max_tokens=len(want), params=SamplingParams(temperature=0.0), ignore_eos=True
+    ).run()
     assert r.tokens == want
     full = engine.logits(ids + want[:-1])[len(ids) - 1 :]
     err = np.abs(full - smollm2_oracle["greedy_logits"]).max()
@@ -44,9 +46,24 @@ def test_prompt_tokenization_matches_oracle(engine: Engine, smollm2_oracle: dict
 
 def test_cli_chat_answers_paris(smollm2_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "strata", "generate", "--model", str(smollm2_path), "--chat",
-         "--prompt", "What is the capital of France?", "--max-tokens", "24", "--temperature", "0"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "strata",
+            "generate",
+            "--model",
+            str(smollm2_path),
+            "--chat",
+            "--prompt",
+            "What is the capital of France?",
+            "--max-tokens",
+            "24",
+            "--temperature",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout

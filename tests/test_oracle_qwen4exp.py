@@ -44,8 +44,13 @@ def test_ple_rows_counted_per_token(engine: Engine, ref: dict) -> None:
 
 
 def test_info_shows_ple_table(fixture: dict) -> None:
-    out = subprocess.run([sys.executable, "-m", "strata", "info", str(fixture["f32"])],
-                         capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "strata", "info", str(fixture["f32"])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     assert re.search(r"^architecture: +qwen4exp$", out.stdout, re.M)
     table = next(line for line in out.stdout.splitlines() if line.startswith("PLE table:"))

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 import pytest
+
 from strata.api.output_parser import (
     ContentDelta,
     Delta,
@@ -22,50 +23,158 @@ from strata.api.output_parser import (
 
 # name -> (parser kwargs, output text, expected content, expected reasoning, [(name, args)], errors)
 CASES: dict[str, tuple[dict[str, Any], str, str, str, list[tuple[str, str]], int]] = {
-    "plain": ({}, "Hello, world! a < b, <b>x</b>, <thinking>, <tool_cal> and </to are text. é😀",
-              "Hello, world! a < b, <b>x</b>, <thinking>, <tool_cal> and </to are text. é😀", "", [], 0),
-    "think then content": ({}, "<think>\nLet me add 2 and 2.\n\n</think>\n\nThe answer is 4.",
-                           "The answer is 4.", "Let me add 2 and 2.", [], 0),
-    "think opened by the prompt": ({"start_in_reasoning": True}, "The user wants X.\n</think>\n\nHere is X.",
-                                   "Here is X.", "The user wants X.", [], 0),
+    "plain": (
+        {},
+        "Hello, world! a < b, <b>x</b>, <thinking>, <tool_cal> and </to are text. é😀",
+        "Hello, world! a < b, <b>x</b>, <thinking>, <tool_cal> and </to are text. é😀",
+        "",
+        [],
+        0,
+    ),
+    "think then content": (
+        {},
+        "<think>\nLet me add 2 and 2.\n\n</think>\n\nThe answer is 4.",
+        "The answer is 4.",
+        "Let me add 2 and 2.",
+        [],
+        0,
+    ),
+    "think opened by the prompt": (
+        {"start_in_reasoning": True},
+        "The user wants X.\n</think>\n\nHere is X.",
+        "Here is X.",
+        "The user wants X.",
+        [],
+        0,
+    ),
     "think then tool call": (
-        {}, ('<think>\nNeed weather.\n</think>\n\n<tool_call>\n{"name": "get_weather", '
-             '"arguments": {"city": "Zürich", "days": 2}}\n</tool_call>'),
-        "", "Need weather.", [("get_weather", '{"city":"Zürich","days":2}')], 0),
+        {},
+        (
+            '<think>\nNeed weather.\n</think>\n\n<tool_call>\n{"name": "get_weather", '
+            '"arguments": {"city": "Zürich", "days": 2}}\n</tool_call>'
+        ),
+        "",
+        "Need weather.",
+        [("get_weather", '{"city":"Zürich","days":2}')],
+        0,
+    ),
     "two tool calls after content": (
-        {}, ('Checking both.\n\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
-             '<tool_call>\n{"name": "b", "arguments": {"y": [1, 2.5], "s": "</tool <think>"}}\n</tool_call>'),
-        "Checking both.\n\n", "", [("a", '{"x":1}'), ("b", '{"y":[1,2.5],"s":"</tool <think>"}')], 0),
-    "empty think with reasoning off": ({"reasoning": False}, "<think>\n\n</think>\n\nJust the answer.",
-                                       "Just the answer.", "", [], 0),
-    "think text dropped with reasoning off": ({"reasoning": False}, "<think>secret</think>visible",
-                                              "visible", "", [], 0),
-    "reasoning off, opened by the prompt": ({"reasoning": False, "start_in_reasoning": True},
-                                            "hmm\n</think>\n\nOK", "OK", "", [], 0),
-    "malformed tool JSON": ({}, 'Before <tool_call>\n{"name": "f", "arguments": {"x": }\n</tool_call> after',
-                            'Before <tool_call>\n{"name": "f", "arguments": {"x": }\n</tool_call> after',
-                            "", [], 1),
+        {},
+        (
+            'Checking both.\n\n<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "b", "arguments": {"y": [1, 2.5], "s": "</tool <think>"}}\n</tool_call>'
+        ),
+        "Checking both.\n\n",
+        "",
+        [("a", '{"x":1}'), ("b", '{"y":[1,2.5],"s":"</tool <think>"}')],
+        0,
+    ),
+    "empty think with reasoning off": (
+        {"reasoning": False},
+        "<think>\n\n</think>\n\nJust the answer.",
+        "Just the answer.",
+        "",
+        [],
+        0,
+    ),
+    "think text dropped with reasoning off": (
+        {"reasoning": False},
+        "<think>secret</think>visible",
+        "visible",
+        "",
+        [],
+        0,
+    ),
+    "reasoning off, opened by the prompt": (
+        {"reasoning": False, "start_in_reasoning": True},
+        "hmm\n</think>\n\nOK",
+        "OK",
+        "",
+        [],
+        0,
+    ),
+    "malformed tool JSON": (
+        {},
+        'Before <tool_call>\n{"name": "f", "arguments": {"x": }\n</tool_call> after',
+        'Before <tool_call>\n{"name": "f", "arguments": {"x": }\n</tool_call> after',
+        "",
+        [],
+        1,
+    ),
     "bad call then good call": (
-        {}, '<tool_call>\n{"arguments": {}}\n</tool_call><tool_call>\n{"name": "g"}\n</tool_call>',
-        '<tool_call>\n{"arguments": {}}\n</tool_call>', "", [("g", "{}")], 1),
-    "unclosed tool call": ({}, 'Sure.\n<tool_call>\n{"name": "f", "arguments": {"q": "a<b"}}\n',
-                           "Sure.\n", "", [("f", '{"q":"a<b"}')], 0),
-    "unclosed malformed tool call": ({}, '<tool_call>\n{"name": "f", "argu',
-                                     '<tool_call>\n{"name": "f", "argu', "", [], 1),
-    "forced tool_call prefix": ({"prefix": "<tool_call>\n"}, '{"name": "f", "arguments": {"x": 1}}\n</tool_call>',
-                                "", "", [("f", '{"x":1}')], 0),
-    "forced prefix with the name": ({"prefix": '<tool_call>\n{"name": "f", "arguments": '},
-                                    '{"q": "ü"}}\n</tool_call>', "", "", [("f", '{"q":"ü"}')], 0),
-    "forced prefix, model writes junk": ({"prefix": "<tool_call>\n"}, "oops</tool_call> ok",
-                                         "oops</tool_call> ok", "", [], 1),
-    "forced prefix, unclosed": ({"prefix": "<tool_call>\n"}, '{"name": "f", "arguments": {}}', "", "",
-                                [("f", "{}")], 0),
+        {},
+        '<tool_call>\n{"arguments": {}}\n</tool_call><tool_call>\n{"name": "g"}\n</tool_call>',
+        '<tool_call>\n{"arguments": {}}\n</tool_call>',
+        "",
+        [("g", "{}")],
+        1,
+    ),
+    "unclosed tool call": (
+        {},
+        'Sure.\n<tool_call>\n{"name": "f", "arguments": {"q": "a<b"}}\n',
+        "Sure.\n",
+        "",
+        [("f", '{"q":"a<b"}')],
+        0,
+    ),
+    "unclosed malformed tool call": (
+        {},
+        '<tool_call>\n{"name": "f", "argu',
+        '<tool_call>\n{"name": "f", "argu',
+        "",
+        [],
+        1,
+    ),
+    "forced tool_call prefix": (
+        {"prefix": "<tool_call>\n"},
+        '{"name": "f", "arguments": {"x": 1}}\n</tool_call>',
+        "",
+        "",
+        [("f", '{"x":1}')],
+        0,
+    ),
+    "forced prefix with the name": (
+        {"prefix": '<tool_call>\n{"name": "f", "arguments": '},
+        '{"q": "ü"}}\n</tool_call>',
+        "",
+        "",
+        [("f", '{"q":"ü"}')],
+        0,
+    ),
+    "forced prefix, model writes junk": (
+        {"prefix": "<tool_call>\n"},
+        "oops</tool_call> ok",
+        "oops</tool_call> ok",
+        "",
+        [],
+        1,
+    ),
+    "forced prefix, unclosed": (
+        {"prefix": "<tool_call>\n"},
+        '{"name": "f", "arguments": {}}',
+        "",
+        "",
+        [("f", "{}")],
+        0,
+    ),
     "stray close tag": ({}, "</think>\n\nAnswer", "Answer", "", [], 0),
-    "tags back to back": ({}, 'a<think>b</think>c<tool_call>{"name":"n"}</tool_call>d<<think> >e',
-                          "acd<", "b>e", [("n", "{}")], 0),
+    "tags back to back": (
+        {},
+        'a<think>b</think>c<tool_call>{"name":"n"}</tool_call>d<<think> >e',
+        "acd<",
+        "b>e",
+        [("n", "{}")],
+        0,
+    ),
     "unclosed think": ({}, "<think>\nstill going  \n", "", "still going", [], 0),
-    "arguments as a string": ({}, '<tool_call>{"name": "s", "arguments": "{\\"k\\": [true]}"}</tool_call>',
-                              "", "", [("s", '{"k":[true]}')], 0),
+    "arguments as a string": (
+        {},
+        '<tool_call>{"name": "s", "arguments": "{\\"k\\": [true]}"}</tool_call>',
+        "",
+        "",
+        [("s", '{"k":[true]}')],
+        0,
+    ),
 }
 
 
@@ -94,7 +203,11 @@ def _chunkings(text: str, rng: random.Random) -> list[list[str]]:
     out = [[text[:i], text[i:]] for i in range(len(text) + 1)]
     out.append(list(text))
     for _ in range(40):
-        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12)))) if len(text) > 1 else []
+        cuts = (
+            sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
+            if len(text) > 1
+            else []
+        )
         out.append([text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])])
     return out
 
@@ -121,8 +234,10 @@ def test_any_chunking_matches_whole_text(name: str) -> None:
 def _held(text: str) -> int:
     """Brute force: the longest suffix of text that is a proper prefix of a content tag."""
     tags = ("<think>", "</think>", "<tool_call>")
-    return max((n for n in range(1, len(text) + 1) for t in tags if n < len(t) and t.startswith(text[-n:])),
-               default=0)
+    return max(
+        (n for n in range(1, len(text) + 1) for t in tags if n < len(t) and t.startswith(text[-n:])),
+        default=0,
+    )
 
 
 def test_content_is_held_only_while_it_could_be_a_tag() -> None:
@@ -179,10 +294,18 @@ def test_call_ids_and_delta_types() -> None:
     assert not hasattr(ContentDelta("x"), "__dict__")
 
 
-@pytest.mark.parametrize("body", [
-    '{"name": "f", "arguments": [1]}', '{"name": "", "arguments": {}}', '["f", {}]', '{"name": 3}',
-    '{"name": "f", "arguments": "not json"}', '{"name": "f"} trailing', "",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"name": "f", "arguments": [1]}',
+        '{"name": "", "arguments": {}}',
+        '["f", {}]',
+        '{"name": 3}',
+        '{"name": "f", "arguments": "not json"}',
+        '{"name": "f"} trailing',
+        "",
+    ],
+)
 def test_unusable_tool_calls_become_content_and_errors(body: str) -> None:
     text = f"<tool_call>{body}</tool_call>"
     p, _ = _run({}, [text])

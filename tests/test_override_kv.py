@@ -35,7 +35,9 @@ def zero_ratio_file(tmp_path_factory) -> tuple[Path, dict, int]:
     writer = gguf.GGUFWriter(out, arch="qwen4exp")
     bar, gnm.tqdm = gnm.tqdm, partial(gnm.tqdm, disable=True)
     try:
-        gnm.copy_with_new_metadata(reader, writer, {KEY: gnm.MetadataDetails(gguf.GGUFValueType.ARRAY, [0] * n)}, [])
+        gnm.copy_with_new_metadata(
+            reader, writer, {KEY: gnm.MetadataDetails(gguf.GGUFValueType.ARRAY, [0] * n)}, []
+        )
     finally:
         gnm.tqdm = bar
     return out, assets.load_npz(fx["oracle"]), ratio
@@ -56,18 +58,60 @@ def test_the_override_loads_it_to_the_oracle(zero_ratio_file):
 def test_info_and_generate_take_the_flag(zero_ratio_file):
     path, _, ratio = zero_ratio_file
     run = partial(subprocess.run, capture_output=True, text=True, timeout=300)
-    out = run([sys.executable, "-m", "strata", "generate", "--model", str(path), "--prompt", "hi", "--max-tokens",
-               "2", "--backend", "numpy", "--device", "cpu", "--override-kv", f"{KEY}=int:{ratio}", "--json"])
+    out = run(
+        [
+            sys.executable,
+            "-m",
+            "strata",
+            "generate",
+            "--model",
+            str(path),
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "2",
+            "--backend",
+            "numpy",
+            "--device",
+            "cpu",
+            "--override-kv",
+            f"{KEY}=int:{ratio}",
+            "--json",
+        ]
+    )
     assert out.returncode == 0, out.stderr
-    refused = run([sys.executable, "-m", "strata", "generate", "--model", str(path), "--prompt", "hi",
-                   "--backend", "numpy", "--device", "cpu"])
+    refused = run(
+        [
+            sys.executable,
+            "-m",
+            "strata",
+            "generate",
+            "--model",
+            str(path),
+            "--prompt",
+            "hi",
+            "--backend",
+            "numpy",
+            "--device",
+            "cpu",
+        ]
+    )
     assert refused.returncode == 1 and "--override-kv" in refused.stderr
-    assert run([sys.executable, "-m", "strata", "info", str(path), "--override-kv", f"{KEY}=int:{ratio}"]).returncode == 0
+    assert (
+        run(
+            [sys.executable, "-m", "strata", "info", str(path), "--override-kv", f"{KEY}=int:{ratio}"]
+        ).returncode
+        == 0
+    )
 
 
 def test_override_syntax():
     assert parse_overrides(["a.b=int:4", "c=float:0.5", "d=bool:true", "e=str:x=y:z"]) == {
-        "a.b": 4, "c": 0.5, "d": True, "e": "x=y:z"}
+        "a.b": 4,
+        "c": 0.5,
+        "d": True,
+        "e": "x=y:z",
+    }
     for bad in ("a.b", "a.b=4", "a=int:x", "a=list:1", "=int:1", "a=bool:maybe"):
         with pytest.raises(ConfigError, match="--override-kv"):
             parse_overrides([bad])

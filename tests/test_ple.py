@@ -12,9 +12,9 @@ import pytest
 
 from strata.blocks.ngram_hash import ngram_rows, shifted_tokens
 from strata.blocks.ple import TABLE, embeddings
-from strata.tiers.tables import TableReader
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys
+from strata.tiers.tables import TableReader
 
 EOS = 7
 MULT = np.array([2888661069073, 9952268366771, 10840069598351], dtype=np.uint64)  # the tiny model's
@@ -31,8 +31,9 @@ def _signed(x: int) -> int:
     return x - (1 << 64) if x >> 63 else x
 
 
-def ref_rows(seq: list[int], n_out: int, mult: list[int], vocab: list[int], offsets: list[int], k: int,
-             eos: int) -> list[list[int]]:
+def ref_rows(
+    seq: list[int], n_out: int, mult: list[int], vocab: list[int], offsets: list[int], k: int, eos: int
+) -> list[list[int]]:
     """Rows of the last n_out positions of seq, computed position by position in Python ints."""
     n = len(mult)
     out = []
@@ -68,7 +69,9 @@ def test_rows_match_python_int_transcription(seed: int, huge: bool) -> None:
     ids = _random_ids(rng, 40, huge)
     history = np.full(2, EOS, np.int64)
     got = ngram_rows(history, ids, MULT, VOCAB, OFFSETS, 2, EOS)
-    want = ref_rows([EOS, EOS, *ids.tolist()], len(ids), MULT.tolist(), VOCAB.tolist(), OFFSETS.tolist(), 2, EOS)
+    want = ref_rows(
+        [EOS, EOS, *ids.tolist()], len(ids), MULT.tolist(), VOCAB.tolist(), OFFSETS.tolist(), 2, EOS
+    )
     np.testing.assert_array_equal(got, np.array(want))
     assert (got >= OFFSETS).all() and (got < OFFSETS + VOCAB).all()
 
@@ -94,13 +97,25 @@ def _torch_module(vocab: int):  # type: ignore[no-untyped-def]
     from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpTextNGramEmbedding
 
     cfg = Qwen4ExpTextConfig(
-        vocab_size=vocab, hidden_size=64, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
-        num_experts=4, num_experts_per_tok=2, ple_layer_ids=[1], ple_embed_dim=64, ngram_size=3,
-        heads_per_ngram=2, ngram_vocab_size_base=3000, eos_token_id=EOS)
+        vocab_size=vocab,
+        hidden_size=64,
+        num_hidden_layers=2,
+        layer_types=["linear_attention", "full_attention"],
+        num_experts=4,
+        num_experts_per_tok=2,
+        ple_layer_ids=[1],
+        ple_embed_dim=64,
+        ngram_size=3,
+        heads_per_ngram=2,
+        ngram_vocab_size_base=3000,
+        eos_token_id=EOS,
+    )
     mod = Qwen4ExpTextNGramEmbedding(cfg, 64, layer_idx=0, ple_layer_index=0)
     with torch.no_grad():  # column 0 of every row holds the row's own index, exactly (< 2^24)
         mod.ngram_embedding.weight.zero_()
-        mod.ngram_embedding.weight[:, 0] = torch.arange(mod.ngram_embedding.weight.shape[0], dtype=torch.float32)
+        mod.ngram_embedding.weight[:, 0] = torch.arange(
+            mod.ngram_embedding.weight.shape[0], dtype=torch.float32
+        )
     return torch, mod
 
 
@@ -113,8 +128,15 @@ def test_rows_match_transformers_module(huge: bool) -> None:
         emb = mod(torch.from_numpy(ids)[None], None)[0]  # [T, heads * 16]
     want = emb[:, ::16].to(torch.int64).numpy()
     mult = mod.layer_multipliers.numpy().astype(np.uint64)
-    got = ngram_rows(np.full(2, EOS, np.int64), ids, mult, mod.ngram_heads_vocab_sizes.numpy(),
-                     mod.ngram_heads_offsets.numpy(), 2, EOS)
+    got = ngram_rows(
+        np.full(2, EOS, np.int64),
+        ids,
+        mult,
+        mod.ngram_heads_vocab_sizes.numpy(),
+        mod.ngram_heads_offsets.numpy(),
+        2,
+        EOS,
+    )
     np.testing.assert_array_equal(got, want)
 
 
@@ -141,7 +163,9 @@ def test_gguf_constants_match_transformers() -> None:
     want = m._build_layer_multipliers(cfg["vocab_size"], cfg["ngram_size"], 0, cfg["seed"]).tolist()
     assert [int(x) for x in g.arch_get(Keys.PLE_LAYER_MULTIPLIERS)] == want
     sizes = [int(x) for x in g.arch_get(Keys.PLE_HEAD_VOCAB_SIZES)]
-    assert sizes == [m._find_nth_prime_after(cfg["ngram_vocab_size_base"] - 1, j + 1) for j in range(len(sizes))]
+    assert sizes == [
+        m._find_nth_prime_after(cfg["ngram_vocab_size_base"] - 1, j + 1) for j in range(len(sizes))
+    ]
     assert all(m._is_prime(s) for s in sizes)
     assert [int(x) for x in g.arch_get(Keys.PLE_HEAD_OFFSETS)] == list(np.cumsum([0, *sizes[:-1]]))
 

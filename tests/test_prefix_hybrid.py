@@ -82,8 +82,10 @@ def test_a_tool_loop_computes_only_what_is_new():
             ids = eng.chat_ids(msgs)
             toks, done = await _serve(sch, ids, 6)
             out.append((len(ids), done.cached_tokens))
-            msgs += [{"role": "assistant", "content": eng.tokenizer.decode(toks)},
-                     {"role": "user", "content": f"Tool result {turn}:\n{tool}"}]
+            msgs += [
+                {"role": "assistant", "content": eng.tokenizer.decode(toks)},
+                {"role": "user", "content": f"Tool result {turn}:\n{tool}"},
+            ]
         sch.stop()
         return out
 

@@ -32,8 +32,10 @@ def test_save_load_round_trip_and_bad_files(tmp_path) -> None:
     assert profile.load(tmp_path, "cd" * 32, (2, 8)) is None
     profile.path_for(tmp_path, "ef" * 32).write_bytes(b"not an npz")
     assert profile.load(tmp_path, "ef" * 32, (2, 8)) is None
-    assert p.top(np.array([2, 1])).tolist() == [[False, True, True, False] + [False] * 4,  # ties: the lower id
-                                                [False] * 7 + [True]]
+    assert p.top(np.array([2, 1])).tolist() == [
+        [False, True, True, False] + [False] * 4,  # ties: the lower id
+        [False] * 7 + [True],
+    ]
 
 
 def test_digest_from_sidecar_then_computed_once(tmp_path) -> None:
@@ -78,7 +80,9 @@ def test_the_next_start_fills_from_the_profile(tmp_path, monkeypatch, caplog) ->
 
 def test_off_neither_reads_nor_counts(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv(profile.CACHE_ENV, str(tmp_path))
-    eng = Engine.load(_fixture("qwen3moe"), device="cpu", backend="numpy", expert_cache="25%", routing_profile="off")
+    eng = Engine.load(
+        _fixture("qwen3moe"), device="cpu", backend="numpy", expert_cache="25%", routing_profile="off"
+    )
     assert eng.profile_keeper is None and eng.expert_cache.profile is None
     from strata.errors import ConfigError
 
@@ -93,8 +97,23 @@ def test_profile_command_builds_one_ahead(tmp_path, monkeypatch, capsys) -> None
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello there\n\nwrite a function that adds two numbers\n")
     path = _fixture("qwen3moe")
-    assert main(["profile", str(path), "--prompts", str(prompts), "-n", "4", "--backend", "numpy",
-                 "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                str(path),
+                "--prompts",
+                str(prompts),
+                "-n",
+                "4",
+                "--backend",
+                "numpy",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "of 2 prompts" in out and str(tmp_path / "profiles") in out
     eng = Engine.load(path, device="cpu", backend="numpy", expert_cache="25%")

@@ -10,8 +10,9 @@ import pytest
 from strata.console.progress import ProgressBar
 
 
-def test_without_a_terminal_no_bar_is_drawn_and_one_line_is_logged(capsys: pytest.CaptureFixture[str],
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
+def test_without_a_terminal_no_bar_is_drawn_and_one_line_is_logged(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, "strata.progress")
     bar = ProgressBar("expert arena", 3 << 20)  # capsys's stderr is no terminal
     for done in (1 << 20, 2 << 20, 3 << 20, 3 << 20):  # a call after the end changes nothing
@@ -23,7 +24,8 @@ def test_without_a_terminal_no_bar_is_drawn_and_one_line_is_logged(capsys: pytes
 
 
 def test_on_a_terminal_the_bar_shows_bytes_rate_and_the_total_learned_late(
-        capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, "strata.progress")
     bar = ProgressBar("synth tiny", 1, force=True)  # the total comes with the first call, as synth's does
     bar(1 << 20, 4 << 20)

@@ -25,8 +25,24 @@ FIXTURE = Path(__file__).parent / "data" / "llama_quantize_tensors.gguf"
 
 # The types the engine must support, plus the cheap extras strata.quants also decodes.
 REQUIRED = [
-    T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K,
-    T.Q6_K, T.IQ4_XS, T.IQ4_NL, T.IQ3_XXS, T.IQ2_XS, T.MXFP4,
+    T.F32,
+    T.F16,
+    T.BF16,
+    T.Q8_0,
+    T.Q4_0,
+    T.Q4_1,
+    T.Q5_0,
+    T.Q5_1,
+    T.Q2_K,
+    T.Q3_K,
+    T.Q4_K,
+    T.Q5_K,
+    T.Q6_K,
+    T.IQ4_XS,
+    T.IQ4_NL,
+    T.IQ3_XXS,
+    T.IQ2_XS,
+    T.MXFP4,
 ]
 EXTRAS = [T.IQ2_XXS, T.IQ2_S, T.IQ3_S, T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0]
 # gguf-py ships numpy quantizers for these (F32/F16 are plain casts).

@@ -75,8 +75,10 @@ def test_penalties() -> None:
     assert np.allclose(out, [2.0 - 0.5 - 0.5, -2.0 - 0.5 - 0.25, 1.0, 0.5])
 
 
-@pytest.mark.parametrize("bad", [{"temperature": -1}, {"top_p": 0.0}, {"min_p": 2}, {"top_k": -1},
-                                 {"presence_penalty": 3}, {"seed": -1}])
+@pytest.mark.parametrize(
+    "bad",
+    [{"temperature": -1}, {"top_p": 0.0}, {"min_p": 2}, {"top_k": -1}, {"presence_penalty": 3}, {"seed": -1}],
+)
 def test_out_of_range_params_raise_naming_the_param(bad: dict) -> None:
     with pytest.raises(SamplingError, match=next(iter(bad))):
         SamplingParams(**bad).validate()
@@ -117,15 +119,18 @@ def _full_sort_candidates(logits: np.ndarray, p: SamplingParams) -> tuple[np.nda
     return ids, probs / probs.sum()
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),  # the server's defaults
-    SamplingParams(temperature=0.7, top_k=20, top_p=0.8),  # Qwen's recommended
-    SamplingParams(temperature=1.0, top_p=0.9),
-    SamplingParams(temperature=0.6, top_p=0.999),
-    SamplingParams(temperature=1.3, min_p=0.02),
-    SamplingParams(temperature=0.9, top_k=1000, min_p=0.1),
-    SamplingParams(temperature=1.0),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),  # the server's defaults
+        SamplingParams(temperature=0.7, top_k=20, top_p=0.8),  # Qwen's recommended
+        SamplingParams(temperature=1.0, top_p=0.9),
+        SamplingParams(temperature=0.6, top_p=0.999),
+        SamplingParams(temperature=1.3, min_p=0.02),
+        SamplingParams(temperature=0.9, top_k=1000, min_p=0.1),
+        SamplingParams(temperature=1.0),
+    ],
+)
 def test_prefix_selection_equals_a_full_sort(params: SamplingParams) -> None:
     """candidates() sorts only the prefix of the vocabulary that can survive; the same ids, order and
     probabilities (to rounding) as sorting all of it, on a 152k vocabulary with peaked and flat logits,
@@ -141,6 +146,18 @@ def test_prefix_selection_equals_a_full_sort(params: SamplingParams) -> None:
         assert np.array_equal(ids, ref_ids), f"trial {trial}: {len(ids)} vs {len(ref_ids)} candidates"
         np.testing.assert_allclose(probs, ref_probs, rtol=1e-12, atol=1e-15)
         draws = [sample(logits, [], params, 9, pos) for pos in range(20)]
-        assert draws == [int(ref_ids[min(int(np.searchsorted(np.cumsum(ref_probs), uniform(9, pos) * np.cumsum(ref_probs)[-1],
-                                                                        side="right")), len(ref_ids) - 1)])
-                         for pos in range(20)]
+        assert draws == [
+            int(
+                ref_ids[
+                    min(
+                        int(
+                            np.searchsorted(
+                                np.cumsum(ref_probs), uniform(9, pos) * np.cumsum(ref_probs)[-1], side="right"
+                            )
+                        ),
+                        len(ref_ids) - 1,
+                    )
+                ]
+            )
+            for pos in range(20)
+        ]

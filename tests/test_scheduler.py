@@ -15,11 +15,11 @@ import pytest
 
 from strata.runtime.finish import ANTHROPIC_STOP, OPENAI_FINISH, FinishReason
 from strata.runtime.kvcache import KVCache
+from strata.runtime.state import SequenceState
 from strata.sampling.params import SamplingParams
 from strata.sched.prefix_cache import PrefixCache
 from strata.sched.request import DoneEvent, ErrorEvent, Request, RequestState, TokenEvent
 from strata.sched.scheduler import QueueFullError, Scheduler
-from strata.runtime.state import SequenceState
 
 V = 50
 EOT = 0
@@ -305,16 +305,21 @@ def _simulate(d: float, a: float, b: float, chunk: int, prompt: int) -> tuple[fl
     return tokens * d / elapsed, elapsed / solo, longest / d
 
 
-@pytest.mark.parametrize("kind, d, a, b, chunk, prompt", [
-    ("gpu", 0.004, 0.008, 0.00012, 2048, 16384),  # 80B shape: ~4 ms decode, ~8.4k tok/s prefill
-    ("gpu small fixed part", 0.004, 0.0045, 0.00012, 2048, 4096),
-    ("cpu", 0.1, 0.11, 0.002, 512, 3000),
-])
+@pytest.mark.parametrize(
+    "kind, d, a, b, chunk, prompt",
+    [
+        ("gpu", 0.004, 0.008, 0.00012, 2048, 16384),  # 80B shape: ~4 ms decode, ~8.4k tok/s prefill
+        ("gpu small fixed part", 0.004, 0.0045, 0.00012, 2048, 4096),
+        ("cpu", 0.1, 0.11, 0.002, 512, 3000),
+    ],
+)
 def test_pacer_keeps_both_promises(kind: str, d: float, a: float, b: float, chunk: int, prompt: int) -> None:
     from strata.sched.pacer import KEEP
 
     pace, ttft, longest = _simulate(d, a, b, chunk, prompt)
-    print(f"{kind}: streams keep {pace:.0%} of their pace, TTFT {ttft:.2f}x solo, longest window {longest:.0f} d")
+    print(
+        f"{kind}: streams keep {pace:.0%} of their pace, TTFT {ttft:.2f}x solo, longest window {longest:.0f} d"
+    )
     assert pace >= KEEP * 0.9, kind  # within the first windows' learning
     assert ttft <= 1 / KEEP * 1.1, kind
 
@@ -377,8 +382,10 @@ def test_decode_pipeline_runs_ahead_and_equals_plain_windows() -> None:
         eng.model.forward_batch = traced  # type: ignore[method-assign]
         sch = Scheduler(eng, parallel=2, decode_ahead=pipelined)  # type: ignore[arg-type]
         sch.start()
-        reqs = [Request(list(p), SamplingParams(temperature=0.9, top_k=0 if i % 2 else 7, top_p=0.9), 12, seed=i)
-                for i, p in enumerate(PROMPTS)]
+        reqs = [
+            Request(list(p), SamplingParams(temperature=0.9, top_k=0 if i % 2 else 7, top_p=0.9), 12, seed=i)
+            for i, p in enumerate(PROMPTS)
+        ]
         for r in reqs:
             sch.submit(r)
         out = await asyncio.gather(*(drain(r) for r in reqs))

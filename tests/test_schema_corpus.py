@@ -22,8 +22,10 @@ from strata.runtime.finish import FinishReason
 from strata.sampling.params import SamplingParams
 from strata.text.tokenizer import Tokenizer
 
-CORPUS = {p.stem: json.loads(p.read_text(encoding="utf-8"))
-          for p in sorted((Path(__file__).parent / "data" / "json_schemas").glob("*.json"))}
+CORPUS = {
+    p.stem: json.loads(p.read_text(encoding="utf-8"))
+    for p in sorted((Path(__file__).parent / "data" / "json_schemas").glob("*.json"))
+}
 IDE_TOOLS = {name.removeprefix("ide_"): s for name, s in CORPUS.items() if name.startswith("ide_")}
 
 
@@ -45,8 +47,9 @@ def _validate(schema: Any, text: str) -> None:
     validator_for(schema)(schema).validate(json.loads(text))
 
 
-def _decode(tok: Tokenizer, schema: Any, noise: np.ndarray, seed: int, seed_text: str = "",
-            steps: int = 200) -> tuple[str, bool]:
+def _decode(
+    tok: Tokenizer, schema: Any, noise: np.ndarray, seed: int, seed_text: str = "", steps: int = 200
+) -> tuple[str, bool]:
     """(the text, whether the grammar ended it) of a greedy decode over rolled noise."""
     grammar = compile_schema(schema, tok, seed_text)
     c = GrammarConstraint(grammar)
@@ -82,10 +85,20 @@ def test_some_decodes_end_by_themselves_and_some_are_closed(qwen3: Tokenizer, no
     assert 5 < sum(ended) < len(ended) - 5, "both paths (the grammar's end, closing_suffix) must be exercised"
 
 
-@pytest.mark.parametrize("name", ["suite_nested_arrays", "openai_ui_recursive", "suite_string_lengths",
-                                  "openai_send_email", "ide_multi_edit", "suite_enum_mixed"])
-def test_prefixes_of_an_output_close_into_valid_instances(qwen3: Tokenizer, noise: np.ndarray,
-                                                                  name: str) -> None:
+@pytest.mark.parametrize(
+    "name",
+    [
+        "suite_nested_arrays",
+        "openai_ui_recursive",
+        "suite_string_lengths",
+        "openai_send_email",
+        "ide_multi_edit",
+        "suite_enum_mixed",
+    ],
+)
+def test_prefixes_of_an_output_close_into_valid_instances(
+    qwen3: Tokenizer, noise: np.ndarray, name: str
+) -> None:
     text, _ = _decode(qwen3, CORPUS[name], noise, 1)
     grammar = compile_schema(CORPUS[name], qwen3).text
     for cut in sorted(set(np.linspace(0, len(text) - 1, 40).astype(int).tolist())):
@@ -93,8 +106,9 @@ def test_prefixes_of_an_output_close_into_valid_instances(qwen3: Tokenizer, nois
 
 
 @pytest.mark.parametrize("name", sorted(IDE_TOOLS))
-def test_forced_tool_calls_continue_the_seed_into_valid_arguments(qwen3: Tokenizer, noise: np.ndarray,
-                                                                   name: str) -> None:
+def test_forced_tool_calls_continue_the_seed_into_valid_arguments(
+    qwen3: Tokenizer, noise: np.ndarray, name: str
+) -> None:
     calls = tool_call_schema(IDE_TOOLS)
     named = f'{{"name": {json.dumps(name)}, "arguments": '
     for seed_text in ('{"name": "', named):
@@ -111,18 +125,25 @@ def smollm2(smollm2_path: Path) -> Iterator[Engine]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "ask"), [
-    ("openai_get_weather", "What's the weather in Paris in celsius?"),
-    ("ide_bash", "List the files in the current directory."),
-    ("suite_oneof_discriminated", "Describe a circle of radius 2."),
-])
+@pytest.mark.parametrize(
+    ("name", "ask"),
+    [
+        ("openai_get_weather", "What's the weather in Paris in celsius?"),
+        ("ide_bash", "List the files in the current directory."),
+        ("suite_oneof_discriminated", "Describe a circle of radius 2."),
+    ],
+)
 def test_smollm2_writes_valid_instances(smollm2: Engine, name: str, ask: str) -> None:
     """A real model under the mask: temperature 0, 40 tokens, closed if cut short."""
     tok = smollm2.tokenizer
     grammar = compile_schema(CORPUS[name], tok)
     messages = [{"role": "user", "content": f"{ask} Answer with JSON only."}]
-    gen = smollm2.generate(messages=messages, max_tokens=40, params=SamplingParams(temperature=0.0),
-                           constraints=[GrammarConstraint(grammar)])
+    gen = smollm2.generate(
+        messages=messages,
+        max_tokens=40,
+        params=SamplingParams(temperature=0.0),
+        constraints=[GrammarConstraint(grammar)],
+    )
     text = "".join(c.text for c in gen)
     if gen.result.finish_reason is FinishReason.LENGTH:
         text += closing_suffix(grammar.text, text)

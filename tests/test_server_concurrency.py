@@ -9,11 +9,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from server_fixture import Server, running_server
 
-QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is 2+2?", "Say hello.",
-             "What is the largest ocean?", "Name a fruit."]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name a primary color.",
+    "What is 2+2?",
+    "Say hello.",
+    "What is the largest ocean?",
+    "Name a fruit.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +41,9 @@ def text(r: httpx.Response) -> str:
 
 
 def aclient(server: Server) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {server.key}"}, timeout=300)
+    return httpx.AsyncClient(
+        base_url=server.url, headers={"Authorization": f"Bearer {server.key}"}, timeout=300
+    )
 
 
 def test_concurrent_equals_solo_and_overflow_queues(server: Server) -> None:
@@ -55,8 +62,11 @@ def test_disconnect_leaves_other_streams_intact(server: Server) -> None:
             want = text(await ask(c, body(QUESTIONS[0], 16)))
 
             async def quitter() -> None:
-                async with c.stream("POST", "/v1/chat/completions",
-                                    json=body("Count to a thousand.", 500, stream=True, ignore_eos=True)) as r:
+                async with c.stream(
+                    "POST",
+                    "/v1/chat/completions",
+                    json=body("Count to a thousand.", 500, stream=True, ignore_eos=True),
+                ) as r:
                     async for i, _ in _aenum(r.aiter_lines()):
                         if i > 6:
                             return

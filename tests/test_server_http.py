@@ -13,11 +13,16 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
 from server_fixture import Server, running_server
 
-POST_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
-               "/tokenize", "/detokenize"]
+POST_ROUTES = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/tokenize",
+    "/detokenize",
+]
 GET_ROUTES = ["/v1/models", "/v1/status", "/props", "/metrics"]
 
 
@@ -39,7 +44,10 @@ def test_every_other_route_needs_the_key(server: Server, route: str) -> None:
     assert r.status_code == 401
     body = r.json()
     if route.startswith("/v1/messages"):
-        assert body == {"type": "error", "error": {"type": "authentication_error", "message": "missing API key"}}
+        assert body == {
+            "type": "error",
+            "error": {"type": "authentication_error", "message": "missing API key"},
+        }
     else:
         assert body["error"]["type"] == "authentication_error"
     r = httpx.request(method, f"{server.url}{route}", json={}, headers={"x-api-key": "wrong"})
@@ -51,8 +59,16 @@ def test_x_api_key_header_works(server: Server) -> None:
     assert r.status_code == 200
 
 
-BAD_BODIES = [b"{not json", b"[1, 2]", b'{"messages": "hi"}', b'{"messages": [{"role": "wizard"}]}',
-              b'{"prompt": 5}', b'{"tokens": "abc"}', b'{"content": 3}', b"{}"]
+BAD_BODIES = [
+    b"{not json",
+    b"[1, 2]",
+    b'{"messages": "hi"}',
+    b'{"messages": [{"role": "wizard"}]}',
+    b'{"prompt": 5}',
+    b'{"tokens": "abc"}',
+    b'{"content": 3}',
+    b"{}",
+]
 
 
 @pytest.mark.parametrize("route", POST_ROUTES)
@@ -70,14 +86,23 @@ def test_bad_input_is_4xx_in_protocol_shape(server: Server, route: str, raw: byt
         assert set(body["error"]) == {"message", "type", "param", "code"}
 
 
-@pytest.mark.parametrize("payload,param", [
-    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
-    ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]},
-     "messages.0.content.0"),
-    ({"messages": [{"role": "user", "content": "x " * 3000}]}, "messages"),
-    ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, "tool_choice"),
-])
+@pytest.mark.parametrize(
+    "payload,param",
+    [
+        ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+        ({"messages": [{"role": "user", "content": "hi"}], "temperature": -1}, "temperature"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
+                ]
+            },
+            "messages.0.content.0",
+        ),
+        ({"messages": [{"role": "user", "content": "x " * 3000}]}, "messages"),
+        ({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}, "tool_choice"),
+    ],
+)
 def test_openai_semantic_errors(server: Server, payload: dict, param: str) -> None:
     with server.client() as c:
         r = c.post("/v1/chat/completions", json=payload)
@@ -117,8 +142,13 @@ def test_ops_endpoints(server: Server) -> None:
         text = c.post("/detokenize", json={"tokens": toks}).json()["content"]
     assert status["slots"] == 4 and status["queue_depth"] == 0 and status["model"]
     assert props["n_ctx"] == 2048 and "im_start" in props["chat_template"] and props["version"]
-    for name in ("strata_generated_tokens_total", "strata_prompt_seconds_total",
-                 "strata_decode_seconds_total", "strata_slots_busy", "strata_queue_depth"):
+    for name in (
+        "strata_generated_tokens_total",
+        "strata_prompt_seconds_total",
+        "strata_decode_seconds_total",
+        "strata_slots_busy",
+        "strata_queue_depth",
+    ):
         assert f"\n{name} " in "\n" + metrics
     assert "# TYPE strata_requests_total counter" in metrics
     assert 'strata_requests_total{outcome="length"}' in metrics
@@ -129,8 +159,11 @@ def _scrape(c: httpx.Client) -> dict[tuple[str, str], float]:
     """/metrics through prometheus-client's own parser: (name, outcome label) -> value."""
     r = c.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    return {(s.name, s.labels.get("outcome", "")): s.value
-            for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+    return {
+        (s.name, s.labels.get("outcome", "")): s.value
+        for fam in text_string_to_metric_families(r.text)
+        for s in fam.samples
+    }
 
 
 def test_metrics_parse_and_count_the_request(server: Server) -> None:
@@ -138,8 +171,10 @@ def test_metrics_parse_and_count_the_request(server: Server) -> None:
     the request's own usage and timings."""
     with server.client() as c:
         before = _scrape(c)
-        body = c.post("/v1/completions", json={"prompt": "Count to ten:", "max_tokens": 6, "temperature": 0,
-                                                "ignore_eos": True}).json()
+        body = c.post(
+            "/v1/completions",
+            json={"prompt": "Count to ten:", "max_tokens": 6, "temperature": 0, "ignore_eos": True},
+        ).json()
         after = _scrape(c)
 
     def moved(name: str, outcome: str = "") -> float:
@@ -163,21 +198,40 @@ def test_metrics_parse_and_count_the_request(server: Server) -> None:
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_curl_sse_framing(server: Server) -> None:
-    body = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "stream": True, "max_tokens": 5,
-                       "temperature": 0})
-    out = subprocess.run(["curl", "-sN", f"{server.url}/v1/chat/completions", "-H", "Content-Type: application/json",
-                          "-H", f"Authorization: Bearer {server.key}", "-d", body],
-                         capture_output=True, text=True, timeout=60).stdout
+    body = json.dumps(
+        {"messages": [{"role": "user", "content": "Hi"}], "stream": True, "max_tokens": 5, "temperature": 0}
+    )
+    out = subprocess.run(
+        [
+            "curl",
+            "-sN",
+            f"{server.url}/v1/chat/completions",
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            f"Authorization: Bearer {server.key}",
+            "-d",
+            body,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     events = [e for e in out.replace("\r\n", "\n").split("\n\n") if e.strip()]
     assert all(e.startswith("data: ") for e in events), events[:3]
     assert events[-1] == "data: [DONE]"
     for e in events[:-1]:
-        assert json.loads(e[len("data: "):])["object"] == "chat.completion.chunk"
+        assert json.loads(e[len("data: ") :])["object"] == "chat.completion.chunk"
 
 
 def test_disconnect_stops_generation(server: Server) -> None:
-    payload = {"messages": [{"role": "user", "content": "Count to one thousand."}], "stream": True,
-               "max_tokens": 1500, "temperature": 0, "ignore_eos": True}
+    payload = {
+        "messages": [{"role": "user", "content": "Count to one thousand."}],
+        "stream": True,
+        "max_tokens": 1500,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     with server.client() as c:
         with c.stream("POST", "/v1/chat/completions", json=payload) as r:
             for i, _ in enumerate(r.iter_lines()):

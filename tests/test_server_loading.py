@@ -19,10 +19,16 @@ def test_routes_while_loading():
     app = build_app(ServerConfig(api_keys=(KEY,)), loading)
     with TestClient(app) as c:
         h = c.get("/health")
-        assert h.status_code == 503 and h.json()["status"] == "loading" and h.json()["phase"] == "loading the model"
+        assert (
+            h.status_code == 503
+            and h.json()["status"] == "loading"
+            and h.json()["phase"] == "loading the model"
+        )
         auth = {"Authorization": f"Bearer {KEY}"}
         assert c.get("/openapi.json", headers=auth).status_code == 200
-        r = c.post("/v1/chat/completions", headers=auth, json={"messages": [{"role": "user", "content": "hi"}]})
+        r = c.post(
+            "/v1/chat/completions", headers=auth, json={"messages": [{"role": "user", "content": "hi"}]}
+        )
         assert r.status_code == 503 and r.headers["retry-after"] == "2"
         assert r.json()["error"]["code"] == "loading"
         a = c.post("/v1/messages", headers={"x-api-key": KEY}, json={"max_tokens": 4, "messages": []})

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import openai
 import pytest
-
 from server_fixture import Server, running_server
 
 
@@ -39,8 +38,16 @@ def test_chat_non_streaming(client: openai.OpenAI) -> None:
 
 def test_stream_equals_non_stream_at_temperature_zero(client: openai.OpenAI) -> None:
     full = client.chat.completions.create(model="m", messages=ASK, temperature=0, max_tokens=20)
-    chunks = list(client.chat.completions.create(model="m", messages=ASK, temperature=0, max_tokens=20,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="m",
+            messages=ASK,
+            temperature=0,
+            max_tokens=20,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -49,39 +56,65 @@ def test_stream_equals_non_stream_at_temperature_zero(client: openai.OpenAI) -> 
 
 
 def test_same_seed_same_text(client: openai.OpenAI) -> None:
-    kw = dict(model="m", messages=[{"role": "user", "content": "Tell me a short story."}], temperature=1.0,
-              max_tokens=16, seed=7)
+    kw = dict(
+        model="m",
+        messages=[{"role": "user", "content": "Tell me a short story."}],
+        temperature=1.0,
+        max_tokens=16,
+        seed=7,
+    )
     a = client.chat.completions.create(**kw).choices[0].message.content
     b = client.chat.completions.create(**kw).choices[0].message.content
     assert a == b
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 def test_tool_call_round_trip(client: openai.OpenAI) -> None:
     msgs = [{"role": "user", "content": "What's the weather in Paris?"}]
-    r = client.chat.completions.create(model="m", messages=msgs, tools=[WEATHER], temperature=0, max_tokens=48,
-                                       tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    r = client.chat.completions.create(
+        model="m",
+        messages=msgs,
+        tools=[WEATHER],
+        temperature=0,
+        max_tokens=48,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     call = choice.message.tool_calls[0]
     assert call.function.name == "get_weather"
     args = json.loads(call.function.arguments)
     assert isinstance(args, dict)
-    msgs += [choice.message.model_dump(exclude_none=True),
-             {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 21, "sky": "sunny"})}]
-    final = client.chat.completions.create(model="m", messages=msgs, tools=[WEATHER], temperature=0, max_tokens=32)
+    msgs += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 21, "sky": "sunny"})},
+    ]
+    final = client.chat.completions.create(
+        model="m", messages=msgs, tools=[WEATHER], temperature=0, max_tokens=32
+    )
     assert final.choices[0].message.content
     assert final.choices[0].finish_reason in ("stop", "length")
 
 
 def test_tool_call_streams_as_tool_call_deltas(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Weather in Rome?"}], tools=[WEATHER], temperature=0,
-        max_tokens=48, tool_choice={"type": "function", "function": {"name": "get_weather"}}, stream=True)
+        model="m",
+        messages=[{"role": "user", "content": "Weather in Rome?"}],
+        tools=[WEATHER],
+        temperature=0,
+        max_tokens=48,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        stream=True,
+    )
     calls, finish = [], None
     for c in stream:
         d = c.choices[0].delta
@@ -94,16 +127,22 @@ def test_tool_call_streams_as_tool_call_deltas(client: openai.OpenAI) -> None:
 
 def test_reasoning_effort_none_and_high_are_accepted(client: openai.OpenAI) -> None:
     for effort in ("none", "high"):
-        r = client.chat.completions.create(model="m", messages=ASK, temperature=0, max_tokens=8,
-                                           reasoning_effort=effort)
+        r = client.chat.completions.create(
+            model="m", messages=ASK, temperature=0, max_tokens=8, reasoning_effort=effort
+        )
         assert r.choices[0].message.content is not None
 
 
 def test_text_completion(client: openai.OpenAI) -> None:
-    r = client.completions.create(model="m", prompt="The three primary colors are", max_tokens=8, temperature=0)
+    r = client.completions.create(
+        model="m", prompt="The three primary colors are", max_tokens=8, temperature=0
+    )
     assert r.choices[0].text and r.usage.completion_tokens == 8
-    s = list(client.completions.create(model="m", prompt="The three primary colors are", max_tokens=8,
-                                       temperature=0, stream=True))
+    s = list(
+        client.completions.create(
+            model="m", prompt="The three primary colors are", max_tokens=8, temperature=0, stream=True
+        )
+    )
     assert "".join(c.choices[0].text for c in s) == r.choices[0].text
 
 
@@ -119,18 +158,30 @@ def test_wrong_key_is_401(server: Server) -> None:
 
 
 def test_response_format_json_object_is_valid_json(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Describe Paris as JSON."}],
-                                       temperature=0, max_tokens=64, response_format={"type": "json_object"})
+    r = client.chat.completions.create(
+        model="m",
+        messages=[{"role": "user", "content": "Describe Paris as JSON."}],
+        temperature=0,
+        max_tokens=64,
+        response_format={"type": "json_object"},
+    )
     obj = json.loads(r.choices[0].message.content)
     assert isinstance(obj, dict)
 
 
 def test_response_format_json_schema_is_followed(client: openai.OpenAI) -> None:
-    schema = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
-              "required": ["city", "population"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+        "required": ["city", "population"],
+        "additionalProperties": False,
+    }
     r = client.chat.completions.create(
-        model="m", messages=[{"role": "user", "content": "Give the capital of France and its population."}],
-        temperature=0, max_tokens=64,
-        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
+        model="m",
+        messages=[{"role": "user", "content": "Give the capital of France and its population."}],
+        temperature=0,
+        max_tokens=64,
+        response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+    )
     obj = json.loads(r.choices[0].message.content)
     assert set(obj) == {"city", "population"} and isinstance(obj["population"], int)

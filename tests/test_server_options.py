@@ -9,14 +9,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from server_fixture import Server, running_server
 
 
 @pytest.fixture(scope="module")
 def server(smollm2_path: Path) -> Iterator[Server]:
-    with running_server(smollm2_path, "--strict-model", "--alias", "smol", "--parallel", "1",
-                        "--queue-limit", "1", key=None) as s:
+    with running_server(
+        smollm2_path, "--strict-model", "--alias", "smol", "--parallel", "1", "--queue-limit", "1", key=None
+    ) as s:
         yield s
 
 
@@ -35,8 +35,12 @@ def test_strict_model_rejects_other_names(server: Server) -> None:
 
 
 def test_queue_overflow_is_429_or_529_with_retry_after(server: Server) -> None:
-    long = {"messages": [{"role": "user", "content": "Count slowly."}], "max_tokens": 200, "ignore_eos": True,
-            "model": "smol"}
+    long = {
+        "messages": [{"role": "user", "content": "Count slowly."}],
+        "max_tokens": 200,
+        "ignore_eos": True,
+        "model": "smol",
+    }
 
     async def go() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=server.url, timeout=300) as c:
@@ -60,10 +64,18 @@ def test_server_flags_are_validated_with_the_flag_name(smollm2_path: Path) -> No
     import subprocess
     import sys
 
-    for flag, value in (("--device", "tpu"), ("--vram-budget-mib", "-1"), ("--parallel", "0"),
-                        ("--backend", "fortran")):
-        out = subprocess.run([sys.executable, "-m", "strata", "serve", "--model", str(smollm2_path), flag, value],
-                             capture_output=True, text=True, timeout=60)
+    for flag, value in (
+        ("--device", "tpu"),
+        ("--vram-budget-mib", "-1"),
+        ("--parallel", "0"),
+        ("--backend", "fortran"),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-m", "strata", "serve", "--model", str(smollm2_path), flag, value],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert out.returncode != 0 and flag in out.stderr, (flag, out.stderr)
         assert "Traceback" not in out.stderr
 
@@ -75,8 +87,24 @@ def test_engine_flags_reach_the_engine_on_serve(smollm2_path: Path) -> None:
     from strata.conf.engine import backend_options
     from strata.conf.server import server_config
 
-    argv = ["--model", str(smollm2_path), "--cache-policy", "adaptive", "--pcie-frac", "0.5", "--swap-budget-mib", "8",
-            "--routing-profile", "off", "--expert-cache", "40%", "--prefill", "256", "--decode-ahead", "off"]
+    argv = [
+        "--model",
+        str(smollm2_path),
+        "--cache-policy",
+        "adaptive",
+        "--pcie-frac",
+        "0.5",
+        "--swap-budget-mib",
+        "8",
+        "--routing-profile",
+        "off",
+        "--expert-cache",
+        "40%",
+        "--prefill",
+        "256",
+        "--decode-ahead",
+        "off",
+    ]
     serve = build_parser().parse_args(["serve", *argv])
     cfg = server_config(serve, env={})
     assert cfg.engine == backend_options(build_parser().parse_args(["generate", "--prompt", "x", *argv[:-2]]))

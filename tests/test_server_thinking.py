@@ -8,7 +8,6 @@ from pathlib import Path
 import anthropic
 import openai
 import pytest
-
 from server_fixture import Server, running_server
 
 ASK = [{"role": "user", "content": "Why is the sky blue?"}]
@@ -23,14 +22,20 @@ def server(tiny_qwen3moe: dict) -> Iterator[Server]:
 
 def test_openai_reasoning_effort_toggles_the_template(server: Server) -> None:
     with openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.key, max_retries=0) as c:
-        off = c.chat.completions.create(model="m", messages=ASK, max_tokens=1, temperature=0, reasoning_effort="none")
-        on = c.chat.completions.create(model="m", messages=ASK, max_tokens=1, temperature=0, reasoning_effort="high")
+        off = c.chat.completions.create(
+            model="m", messages=ASK, max_tokens=1, temperature=0, reasoning_effort="none"
+        )
+        on = c.chat.completions.create(
+            model="m", messages=ASK, max_tokens=1, temperature=0, reasoning_effort="high"
+        )
     # Qwen3's template pre-writes an empty "<think>\n\n</think>\n\n" when thinking is off
     assert off.usage.prompt_tokens == on.usage.prompt_tokens + 4
 
 
 def test_anthropic_thinking_toggles_the_template(server: Server) -> None:
     with anthropic.Anthropic(base_url=server.url, api_key=server.key, max_retries=0) as c:
-        on = c.messages.count_tokens(model="c", messages=ASK, thinking={"type": "enabled", "budget_tokens": 1024})
+        on = c.messages.count_tokens(
+            model="c", messages=ASK, thinking={"type": "enabled", "budget_tokens": 1024}
+        )
         off = c.messages.count_tokens(model="c", messages=ASK, thinking={"type": "disabled"})
     assert off.input_tokens == on.input_tokens + 4

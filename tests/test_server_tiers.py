@@ -44,12 +44,17 @@ def test_tier_counters_reach_every_surface(tiny_moe):
             status = c.get("/v1/status").json()["expert_cache"]
             metrics = c.get("/metrics").text
         assert status["slots"] == layout.n_total // 2 and status["decode"]["lookups"] == t["expert_lookups"]
-        got = {(m.name, m.labels.get("phase", "")): m.value
-               for fam in text_string_to_metric_families(metrics) for m in fam.samples}
-        for name, key in (("strata_expert_lookups_total", "expert_lookups"),
-                          ("strata_expert_hits_total", "expert_hits"),
-                          ("strata_pcie_bytes_total", "pcie_bytes"),
-                          ("strata_cpu_expert_calls_total", "cpu_expert_calls")):
+        got = {
+            (m.name, m.labels.get("phase", "")): m.value
+            for fam in text_string_to_metric_families(metrics)
+            for m in fam.samples
+        }
+        for name, key in (
+            ("strata_expert_lookups_total", "expert_lookups"),
+            ("strata_expert_hits_total", "expert_hits"),
+            ("strata_pcie_bytes_total", "pcie_bytes"),
+            ("strata_cpu_expert_calls_total", "cpu_expert_calls"),
+        ):
             assert got[(name, "decode")] == t[key], name
             assert got[(name, "prefill")] == t["prompt_" + key], name
         assert got[("strata_expert_misses_total", "decode")] == t["expert_lookups"] - t["expert_hits"]
@@ -92,10 +97,15 @@ def test_the_mmap_tier_reaches_every_surface(tiny_moe):
         assert ram["arena_bytes"] == 2 * layout.slot_bytes and ram["bounce_bytes"] > 0
         assert status["decode"]["mmap_expert_reads"] == t["mmap_expert_reads"]
         assert status["prefill"]["mmap_bytes"] == t["prompt_mmap_bytes"]
-        got = {(m.name, m.labels.get("phase", "")): m.value
-               for fam in text_string_to_metric_families(metrics) for m in fam.samples}
-        for name, key in (("strata_mmap_expert_reads_total", "mmap_expert_reads"),
-                          ("strata_mmap_bytes_total", "mmap_bytes")):
+        got = {
+            (m.name, m.labels.get("phase", "")): m.value
+            for fam in text_string_to_metric_families(metrics)
+            for m in fam.samples
+        }
+        for name, key in (
+            ("strata_mmap_expert_reads_total", "mmap_expert_reads"),
+            ("strata_mmap_bytes_total", "mmap_bytes"),
+        ):
             assert got[(name, "decode")] == t[key], name
             assert got[(name, "prefill")] == t["prompt_" + key], name
         assert got[("strata_mmap_experts", "")] == layout.n_total - 2

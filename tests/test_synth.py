@@ -43,8 +43,10 @@ TINY = [SHAPES[("qwen3moe", "tiny")], SHAPES[("qwen3next", "tiny")]]
 def tiny(tmp_path_factory: pytest.TempPathFactory, qwen3_tokenizer_dir: Path) -> dict[str, Path]:
     """Both tiny files, Q4_K (Q6_K output would be ignored: tiny ties the head to token_embd)."""
     root = tmp_path_factory.mktemp("synth")
-    return {s.arch: write_synth(root / f"{s.arch}.gguf", s, Q.Q4_K, Q.Q6_K, 1.0, qwen3_tokenizer_dir).path
-            for s in TINY}
+    return {
+        s.arch: write_synth(root / f"{s.arch}.gguf", s, Q.Q4_K, Q.Q6_K, 1.0, qwen3_tokenizer_dir).path
+        for s in TINY
+    }
 
 
 # ---------------------------------------------------------------- runs in Strata and llama.cpp
@@ -57,13 +59,17 @@ def test_tiny_loads_and_runs_in_strata(tiny: dict[str, Path], arch: str) -> None
     assert logits.shape == (3, QWEN3_VOCAB_SIZE) and np.isfinite(logits).all()
     assert 0.01 < float(logits.std()) < 100.0
     assert engine.tokenizer.encode("Hello world") == [9707, 1879]  # the real Qwen3 vocabulary
-    assert "<|im_start|>" in engine.template.render([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    assert "<|im_start|>" in engine.template.render(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True
+    )
 
 
 def _llama_cmd(path: Path) -> list[str] | None:
-    for name, args in (("llama-completion", ["-p", "Hello", "-n", "4", "-no-cnv", "--temp", "0"]),
-                       ("llama-cli", ["-p", "Hello", "-n", "4", "-no-cnv", "--temp", "0"]),
-                       ("llama-bench", ["-p", "8", "-n", "4", "-r", "1"])):
+    for name, args in (
+        ("llama-completion", ["-p", "Hello", "-n", "4", "-no-cnv", "--temp", "0"]),
+        ("llama-cli", ["-p", "Hello", "-n", "4", "-no-cnv", "--temp", "0"]),
+        ("llama-bench", ["-p", "8", "-n", "4", "-r", "1"]),
+    ):
         if (LLAMA_BIN / name).is_file():
             return [str(LLAMA_BIN / name), "-m", str(path), "-t", "2", *args]
     return None
@@ -74,7 +80,9 @@ def test_llama_cpp_runs_tiny(tiny: dict[str, Path], arch: str) -> None:
     cmd = _llama_cmd(tiny[arch])
     if cmd is None:
         pytest.skip(f"llama.cpp is not built (no llama-completion/llama-cli/llama-bench in {LLAMA_BIN})")
-    out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    out = subprocess.run(
+        cmd, check=False, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+    )
     assert out.returncode == 0, out.stderr[-3000:]
 
 
@@ -90,31 +98,54 @@ def llama_cpp_shapes(s: Shape) -> dict[str, tuple[int, ...]]:
         out["output.weight"] = (d, v)
     for i in range(s.n_layer):
         b = f"blk.{i}."
-        layer = {"attn_norm.weight": (d,), "ffn_gate_inp.weight": (d, e), "ffn_gate_exps.weight": (d, f, e),
-                 "ffn_up_exps.weight": (d, f, e), "ffn_down_exps.weight": (f, d, e)}
-        attn = {"attn_q.weight": (d, hd * s.n_head * (2 if s.arch == "qwen3next" else 1)),
-                "attn_k.weight": (d, hd * s.n_kv), "attn_v.weight": (d, hd * s.n_kv),
-                "attn_output.weight": (hd * s.n_head, d), "attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,)}
+        layer = {
+            "attn_norm.weight": (d,),
+            "ffn_gate_inp.weight": (d, e),
+            "ffn_gate_exps.weight": (d, f, e),
+            "ffn_up_exps.weight": (d, f, e),
+            "ffn_down_exps.weight": (f, d, e),
+        }
+        attn = {
+            "attn_q.weight": (d, hd * s.n_head * (2 if s.arch == "qwen3next" else 1)),
+            "attn_k.weight": (d, hd * s.n_kv),
+            "attn_v.weight": (d, hd * s.n_kv),
+            "attn_output.weight": (hd * s.n_head, d),
+            "attn_q_norm.weight": (hd,),
+            "attn_k_norm.weight": (hd,),
+        }
         if s.arch == "qwen3moe":
             layer |= attn | {"ffn_norm.weight": (d,)}
         else:
             kd = s.lin_head_dim * s.lin_k_heads
             vd = s.lin_head_dim * s.lin_v_heads
-            layer |= {"post_attention_norm.weight": (d,), "ffn_gate_inp_shexp.weight": (d,),
-                      "ffn_gate_shexp.weight": (d, s.shared_ff), "ffn_up_shexp.weight": (d, s.shared_ff),
-                      "ffn_down_shexp.weight": (s.shared_ff, d)}
-            layer |= attn if (i + 1) % s.full_attn_interval == 0 else {
-                "attn_qkv.weight": (d, 2 * kd + vd), "attn_gate.weight": (d, vd),
-                "ssm_conv1d.weight": (s.conv_kernel, 2 * kd + vd), "ssm_dt.bias": (s.lin_v_heads,),
-                "ssm_a": (s.lin_v_heads,), "ssm_ba.weight": (d, 2 * s.lin_v_heads),
-                "ssm_norm.weight": (s.lin_head_dim,), "ssm_out.weight": (vd, d)}
+            layer |= {
+                "post_attention_norm.weight": (d,),
+                "ffn_gate_inp_shexp.weight": (d,),
+                "ffn_gate_shexp.weight": (d, s.shared_ff),
+                "ffn_up_shexp.weight": (d, s.shared_ff),
+                "ffn_down_shexp.weight": (s.shared_ff, d),
+            }
+            layer |= (
+                attn
+                if (i + 1) % s.full_attn_interval == 0
+                else {
+                    "attn_qkv.weight": (d, 2 * kd + vd),
+                    "attn_gate.weight": (d, vd),
+                    "ssm_conv1d.weight": (s.conv_kernel, 2 * kd + vd),
+                    "ssm_dt.bias": (s.lin_v_heads,),
+                    "ssm_a": (s.lin_v_heads,),
+                    "ssm_ba.weight": (d, 2 * s.lin_v_heads),
+                    "ssm_norm.weight": (s.lin_head_dim,),
+                    "ssm_out.weight": (vd, d),
+                }
+            )
         out |= {b + k: ne for k, ne in layer.items()}
     return out
 
 
 def _same_ne(got: tuple[int, ...], want: tuple[int, ...]) -> bool:
     """llama.cpp's check_tensor_dims: equal, trailing dims beyond `want` must be 1."""
-    return got[: len(want)] == want and all(x == 1 for x in got[len(want):])
+    return got[: len(want)] == want and all(x == 1 for x in got[len(want) :])
 
 
 @pytest.mark.parametrize("key", sorted(SHAPES), ids=lambda k: "-".join(k))
@@ -143,13 +174,17 @@ def test_written_file_matches_plan_and_converter_keys(tiny: dict[str, Path], arc
 
     g = GGUFFile(tiny[arch])
     plan = tensor_plan(SHAPES[(arch, "tiny")], Q.Q4_K, Q.Q6_K)
-    assert {(t.name, t.shape, t.qtype) for t in plan} == {(t.name, t.shape, t.qtype) for t in g.tensors.values()}
+    assert {(t.name, t.shape, t.qtype) for t in plan} == {
+        (t.name, t.shape, t.qtype) for t in g.tensors.values()
+    }
     ref = assets.tiny_qwen3moe()["q8_0"] if arch == "qwen3moe" else flagship.tiny_qwen3next()["f32"]
     converter = {k for k in GGUFFile(ref).metadata if not k.startswith("tokenizer.")}
     ours = set(g.metadata)
     assert converter <= ours, converter - ours  # every hparam the converter writes, nothing renamed
-    assert {k for k in ours - converter if not k.startswith("tokenizer.")} == {"strata.synth.router_skew",
-                                                                               "strata.synth.seed"}
+    assert {k for k in ours - converter if not k.startswith("tokenizer.")} == {
+        "strata.synth.router_skew",
+        "strata.synth.seed",
+    }
     for key in ("tokens", "token_type", "merges", "pre", "eos_token_id", "padding_token_id", "bos_token_id"):
         assert f"tokenizer.ggml.{key}" in ours
     assert g.get("tokenizer.ggml.pre") == "qwen2" and g.get("tokenizer.chat_template")
@@ -178,22 +213,35 @@ def test_pool_blocks_dequantize_to_target_std(qtype: Q) -> None:
 @pytest.mark.parametrize("quant", ["q4_k", "q8_0", "q4_0", "q6_k", "q5_k", "iq4_xs"])
 def test_written_weights_have_sane_magnitudes(tmp_path: Path, qwen3_tokenizer_dir: Path, quant: str) -> None:
     qt = Q[quant.upper()]
-    path = write_synth(tmp_path / "m.gguf", SHAPES[("qwen3moe", "tiny")], qt, qt, 1.0, qwen3_tokenizer_dir).path
+    path = write_synth(
+        tmp_path / "m.gguf", SHAPES[("qwen3moe", "tiny")], qt, qt, 1.0, qwen3_tokenizer_dir
+    ).path
     g = GGUFFile(path)
-    for name, lo, hi in (("blk.0.attn_q.weight", 0.018, 0.022), ("blk.1.ffn_down_exps.weight", 0.018, 0.022),
-                         ("token_embd.weight", 0.018, 0.022), ("blk.0.attn_norm.weight", 0.0, 0.05)):
+    for name, lo, hi in (
+        ("blk.0.attn_q.weight", 0.018, 0.022),
+        ("blk.1.ffn_down_exps.weight", 0.018, 0.022),
+        ("token_embd.weight", 0.018, 0.022),
+        ("blk.0.attn_norm.weight", 0.0, 0.05),
+    ):
         t = g.tensors[name]
         assert t.qtype == (qt if len(t.shape) > 1 else Q.F32)
-        y = dequantize(g.raw(name).reshape(-1, t.row_bytes)[:4096], t.qtype, t.shape[-1])  # first rows suffice
+        y = dequantize(
+            g.raw(name).reshape(-1, t.row_bytes)[:4096], t.qtype, t.shape[-1]
+        )  # first rows suffice
         assert np.isfinite(y).all() and lo <= float(y.std()) <= hi, (name, float(y.std()))
     assert abs(float(dequantize(g.raw("output_norm.weight"), Q.F32).mean()) - 1.0) < 0.01  # norms ~ 1
 
 
 def test_same_seed_same_file(tmp_path: Path, qwen3_tokenizer_dir: Path) -> None:
     s = SHAPES[("qwen3moe", "tiny")]
-    digests = {hashlib.sha256(write_synth(tmp_path / f"{seed}-{i}.gguf", s, Q.Q8_0, Q.Q8_0, 1.0,
-                                          qwen3_tokenizer_dir, seed=seed).path.read_bytes()).hexdigest()
-               for seed, i in ((0, 0), (0, 1), (1, 0))}
+    digests = {
+        hashlib.sha256(
+            write_synth(
+                tmp_path / f"{seed}-{i}.gguf", s, Q.Q8_0, Q.Q8_0, 1.0, qwen3_tokenizer_dir, seed=seed
+            ).path.read_bytes()
+        ).hexdigest()
+        for seed, i in ((0, 0), (0, 1), (1, 0))
+    }
     assert len(digests) == 2
 
 
@@ -209,7 +257,9 @@ def test_router_skew_makes_top_quarter_cover_majority() -> None:
     assert hit > 0.6, hit  # a clear majority of routed picks from a quarter of the experts
     assert abs(hit - expected_hit_rate(s.n_expert, s.top_k, 1.0, 0.25)) < 0.03  # the documented law holds
     assert abs(hit_rate(uniform, s.top_k, 0.25) - 0.25) < 0.03  # S = 0: no expert is special
-    rates = [hit_rate(router_weights(s.d_model, s.n_expert, s.top_k, sk, rng), s.top_k, 0.25) for sk in (0.5, 2.0)]
+    rates = [
+        hit_rate(router_weights(s.d_model, s.n_expert, s.top_k, sk, rng), s.top_k, 0.25) for sk in (0.5, 2.0)
+    ]
     assert rates[0] < hit < rates[1]
 
 
@@ -223,30 +273,53 @@ def test_file_hit_rate_reads_the_written_routers(tiny: dict[str, Path]) -> None:
 # ---------------------------------------------------------------- CLI
 
 
-def test_cli_writes_and_reports(tmp_path: Path, qwen3_tokenizer_dir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_cli_writes_and_reports(
+    tmp_path: Path, qwen3_tokenizer_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
     out = tmp_path / "cli.gguf"
-    rc = main(["synth", "--arch", "qwen3next", "--shape", "tiny", "--quant", "q8_0", "--router-skew", "0.5",
-               "--tokenizer", str(qwen3_tokenizer_dir), "-o", str(out)])
+    rc = main(
+        [
+            "synth",
+            "--arch",
+            "qwen3next",
+            "--shape",
+            "tiny",
+            "--quant",
+            "q8_0",
+            "--router-skew",
+            "0.5",
+            "--tokenizer",
+            str(qwen3_tokenizer_dir),
+            "-o",
+            str(out),
+        ]
+    )
     assert rc == 0 and out.is_file()
     assert "GB/s" in capsys.readouterr().out
     assert GGUFFile(out).architecture == "qwen3next"
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--shape", "huge"], "--shape='huge'"),
-    (["--arch", "qwen3moe", "--shape", "80b-a3b"], "not a qwen3moe shape"),
-    (["--quant", "q9_k"], "--quant='q9_k'"),
-    (["--output-quant", "nope"], "--output-quant='nope'"),
-    (["--router-skew", "-1"], "--router-skew"),
-])
-def test_cli_bad_flags_one_line(tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], needle: str) -> None:
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--shape", "huge"], "--shape='huge'"),
+        (["--arch", "qwen3moe", "--shape", "80b-a3b"], "not a qwen3moe shape"),
+        (["--quant", "q9_k"], "--quant='q9_k'"),
+        (["--output-quant", "nope"], "--output-quant='nope'"),
+        (["--router-skew", "-1"], "--router-skew"),
+    ],
+)
+def test_cli_bad_flags_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture, args: list[str], needle: str
+) -> None:
     assert main(["synth", *args, "-o", str(tmp_path / "x.gguf")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and not (tmp_path / "x.gguf").exists()
 
 
-def test_cli_unwritable_and_no_space(tmp_path: Path, qwen3_tokenizer_dir: Path, capsys: pytest.CaptureFixture,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_unwritable_and_no_space(
+    tmp_path: Path, qwen3_tokenizer_dir: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tok = ["--tokenizer", str(qwen3_tokenizer_dir)]
     assert main(["synth", *tok, "-o", str(tmp_path / "missing" / "x.gguf")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -254,9 +327,15 @@ def test_cli_unwritable_and_no_space(tmp_path: Path, qwen3_tokenizer_dir: Path, 
 
     from strata.synth import writer
 
-    monkeypatch.setattr(writer.shutil, "disk_usage", lambda _: SimpleNamespace(total=10**12, used=10**12, free=10**6))
+    monkeypatch.setattr(
+        writer.shutil, "disk_usage", lambda _: SimpleNamespace(total=10**12, used=10**12, free=10**6)
+    )
     assert main(["synth", *tok, "--shape", "30b-a3b", "-o", str(tmp_path / "big.gguf")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     need = sum(-(-t.nbytes // 32) * 32 for t in tensor_plan(SHAPES[("qwen3moe", "30b-a3b")], Q.Q4_K, Q.Q4_K))
-    assert len(err) == 1 and "not enough disk space" in err[0] and f"{need + writer.HEADER_BUDGET:,} bytes" in err[0]
+    assert (
+        len(err) == 1
+        and "not enough disk space" in err[0]
+        and f"{need + writer.HEADER_BUDGET:,} bytes" in err[0]
+    )
     assert not list(tmp_path.glob("big.gguf*"))

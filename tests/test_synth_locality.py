@@ -11,27 +11,49 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as Q
-from strata.tiers import sim, trace
 
 from strata.engine import Engine
 from strata.gguf import GGUFFile
 from strata.synth import write_synth
 from strata.synth.plan import KEY_MODE
 from strata.synth.shapes import Shape
+from strata.tiers import sim, trace
 
 E, TOKENS = 128, 600
-SHAPE = Shape("qwen3moe", "locality-test", n_layer=4, d_model=256, n_head=4, n_kv=2, head_dim=64, n_expert=E,
-              top_k=4, expert_ff=256, dense_ff=768, n_ctx=4096, rope_base=1e6, tied=True)
+SHAPE = Shape(
+    "qwen3moe",
+    "locality-test",
+    n_layer=4,
+    d_model=256,
+    n_head=4,
+    n_kv=2,
+    head_dim=64,
+    n_expert=E,
+    top_k=4,
+    expert_ff=256,
+    dense_ff=768,
+    n_ctx=4096,
+    rope_base=1e6,
+    tied=True,
+)
 
 
 def _lru(tmp_path: Path, tokenizer: Path, mode: str) -> list[float]:
     """Per-layer hit rates of an LRU of E/8 slots on the routes of TOKENS random tokens."""
-    path = write_synth(tmp_path / f"{mode}.gguf", SHAPE, Q.Q8_0, Q.Q8_0, 0.0, tokenizer, seed=1,
-                       router_mode=mode).path
+    path = write_synth(
+        tmp_path / f"{mode}.gguf", SHAPE, Q.Q8_0, Q.Q8_0, 0.0, tokenizer, seed=1, router_mode=mode
+    ).path
     assert GGUFFile(path).get(KEY_MODE) == (None if mode == "skew" else mode)
     routes = tmp_path / f"{mode}.npz"
-    eng = Engine.load(path, device="cpu", backend="numpy", expert_cache="off", prefetch=0,
-                      routing_profile="off", record_routes=str(routes))
+    eng = Engine.load(
+        path,
+        device="cpu",
+        backend="numpy",
+        expert_cache="off",
+        prefetch=0,
+        routing_profile="off",
+        record_routes=str(routes),
+    )
     ids, st = np.random.default_rng(0).integers(10, 150_000, TOKENS), eng.new_state()
     for i in range(0, TOKENS, 300):
         eng.model.forward(ids[i : i + 300], st, all_logits=False)

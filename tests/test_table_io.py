@@ -25,7 +25,11 @@ def test_every_mode_reads_the_same_rows(path) -> None:
     g = GGUFFile(path)
     n_rows = g.tensors[TABLE].n_rows
     rows = np.random.default_rng(0).integers(0, n_rows, (7, 6))
-    rows[0, :3] = [0, 1, n_rows - 1]  # the first rows and the last (its block may run past the end of the file)
+    rows[0, :3] = [
+        0,
+        1,
+        n_rows - 1,
+    ]  # the first rows and the last (its block may run past the end of the file)
     want = g.raw(TABLE)[rows.reshape(-1)]
     for mode in ("mmap", "ram", "direct"):
         t = tables.TableReader(g, TABLE, mode)
@@ -33,7 +37,10 @@ def test_every_mode_reads_the_same_rows(path) -> None:
         np.testing.assert_array_equal(got, want, err_msg=mode)
         assert (t.stats.tokens, t.stats.rows, t.stats.bytes) == (7, 42, want.nbytes)
         if t.mode == "direct":
-            assert t.stats.disk_bytes >= want.nbytes and t.stats.disk_bytes % tables.BLOCK in (0, g.file_size % tables.BLOCK)
+            assert t.stats.disk_bytes >= want.nbytes and t.stats.disk_bytes % tables.BLOCK in (
+                0,
+                g.file_size % tables.BLOCK,
+            )
         else:
             assert t.stats.disk_bytes == 0
         t.close()
@@ -49,7 +56,9 @@ def test_engine_tokens_equal_across_modes(path) -> None:
         eng.model.forward(np.array(prompt), st, all_logits=False)
         toks = []
         for _ in range(6):
-            toks.append(int(eng.model.forward(np.array(toks[-1:] or [prompt[-1]]), st, all_logits=False)[-1].argmax()))
+            toks.append(
+                int(eng.model.forward(np.array(toks[-1:] or [prompt[-1]]), st, all_logits=False)[-1].argmax())
+            )
         runs[mode] = (logits, toks, eng.model.ple_stats.rows)
     for mode in ("ram", "direct"):
         np.testing.assert_array_equal(runs[mode][0], runs["mmap"][0], err_msg=mode)
@@ -58,7 +67,9 @@ def test_engine_tokens_equal_across_modes(path) -> None:
 
 def test_auto_and_bad_values() -> None:
     assert tables.choose("auto", 10 << 30, 32 << 30) == "ram"
-    assert tables.choose("auto", 28 << 30, 32 << 30) == "direct"  # the seeds' 28.8 GiB table on a 32 GB machine
+    assert (
+        tables.choose("auto", 28 << 30, 32 << 30) == "direct"
+    )  # the seeds' 28.8 GiB table on a 32 GB machine
     assert tables.choose("mmap", 1, 1 << 40) == "mmap"
     with pytest.raises(ConfigError, match="ple_io"):
         Engine.load(None, ple_io="fast")  # refused before anything loads

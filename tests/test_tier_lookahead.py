@@ -14,12 +14,12 @@ import json
 
 import numpy as np
 import pytest
-from strata.tiers import trace
-from strata.tiers.lookahead import pick
 from test_tiers import _fixture, _greedy
 
 from strata.engine import Engine
 from strata.gpu.kernels import tiers as kt
+from strata.tiers import trace
+from strata.tiers.lookahead import pick
 
 PROMPT = list(range(30, 60))
 
@@ -38,8 +38,11 @@ def test_every_k_gives_the_all_resident_tokens(arch):
             table = real(li)
             if cache._ahead is not None:
                 base = cache._ahead_store.bases[0]
-                read.extend(e for e in cache._ahead[1].tolist() if table[0, e] - base in
-                            range(0, k * cache.layout.strides[0], cache.layout.strides[0]))
+                read.extend(
+                    e
+                    for e in cache._ahead[1].tolist()
+                    if table[0, e] - base in range(0, k * cache.layout.strides[0], cache.layout.strides[0])
+                )
             return table
 
         cache.layer_table = spy  # type: ignore[method-assign]
@@ -72,8 +75,15 @@ def test_a_trace_recorded_with_prefetch_replays_its_counters(tmp_path, capsys, n
     from strata.cli import main
 
     out = tmp_path / "routes.npz"
-    eng = Engine.load(_fixture("qwen3moe"), device="cpu", backend="numpy", expert_cache="50%", prefetch=2,
-                      cache_policy=name, record_routes=str(out))
+    eng = Engine.load(
+        _fixture("qwen3moe"),
+        device="cpu",
+        backend="numpy",
+        expert_cache="50%",
+        prefetch=2,
+        cache_policy=name,
+        record_routes=str(out),
+    )
     res = _greedy(eng, PROMPT, 10)
     eng.expert_cache.recorder.save()
     ahead = trace.load_ahead(out)

@@ -14,6 +14,7 @@ import json
 
 import numpy as np
 import pytest
+
 from strata.tiers import policy, sim, trace
 
 
@@ -40,7 +41,9 @@ def test_adaptive_is_at_least_lru_with_fewer_swaps(ids, slots) -> None:
 
 
 def test_adaptive_doubles_the_static_profile_at_64(ids) -> None:
-    assert sim.simulate(ids, 512, 64, "adaptive").hit_rate >= 2 * sim.simulate(ids, 512, 64, "static").hit_rate
+    assert (
+        sim.simulate(ids, 512, 64, "adaptive").hit_rate >= 2 * sim.simulate(ids, 512, 64, "static").hit_rate
+    )
 
 
 def _step(p: policy.Policy, row: list[int]) -> int:
@@ -119,7 +122,9 @@ def test_cli_round_trip(tmp_path, capsys) -> None:
     assert all(len(set(row)) == 10 for row in ids[:, 0])  # a token routes to distinct experts
     assert main(["tiers", "simulate", str(out), "--sweep", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert {(r["policy"], r["slots"]) for r in got} == {(p, s) for p in policy.POLICIES for s in (32, 64, 128, 256)}
+    assert {(r["policy"], r["slots"]) for r in got} == {
+        (p, s) for p in policy.POLICIES for s in (32, 64, 128, 256)
+    }
     want = sim.simulate(ids, n_expert, 64, "lru")
     assert next(r for r in got if r["policy"] == "lru" and r["slots"] == 64)["hits"] == want.hits
 
@@ -133,7 +138,9 @@ def test_a_recorded_trace_replays_to_the_engines_own_counters(tmp_path, capsys) 
     from strata.engine import Engine
 
     out = tmp_path / "routes.npz"
-    eng = Engine.load(_fixture("qwen3moe"), device="cpu", backend="numpy", expert_cache="50%", record_routes=str(out))
+    eng = Engine.load(
+        _fixture("qwen3moe"), device="cpu", backend="numpy", expert_cache="50%", record_routes=str(out)
+    )
     res = _greedy(eng, list(range(30, 60)), 6)
     eng.expert_cache.recorder.save()
     use = res.timings.experts
@@ -157,8 +164,9 @@ def test_engine_policies_keep_the_tokens_and_replay_exactly(tmp_path, capsys, na
     path, prompt = _fixture("qwen3moe"), list(range(30, 60))
     want = _greedy(Engine.load(path, device="cpu", backend="numpy"), prompt, 8).tokens
     out = tmp_path / "routes.npz"
-    eng = Engine.load(path, device="cpu", backend="numpy", expert_cache="50%", cache_policy=name,
-                      record_routes=str(out))
+    eng = Engine.load(
+        path, device="cpu", backend="numpy", expert_cache="50%", cache_policy=name, record_routes=str(out)
+    )
     res = _greedy(eng, prompt, 8)
     assert res.tokens == want
     assert eng.expert_cache.swaps > 0

@@ -56,7 +56,7 @@ def test_any_cache_size_gives_the_all_resident_tokens(arch):
         staged: list[int] = []
         real = cache.stage_rows
 
-        def spy(st, li, staged=staged, real=real):  # noqa: ANN001 - records which layers borrowed slots
+        def spy(st, li, staged=staged, real=real):
             staged.append(li)
             return real(st, li)
 
@@ -84,7 +84,9 @@ def test_any_cache_size_gives_the_all_resident_tokens(arch):
         assert (
             t["pcie_bytes"] == (t["expert_lookups"] - t["expert_hits"]) * per_expert
         )  # every layer alike here
-        assert cache.layer_lookups.sum() == t["prompt_expert_lookups"] + t["expert_lookups"]  # per layer: the same
+        assert (
+            cache.layer_lookups.sum() == t["prompt_expert_lookups"] + t["expert_lookups"]
+        )  # per layer: the same
         assert cache.layer_hits.sum() == t["prompt_expert_hits"] + t["expert_hits"]
 
 
@@ -230,7 +232,9 @@ def test_a_scattered_placement_still_double_buffers_its_staging():
 
     n_l, n_e = 48, 512
     parts = (Part("g", 12, 512, 2048, 1152), Part("u", 12, 512, 2048, 1152), Part("d", 14, 2048, 512, 420))
-    lay = ExpertLayout(n_e, 10, tuple(ExpertLayer(i, parts) for i in range(n_l)), (512 * 1152, 512 * 1152, 2048 * 420))
+    lay = ExpertLayout(
+        n_e, 10, tuple(ExpertLayer(i, parts) for i in range(n_l)), (512 * 1152, 512 * 1152, 2048 * 420)
+    )
 
     class Slots:
         bases = (0, 1 << 40, 2 << 40)
@@ -242,7 +246,9 @@ def test_a_scattered_placement_still_double_buffers_its_staging():
             pass
 
     class Arena:
-        bases = np.array([[(3 << 40) + li * (1 << 32) + p * (1 << 30) for p in range(3)] for li in range(n_l)])
+        bases = np.array(
+            [[(3 << 40) + li * (1 << 32) + p * (1 << 30) for p in range(3)] for li in range(n_l)]
+        )
         strides = np.array([lay.strides] * n_l, np.int64)
 
     for prof in (None, Profile(np.random.default_rng(0).random((n_l, n_e)) ** 4, 1)):

@@ -179,7 +179,9 @@ def test_derive_merges_matches_transformers_generate_merges():
 
     rng = np.random.default_rng(0)
     alphabet = list("ab▁c\x00é😀")
-    tokens = list(dict.fromkeys(alphabet + ["".join(rng.choice(alphabet, rng.integers(2, 6))) for _ in range(400)]))
+    tokens = list(
+        dict.fromkeys(alphabet + ["".join(rng.choice(alphabet, rng.integers(2, 6))) for _ in range(400)])
+    )
     tokens += ["ab" * 20, "a" * 33, "ab" * 17]  # longer than the 32-char hash width
     vocab = {t: i for i, t in enumerate(tokens)}
     scores = rng.integers(-5, 0, len(tokens)).astype(np.float64)  # many ties
@@ -191,8 +193,15 @@ def test_sentencepiece_with_space_prefix_strips_on_decode():
     """A Llama-style vocab (add_space_prefix) prepends ▁ to the text and strips it on decode."""
     tokens = ["<unk>", "<s>", "</s>", "▁", "h", "i", "▁h", "▁hi", "hi"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [2, CONTROL, CONTROL] + [NORMAL] * 6 + [6] * 256
-    meta = _meta(tokens, types, model="llama", scores=np.arange(len(tokens), 0, -1, dtype=np.float32),
-                 bos_token_id=1, eos_token_id=2, unknown_token_id=0)
+    meta = _meta(
+        tokens,
+        types,
+        model="llama",
+        scores=np.arange(len(tokens), 0, -1, dtype=np.float32),
+        bos_token_id=1,
+        eos_token_id=2,
+        unknown_token_id=0,
+    )
     tok = Tokenizer(build_tokenizer(meta), meta)
     assert tok.add_bos  # SentencePiece vocabularies add BOS unless told otherwise
     ids = tok.encode("hi hi")

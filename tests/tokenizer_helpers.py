@@ -31,7 +31,7 @@ EXTRA_CORPUS: list[str] = [
     "    \n        x = 1\n",  # deep indentation
     "x" * 300 + " " * 40 + "y",  # long runs
     "<think>\nreasoning\n</think>\n\nanswer",  # user-defined tokens for Qwen3
-    "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+    '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>',
     "<|endoftext|><bos><eos><|im_end|>",  # back-to-back special texts
     "<|im_end",  # a special token's prefix must not match
     "\u200b\u200d\ufeff zero-width",  # format characters

@@ -24,12 +24,12 @@ import time
 from typing import Any
 
 import numpy as np
-from strata.tiers.layout import ExpertLayout
-from strata.tiers.telemetry import note
 
 from strata.console.progress import ProgressBar
 from strata.errors import ConfigError
 from strata.gguf import GGUFFile
+from strata.tiers.layout import ExpertLayout
+from strata.tiers.telemetry import note
 
 
 class MmapArena:
@@ -64,8 +64,10 @@ class RowArena:
         for p, a in enumerate(self.arrays):
             self.addrs[li, p, e] = int(a.ctypes.data) + self.row[li, e] * a.shape[1]
         if self.complete:  # rows li * E + e: a base and a stride a layer, as the CPU share's templates read
-            self.bases = np.array([[int(a.ctypes.data) + i * n_e * a.shape[1] for a in self.arrays]
-                                   for i in range(n_l)], np.int64)
+            self.bases = np.array(
+                [[int(a.ctypes.data) + i * n_e * a.shape[1] for a in self.arrays] for i in range(n_l)],
+                np.int64,
+            )
             self.strides = np.array([[a.shape[1] for a in self.arrays] for _ in layout.layers], np.int64)
         self.fill_s = self._fill(gguf, layout)
 

@@ -34,8 +34,12 @@ def _size(n: int) -> str:
 
 def _line(n: int, trained: int, kv_per_token: int, seqs: int, why: str) -> ContextChoice:
     which = "the trained context" if n == trained else f"of the trained {trained:,}"
-    return ContextChoice(n, trained, f"context: {n:,} tokens ({which}), KV {kv_per_token / 1024:,.1f} KiB a token "
-                                     f"x {seqs} sequence(s): {why}")
+    return ContextChoice(
+        n,
+        trained,
+        f"context: {n:,} tokens ({which}), KV {kv_per_token / 1024:,.1f} KiB a token "
+        f"x {seqs} sequence(s): {why}",
+    )
 
 
 def _cut(trained: int, allowance: int, per_token: int) -> int:
@@ -51,12 +55,22 @@ def on_gpu(trained: int, kv_per_token: int, seqs: int, room: int, experts: int) 
     allowance = max(int(KV_SHARE * room), room - experts)
     n = _cut(trained, allowance, seqs * kv_per_token)
     if n == trained:
-        return _line(n, trained, kv_per_token, seqs,
-                     f"{_size(need)}, within {KV_SHARE:.0%} of the {_size(room)} the dense part leaves")
-    return _line(n, trained, kv_per_token, seqs,
-                 f"at the trained context the KV would take {_size(need)} of the {_size(room)} the dense part "
-                 f"leaves; it keeps {_size(allowance)}, the rest holds experts (--ctx-size sets it, at the cache's "
-                 "expense)")
+        return _line(
+            n,
+            trained,
+            kv_per_token,
+            seqs,
+            f"{_size(need)}, within {KV_SHARE:.0%} of the {_size(room)} the dense part leaves",
+        )
+    return _line(
+        n,
+        trained,
+        kv_per_token,
+        seqs,
+        f"at the trained context the KV would take {_size(need)} of the {_size(room)} the dense part "
+        f"leaves; it keeps {_size(allowance)}, the rest holds experts (--ctx-size sets it, at the cache's "
+        "expense)",
+    )
 
 
 def on_cpu(trained: int, kv_per_token: int, seqs: int, available: int) -> ContextChoice:
@@ -65,6 +79,11 @@ def on_cpu(trained: int, kv_per_token: int, seqs: int, available: int) -> Contex
     allowance = int(RAM_SHARE * available)
     if need <= allowance:
         return _line(trained, trained, kv_per_token, seqs, f"{_size(need)} in RAM when full")
-    return _line(_cut(trained, allowance, seqs * kv_per_token), trained, kv_per_token, seqs,
-                 f"at the trained context the KV would take {_size(need)}, more than {RAM_SHARE:.0%} of the "
-                 f"{_size(available)} of RAM available (--kv-type int8 holds a longer one; --ctx-size sets it)")
+    return _line(
+        _cut(trained, allowance, seqs * kv_per_token),
+        trained,
+        kv_per_token,
+        seqs,
+        f"at the trained context the KV would take {_size(need)}, more than {RAM_SHARE:.0%} of the "
+        f"{_size(available)} of RAM available (--kv-type int8 holds a longer one; --ctx-size sets it)",
+    )

@@ -31,7 +31,9 @@ import numpy as np
 
 from strata.errors import ConfigError
 
-PREFETCH_MAX = 32  # most experts one layer prefetches (the kernel keeps its picks in a shared array this size)
+PREFETCH_MAX = (
+    32  # most experts one layer prefetches (the kernel keeps its picks in a shared array this size)
+)
 STATS = 6  # the device counters PrefetchCounts.add takes, in its field order
 # default K: on the H200 (80B shape, 24 GiB) the copies ran ~43 us a layer at 42 GB/s, about one 1.69 MiB expert
 # (two at b=4); more picks only queue behind them (the copy stops at the router)
@@ -58,8 +60,15 @@ class PrefetchCounts:
     copied_bytes: int = 0
     copy_ns: int = 0
 
-    def add(self, staged: int, used: int, used_bytes: int, wasted_bytes: int, copied_bytes: int = 0,
-            copy_ns: int = 0) -> None:
+    def add(
+        self,
+        staged: int,
+        used: int,
+        used_bytes: int,
+        wasted_bytes: int,
+        copied_bytes: int = 0,
+        copy_ns: int = 0,
+    ) -> None:
         self.staged += staged
         self.used += used
         self.used_bytes += used_bytes
@@ -72,15 +81,23 @@ class PrefetchCounts:
         return self.used / self.staged if self.staged else 0.0
 
     def status(self) -> dict[str, float | int]:
-        return {"staged_parts": self.staged, "used_parts": self.used, "accuracy": round(self.accuracy, 4),
-                "saved_bytes": self.used_bytes, "wasted_bytes": self.wasted_bytes, "copied_bytes": self.copied_bytes,
-                "copy_seconds": round(self.copy_ns / 1e9, 6)}
+        return {
+            "staged_parts": self.staged,
+            "used_parts": self.used,
+            "accuracy": round(self.accuracy, 4),
+            "saved_bytes": self.used_bytes,
+            "wasted_bytes": self.wasted_bytes,
+            "copied_bytes": self.copied_bytes,
+            "copy_seconds": round(self.copy_ns / 1e9, 6),
+        }
 
     def line(self) -> str:
         rate = self.copied_bytes / self.copy_ns if self.copy_ns else 0.0  # bytes/ns = GB/s
-        return (f"lookahead prefetch: {self.used:,} of {self.staged:,} staged expert parts used ({self.accuracy:.1%}); "
-                f"{self.used_bytes / 2**30:,.2f} GiB read ahead, {self.wasted_bytes / 2**30:,.2f} GiB wasted; copies "
-                f"moved {self.copied_bytes / 2**30:,.2f} GiB in {self.copy_ns / 1e9:,.3f} s ({rate:,.1f} GB/s)")
+        return (
+            f"lookahead prefetch: {self.used:,} of {self.staged:,} staged expert parts used ({self.accuracy:.1%}); "
+            f"{self.used_bytes / 2**30:,.2f} GiB read ahead, {self.wasted_bytes / 2**30:,.2f} GiB wasted; copies "
+            f"moved {self.copied_bytes / 2**30:,.2f} GiB in {self.copy_ns / 1e9:,.3f} s ({rate:,.1f} GB/s)"
+        )
 
 
 # passes of up to this many rows prefetch (the GPU's GEMV_ROWS: its decode passes); longer ones borrow slots

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from strata.errors import ConfigError
 from strata.tiers.budget import GIB, MIB, VramPlan
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.ram import arena_rows, ring_bytes
 from strata.tiers.share import ZERO_COPY_EFFICIENCY, choose
-
-from strata.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,16 +105,24 @@ def predict(
     bound = 1 / (vram_time + max((miss - mapped) / pcie, mapped / disk))  # the CPU reads the mapping
     n_l = len(layout.layers) if layout is not None else 1
     forced = mapped / miss if miss else 0.0
-    sp = choose(miss / n_l, pcie * ZERO_COPY_EFFICIENCY, cpu_gbps * 1e9, cpu_fixed_s,
-                pcie_frac if cpu_gbps > 0 or pcie_frac is not None else (None if forced else 1.0),
-                forced, disk)
+    sp = choose(
+        miss / n_l,
+        pcie * ZERO_COPY_EFFICIENCY,
+        cpu_gbps * 1e9,
+        cpu_fixed_s,
+        pcie_frac if cpu_gbps > 0 or pcie_frac is not None else (None if forced else 1.0),
+        forced,
+        disk,
+    )
     if sp.chosen != "auto" and cpu_gbps <= 0 and sp.pcie_frac < 1 - forced:
         raise ConfigError("--cpu-gbps", cpu_gbps, "a CPU share (--pcie-frac < 1) needs the CPU pool's rate")
     decode = 1 / (vram_time + n_l * sp.layer_s)
     why = sp.why(miss / n_l) if miss and cpu_gbps > 0 else ""
     if forced:
-        why += (f"{'; ' if why else ''}{forced:.0%} of the misses are only in the file's mapping: the "
-                f"CPU's, read at {disk_gbps:g} GB/s (--disk-gbps)")
+        why += (
+            f"{'; ' if why else ''}{forced:.0%} of the misses are only in the file's mapping: the "
+            f"CPU's, read at {disk_gbps:g} GB/s (--disk-gbps)"
+        )
     total = layout.total_bytes if layout is not None else 0
     missing_bytes = (1 - hit) * total
     mmap_bytes = n_mmap / n_total * total if n_total else 0.0
@@ -125,8 +132,16 @@ def predict(
     per_token = {"vram": dense_per_token + hit * routed, "pinned": miss - mapped, "mmap": mapped}
     counts = {"vram": plan.n_slots, "pinned": held if tiered else 0, "mmap": n_mmap}
     sizes = {"vram": plan.n_slots * plan.slot_bytes, "pinned": arena + ring, "mmap": int(mmap_bytes)}
-    tiers = {k: {"experts": counts[k], "bytes": sizes[k], "bytes_per_token": per_token[k],
-                 "gbps": rates[k] / 1e9, "ms_per_token": per_token[k] / rates[k] * 1e3} for k in rates}
+    tiers = {
+        k: {
+            "experts": counts[k],
+            "bytes": sizes[k],
+            "bytes_per_token": per_token[k],
+            "gbps": rates[k] / 1e9,
+            "ms_per_token": per_token[k] / rates[k] * 1e3,
+        }
+        for k in rates
+    }
     return Prediction(
         plan.budget,
         plan.dense,
@@ -183,15 +198,22 @@ def table(p: Prediction) -> str:
         rows.append(
             (
                 "pinned RAM",
-                ("every expert (misses read over PCIe)" if every else
-                 f"{p.arena_experts:,} more experts (misses read over PCIe), bounce ring "
-                 f"{p.ring_bytes / MIB:,.1f} MiB") if p.arena_bytes else "(all resident)",
+                (
+                    "every expert (misses read over PCIe)"
+                    if every
+                    else f"{p.arena_experts:,} more experts (misses read over PCIe), bounce ring "
+                    f"{p.ring_bytes / MIB:,.1f} MiB"
+                )
+                if p.arena_bytes
+                else "(all resident)",
                 f"{(p.arena_bytes + p.ring_bytes) / MIB:,.0f} MiB",
             )
         )
         if p.mmap_experts:
-            what = (f"{p.mmap_experts:,} experts only in the file's mapping (page cache or disk; misses on "
-                    "the CPU, prefill stages them)")
+            what = (
+                f"{p.mmap_experts:,} experts only in the file's mapping (page cache or disk; misses on "
+                "the CPU, prefill stages them)"
+            )
             rows.append(("mmap", what, f"{p.mmap_bytes / MIB:,.0f} MiB"))
         rows.append(("disk", "the GGUF, memory-mapped (read once to fill the tiers)", ""))
     w = [max(len(r[i]) for r in rows) for i in range(3)]
@@ -202,13 +224,22 @@ def table(p: Prediction) -> str:
         out.append(
             f"expected hit rate (uniform routing): {p.hit_rate_uniform:.1%}; per token "
             f"{p.routed_bytes_per_token / 1e6:,.0f} MB of experts, {p.pcie_bytes_per_token / 1e6:,.0f} MB "
-            "over PCIe" + (f", {p.mmap_bytes_per_token / 1e6:,.0f} MB from the file's mapping on the CPU"
-                           if p.mmap_bytes_per_token else "")
+            "over PCIe"
+            + (
+                f", {p.mmap_bytes_per_token / 1e6:,.0f} MB from the file's mapping on the CPU"
+                if p.mmap_bytes_per_token
+                else ""
+            )
         )
     if p.tiers is not None and p.experts_total:
-        out.append("per decode token: " + "; ".join(
-            f"{k} {t['bytes_per_token'] / 1e6:,.1f} MB at {t['gbps']:,.1f} GB/s = {t['ms_per_token']:,.2f} ms"
-            for k, t in p.tiers.items() if t["bytes_per_token"] or k == "vram"))
+        out.append(
+            "per decode token: "
+            + "; ".join(
+                f"{k} {t['bytes_per_token'] / 1e6:,.1f} MB at {t['gbps']:,.1f} GB/s = {t['ms_per_token']:,.2f} ms"
+                for k, t in p.tiers.items()
+                if t["bytes_per_token"] or k == "vram"
+            )
+        )
     if p.split_why:
         out.append(p.split_why)
     out.append(

@@ -46,8 +46,14 @@ def window_hits(p: Policy, ids: np.ndarray) -> np.ndarray:
     return p.resident[layer, ids].sum(axis=(0, 2))
 
 
-def _admit(resident: np.ndarray, prio: np.ndarray, cand: np.ndarray, slots: np.ndarray, margin: float,
-           budget: int | None) -> None:
+def _admit(
+    resident: np.ndarray,
+    prio: np.ndarray,
+    cand: np.ndarray,
+    slots: np.ndarray,
+    margin: float,
+    budget: int | None,
+) -> None:
     """Swap candidates (bool [L, E], not resident) in, in place: per layer the best candidates fill free slots,
     then replace the weakest residents while `prio[c] > prio[r] * (1 + margin)`."""
     if budget == 0:
@@ -72,7 +78,9 @@ def _admit(resident: np.ndarray, prio: np.ndarray, cand: np.ndarray, slots: np.n
     r_start = np.searchsorted(rr, np.arange(n_l))
     r_count = np.bincount(rr, minlength=n_l)
     c_start = np.searchsorted(cr, cr)
-    j = np.arange(len(cr)) - c_start - free[cr]  # candidate takes a free slot (j < 0) or its layer's j-th weakest
+    j = (
+        np.arange(len(cr)) - c_start - free[cr]
+    )  # candidate takes a free slot (j < 0) or its layer's j-th weakest
     has = (j >= 0) & (j < r_count[cr])
     paired = np.full(len(cr), np.inf)
     paired[has] = rv[r_start[cr[has]] + j[has]]
@@ -111,8 +119,12 @@ class Lru:
     def update(self, ids: np.ndarray, budget: int | None = None) -> None:
         t, n_l, a = ids.shape
         n_e = self.stamp.shape[1]
-        key = (np.arange(n_l)[None, :, None] * n_e + ids).reshape(-1)  # (t, l, slot) order: later is more recent
-        order = np.broadcast_to(self.clock + np.arange(t)[:, None, None] * a + np.arange(a), ids.shape).reshape(-1)
+        key = (np.arange(n_l)[None, :, None] * n_e + ids).reshape(
+            -1
+        )  # (t, l, slot) order: later is more recent
+        order = np.broadcast_to(
+            self.clock + np.arange(t)[:, None, None] * a + np.arange(a), ids.shape
+        ).reshape(-1)
         uniq, last = np.unique(key[::-1], return_index=True)  # each expert's last lookup of the window
         self.stamp.reshape(-1)[uniq] = order[::-1][last]
         used = self.stamp >= self.clock
@@ -122,7 +134,9 @@ class Lru:
 
 class Adaptive:
     # decay 0.85 measured best of 0.8-0.9 on the calibrated synthetic trace (tests/test_tier_sim.py)
-    def __init__(self, slots: np.ndarray, start: np.ndarray, decay: float = 0.85, margin: float = 0.25) -> None:
+    def __init__(
+        self, slots: np.ndarray, start: np.ndarray, decay: float = 0.85, margin: float = 0.25
+    ) -> None:
         self.slots = np.asarray(slots, np.int64)
         self.decay, self.margin = decay, margin
         self.resident = np.asarray(start, bool).copy()
@@ -144,8 +158,14 @@ def check_policy(name: str, flag: str = "--cache-policy") -> None:
         raise ConfigError(flag, name, f"must be one of {', '.join(POLICIES)}")
 
 
-def make(name: str, slots: np.ndarray | int, n_expert: int, profile: np.ndarray | None = None,
-         start: np.ndarray | None = None, n_layers: int = 1) -> Policy:
+def make(
+    name: str,
+    slots: np.ndarray | int,
+    n_expert: int,
+    profile: np.ndarray | None = None,
+    start: np.ndarray | None = None,
+    n_layers: int = 1,
+) -> Policy:
     """A policy over every layer. `start` [L, E] bool: what the slots hold at the start (the engine's fill),
     which every policy takes over, each layer keeping as many slots; else `slots` per layer, empty at the start
     except for static, whose set is each layer's `slots` most used experts in `profile` (use counts [L, E])."""

@@ -27,7 +27,9 @@ import numpy as np
 from strata.errors import ConfigError
 
 MODES = ("auto", "off")
-CACHE_ENV = "STRATA_CACHE_DIR"  # where profiles and digests live (default: beside the JIT cache, ~/.cache/strata)
+CACHE_ENV = (
+    "STRATA_CACHE_DIR"  # where profiles and digests live (default: beside the JIT cache, ~/.cache/strata)
+)
 
 
 def cache_root(jit_cache: str | None) -> Path:
@@ -139,8 +141,9 @@ class Keeper:
     """The engine's side: counts while it serves and saves at exit under the model's digest, computed on a helper
     thread when it is not known yet."""
 
-    def __init__(self, root: Path, gguf: object, profile: Profile, digest: str | None,
-                 saved: Profile | None = None) -> None:
+    def __init__(
+        self, root: Path, gguf: object, profile: Profile, digest: str | None, saved: Profile | None = None
+    ) -> None:
         self.root, self.profile, self.digest = root, profile, digest
         self.saved = saved  # the profile this start filled the cache from, if there was one
         self._gguf = gguf
@@ -149,7 +152,9 @@ class Keeper:
     def start(self) -> None:
         """Counting begins: hash the file on a helper thread if its digest is not known yet."""
         if self.digest is None and self._thread is None:
-            self._thread = threading.Thread(target=self._hash, args=(self._gguf,), name="strata-digest", daemon=True)
+            self._thread = threading.Thread(
+                target=self._hash, args=(self._gguf,), name="strata-digest", daemon=True
+            )
             self._thread.start()
 
     def _hash(self, gguf: object) -> None:

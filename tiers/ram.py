@@ -21,12 +21,12 @@ ring is the part a budget must at least hold.
 from __future__ import annotations
 
 import numpy as np
+
+from strata.errors import ConfigError
 from strata.tiers.budget import MIB
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.profile import Profile
 from strata.tiers.ring import RING_BUFFERS, RING_EXPERTS, ring_buffer_bytes
-
-from strata.errors import ConfigError
 
 FLAG = "ram_budget_mib"
 # passes of up to this many rows are decode passes, whose mapped-only misses the CPU computes in place; longer

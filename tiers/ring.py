@@ -58,8 +58,14 @@ def merged(load: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int]]:
 
 
 class BounceRing:
-    def __init__(self, buffers: list[int], size: int, put: Callable[[int, int, int], None],
-                 mark: Callable[[int], None], wait: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        buffers: list[int],
+        size: int,
+        put: Callable[[int, int, int], None],
+        mark: Callable[[int], None],
+        wait: Callable[[int], None],
+    ) -> None:
         """buffers: the host addresses of RING_BUFFERS buffers of `size` bytes each."""
         self.buffers, self.size = buffers, size
         self.put, self.mark, self.wait = put, mark, wait
@@ -86,8 +92,13 @@ class BounceRing:
 def host_ring(size: int) -> tuple[BounceRing, list[np.ndarray]]:
     """The CPU stand-in's ring: numpy buffers, device copies as memmoves (done at once)."""
     bufs = [np.zeros(max(size, 1), np.uint8) for _ in range(RING_BUFFERS)]
-    ring = BounceRing([int(b.ctypes.data) for b in bufs], size, lambda d, s, n: ctypes.memmove(d, s, n),
-                      lambda b: None, lambda b: None)
+    ring = BounceRing(
+        [int(b.ctypes.data) for b in bufs],
+        size,
+        lambda d, s, n: ctypes.memmove(d, s, n),
+        lambda b: None,
+        lambda b: None,
+    )
     return ring, bufs
 
 

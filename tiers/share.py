@@ -69,8 +69,15 @@ class Split:
         )
 
 
-def choose(miss_bytes: float, pcie_bps: float, cpu_bps: float, fixed_s: float, given: float | None = None,
-           forced: float = 0.0, mapped_bps: float = float("inf")) -> Split:
+def choose(
+    miss_bytes: float,
+    pcie_bps: float,
+    cpu_bps: float,
+    fixed_s: float,
+    given: float | None = None,
+    forced: float = 0.0,
+    mapped_bps: float = float("inf"),
+) -> Split:
     """The split for M = miss_bytes per layer and token (given: --pcie-frac, else the balance point);
     forced: the share the CPU must take (misses only the file's mapping holds), read at min(the CPU's
     rate, mapped_bps)."""
@@ -112,7 +119,9 @@ def parse_pcie_frac(value: str, flag: str = "--pcie-frac") -> float | None:
     except ValueError:
         v = float("nan")
     if not 0.0 <= v <= 1.0:
-        raise ConfigError(flag, value, "must be auto or a share of the misses read over PCIe, 0..1 (0: all on the CPU)")
+        raise ConfigError(
+            flag, value, "must be auto or a share of the misses read over PCIe, 0..1 (0: all on the CPU)"
+        )
     return v
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import numpy as np
+
 from strata.tiers import policy
 from strata.tiers.lookahead import PrefetchCounts, pick, score
 from strata.tiers.trace import Ahead
@@ -37,9 +38,17 @@ class Result:
         return {**asdict(self), "hit_rate": self.hit_rate}
 
 
-def simulate(ids: np.ndarray, n_expert: int, slots: int, name: str, profile_share: float = 0.5,
-             resident: np.ndarray | None = None, windows: np.ndarray | None = None,
-             budget: int | None = None, ahead: Ahead | None = None) -> Result:
+def simulate(
+    ids: np.ndarray,
+    n_expert: int,
+    slots: int,
+    name: str,
+    profile_share: float = 0.5,
+    resident: np.ndarray | None = None,
+    windows: np.ndarray | None = None,
+    budget: int | None = None,
+    ahead: Ahead | None = None,
+) -> Result:
     """ids [T, L, A]: the trace; slots per layer; each token its own window unless `windows` (tokens per
     window, as the engine's passes were) says otherwise; `budget`: experts brought in per window at most.
     `resident` [L, E]: the placement the engine started from (then the whole trace is scored, as the engine's
@@ -80,6 +89,8 @@ def _stage(pf: PrefetchCounts, resident: np.ndarray, pred: np.ndarray, ids: np.n
             pf.add(*score(pick(rows, ~resident[li], ahead.k), ids[:, li], int(ahead.expert_bytes[li])))
 
 
-def sweep(ids: np.ndarray, n_expert: int, sizes: list[int], names: tuple[str, ...] = policy.POLICIES) -> list[Result]:
+def sweep(
+    ids: np.ndarray, n_expert: int, sizes: list[int], names: tuple[str, ...] = policy.POLICIES
+) -> list[Result]:
     """The hit-rate vs cache-size curve of every policy."""
     return [simulate(ids, n_expert, s, n) for s in sizes for n in names]

@@ -37,6 +37,9 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+
+from strata.errors import ConfigError
+from strata.gguf import GGUFFile
 from strata.tiers.budget import cache_request
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.lookahead import AHEAD_ROWS, PrefetchCounts, pick, score
@@ -45,9 +48,6 @@ from strata.tiers.profile import Profile
 from strata.tiers.ring import BounceRing, host_ring, ring_buffer_bytes, split_rows
 from strata.tiers.telemetry import TierUse, note
 from strata.tiers.trace import Recorder
-
-from strata.errors import ConfigError
-from strata.gguf import GGUFFile
 
 # Prefill chunks of at least this many tokens stage their misses in borrowed slots. From 256 tokens of
 # top-10-of-512 routing nearly every expert is used, and one copy of each beats zero-copy reads from the
@@ -132,7 +132,9 @@ class ExpertCache:
         self._staging: Staging | None = None
         self._staged = np.zeros(3, np.int64)  # this pass's staged bytes; experts, bytes of those mapped
         self.recorder: Recorder | None = None  # --record-routes (the CPU stand-in's passes)
-        self.policy: Policy | None = None  # --cache-policy lru|adaptive: every layer's residents, between windows
+        self.policy: Policy | None = (
+            None  # --cache-policy lru|adaptive: every layer's residents, between windows
+        )
         self.swap_budget: int | None = None  # experts a window may bring in
         self.swaps = 0  # experts the policy brought in since start
         self.swap_bytes = 0
@@ -140,7 +142,9 @@ class ExpertCache:
         self.layer_lookups = np.zeros(n_l, np.int64)  # [L] since start, decode and prefill
         self.layer_hits = np.zeros(n_l, np.int64)
         self.started = time.monotonic()
-        self._pass_ids: list[np.ndarray | None] = []  # this pass's routed ids [T, A] per layer (recorded, learned)
+        self._pass_ids: list[
+            np.ndarray | None
+        ] = []  # this pass's routed ids [T, A] per layer (recorded, learned)
         # the CPU stand-in's lookahead (--prefetch K): K staging slots, this pass's predictions [T, A] a layer
         self.ahead_k = 0
         self._ahead_store: Bytes | None = None
@@ -198,7 +202,9 @@ class ExpertCache:
 
     def _fill_rows(self, placements: list[tuple[int, int, int]]) -> np.ndarray:
         """The copies [n, 3] that put each (slot, layer, expert)'s expert into its slot."""
-        return np.asarray([r for s, li, e in placements for r in self._copies(li, e, s)], np.int64).reshape(-1, 3)
+        return np.asarray([r for s, li, e in placements for r in self._copies(li, e, s)], np.int64).reshape(
+            -1, 3
+        )
 
     def land(self, placements: list[tuple[int, int, int]]) -> None:
         """Their copies are done: point the tables at the slots still booked for them (a later release may have
@@ -229,8 +235,10 @@ class ExpertCache:
             self.slots.sync()
             dt = max(time.perf_counter() - t, 1e-9)
             nbytes = int(self.expert_bytes[[li for li, _ in order[: self.n_slots]]].sum())
-            note(f"pre-filled {self.n_slots:,} of {self.n_slots:,} slots from the profile in {dt:.1f} s "
-                 f"({nbytes / dt / 1e6:,.0f} MB/s; {profile.tokens:,} tokens counted)")
+            note(
+                f"pre-filled {self.n_slots:,} of {self.n_slots:,} slots from the profile in {dt:.1f} s "
+                f"({nbytes / dt / 1e6:,.0f} MB/s; {profile.tokens:,} tokens counted)"
+            )
 
     def resident(self) -> int:
         return int((self.where >= 0).sum())
@@ -242,12 +250,18 @@ class ExpertCache:
         if name == "static":
             return
         if self.low_ram:  # a leaver only the mapping holds would become a miss the GPU cannot read in place
-            raise ConfigError("cache_policy", name, "with experts only in the file's mapping "
-                              "(ram_budget_mib) the cache keeps its fill (static): their misses are the CPU "
-                              "share's, which cannot follow a policy's swaps; give ram_budget_mib room for "
-                              "every expert, or 0")
+            raise ConfigError(
+                "cache_policy",
+                name,
+                "with experts only in the file's mapping "
+                "(ram_budget_mib) the cache keeps its fill (static): their misses are the CPU "
+                "share's, which cannot follow a policy's swaps; give ram_budget_mib room for "
+                "every expert, or 0",
+            )
         self.policy = make(name, 0, self.layout.n_expert, start=self.booked >= 0)
-        self.swap_budget = None if swap_budget is None else int(swap_budget // max(int(self.expert_bytes.max()), 1))
+        self.swap_budget = (
+            None if swap_budget is None else int(swap_budget // max(int(self.expert_bytes.max()), 1))
+        )
 
     def learn(self, ids: np.ndarray) -> list[tuple[int, int, int]]:
         """After a window: the policy learns from its routing [T, L, A]; the (slot, layer, expert) placements that
@@ -273,8 +287,9 @@ class ExpertCache:
         """Record every pass's routing into `path` (written at exit and by `recorder.save()`)."""
         import atexit
 
-        self.recorder = Recorder(path, self.layout.n_expert, self.where >= 0, self.swap_budget,
-                                 self.ahead_k, self.expert_bytes)
+        self.recorder = Recorder(
+            path, self.layout.n_expert, self.where >= 0, self.swap_budget, self.ahead_k, self.expert_bytes
+        )
         atexit.register(self.recorder.save)
         return self.recorder
 
@@ -317,8 +332,12 @@ class ExpertCache:
         self._pass_pred = [None] * len(self.layout.layers)
         self._staging = self.staging() if n_rows >= self.borrow_min else None
         self._staged = np.zeros(3, np.int64)
-        self.predicting = (self.ahead_k > 0 and n_rows <= AHEAD_ROWS and self._staging is None
-                           and self.resident() < self.layout.n_total)
+        self.predicting = (
+            self.ahead_k > 0
+            and n_rows <= AHEAD_ROWS
+            and self._staging is None
+            and self.resident() < self.layout.n_total
+        )
 
     def layer_table(self, li: int) -> np.ndarray:
         """The addresses [P, E] MoE layer li reads this pass (its misses staged first when borrowing)."""
@@ -396,8 +415,9 @@ class ExpertCache:
         if self.policy is not None and all(x is not None for x in self._pass_ids):
             self.load(self.learn(np.stack(self._pass_ids, axis=1)))  # type: ignore[arg-type]
 
-    def settle(self, rows: np.ndarray, staged: np.ndarray | int, states: list[TierUse],
-               lens: list[int]) -> None:
+    def settle(
+        self, rows: np.ndarray, staged: np.ndarray | int, states: list[TierUse], lens: list[int]
+    ) -> None:
         """Credit per-row counts [N, COLS] (lookups, hits, PCIe bytes, CPU expert calls, experts read from the
         mapping, their bytes) to each sequence and to the engine. A sequence that fed one token decoded; more,
         it prefilled. When the pass staged experts, prefill rows read them from their slots: `staged` [3]
@@ -548,8 +568,13 @@ class NumpyBytes:
         pass
 
 
-def cpu_tiers(gguf: GGUFFile, expert_cache: str, profile: Profile | None = None,
-              ram_budget_mib: float = 0, prefetch: int = 0) -> ExpertCache:
+def cpu_tiers(
+    gguf: GGUFFile,
+    expert_cache: str,
+    profile: Profile | None = None,
+    ram_budget_mib: float = 0,
+    prefetch: int = 0,
+) -> ExpertCache:
     """The tier manager on the CPU: numpy slots stand in for VRAM, the file's mapping for pinned RAM, so
     the slot table, borrowing, lookahead (`prefetch` staging slots) and counters run (and are tested)
     without a GPU. Under a RAM budget that cannot hold every expert, the three tiers of the GPU: numpy copies

@@ -23,10 +23,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from strata.tiers.telemetry import note
 
 from strata.errors import ConfigError
 from strata.gguf import GGUFFile
+from strata.tiers.telemetry import note
 
 MODES = ("auto", "ram", "mmap", "direct")
 BLOCK = 4096  # O_DIRECT's alignment of offsets, lengths and buffers (the logical block of most disks)
@@ -100,8 +100,10 @@ class TableReader:
         err = os.strerror(ctypes.get_errno())
         libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), mmap.MADV_WILLNEED)
         self.mode = "mmap"
-        note(f"PLE table: locking {length / 2**30:,.2f} GiB in RAM was refused ({err}; raise ulimit -l); the rows "
-             "stay with the page cache, read ahead, and may be paged out under memory pressure")
+        note(
+            f"PLE table: locking {length / 2**30:,.2f} GiB in RAM was refused ({err}; raise ulimit -l); the rows "
+            "stay with the page cache, read ahead, and may be paged out under memory pressure"
+        )
 
     def _open_direct(self) -> None:
         try:
@@ -109,7 +111,9 @@ class TableReader:
             self._direct = hasattr(os, "O_DIRECT")
         except OSError as err:
             self._fd, self._direct = os.open(self.path, os.O_RDONLY), False
-            note(f"PLE table: O_DIRECT refused on {self.path} ({err.strerror}); reading rows with plain reads")
+            note(
+                f"PLE table: O_DIRECT refused on {self.path} ({err.strerror}); reading rows with plain reads"
+            )
         self._buf = mmap.mmap(-1, 1 << 20)  # page-aligned scratch for aligned reads, grown as needed
         self._closer = weakref.finalize(self, os.close, self._fd)  # a dropped model gives its descriptor back
 

@@ -37,8 +37,15 @@ class TierCounts:
     mmap_reads: int = 0
     mmap_bytes: int = 0
 
-    def add(self, lookups: int, hits: int, pcie_bytes: int, cpu_calls: int = 0, mmap_reads: int = 0,
-            mmap_bytes: int = 0) -> None:
+    def add(
+        self,
+        lookups: int,
+        hits: int,
+        pcie_bytes: int,
+        cpu_calls: int = 0,
+        mmap_reads: int = 0,
+        mmap_bytes: int = 0,
+    ) -> None:
         self.lookups += lookups
         self.hits += hits
         self.pcie_bytes += pcie_bytes

@@ -72,8 +72,15 @@ class Ahead:
     expert_bytes: np.ndarray
 
 
-def save(path: Path, ids: np.ndarray, n_expert: int, resident: np.ndarray | None = None,
-         windows: np.ndarray | None = None, budget: int | None = None, ahead: Ahead | None = None) -> None:
+def save(
+    path: Path,
+    ids: np.ndarray,
+    n_expert: int,
+    resident: np.ndarray | None = None,
+    windows: np.ndarray | None = None,
+    budget: int | None = None,
+    ahead: Ahead | None = None,
+) -> None:
     """`resident` [L, E] bool: the cache's placement when the recording started; `windows`: tokens per pass
     (the cache changes between passes); `budget`: experts the cache could bring in per pass (None: any);
     `ahead`: the lookahead's predictions (--prefetch K), so a replay stages what the engine staged."""
@@ -83,8 +90,11 @@ def save(path: Path, ids: np.ndarray, n_expert: int, resident: np.ndarray | None
     if budget is not None:
         extra["budget"] = np.int64(budget)
     if ahead is not None:
-        extra.update(prefetch=np.int64(ahead.k), pred=ahead.pred.astype(np.int16),
-                     expert_bytes=np.asarray(ahead.expert_bytes, np.int64))
+        extra.update(
+            prefetch=np.int64(ahead.k),
+            pred=ahead.pred.astype(np.int16),
+            expert_bytes=np.asarray(ahead.expert_bytes, np.int64),
+        )
     np.savez_compressed(path, ids=ids.astype(np.int16), n_expert=np.int64(n_expert), **extra)
 
 
@@ -113,8 +123,15 @@ class Recorder:
     """`--record-routes FILE`: every pass's routed ids, layer by layer, kept in order and written on `save`
     (at exit, or when asked), with the placement the cache had."""
 
-    def __init__(self, path: Path, n_expert: int, resident: np.ndarray, budget: int | None = None,
-                 prefetch: int = 0, expert_bytes: np.ndarray | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        n_expert: int,
+        resident: np.ndarray,
+        budget: int | None = None,
+        prefetch: int = 0,
+        expert_bytes: np.ndarray | None = None,
+    ) -> None:
         self.path, self.n_expert, self.resident, self.budget = path, n_expert, resident.copy(), budget
         self.prefetch, self.expert_bytes = prefetch, expert_bytes
         self._passes: list[np.ndarray] = []  # [T, L, A] per pass: the cache changes between them
@@ -138,5 +155,12 @@ class Recorder:
             ahead = None
             if self.prefetch and self.expert_bytes is not None:
                 ahead = Ahead(self.prefetch, np.concatenate(self._preds), self.expert_bytes)
-            save(self.path, np.concatenate(self._passes), self.n_expert, self.resident,
-                 np.array([len(p) for p in self._passes]), self.budget, ahead)
+            save(
+                self.path,
+                np.concatenate(self._passes),
+                self.n_expert,
+                self.resident,
+                np.array([len(p) for p in self._passes]),
+                self.budget,
+                ahead,
+            )

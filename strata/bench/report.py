@@ -18,7 +18,7 @@ HIDDEN = ("t0", "t1", "requests")  # in the JSON, not the tables
 
 
 def _cell(v: Any) -> str:
-    if v is None or isinstance(v, float) and math.isnan(v):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     if isinstance(v, float):
         return f"{v:.0f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3f}"
@@ -51,7 +51,9 @@ def run_meta(**fields: Any) -> dict[str, Any]:
     return {"started": datetime.now(UTC).isoformat(timespec="seconds"), "cpus": os.cpu_count(), **fields}
 
 
-def engine_result(meta: dict[str, Any], scenarios: dict[str, list[dict[str, Any]]], **raw: Any) -> dict[str, Any]:
+def engine_result(
+    meta: dict[str, Any], scenarios: dict[str, list[dict[str, Any]]], **raw: Any
+) -> dict[str, Any]:
     """An engine bench's result in `strata bench --json`'s shape: meta, then scenarios of rows; `raw`, the
     bench's own fields beside them (what its other scripts read)."""
     return {"meta": meta, "scenarios": {name: {"rows": rows} for name, rows in scenarios.items()}, **raw}

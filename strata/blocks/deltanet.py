@@ -20,8 +20,9 @@ from strata.blocks.norms import sigmoid, silu
 CHUNK = 64  # transformers' chunk size; any size gives the same result up to rounding
 
 
-def causal_conv1d(x: np.ndarray, window: np.ndarray, weight: np.ndarray, dilation: int = 1) -> tuple[
-        np.ndarray, np.ndarray]:
+def causal_conv1d(
+    x: np.ndarray, window: np.ndarray, weight: np.ndarray, dilation: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
     """Depthwise causal convolution over time, continuing from `window`.
 
     x [T, C] new inputs; window [(W-1)*dilation, C] the inputs before them (zeros at the start);
@@ -47,8 +48,9 @@ def normalize_qk(q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return l2norm(q) * scale, l2norm(k)
 
 
-def gated_delta_recurrent(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
-                          state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def gated_delta_recurrent(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, state: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Token-by-token form. q, k [T, H, K]; v [T, H, V]; g, beta [T, H]; state [H, K, V].
 
     Returns o [T, H, V] and the new state.
@@ -64,8 +66,15 @@ def gated_delta_recurrent(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.nda
     return out, s
 
 
-def gated_delta_chunked(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
-                        state: np.ndarray, chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray]:
+def gated_delta_chunked(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    g: np.ndarray,
+    beta: np.ndarray,
+    state: np.ndarray,
+    chunk: int = CHUNK,
+) -> tuple[np.ndarray, np.ndarray]:
     """Chunked (UT-transform) form; same arguments and results as `gated_delta_recurrent`.
 
     Within a chunk the delta-rule writes are condensed by solving (I + A) X = B, A the strictly lower
@@ -110,15 +119,18 @@ def _unit_lower_solve(a: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     return x
 
 
-def gated_delta(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
-                state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def gated_delta(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray, state: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """The form transformers picks: recurrent for a single token, chunked otherwise."""
     if q.shape[0] == 1:
         return gated_delta_recurrent(q, k, v, g, beta, state)
     return gated_delta_chunked(q, k, v, g, beta, state)
 
 
-def gated_rms_norm(x: np.ndarray, weight: np.ndarray, gate: np.ndarray, eps: float, act: str = "silu") -> np.ndarray:
+def gated_rms_norm(
+    x: np.ndarray, weight: np.ndarray, gate: np.ndarray, eps: float, act: str = "silu"
+) -> np.ndarray:
     """RMSNorm of x over the last axis times weight, then times act(gate) (norm before gate)."""
     x = x.astype(np.float32, copy=False)
     normed = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps))

@@ -37,7 +37,9 @@ def grouped_rms_norm(x: np.ndarray, weight: np.ndarray, groups: int, eps: float)
     return normed.reshape(shape) * weight
 
 
-def _read(stream: np.ndarray, w: WeightStore, names: HCNames, n: int, eps: float) -> tuple[np.ndarray, np.ndarray]:
+def _read(
+    stream: np.ndarray, w: WeightStore, names: HCNames, n: int, eps: float
+) -> tuple[np.ndarray, np.ndarray]:
     """The mixed input [T, D] and the normed streams [T, n*D] it came from."""
     t, nd = stream.shape
     normed = grouped_rms_norm(stream, w.vector(names.norm), n, eps)  # [T, n*D]
@@ -46,7 +48,9 @@ def _read(stream: np.ndarray, w: WeightStore, names: HCNames, n: int, eps: float
     return np.mean(mix * normed.reshape(t, n, nd // n), axis=1), normed  # [T, D]
 
 
-def hc_mix(stream: np.ndarray, w: WeightStore, names: HCNames, n: int, eps: float) -> tuple[np.ndarray, np.ndarray]:
+def hc_mix(
+    stream: np.ndarray, w: WeightStore, names: HCNames, n: int, eps: float
+) -> tuple[np.ndarray, np.ndarray]:
     """Before a sublayer: stream [T, n*D] -> its input [T, D] and the injection weights [T, n]."""
     assert names.inject is not None
     mixed, normed = _read(stream, w, names, n, eps)

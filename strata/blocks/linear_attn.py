@@ -70,8 +70,10 @@ class DeltaNetState:
 
     @classmethod
     def empty(cls, p: DeltaNetParams) -> DeltaNetState:
-        return cls(np.zeros((p.conv_kernel - 1, p.conv_channels), np.float32),
-                   np.zeros((p.n_v_heads, p.k_dim, p.v_dim), np.float32))
+        return cls(
+            np.zeros((p.conv_kernel - 1, p.conv_channels), np.float32),
+            np.zeros((p.n_v_heads, p.k_dim, p.v_dim), np.float32),
+        )
 
     def copy(self) -> DeltaNetState:
         return DeltaNetState(self.conv.copy(), self.ssm.copy())
@@ -80,7 +82,9 @@ class DeltaNetState:
         return self.conv.nbytes + self.ssm.nbytes
 
 
-def _beta_alpha(h: np.ndarray, w: WeightStore, layer: int, p: DeltaNetParams) -> tuple[np.ndarray, np.ndarray]:
+def _beta_alpha(
+    h: np.ndarray, w: WeightStore, layer: int, p: DeltaNetParams
+) -> tuple[np.ndarray, np.ndarray]:
     """Beta and alpha logits [T, H] in the file's value-head order."""
     t = h.shape[0]
     if not p.fused_ba:
@@ -112,7 +116,9 @@ def deltanet(h: np.ndarray, w: WeightStore, layer: int, p: DeltaNetParams, st: D
     v = y[:, 2 * nk :].reshape(t, p.n_v_heads, p.v_dim)
     q, k = normalize_qk(_expand(q, p), _expand(k, p))  # [T, H, K]
     beta = sigmoid(b)
-    g = w.vector(tensor(T.SSM_A, layer, "")) * softplus(a + w.vector(tensor(T.SSM_DT, layer, "bias")))  # [T, H]
+    g = w.vector(tensor(T.SSM_A, layer, "")) * softplus(
+        a + w.vector(tensor(T.SSM_DT, layer, "bias"))
+    )  # [T, H]
     o, st.ssm = gated_delta(q, k, v, g.astype(np.float32), beta, st.ssm)  # [T, H, V]
     o = gated_rms_norm(o, w.vector(tensor(T.SSM_NORM, layer)), z, p.eps, p.gate_act)
     return w.matmul(o.reshape(t, p.n_v_heads * p.v_dim), tensor(T.SSM_OUT, layer))

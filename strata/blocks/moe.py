@@ -53,8 +53,9 @@ def dispatch(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, expert: Expert
     return out
 
 
-def swiglu_experts(h: np.ndarray, ids: np.ndarray, weights: np.ndarray, w: WeightStore, gate: str, up: str,
-                   down: str) -> np.ndarray:
+def swiglu_experts(
+    h: np.ndarray, ids: np.ndarray, weights: np.ndarray, w: WeightStore, gate: str, up: str, down: str
+) -> np.ndarray:
     """sum_a weights[t, a] * down_e(silu(gate_e h_t) * up_e h_t) over the routed experts (3-D tensors
     [E, out, in]): fused on the JIT expert pool when the store has one and it reads these types (each
     used expert's weights read once per call), else one numpy dispatch per used expert. With expert
@@ -99,8 +100,9 @@ def lookahead(x: np.ndarray, w: WeightStore, layer: int, norm: str, eps: float, 
     cache.stage_ahead(cache.layer_of[layer], pred)
 
 
-def _tiered(h: np.ndarray, ids: np.ndarray, weights: np.ndarray, w: WeightStore, cache: ExpertCache,
-            gate: str) -> np.ndarray:
+def _tiered(
+    h: np.ndarray, ids: np.ndarray, weights: np.ndarray, w: WeightStore, cache: ExpertCache, gate: str
+) -> np.ndarray:
     """The routed experts of one MoE layer, each read at the address the expert cache gives for it (a staged
     copy when the lookahead staged the expert)."""
     li = cache.by_name[gate]

@@ -39,8 +39,15 @@ def ngram_hashes(seq: np.ndarray, multipliers: np.ndarray, eos: int) -> list[np.
     return out
 
 
-def ngram_rows(history: np.ndarray, tokens: np.ndarray, multipliers: np.ndarray, vocab_sizes: np.ndarray,
-               offsets: np.ndarray, heads_per_ngram: int, eos: int) -> np.ndarray:
+def ngram_rows(
+    history: np.ndarray,
+    tokens: np.ndarray,
+    multipliers: np.ndarray,
+    vocab_sizes: np.ndarray,
+    offsets: np.ndarray,
+    heads_per_ngram: int,
+    eos: int,
+) -> np.ndarray:
     """Table rows [T, n_heads] for `tokens`, continuing after `history` (the previous n-1 ids).
 
     Heads are ordered by n-gram order, then head: [order 2: h0..h_{k-1}, order 3: ..., ...].

@@ -83,8 +83,10 @@ class PLEState:
 
     @classmethod
     def empty(cls, p: PLEParams) -> PLEState:
-        return cls(np.full(p.ngram - 1, p.eos, np.int64),
-                   np.zeros((p.conv_window, p.n_streams * p.d_model), np.float32))
+        return cls(
+            np.full(p.ngram - 1, p.eos, np.int64),
+            np.zeros((p.conv_window, p.n_streams * p.d_model), np.float32),
+        )
 
     def copy(self) -> PLEState:
         return PLEState(self.history.copy(), self.conv.copy())
@@ -95,8 +97,15 @@ class PLEState:
 
 def ple_rows(tokens: np.ndarray, p: PLEParams, st: PLEState) -> np.ndarray:
     """The table rows [T, H] the tokens read (st unchanged: `ple` advances it)."""
-    return ngram_rows(st.history, np.asarray(tokens, np.int64), p.multipliers, p.vocab_sizes, p.offsets,
-                      p.heads_per_ngram, p.eos)
+    return ngram_rows(
+        st.history,
+        np.asarray(tokens, np.int64),
+        p.multipliers,
+        p.vocab_sizes,
+        p.offsets,
+        p.heads_per_ngram,
+        p.eos,
+    )
 
 
 def embeddings(table: TableReader, raw: np.ndarray, n_tokens: int) -> np.ndarray:
@@ -104,13 +113,22 @@ def embeddings(table: TableReader, raw: np.ndarray, n_tokens: int) -> np.ndarray
     return dequantize(raw, table.info.qtype, table.info.shape[-1]).reshape(n_tokens, -1)
 
 
-def ple(stream: np.ndarray, tokens: np.ndarray, w: WeightStore, layer: int, p: PLEParams, st: PLEState,
-        e: np.ndarray) -> np.ndarray:
+def ple(
+    stream: np.ndarray,
+    tokens: np.ndarray,
+    w: WeightStore,
+    layer: int,
+    p: PLEParams,
+    st: PLEState,
+    e: np.ndarray,
+) -> np.ndarray:
     """stream [T, n*D], tokens [T], their embeddings e [T, P] -> the PLE term added to the streams [T, n*D];
     advances `st`."""
     t, n, d = len(tokens), p.n_streams, p.d_model
     st.history = np.concatenate([st.history, np.asarray(tokens, np.int64)])[-(p.ngram - 1) :]
-    key = grouped_rms_norm(w.matmul(e, tensor(X.PLE_KEY, layer)), w.vector(tensor(X.PLE_NORM_KEY, layer)), n, p.eps)
+    key = grouped_rms_norm(
+        w.matmul(e, tensor(X.PLE_KEY, layer)), w.vector(tensor(X.PLE_NORM_KEY, layer)), n, p.eps
+    )
     value = w.matmul(e, tensor(X.PLE_VALUE, layer))  # [T, D]
     query = grouped_rms_norm(stream, w.vector(tensor(X.PLE_NORM_QUERY, layer)), n, p.eps)
     gate = np.sum(key.reshape(t, n, d) * query.reshape(t, n, d), axis=-1) / np.float32(np.sqrt(d))  # [T, n]

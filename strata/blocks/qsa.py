@@ -59,8 +59,9 @@ class QSAState:
         return self.blocks.nbytes + self.tail.nbytes
 
 
-def _compress(h: np.ndarray, w: WeightStore, layer: int, p: QSAParams, rope: Rope, tables: Tables,
-              st: QSAState) -> None:
+def _compress(
+    h: np.ndarray, w: WeightStore, layer: int, p: QSAParams, rope: Rope, tables: Tables, st: QSAState
+) -> None:
     """Fold the new tokens' raw index keys into st: every block they complete gets its compressed key."""
     raw = np.concatenate([st.tail, w.matmul(h, tensor(X.INDEXER_K_PROJ, layer))])  # [m + T, d]
     n_new = raw.shape[0] // p.ratio
@@ -73,8 +74,17 @@ def _compress(h: np.ndarray, w: WeightStore, layer: int, p: QSAParams, rope: Rop
     st.tail = raw[n_new * p.ratio :].copy()
 
 
-def qsa_select(h: np.ndarray, w: WeightStore, layer: int, p: QSAParams, rope: Rope, tables: Tables,
-               cos_sin: tuple[np.ndarray, np.ndarray], st: QSAState, n_past: int) -> np.ndarray:
+def qsa_select(
+    h: np.ndarray,
+    w: WeightStore,
+    layer: int,
+    p: QSAParams,
+    rope: Rope,
+    tables: Tables,
+    cos_sin: tuple[np.ndarray, np.ndarray],
+    st: QSAState,
+    n_past: int,
+) -> np.ndarray:
     """Boolean mask [T, S] (S = n_past + T) of the keys each new query attends to; advances `st`."""
     t = h.shape[0]
     q = w.matmul(h, tensor(X.INDEXER_Q_PROJ, layer)).reshape(t, p.n_heads, p.head_dim)

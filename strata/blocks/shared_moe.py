@@ -25,7 +25,9 @@ def routed_experts(h: np.ndarray, w: WeightStore, layer: int, top_k: int, normal
 
 def shared_expert(h: np.ndarray, w: WeightStore, layer: int) -> np.ndarray:
     """The always-on expert, scaled per token by sigmoid(h . ffn_gate_inp_shexp)."""
-    act = silu(w.matmul(h, tensor(T.FFN_GATE_SHEXP, layer))) * w.matmul(h, tensor(T.FFN_UP_SHEXP, layer))  # [T, F]
+    act = silu(w.matmul(h, tensor(T.FFN_GATE_SHEXP, layer))) * w.matmul(
+        h, tensor(T.FFN_UP_SHEXP, layer)
+    )  # [T, F]
     gate = sigmoid(w.matmul(h, tensor(T.FFN_GATE_INP_SHEXP, layer)))  # [T, 1]
     return w.matmul(act, tensor(T.FFN_DOWN_SHEXP, layer)) * gate
 

@@ -32,14 +32,21 @@ def _add_info(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
 def _add_synth(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from strata.cli.synth import add_synth_flags
 
-    add_synth_flags(sub.add_parser("synth", help="write a synthetic Qwen3-MoE/Qwen3-Next GGUF (random weights)"))
+    add_synth_flags(
+        sub.add_parser("synth", help="write a synthetic Qwen3-MoE/Qwen3-Next GGUF (random weights)")
+    )
 
 
 def _add_plan(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from strata.cli.plan import add_plan_flags
 
-    add_plan_flags(sub.add_parser("plan", help="where a model's tensors would live under given budgets, and the "
-                                  "speed that allows (reads only the header)"))
+    add_plan_flags(
+        sub.add_parser(
+            "plan",
+            help="where a model's tensors would live under given budgets, and the "
+            "speed that allows (reads only the header)",
+        )
+    )
 
 
 def _add_tiers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -51,15 +58,25 @@ def _add_tiers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def _add_profile(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from strata.cli.profile import add_profile_flags
 
-    add_profile_flags(sub.add_parser("profile", help="count a model's expert routing over prompts and save it, so "
-                                     "the expert cache starts from the experts the workload uses"))
+    add_profile_flags(
+        sub.add_parser(
+            "profile",
+            help="count a model's expert routing over prompts and save it, so "
+            "the expert cache starts from the experts the workload uses",
+        )
+    )
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from strata.conf.bench import add_bench_flags
 
-    add_bench_flags(sub.add_parser("bench", help="benchmark a server (a running one at --url, or one started "
-                                   "on --model): concurrency, prompt sizes, tools, thinking; a table, JSON, plots"))
+    add_bench_flags(
+        sub.add_parser(
+            "bench",
+            help="benchmark a server (a running one at --url, or one started "
+            "on --model): concurrency, prompt sizes, tools, thinking; a table, JSON, plots",
+        )
+    )
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -77,8 +94,11 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="strata", description="Strata: tiered MoE inference for GGUF models. "
-                                "With no command, serves the default model on 127.0.0.1:8080.")
+    p = Parser(
+        prog="strata",
+        description="Strata: tiered MoE inference for GGUF models. "
+        "With no command, serves the default model on 127.0.0.1:8080.",
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     _add_serve(sub)
     _add_generate(sub)
@@ -93,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
         argv.insert(0, "serve")  # `python -m strata [--port N ...]` means serve
     args = build_parser().parse_args(argv)
     try:
@@ -146,4 +166,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, MemoryError) as e:
         print(f"strata: error: {e}", file=sys.stderr)
         return EXIT_ERROR
-

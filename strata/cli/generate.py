@@ -17,8 +17,12 @@ from strata.tiers.telemetry import hit_rate_line
 
 
 def add_generate_flags(g: argparse.ArgumentParser) -> None:
-    g.add_argument("--model", "-m", default=None, help="path to a GGUF file (default: $STRATA_MODEL, else the "
-                   "default model, fetched on first use)")
+    g.add_argument(
+        "--model",
+        "-m",
+        default=None,
+        help="path to a GGUF file (default: $STRATA_MODEL, else the default model, fetched on first use)",
+    )
     g.add_argument("--prompt", "-p", required=True, help="prompt text (a user message with --chat)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--system", default=None, help="system message for --chat")
@@ -39,14 +43,20 @@ def add_generate_flags(g: argparse.ArgumentParser) -> None:
 
 def _params(args: argparse.Namespace) -> SamplingParams:
     p = SamplingParams(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-        repeat_penalty=args.repeat_penalty, seed=args.seed,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repeat_penalty=args.repeat_penalty,
+        seed=args.seed,
     )
     try:
         p.validate()
     except SamplingError as e:
         flag, _, rest = str(e).partition("=")
-        raise ConfigError("--" + flag.replace("_", "-"), getattr(args, flag, None), rest.split(" ", 1)[-1]) from None
+        raise ConfigError(
+            "--" + flag.replace("_", "-"), getattr(args, flag, None), rest.split(" ", 1)[-1]
+        ) from None
     if args.max_tokens < 0:
         raise ConfigError("--max-tokens", args.max_tokens, "must be >= 0")
     return p
@@ -61,24 +71,33 @@ def run_generate(args: argparse.Namespace) -> int:
         messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": args.prompt})
         kw = {"enable_thinking": False} if args.no_think else {}
-        gen = engine.generate(messages=messages, max_tokens=args.max_tokens, params=params,
-                              stop=args.stop, template_kw=kw)
+        gen = engine.generate(
+            messages=messages, max_tokens=args.max_tokens, params=params, stop=args.stop, template_kw=kw
+        )
     else:
         gen = engine.generate(args.prompt, max_tokens=args.max_tokens, params=params, stop=args.stop)
     if args.json:
         r = gen.run()
-        dump_json({
-            "prompt_ids": r.prompt_ids, "tokens": r.tokens, "text": r.text,
-            "finish_reason": r.finish_reason.value, "timings": r.timings.to_dict(),
-        })
+        dump_json(
+            {
+                "prompt_ids": r.prompt_ids,
+                "tokens": r.tokens,
+                "text": r.text,
+                "finish_reason": r.finish_reason.value,
+                "timings": r.timings.to_dict(),
+            }
+        )
         return 0
     for chunk in gen:
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
     sys.stdout.write("\n")
     t = gen.result.timings.to_dict()
-    print(f"[prompt {t['prompt_n']} tok, {t['prompt_per_second']} tok/s | "
-          f"generated {t['predicted_n']} tok, {t['predicted_per_second']} tok/s]", file=sys.stderr)
+    print(
+        f"[prompt {t['prompt_n']} tok, {t['prompt_per_second']} tok/s | "
+        f"generated {t['predicted_n']} tok, {t['predicted_per_second']} tok/s]",
+        file=sys.stderr,
+    )
     if (use := gen.result.timings.experts) is not None:
         print(hit_rate_line(use.prefill, "prefill"), file=sys.stderr)
         print(hit_rate_line(use.decode, "decode"), file=sys.stderr)

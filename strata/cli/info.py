@@ -13,8 +13,14 @@ from strata.models import registry
 
 def add_info_flags(i: argparse.ArgumentParser) -> None:
     i.add_argument("path")
-    i.add_argument("--verify", nargs="?", const="", default=None, metavar="SHA256",
-                   help="hash the file; compare to SHA256, a .sha256 sidecar, or the known digest")
+    i.add_argument(
+        "--verify",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="SHA256",
+        help="hash the file; compare to SHA256, a .sha256 sidecar, or the known digest",
+    )
     add_override_flag(i)
 
 
@@ -23,18 +29,26 @@ def run_info(args: argparse.Namespace) -> int:
     arch = g.architecture
     supported = arch in registry()
     n_params = sum(int(_numel(t.shape)) for t in g.tensors.values())
-    rows = [("file", f"{g.path} ({g.file_size / 2**20:,.1f} MiB, GGUF v{g.version})"),
-            ("name", g.get("general.name", "?")),
-            ("architecture", f"{arch}{'' if supported else '  (not supported by this Strata)'}"),
-            ("parameters", f"{n_params / 1e6:,.1f} M"), ("context", g.arch_get(Keys.CONTEXT_LENGTH, "?"))]
+    rows = [
+        ("file", f"{g.path} ({g.file_size / 2**20:,.1f} MiB, GGUF v{g.version})"),
+        ("name", g.get("general.name", "?")),
+        ("architecture", f"{arch}{'' if supported else '  (not supported by this Strata)'}"),
+        ("parameters", f"{n_params / 1e6:,.1f} M"),
+        ("context", g.arch_get(Keys.CONTEXT_LENGTH, "?")),
+    ]
     for key in (Keys.BLOCK_COUNT, Keys.EMBEDDING_LENGTH, Keys.EXPERT_COUNT, Keys.EXPERT_USED_COUNT):
         if (v := g.arch_get(key)) is not None:
             rows.append((key, v))
     toks = g.get("tokenizer.ggml.tokens")
-    rows += [("tokenizer", f"{g.get('tokenizer.ggml.model', 'none')} / pre={g.get('tokenizer.ggml.pre', '-')}, "
-                           f"{len(toks) if toks is not None else 0} tokens"),
-             ("chat template", "yes" if g.get("tokenizer.chat_template") else "no (per-architecture default)"),
-             ("tensors", len(g.tensors))]
+    rows += [
+        (
+            "tokenizer",
+            f"{g.get('tokenizer.ggml.model', 'none')} / pre={g.get('tokenizer.ggml.pre', '-')}, "
+            f"{len(toks) if toks is not None else 0} tokens",
+        ),
+        ("chat template", "yes" if g.get("tokenizer.chat_template") else "no (per-architecture default)"),
+        ("tensors", len(g.tensors)),
+    ]
     for label, value in rows:
         print(_row(label, value))
     for qname, (count, nbytes) in sorted(g.bytes_by_type().items(), key=lambda kv: -kv[1][1]):
@@ -69,8 +83,11 @@ def _ple_lines(g: GGUFFile) -> list[str]:
     return [
         _row("PLE table", f"{name} {size} ({t.nbytes / g.file_size:.1%} of the file)"),
         _row("  lives in", f"{where}: rows are read on demand through the OS page cache"),
-        _row("  per token", f"{per_token} rows = {per_token * t.row_bytes:,} bytes gathered "
-                            f"(layers {[int(i) for i in layers]}, {heads} hashed n-gram heads)"),
+        _row(
+            "  per token",
+            f"{per_token} rows = {per_token * t.row_bytes:,} bytes gathered "
+            f"(layers {[int(i) for i in layers]}, {heads} hashed n-gram heads)",
+        ),
     ]
 
 

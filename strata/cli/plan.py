@@ -30,15 +30,21 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--vram-gib", type=float, required=True, help="VRAM budget (what --vram-budget-mib would be)"
     )
+    p.add_argument("--ram-gib", type=float, default=0.0, help="RAM for the pinned expert arena (0: no limit)")
     p.add_argument(
-        "--ram-gib", type=float, default=0.0, help="RAM for the pinned expert arena (0: no limit)"
+        "--ram-budget-mib",
+        type=float,
+        default=0.0,
+        help="as on serve, and before --ram-gib: RAM for the expert arena; what it cannot hold "
+        "stays in the file's mapping (the third tier)",
     )
-    p.add_argument("--ram-budget-mib", type=float, default=0.0,
-                   help="as on serve, and before --ram-gib: RAM for the expert arena; what it cannot hold "
-                   "stays in the file's mapping (the third tier)")
-    p.add_argument("--disk-gbps", type=float, default=3.0,
-                   help="the file's mapping's rate, GB/s, for experts the arena cannot hold (default 3: an "
-                   "NVMe SSD, a cold page cache; a warm one reads at RAM speed, ~20)")
+    p.add_argument(
+        "--disk-gbps",
+        type=float,
+        default=3.0,
+        help="the file's mapping's rate, GB/s, for experts the arena cannot hold (default 3: an "
+        "NVMe SSD, a cold page cache; a warm one reads at RAM speed, ~20)",
+    )
     p.add_argument(
         "--pcie-gbps",
         type=float,
@@ -46,13 +52,21 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
         help="host-to-GPU rate, GB/s (PCIe 4 x16: ~25; the H200 host measured 50 zero-copy)",
     )
     p.add_argument(
-        "--cpu-gbps", type=float, default=0.0,
+        "--cpu-gbps",
+        type=float,
+        default=0.0,
         help="the CPU pool's rate on the experts, GB/s (start-up's probe prints it); with it the misses are "
         "split between PCIe and the CPU as serve would split them (0: PCIe only)",
     )
-    p.add_argument("--cpu-fixed-us", type=float, default=30.0,
-                   help="what handing a layer to the CPU costs beside its compute, us (start-up's probe prints it)")
-    p.add_argument("--pcie-frac", default="auto", help="as on serve: the share of misses read over PCIe, or auto")
+    p.add_argument(
+        "--cpu-fixed-us",
+        type=float,
+        default=30.0,
+        help="what handing a layer to the CPU costs beside its compute, us (start-up's probe prints it)",
+    )
+    p.add_argument(
+        "--pcie-frac", default="auto", help="as on serve: the share of misses read over PCIe, or auto"
+    )
     p.add_argument(
         "--hbm-gbps", type=float, default=900.0, help="VRAM bandwidth, GB/s (RTX 4090: ~1000, H200: 4,270)"
     )
@@ -78,7 +92,9 @@ def run_plan(args: argparse.Namespace) -> int:
         lines.append(table(pred))
     else:  # no GPU path yet (qwen4exp: issue 16): only the tiers that do not depend on it
         out["gpu"] = None
-        lines.append(f"{g.architecture}: no GPU path yet, so no VRAM placement (the GPU runs {', '.join(GPU_ARCHS)})")
+        lines.append(
+            f"{g.architecture}: no GPU path yet, so no VRAM placement (the GPU runs {', '.join(GPU_ARCHS)})"
+        )
     if TABLE in g.tensors:  # the PLE table's tier: from --ram-gib when given, else this machine's free RAM
         size = g.tensors[TABLE].nbytes
         ram = int(args.ram_gib * GIB) or available_ram()
@@ -96,14 +112,32 @@ def run_plan(args: argparse.Namespace) -> int:
 def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> Prediction:
     cpu = model_class(g)(g, WeightStore(g, 0))
     dims, linear = shape_of(cpu)
-    opts = GpuOptions(n_ctx=args.ctx_size, chunk=args.prefill, expert_cache=args.expert_cache, seqs=args.parallel)
-    plan = vram_plan(g, dims, linear, args.ctx_size, args.prefill, cpu.params.vocab, opts, int(args.vram_gib * GIB))
+    opts = GpuOptions(
+        n_ctx=args.ctx_size, chunk=args.prefill, expert_cache=args.expert_cache, seqs=args.parallel
+    )
+    plan = vram_plan(
+        g, dims, linear, args.ctx_size, args.prefill, cpu.params.vocab, opts, int(args.vram_gib * GIB)
+    )
     w = weight_bytes(g)
     # every decode token reads all dense weights but the embeddings (one row of those)
     dense = sum(v for k, v in w.items() if k not in ("experts", "embeddings"))
     check_ram_budget(args.ram_budget_mib)
-    ram, flag = ((int(args.ram_budget_mib * MIB), "--ram-budget-mib") if args.ram_budget_mib else
-                 (int(args.ram_gib * GIB), "--ram-gib"))
-    return predict(plan, ExpertLayout.from_gguf(g), dense, args.hbm_gbps, args.pcie_gbps, ram, args.prefill,
-                   args.cpu_gbps, args.cpu_fixed_us * 1e-6, parse_pcie_frac(args.pcie_frac), args.disk_gbps,
-                   flag)
+    ram, flag = (
+        (int(args.ram_budget_mib * MIB), "--ram-budget-mib")
+        if args.ram_budget_mib
+        else (int(args.ram_gib * GIB), "--ram-gib")
+    )
+    return predict(
+        plan,
+        ExpertLayout.from_gguf(g),
+        dense,
+        args.hbm_gbps,
+        args.pcie_gbps,
+        ram,
+        args.prefill,
+        args.cpu_gbps,
+        args.cpu_fixed_us * 1e-6,
+        parse_pcie_frac(args.pcie_frac),
+        args.disk_gbps,
+        flag,
+    )

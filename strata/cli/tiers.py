@@ -17,26 +17,42 @@ from strata.tiers.lookahead import check_prefetch
 def add_tiers_flags(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="tiers_command", metavar="TIERS_COMMAND", required=True)
     t = sub.add_parser("trace", help="write a synthetic routing trace (skew and temporal locality)")
-    t.add_argument("--synthetic", action="store_true", required=True, help="the synthetic router (tiers/trace.py)")
+    t.add_argument(
+        "--synthetic", action="store_true", required=True, help="the synthetic router (tiers/trace.py)"
+    )
     t.add_argument("--tokens", type=int, default=2000)
     t.add_argument("--layers", type=int, default=4)
     t.add_argument("--seed", type=int, default=0)
     for f in ("n_expert", "top_k", "skew", "reuse", "window", "drift"):
         default = getattr(trace.CALIBRATED, f)
-        t.add_argument(f"--{f.replace('_', '-')}", type=type(default), default=default,
-                       help=f"(default {default}: calibrated to published LRU hit rates)")
+        t.add_argument(
+            f"--{f.replace('_', '-')}",
+            type=type(default),
+            default=default,
+            help=f"(default {default}: calibrated to published LRU hit rates)",
+        )
     t.add_argument("-o", "--output", type=Path, required=True)
     s = sub.add_parser("simulate", help="replay a trace through a cache policy")
     s.add_argument("trace", type=Path)
     s.add_argument("--slots", type=int, default=64, help="slots per layer")
     s.add_argument("--policy", default="adaptive", choices=policy.POLICIES)
     s.add_argument("--sweep", action="store_true", help="every policy at 32, 64, 128 and 256 slots per layer")
-    s.add_argument("--recorded", action="store_true", help="start from the placement the engine had when it recorded "
-                   "the trace (--record-routes) and swap between its passes, scoring the whole trace: the engine's "
-                   "own counters for the same policy")
-    s.add_argument("--prefetch", type=int, default=None, metavar="K", help="replay the lookahead with K "
-                   "experts a layer from the predictions a --prefetch run recorded (default: the run's K; "
-                   "0: off)")
+    s.add_argument(
+        "--recorded",
+        action="store_true",
+        help="start from the placement the engine had when it recorded "
+        "the trace (--record-routes) and swap between its passes, scoring the whole trace: the engine's "
+        "own counters for the same policy",
+    )
+    s.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        metavar="K",
+        help="replay the lookahead with K "
+        "experts a layer from the predictions a --prefetch run recorded (default: the run's K; "
+        "0: off)",
+    )
     s.add_argument("--json", action="store_true")
 
 
@@ -44,8 +60,16 @@ def run_tiers(args: argparse.Namespace) -> int:
     if args.tiers_command == "trace":
         if args.tokens < 2 or args.layers < 1:
             raise ConfigError("--tokens", args.tokens, "a trace needs at least 2 tokens and 1 layer")
-        spec = dataclasses.replace(trace.CALIBRATED, layers=args.layers, n_expert=args.n_expert, top_k=args.top_k,
-                                   skew=args.skew, reuse=args.reuse, window=args.window, drift=args.drift)
+        spec = dataclasses.replace(
+            trace.CALIBRATED,
+            layers=args.layers,
+            n_expert=args.n_expert,
+            top_k=args.top_k,
+            skew=args.skew,
+            reuse=args.reuse,
+            window=args.window,
+            drift=args.drift,
+        )
         trace.save(args.output, trace.synthetic(spec, args.tokens, args.seed), spec.n_expert)
         print(args.output)
         return 0
@@ -57,8 +81,11 @@ def run_tiers(args: argparse.Namespace) -> int:
         resident, windows, budget = trace.load_recorded(args.trace)
         if resident is None:
             raise ConfigError("--recorded", args.trace, "needs a trace written by --record-routes")
-        results = [sim.simulate(ids, n_expert, 0, args.policy, resident=resident, windows=windows,
-                                budget=budget, ahead=ahead)]
+        results = [
+            sim.simulate(
+                ids, n_expert, 0, args.policy, resident=resident, windows=windows, budget=budget, ahead=ahead
+            )
+        ]
     elif args.sweep:
         results = sim.sweep(ids, n_expert, [32, 64, 128, 256])
     else:
@@ -71,9 +98,11 @@ def run_tiers(args: argparse.Namespace) -> int:
         print(f"{r.slots:>11}  {r.policy:<9} {r.hit_rate:>8.1%} {r.swaps:>8,}")
         if r.prefetch is not None:
             pf = r.prefetch
-            print(f"{'':>11}  lookahead: {pf['used_parts']:,} of {pf['staged_parts']:,} staged parts used "
-                  f"({pf['accuracy']:.1%}); {pf['saved_bytes']:,} bytes read ahead, "
-                  f"{pf['wasted_bytes']:,} wasted")
+            print(
+                f"{'':>11}  lookahead: {pf['used_parts']:,} of {pf['staged_parts']:,} staged parts used "
+                f"({pf['accuracy']:.1%}); {pf['saved_bytes']:,} bytes read ahead, "
+                f"{pf['wasted_bytes']:,} wasted"
+            )
     return 0
 
 
@@ -86,6 +115,9 @@ def _ahead(args: argparse.Namespace) -> trace.Ahead | None:
     if ahead is None:
         if args.prefetch == 0:
             return None
-        raise ConfigError("--prefetch", args.prefetch, f"{args.trace} holds no predictions (record a run "
-                          "with --prefetch K and --record-routes)")
+        raise ConfigError(
+            "--prefetch",
+            args.prefetch,
+            f"{args.trace} holds no predictions (record a run with --prefetch K and --record-routes)",
+        )
     return dataclasses.replace(ahead, k=args.prefetch)

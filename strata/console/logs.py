@@ -15,7 +15,11 @@ from strata.conf.logs import check_log_format
 # what every LogRecord carries; anything else on a record came from `extra=` and goes into the JSON object
 # (but uvicorn's color_message: the message again, with terminal colour codes)
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
-    "message", "asctime", "taskName", "color_message"}
+    "message",
+    "asctime",
+    "taskName",
+    "color_message",
+}
 
 
 class TextFormatter(logging.Formatter):
@@ -35,8 +39,12 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         ts = datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(timespec="milliseconds")
-        out: dict[str, object] = {"ts": ts.replace("+00:00", "Z"), "level": record.levelname.lower(),
-                                  "logger": record.name, "msg": record.getMessage()}
+        out: dict[str, object] = {
+            "ts": ts.replace("+00:00", "Z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
         out.update((k, v) for k, v in vars(record).items() if k not in _STANDARD and k not in out)
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
@@ -59,8 +67,9 @@ class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
         pass
 
 
-def configure_logging(log_format: str = "text", level: int = logging.INFO,
-                      loggers: Sequence[str] = ("strata",)) -> logging.Handler:
+def configure_logging(
+    log_format: str = "text", level: int = logging.INFO, loggers: Sequence[str] = ("strata",)
+) -> logging.Handler:
     """Send these loggers' records at `level` and above to stderr in `log_format` ("text" or "json"). Called
     again, it replaces the handler it installed before rather than adding a second one."""
     check_log_format(log_format, "log_format")

@@ -24,9 +24,18 @@ class ProgressBar:
         self.done = 0
         self._t0 = time.monotonic()
         by_bytes = unit == "B"
-        self._bar = tqdm(total=self.total, desc=label, unit=unit, unit_scale=by_bytes,
-                         unit_divisor=1024 if by_bytes else 1000, file=sys.stderr, mininterval=0.1,
-                         disable=not (force or sys.stderr.isatty()), leave=True, dynamic_ncols=True)
+        self._bar = tqdm(
+            total=self.total,
+            desc=label,
+            unit=unit,
+            unit_scale=by_bytes,
+            unit_divisor=1024 if by_bytes else 1000,
+            file=sys.stderr,
+            mininterval=0.1,
+            disable=not (force or sys.stderr.isatty()),
+            leave=True,
+            dynamic_ncols=True,
+        )
 
     def __call__(self, done: int, total: int | None = None) -> None:
         if self.done >= self.total:  # closed
@@ -45,7 +54,12 @@ class ProgressBar:
             return
         seconds, done = time.monotonic() - self._t0, self.done
         if self.unit == "B":
-            log.info("%s: %.1f MiB in %.2f s (%.0f MB/s)", self.label, done / 2**20, seconds,
-                     done / max(seconds, 1e-9) / 1e6)
+            log.info(
+                "%s: %.1f MiB in %.2f s (%.0f MB/s)",
+                self.label,
+                done / 2**20,
+                seconds,
+                done / max(seconds, 1e-9) / 1e6,
+            )
         else:
             log.info("%s: %d %s in %.2f s", self.label, done, self.unit, seconds)

@@ -32,8 +32,19 @@ WHITESPACE = r"(?:\x20|\n{1,2}[\x20\t]{0,20})?"
 OPTIONS = {"whitespace_pattern": WHITESPACE, "coerce_one_of": True}
 
 # Keywords whose value is a subschema, a list of them, or a name -> subschema map.
-_ONE = ("items", "additionalProperties", "additionalItems", "contains", "not", "if", "then", "else",
-        "propertyNames", "unevaluatedItems", "unevaluatedProperties")
+_ONE = (
+    "items",
+    "additionalProperties",
+    "additionalItems",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+)
 _LIST = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _UNKNOWN_FORMAT = re.compile(r"Unknown format: (\S+)")
@@ -115,7 +126,7 @@ def _normalised(schema: Any, drop: set[str], merged: set[str], pointer: str = "#
         elif key in _ONE:
             value = _normalised(value, drop, merged, here)
         out[key] = value
-    if ("properties" in out and pointer not in merged and not _OPEN_KEYS & out.keys()):
+    if "properties" in out and pointer not in merged and not _OPEN_KEYS & out.keys():
         out["additionalProperties"] = False
     return out
 
@@ -184,10 +195,12 @@ def tool_call_schema(name_to_parameters: Mapping[str, Any]) -> dict[str, Any]:
     for i, (name, params) in enumerate(name_to_parameters.items()):
         if isinstance(params, Mapping) and "$id" not in params:
             params = {**params, "$id": f"urn:strata:tool:{i}"}
-        calls.append({
-            "type": "object",
-            "properties": {"name": {"const": name}, "arguments": params},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        })
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": name}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
     return calls[0] if len(calls) == 1 else {"anyOf": calls}

@@ -47,10 +47,13 @@ def model_vocab(tokenizer: Tokenizer) -> LLTokenizer:
         if hit is None:
             n = tokenizer.vocab_size
             eos = sorted(tokenizer.eot_ids)
-            source = _Source([tokenizer.token_bytes(i) for i in range(n)],
-                             [i for i in range(n) if tokenizer.is_special(i)],
-                             tokenizer.eos_id if tokenizer.eos_id is not None else eos[0],
-                             tokenizer.bos_id, tokenizer)
+            source = _Source(
+                [tokenizer.token_bytes(i) for i in range(n)],
+                [i for i in range(n) if tokenizer.is_special(i)],
+                tokenizer.eos_id if tokenizer.eos_id is not None else eos[0],
+                tokenizer.bos_id,
+                tokenizer,
+            )
             hit = _built[tokenizer] = LLTokenizer(TokenizerWrapper(source), n_vocab=n, eos_token=eos)
         return hit
 

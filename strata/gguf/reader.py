@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import mmap
-import stat
 import os
+import stat
 import struct
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -34,19 +34,29 @@ DEFAULT_ALIGNMENT = 32
 
 # Scalar value types: struct format (little-endian) for each.
 _SCALAR_FMT: dict[GGUFValueType, str] = {
-    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b",
-    GGUFValueType.UINT16: "<H", GGUFValueType.INT16: "<h",
-    GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
-    GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?",
-    GGUFValueType.UINT64: "<Q", GGUFValueType.INT64: "<q",
+    GGUFValueType.UINT8: "<B",
+    GGUFValueType.INT8: "<b",
+    GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h",
+    GGUFValueType.UINT32: "<I",
+    GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f",
+    GGUFValueType.BOOL: "<?",
+    GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q",
     GGUFValueType.FLOAT64: "<d",
 }
 _SCALAR_NP: dict[GGUFValueType, str] = {
-    GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1",
-    GGUFValueType.UINT16: "<u2", GGUFValueType.INT16: "<i2",
-    GGUFValueType.UINT32: "<u4", GGUFValueType.INT32: "<i4",
-    GGUFValueType.FLOAT32: "<f4", GGUFValueType.BOOL: "?",
-    GGUFValueType.UINT64: "<u8", GGUFValueType.INT64: "<i8",
+    GGUFValueType.UINT8: "<u1",
+    GGUFValueType.INT8: "<i1",
+    GGUFValueType.UINT16: "<u2",
+    GGUFValueType.INT16: "<i2",
+    GGUFValueType.UINT32: "<u4",
+    GGUFValueType.INT32: "<i4",
+    GGUFValueType.FLOAT32: "<f4",
+    GGUFValueType.BOOL: "?",
+    GGUFValueType.UINT64: "<u8",
+    GGUFValueType.INT64: "<i8",
     GGUFValueType.FLOAT64: "<f8",
 }
 
@@ -210,7 +220,9 @@ class GGUFFile:
             block, size = GGML_QUANT_SIZES[qtype]
             n = int(np.prod(shape, dtype=np.int64))
             if shape and shape[-1] % block:
-                raise GGUFError(self.path, f"tensor {name!r}: row of {shape[-1]} is not a multiple of {block}")
+                raise GGUFError(
+                    self.path, f"tensor {name!r}: row of {shape[-1]} is not a multiple of {block}"
+                )
             info = TensorInfo(name, shape, qtype, self.data_offset + rel, n // block * size)
             if info.offset + info.nbytes > self.file_size:
                 raise TruncatedFileError(
@@ -230,9 +242,13 @@ class GGUFFile:
         try:
             qtype = GGMLQuantizationType(tid)
         except ValueError:
-            raise UnknownQuantTypeError(self.path, f"tensor {name!r} has unknown ggml type id {tid}") from None
+            raise UnknownQuantTypeError(
+                self.path, f"tensor {name!r} has unknown ggml type id {tid}"
+            ) from None
         if qtype not in GGML_QUANT_SIZES:
-            raise UnknownQuantTypeError(self.path, f"tensor {name!r} has ggml type {qtype.name} with no layout")
+            raise UnknownQuantTypeError(
+                self.path, f"tensor {name!r} has ggml type {qtype.name} with no layout"
+            )
         rel = self._unpack("<Q", name)
         return name, tuple(reversed(dims)), qtype, rel
 

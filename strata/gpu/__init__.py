@@ -29,7 +29,9 @@ def resolve_device(device: str, arch: str) -> str:
     if device == "auto":
         return "cuda" if arch in GPU_ARCHS and available() else "cpu"
     if not available():
-        raise ConfigError("device", device, "no CUDA GPU is visible to cupy (is cupy installed?); use auto or cpu")
+        raise ConfigError(
+            "device", device, "no CUDA GPU is visible to cupy (is cupy installed?); use auto or cpu"
+        )
     if arch not in GPU_ARCHS:
         raise ConfigError("device", device, f"the GPU path runs {', '.join(GPU_ARCHS)}, not {arch}; use cpu")
     return "cuda"

@@ -68,7 +68,9 @@ class GraphAhead:
     def drawable(self, params: SamplingParams) -> bool:
         return device_drawable(params, self.model.params.vocab)
 
-    def start(self, states: list[SequenceState], tokens: list[int], draws: Sequence[tuple[SamplingParams, int]]) -> None:
+    def start(
+        self, states: list[SequenceState], tokens: list[int], draws: Sequence[tuple[SamplingParams, int]]
+    ) -> None:
         assert not self._pending and 0 < len(states) <= self.max_batch
         self._states, self._draws = states, draws
         with self.model.stream:
@@ -116,7 +118,9 @@ class GraphAhead:
                 s.kv.length = s.n_past  # type: ignore[attr-defined]
                 params, seed = self._draws[i]
                 rows[i] = draw_row(params, seed, s.n_past)
-            cp.cuda.runtime.memcpyAsync(g.draws.data.ptr, rows.ctypes.data, b * DRAW_COLS * 8, HOST_TO_DEVICE, stream.ptr)
+            cp.cuda.runtime.memcpyAsync(
+                g.draws.data.ptr, rows.ctypes.data, b * DRAW_COLS * 8, HOST_TO_DEVICE, stream.ptr
+            )
             tiers = m.tiers
             if tiers is not None:
                 tiers.publish()

@@ -9,8 +9,8 @@ takes one conv and one recurrence launch per sequence segment, each running its 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,10 +18,10 @@ import numpy as np
 from strata.blocks.linear_attn import DeltaNetParams, HeadOrder
 from strata.errors import ConfigError
 from strata.gguf.names import T, tensor
-from strata.tiers.budget import Ledger
 from strata.gpu.kernels import deltanet as dk
 from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.weights import DevMatrix, GpuWeights
+from strata.tiers.budget import Ledger
 
 RECURRENT = ("gpu_deltanet", 0)  # SequenceState.layers key of a hybrid model's RecurrentState
 
@@ -40,13 +40,29 @@ class DNDims:
     @classmethod
     def of(cls, p: DeltaNetParams) -> DNDims:
         if p.k_dim not in dk.KEY_DIMS:
-            raise ConfigError("device", "cuda", f"DeltaNet key head dim {p.k_dim} has no GPU kernel "
-                              f"(have {', '.join(map(str, dk.KEY_DIMS))}); use device=cpu")
+            raise ConfigError(
+                "device",
+                "cuda",
+                f"DeltaNet key head dim {p.k_dim} has no GPU kernel "
+                f"(have {', '.join(map(str, dk.KEY_DIMS))}); use device=cpu",
+            )
         if p.conv_kernel not in dk.CONV_WIDTHS:
-            raise ConfigError("device", "cuda", f"DeltaNet conv kernel {p.conv_kernel} has no GPU kernel "
-                              f"(have {', '.join(map(str, dk.CONV_WIDTHS))}); use device=cpu")
-        return cls(p.n_k_heads, p.n_v_heads, p.k_dim, p.v_dim, p.conv_kernel, p.order is HeadOrder.TILED,
-                   p.n_v_heads // p.n_k_heads if p.fused_ba else 0, p.eps)
+            raise ConfigError(
+                "device",
+                "cuda",
+                f"DeltaNet conv kernel {p.conv_kernel} has no GPU kernel "
+                f"(have {', '.join(map(str, dk.CONV_WIDTHS))}); use device=cpu",
+            )
+        return cls(
+            p.n_k_heads,
+            p.n_v_heads,
+            p.k_dim,
+            p.v_dim,
+            p.conv_kernel,
+            p.order is HeadOrder.TILED,
+            p.n_v_heads // p.n_k_heads if p.fused_ba else 0,
+            p.eps,
+        )
 
     @property
     def conv_channels(self) -> int:
@@ -77,9 +93,14 @@ class DeltaNetWeights:
     @classmethod
     def load(cls, w: GpuWeights, i: int, fused_ba: bool) -> DeltaNetWeights:
         ba = [T.SSM_BETA_ALPHA] if fused_ba else [T.SSM_BETA, T.SSM_ALPHA]
-        return cls([w.matrix(tensor(k, i)) for k in [T.ATTN_QKV, T.ATTN_GATE, *ba]], w.vector(tensor(T.SSM_CONV1D, i)),
-                   w.vector(tensor(T.SSM_A, i, "")), w.vector(tensor(T.SSM_DT, i, "bias")),
-                   w.vector(tensor(T.SSM_NORM, i)), w.matrix(tensor(T.SSM_OUT, i)))
+        return cls(
+            [w.matrix(tensor(k, i)) for k in [T.ATTN_QKV, T.ATTN_GATE, *ba]],
+            w.vector(tensor(T.SSM_CONV1D, i)),
+            w.vector(tensor(T.SSM_A, i, "")),
+            w.vector(tensor(T.SSM_DT, i, "bias")),
+            w.vector(tensor(T.SSM_NORM, i)),
+            w.matrix(tensor(T.SSM_OUT, i)),
+        )
 
 
 class RecurrentState:
@@ -135,15 +156,29 @@ class HostRecurrent:
         return self.conv.nbytes + self.ssm.nbytes
 
 
-def run_deltanet(ops: Any, j: int, w: DeltaNetWeights, dn: DNDims, norm: Any, eps: float, act: Any, n: int,
-                 tab: Any, tab_stride: int, segments: list[tuple[int, int]] | None, small: bool,
-                 before_write: Callable[[], None] | None = None) -> None:
+def run_deltanet(
+    ops: Any,
+    j: int,
+    w: DeltaNetWeights,
+    dn: DNDims,
+    norm: Any,
+    eps: float,
+    act: Any,
+    n: int,
+    tab: Any,
+    tab_stride: int,
+    segments: list[tuple[int, int]] | None,
+    small: bool,
+    before_write: Callable[[], None] | None = None,
+) -> None:
     """x[:n] += DeltaNet_j(rmsnorm(x)) for DeltaNet layer j (its index among DeltaNet layers). segments:
     (start, length) per sequence, or None when every row is one sequence's single decode token. before_write:
     called before the launch that adds into x (the lookahead's branch reads x until then)."""
     mix, ld, c = act.dn_mix, dn.mix_cols, dn.conv_channels
     if small:
-        _grouped(w.proj, lambda ms, col: ops.matvec(ms, act.x, n, ptr(mix, 4 * col), ldy=ld, norm=norm, eps=eps))
+        _grouped(
+            w.proj, lambda ms, col: ops.matvec(ms, act.x, n, ptr(mix, 4 * col), ldy=ld, norm=norm, eps=eps)
+        )
     else:
         ops.rmsnorm(act.x, norm, eps, n, act.x.shape[1], act.h)
         _grouped(w.proj, lambda ms, col: ops.matmul(ms, act.h, n, ptr(mix, 4 * col), ldc=ld))
@@ -152,10 +187,30 @@ def run_deltanet(ops: Any, j: int, w: DeltaNetWeights, dn: DNDims, norm: Any, ep
     for start, t, count in runs:  # decode: every row its own segment of 1; prefill: one launch per sequence
         rows = ptr(tab, 8 * tab_stride * start)
         y = ptr(act.dn_y, 4 * c * start)
-        ops.dn_conv(dn.width, ptr(mix, 4 * ld * start), ld, c, t, count, rows, tab_stride, j * nc, w.conv, y, c)
-        ops.dn_recur(dn.k, y, c, ptr(mix, 4 * (ld * start + c + dn.inner)), ld, t, count, rows, tab_stride, j * ns,
-                     dn.n_k, dn.n_v, dn.v, dn.tiled, dn.fused_r, w.a, w.dt_bias, ptr(act.dn_o, 4 * dn.inner * start),
-                     dn.inner)
+        ops.dn_conv(
+            dn.width, ptr(mix, 4 * ld * start), ld, c, t, count, rows, tab_stride, j * nc, w.conv, y, c
+        )
+        ops.dn_recur(
+            dn.k,
+            y,
+            c,
+            ptr(mix, 4 * (ld * start + c + dn.inner)),
+            ld,
+            t,
+            count,
+            rows,
+            tab_stride,
+            j * ns,
+            dn.n_k,
+            dn.n_v,
+            dn.v,
+            dn.tiled,
+            dn.fused_r,
+            w.a,
+            w.dt_bias,
+            ptr(act.dn_o, 4 * dn.inner * start),
+            dn.inner,
+        )
     ops.dn_gated_norm(act.dn_o, dn.inner, ptr(mix, 4 * c), ld, w.norm, dn.n_v, dn.v, dn.eps, n)
     if before_write is not None:
         before_write()

@@ -105,7 +105,9 @@ class DecodeGraphs:
                 tiers.counts[:b].fill(0)
                 if tiers.lookahead is not None:
                     tiers.lookahead.stats.fill(0)
-                if tiers.share is not None:  # the CPU counted its calls before answering: once the run is done
+                if (
+                    tiers.share is not None
+                ):  # the CPU counted its calls before answering: once the run is done
                     self.model.stream.synchronize()
                     tiers.share.take_calls(b)
                     tiers.share.take_mapped(b)

@@ -21,8 +21,9 @@ MIN_CAP = 256
 
 
 class GpuKV:
-    def __init__(self, ledger: Ledger, n_layer: int, n_kv: int, head_dim: int, max_len: int,
-                 kind: KVType = KVType.F16) -> None:
+    def __init__(
+        self, ledger: Ledger, n_layer: int, n_kv: int, head_dim: int, max_len: int, kind: KVType = KVType.F16
+    ) -> None:
         if kind not in (KVType.F16, KVType.INT8):
             raise ValueError(f"the GPU's attention kernels read f16 or int8 cells, not {kind}")
         self.ledger, self.shape, self.kind = ledger, (n_layer, n_kv, head_dim), kind
@@ -67,8 +68,10 @@ class GpuKV:
         n_layer, n_kv, hd = self.shape
         for name in self._arrays():
             scales = name.endswith("s")
-            grown = cp.empty((n_layer, n_kv, cap, hd // group_of(hd) if scales else hd),
-                             cp.float32 if scales else (cp.int8 if self.q8 else cp.float16))
+            grown = cp.empty(
+                (n_layer, n_kv, cap, hd // group_of(hd) if scales else hd),
+                cp.float32 if scales else (cp.int8 if self.q8 else cp.float16),
+            )
             if name in kept:
                 grown[:, :, : self.length] = cp.asarray(kept[name])  # asarray: a no-op for device arrays
             setattr(self, name, grown)
@@ -98,15 +101,23 @@ class GpuKV:
         self.length = min(self.length, n)
 
     def copy(self) -> GpuKV:
-        return _filled(self.ledger, self.shape, self.max_len, self.length, self.kind,
-                       {a: getattr(self, a) for a in self._arrays()})
+        return _filled(
+            self.ledger,
+            self.shape,
+            self.max_len,
+            self.length,
+            self.kind,
+            {a: getattr(self, a) for a in self._arrays()},
+        )
 
     def nbytes(self) -> int:
         return self._bytes(self.cap)
 
     def to_host(self) -> HostKV:
         """A copy in host RAM (the prefix cache keeps these, not VRAM); its copy() comes back to the GPU."""
-        arrays = {a: getattr(self, a)[:, :, : self.length].get() for a in self._arrays()} if self.length else {}
+        arrays = (
+            {a: getattr(self, a)[:, :, : self.length].get() for a in self._arrays()} if self.length else {}
+        )
         return HostKV(self.ledger, self.shape, self.max_len, self.length, self.kind, arrays)
 
     def host(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
@@ -129,8 +140,15 @@ class GpuKV:
 class HostKV:
     """A GpuKV's first `length` positions in host RAM: its arrays [n_layer, n_kv, length, ...] as on the GPU."""
 
-    def __init__(self, ledger: Ledger, shape: tuple[int, int, int], max_len: int, length: int, kind: KVType,
-                 arrays: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        shape: tuple[int, int, int],
+        max_len: int,
+        length: int,
+        kind: KVType,
+        arrays: dict[str, Any],
+    ) -> None:
         self.ledger, self.shape, self.max_len, self.length = ledger, shape, max_len, length
         self.kind, self.arrays = kind, arrays
 
@@ -144,14 +162,22 @@ class HostKV:
         return sum(a.nbytes for a in self.arrays.values())
 
 
-def _filled(ledger: Ledger, shape: tuple[int, int, int], max_len: int, length: int, kind: KVType,
-            arrays: dict[str, Any]) -> GpuKV:
+def _filled(
+    ledger: Ledger,
+    shape: tuple[int, int, int],
+    max_len: int,
+    length: int,
+    kind: KVType,
+    arrays: dict[str, Any],
+) -> GpuKV:
     """A new GpuKV holding the first `length` positions of the arrays (device or host)."""
     out = GpuKV(ledger, *shape, max_len, kind)
     if length:
         cp = cupy_module()
         out.reserve(length)
         for name, a in arrays.items():
-            getattr(out, name)[:, :, :length] = cp.asarray(a[:, :, :length])  # asarray: a no-op for device arrays
+            getattr(out, name)[:, :, :length] = cp.asarray(
+                a[:, :, :length]
+            )  # asarray: a no-op for device arrays
         out.length = length
     return out

@@ -154,7 +154,9 @@ class Activations:
         if dims.dn is not None:
             per += 4 * (dims.dn.mix_cols + dims.dn.conv_channels + dims.dn.inner)
         if dims.n_expert:
-            return per + 4 * (dims.n_expert + a * (2 * dims.ffn + dims.d + 6)) + dims.d + a * dims.ffn  # + int8 codes
+            return (
+                per + 4 * (dims.n_expert + a * (2 * dims.ffn + dims.d + 6)) + dims.d + a * dims.ffn
+            )  # + int8 codes
         return per + 4 * 2 * dims.ffn
 
 
@@ -168,8 +170,17 @@ class Segment:
     kv: Any  # GpuKV
 
 
-def run_layer(ops: Ops, i: int, w: LayerWeights, dm: Dims, act: Activations, n: int, tab: Any,
-              segments: list[Segment] | None, inv_freq: Any) -> None:
+def run_layer(
+    ops: Ops,
+    i: int,
+    w: LayerWeights,
+    dm: Dims,
+    act: Activations,
+    n: int,
+    tab: Any,
+    segments: list[Segment] | None,
+    inv_freq: Any,
+) -> None:
     """x[:n] += mixer(norm(x)); x[:n] += ffn(norm(x)) for layer i. segments=None: every row is a
     decode row whose position and cache come from `tab` (the graph case)."""
     small = n <= GEMV_ROWS
@@ -181,8 +192,14 @@ def run_layer(ops: Ops, i: int, w: LayerWeights, dm: Dims, act: Activations, n: 
         before_write = ahead.read_done
     if w.dn is not None:
         assert dm.dn is not None
-        runs = None if segments is None or all(s.n == 1 for s in segments) else [(s.start, s.n) for s in segments]
-        run_deltanet(ops, w.dn_layer, w.dn, dm.dn, w.attn_norm, dm.eps, act, n, tab, TAB, runs, small, before_write)
+        runs = (
+            None
+            if segments is None or all(s.n == 1 for s in segments)
+            else [(s.start, s.n) for s in segments]
+        )
+        run_deltanet(
+            ops, w.dn_layer, w.dn, dm.dn, w.attn_norm, dm.eps, act, n, tab, TAB, runs, small, before_write
+        )
     else:
         _attention_block(ops, w, dm, act, n, tab, segments, inv_freq, small, before_write)
     if dm.n_expert:
@@ -195,9 +212,18 @@ def run_layer(ops: Ops, i: int, w: LayerWeights, dm: Dims, act: Activations, n: 
         ops.cpu_collect(act.x, n, dm.d, w.tier.share, COLLECT_TIMEOUT_NS)
 
 
-def _attention_block(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int, tab: Any,
-                     segments: list[Segment] | None, inv_freq: Any, small: bool,
-                     before_write: Callable[[], None] | None = None) -> None:
+def _attention_block(
+    ops: Ops,
+    w: LayerWeights,
+    dm: Dims,
+    act: Activations,
+    n: int,
+    tab: Any,
+    segments: list[Segment] | None,
+    inv_freq: Any,
+    small: bool,
+    before_write: Callable[[], None] | None = None,
+) -> None:
     x, h, layer = act.x, act.h, w.kv_layer
     assert w.o is not None
     if small and _same_kind(w.qkv):
@@ -221,11 +247,47 @@ def _attention_block(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: i
             else:
                 ops.matmul(w.attn_gate, h, n, act.gate)
     if ops.split and (segments is None or all(s.n == 1 for s in segments)):  # decode rows only: one launch
-        ops.attn_decode_qkv(act.qkv, tab, TAB, layer, n, dm.n_head, dm.n_kv, dm.hd, w.q_norm, w.k_norm, dm.eps,
-                            inv_freq, dm.n_rot, dm.neox, dm.pos_scale, dm.scale, act.att, dm.kv8, act.att_part)
+        ops.attn_decode_qkv(
+            act.qkv,
+            tab,
+            TAB,
+            layer,
+            n,
+            dm.n_head,
+            dm.n_kv,
+            dm.hd,
+            w.q_norm,
+            w.k_norm,
+            dm.eps,
+            inv_freq,
+            dm.n_rot,
+            dm.neox,
+            dm.pos_scale,
+            dm.scale,
+            act.att,
+            dm.kv8,
+            act.att_part,
+        )
     else:
-        ops.qkv_post(act.qkv, n, dm.n_head, dm.n_kv, dm.hd, w.q_norm, w.k_norm, dm.eps, inv_freq, dm.n_rot, dm.neox,
-                     dm.pos_scale, tab, TAB, layer, act.q, dm.kv8)
+        ops.qkv_post(
+            act.qkv,
+            n,
+            dm.n_head,
+            dm.n_kv,
+            dm.hd,
+            w.q_norm,
+            w.k_norm,
+            dm.eps,
+            inv_freq,
+            dm.n_rot,
+            dm.neox,
+            dm.pos_scale,
+            tab,
+            TAB,
+            layer,
+            act.q,
+            dm.kv8,
+        )
         _attention(ops, layer, dm, act, n, tab, segments)
     if w.attn_gate is not None:
         ops.gate_mul(act.att, act.gate, n, dm.n_head * dm.hd)
@@ -260,19 +322,47 @@ def _same_kind(ms: list[DevMatrix]) -> bool:
     return all(m.qtype == ms[0].qtype and m.cols == ms[0].cols for m in ms)
 
 
-def _attention(ops: Ops, i: int, dm: Dims, act: Activations, n: int, tab: Any, segments: list[Segment] | None) -> None:
+def _attention(
+    ops: Ops, i: int, dm: Dims, act: Activations, n: int, tab: Any, segments: list[Segment] | None
+) -> None:
     if segments is None or all(s.n == 1 for s in segments):
-        ops.attn_decode(act.q, tab, TAB, i, n, dm.n_head, dm.n_kv, dm.hd, dm.scale, act.att, dm.kv8, act.att_part)
+        ops.attn_decode(
+            act.q, tab, TAB, i, n, dm.n_head, dm.n_kv, dm.hd, dm.scale, act.att, dm.kv8, act.att_part
+        )
         return
     row_bytes = 4 * dm.n_head * dm.hd
     for s in segments:
         if s.n == 1:
-            ops.attn_decode(ptr(act.q, s.start * row_bytes), ptr(tab, s.start * 8 * TAB), TAB, i, 1, dm.n_head, dm.n_kv,
-                            dm.hd, dm.scale, ptr(act.att, s.start * row_bytes), dm.kv8, act.att_part)
+            ops.attn_decode(
+                ptr(act.q, s.start * row_bytes),
+                ptr(tab, s.start * 8 * TAB),
+                TAB,
+                i,
+                1,
+                dm.n_head,
+                dm.n_kv,
+                dm.hd,
+                dm.scale,
+                ptr(act.att, s.start * row_bytes),
+                dm.kv8,
+                act.att_part,
+            )
             continue
         k_layer, v_layer, head_stride, scales = s.kv.flash_args(i)
-        ops.flash(ptr(act.q, s.start * row_bytes), k_layer, v_layer, head_stride, s.n, s.n_past, dm.n_head, dm.n_kv,
-                  dm.hd, dm.scale, ptr(act.att, s.start * row_bytes), scales)
+        ops.flash(
+            ptr(act.q, s.start * row_bytes),
+            k_layer,
+            v_layer,
+            head_stride,
+            s.n,
+            s.n_past,
+            dm.n_head,
+            dm.n_kv,
+            dm.hd,
+            dm.scale,
+            ptr(act.att, s.start * row_bytes),
+            scales,
+        )
 
 
 def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
@@ -281,8 +371,22 @@ def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
     # the router stays a gemv at any n: fp32 logits, so expert choice matches the CPU path
     q8 = n <= GEMV_ROWS and ops.takes_q8(w.gate, w.up, w.down) and dm.ffn % 32 == 0
     if ops.split and n <= GEMV_ROWS:  # routing in the router's own launch
-        ops.router_topk(w.router, x, n, act.router, w.ffn_norm, dm.eps, h, a, dm.norm_topk, act.ids, act.wts,
-                        act.counter, act.hq if q8 else None, act.hds if q8 else None)
+        ops.router_topk(
+            w.router,
+            x,
+            n,
+            act.router,
+            w.ffn_norm,
+            dm.eps,
+            h,
+            a,
+            dm.norm_topk,
+            act.ids,
+            act.wts,
+            act.counter,
+            act.hq if q8 else None,
+            act.hds if q8 else None,
+        )
     elif n > GEMV_ROWS and w.router.qtype == 0:  # prefill: norm once, then the router as one fp32 GEMM
         ops.rmsnorm(x, w.ffn_norm, dm.eps, n, dm.d, h)
         ops.router_logits(h, n, w.router, act.router)
@@ -292,9 +396,19 @@ def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
         ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
     pairs = n * a
     ahead = w.tier.lookahead if n <= GEMV_ROWS and w.tier is not None else None
-    if w.tier is not None:  # (with the lookahead, its launch raises the branch's stop: the link is the experts')
-        ops.tier_count(act.ids, pairs, a, w.tier.where, w.tier.expert_bytes, w.tier.counts, w.tier.route,
-                       None if ahead is None else ahead.stop)
+    if (
+        w.tier is not None
+    ):  # (with the lookahead, its launch raises the branch's stop: the link is the experts')
+        ops.tier_count(
+            act.ids,
+            pairs,
+            a,
+            w.tier.where,
+            w.tier.expert_bytes,
+            w.tier.counts,
+            w.tier.route,
+            None if ahead is None else ahead.stop,
+        )
         if n <= GEMV_ROWS and w.tier.share is not None:  # before the GPU's experts, so the CPU overlaps them
             ops.cpu_publish(h, act.ids, act.wts, n, a, dm.d, w.tier.share)
     if n <= GEMV_ROWS:
@@ -307,22 +421,55 @@ def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
             assert w.tier is not None
             ahead.restore(w.tier.layer, act.ids, pairs)
         return
-    ops.moe_group(act.ids, pairs, a, e, act.counts, act.offsets, act.cursor, act.tiles, act.n_tiles, act.rows,
-                  act.tok_of_row)
+    ops.moe_group(
+        act.ids,
+        pairs,
+        a,
+        e,
+        act.counts,
+        act.offsets,
+        act.cursor,
+        act.tiles,
+        act.n_tiles,
+        act.rows,
+        act.tok_of_row,
+    )
     grid = moe.max_tiles(pairs, e)
     f = dm.ffn
-    ops.matmul(w.gate, h, pairs, act.gu, ldc=2 * f, a_index=act.tok_of_row, tiles=act.tiles, n_tiles=act.n_tiles,
-               grid_rows=grid)
-    ops.matmul(w.up, h, pairs, ptr(act.gu, 4 * f), ldc=2 * f, a_index=act.tok_of_row, tiles=act.tiles,
-               n_tiles=act.n_tiles, grid_rows=grid)
-    ops.matmul(w.down, act.gu, pairs, act.y, silu_mul=True, tiles=act.tiles, n_tiles=act.n_tiles, grid_rows=grid)
+    ops.matmul(
+        w.gate,
+        h,
+        pairs,
+        act.gu,
+        ldc=2 * f,
+        a_index=act.tok_of_row,
+        tiles=act.tiles,
+        n_tiles=act.n_tiles,
+        grid_rows=grid,
+    )
+    ops.matmul(
+        w.up,
+        h,
+        pairs,
+        ptr(act.gu, 4 * f),
+        ldc=2 * f,
+        a_index=act.tok_of_row,
+        tiles=act.tiles,
+        n_tiles=act.n_tiles,
+        grid_rows=grid,
+    )
+    ops.matmul(
+        w.down, act.gu, pairs, act.y, silu_mul=True, tiles=act.tiles, n_tiles=act.n_tiles, grid_rows=grid
+    )
     ops.moe_combine(act.y, act.rows, act.wts, a, dm.d, n, x)
 
 
 def _dense(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
     x, h, f = act.x, act.h, dm.ffn
     if n <= GEMV_ROWS:
-        if _same_kind([w.gate, w.up]) and ops.takes_q8(w.gate, w.up):  # gate|up: one product, norm in its staging
+        if _same_kind([w.gate, w.up]) and ops.takes_q8(
+            w.gate, w.up
+        ):  # gate|up: one product, norm in its staging
             ops.matvec([w.gate, w.up], x, n, act.gu, norm=w.ffn_norm, eps=dm.eps)
         else:
             ops.matvec([w.gate], x, n, act.gu, ldy=2 * f, norm=w.ffn_norm, eps=dm.eps, h_out=h)

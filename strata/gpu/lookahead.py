@@ -23,7 +23,9 @@ BLOCKS = 24
 
 
 class Lookahead:
-    def __init__(self, kernels: Kernels, layout: ExpertLayout, table: Any, where: Any, k: int, rows: int) -> None:
+    def __init__(
+        self, kernels: Kernels, layout: ExpertLayout, table: Any, where: Any, k: int, rows: int
+    ) -> None:
         """table [L, P, E] int64 (the decode table) and where [L, E] int32: GpuTiers' device arrays."""
         cp = cupy_module()
         self.kernels, self.layout, self.table, self.where, self.k = kernels, layout, table, where, k
@@ -31,7 +33,9 @@ class Lookahead:
         self.stage = [cp.empty(k * s, cp.uint8) for s in layout.strides]  # part-major, as the slots
         self.picked = cp.full(k, -1, cp.int32)
         self.saved = cp.zeros(3 * k, cp.int64)
-        self.landed = cp.zeros(3 * k, cp.int32)  # per part of a pick: blocks done with their slice (restore zeroes)
+        self.landed = cp.zeros(
+            3 * k, cp.int32
+        )  # per part of a pick: blocks done with their slice (restore zeroes)
         self.stop = cp.zeros(1, cp.int32)  # raised by the layer's router, lowered by its restore
         # parts landed, used, bytes used, bytes wasted, bytes copied, ns the branch ran: read and zeroed per pass
         self.stats = cp.zeros(STATS, cp.uint64)
@@ -51,7 +55,9 @@ class Lookahead:
         e, a = layout.n_expert, layout.top_k
         return k * layout.slot_bytes + 4 * rows * (e + 2 * a) + 44 * k + 64
 
-    def fork(self, ops: Any, li: int, router: Any, norm: Any, eps: float, x: Any, n: int, norm_topk: bool) -> None:
+    def fork(
+        self, ops: Any, li: int, router: Any, norm: Any, eps: float, x: Any, n: int, norm_topk: bool
+    ) -> None:
         """At decode layer li's start (on the current stream): on the side branch, route x[:n] with the layer's
         router and copy predicted misses ahead until the layer's tier_count raises `stop`; the mixer must call
         `read_done` before it writes x."""
@@ -62,13 +68,32 @@ class Lookahead:
         self.forked.record(main)
         self.side.wait_event(self.forked)
         with self.side:
-            ops.router_topk(router, x, n, self.logits, norm, eps, None, a, norm_topk, self.ids, self.wts, self.counter)
+            ops.router_topk(
+                router, x, n, self.logits, norm, eps, None, a, norm_topk, self.ids, self.wts, self.counter
+            )
             self.routed.record(self.side)
-            launch(self.kernels["prefetch"], (BLOCKS,), 256,
-                   (self.ids, i32(n), i32(a), ptr(self.where, 4 * li * e), ptr(self.table, 8 * li * 3 * e), i32(e),
-                    i32(self.k), *(ptr(s) for s in self.stage), *(i64(s) for s in lay.strides),
-                    *(i64(b) for b in self._part_bytes[li]), self.picked, self.saved, self.landed, self.stop,
-                    self.stats))
+            launch(
+                self.kernels["prefetch"],
+                (BLOCKS,),
+                256,
+                (
+                    self.ids,
+                    i32(n),
+                    i32(a),
+                    ptr(self.where, 4 * li * e),
+                    ptr(self.table, 8 * li * 3 * e),
+                    i32(e),
+                    i32(self.k),
+                    *(ptr(s) for s in self.stage),
+                    *(i64(s) for s in lay.strides),
+                    *(i64(b) for b in self._part_bytes[li]),
+                    self.picked,
+                    self.saved,
+                    self.landed,
+                    self.stop,
+                    self.stats,
+                ),
+            )
             self.ended.record(self.side)
 
     def read_done(self) -> None:
@@ -81,6 +106,21 @@ class Lookahead:
         cp = cupy_module()
         cp.cuda.get_current_stream().wait_event(self.ended)
         e = self.layout.n_expert
-        launch(self.kernels["prefetch_restore"], (1,), 128,
-               (ptr(self.table, 8 * li * 3 * e), i32(e), i32(self.k), self.picked, self.saved, self.landed, self.stop,
-                ids, i32(pairs), *(i64(b) for b in self._part_bytes[li]), self.stats))
+        launch(
+            self.kernels["prefetch_restore"],
+            (1,),
+            128,
+            (
+                ptr(self.table, 8 * li * 3 * e),
+                i32(e),
+                i32(self.k),
+                self.picked,
+                self.saved,
+                self.landed,
+                self.stop,
+                ids,
+                i32(pairs),
+                *(i64(b) for b in self._part_bytes[li]),
+                self.stats,
+            ),
+        )

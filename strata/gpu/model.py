@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from strata.blocks.rope import RopeStyle
+from strata.console.progress import ProgressBar
 from strata.errors import ConfigError
 from strata.gguf.names import T, tensor
 from strata.gpu.ahead import GraphAhead
@@ -24,7 +25,6 @@ from strata.gpu.deltanet import RECURRENT, DeltaNetWeights, DNDims, RecurrentSta
 from strata.gpu.graphs import DecodeGraphs
 from strata.gpu.kernels.rows import inv_freq
 from strata.gpu.kv import GpuKV
-from strata.gpu.lookahead import Lookahead
 from strata.gpu.layers import (
     GEMV_ROWS,
     TAB,
@@ -35,15 +35,15 @@ from strata.gpu.layers import (
     SharedExpert,
     run_layer,
 )
+from strata.gpu.lookahead import Lookahead
 from strata.gpu.ops import HEAD_DIMS, Ops
 from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.tiers import GpuTiers, TierOptions
-from strata.runtime.kvcache import KVCache, KVType
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
 from strata.models.base import Model
 from strata.models.qwen3moe import Qwen3Moe
 from strata.models.qwen3next import Qwen3Next
-from strata.console.progress import ProgressBar
+from strata.runtime.kvcache import KVCache, KVType
 from strata.runtime.state import SequenceState
 from strata.tiers import context
 from strata.tiers.budget import MIB, RESERVE_MIB, Ledger, VramPlan
@@ -62,8 +62,12 @@ class GpuOptions:
     q8: bool = True  # decode products on int8 inputs where the weight type allows (mmvq.py)
     reserve_mib: int = RESERVE_MIB  # VRAM left to the driver when the budget is the free memory
     expert_cache: str = "auto"  # see strata.tiers.budget
-    seqs: int = 1  # sequences the plan keeps KV and recurrent-state room for (more may fit, drawn from the ledger)
-    tiers: TierOptions = dataclasses.field(default_factory=TierOptions)  # the CPU share, the policy, the profile
+    seqs: int = (
+        1  # sequences the plan keeps KV and recurrent-state room for (more may fit, drawn from the ledger)
+    )
+    tiers: TierOptions = dataclasses.field(
+        default_factory=TierOptions
+    )  # the CPU share, the policy, the profile
     kv_type: KVType = KVType.F16  # the KV cells: f16 or int8 (strata.runtime.kvcache)
 
 
@@ -84,12 +88,23 @@ def shape_of(cpu: Model) -> tuple[Dims, list[bool]]:
     shared = tensor(T.FFN_GATE_SHEXP, 0)
     a, routing = p.attn, cpu if moe else None
     dims = Dims(
-        d=p.d_model, n_head=a.n_head, n_kv=a.n_kv, hd=a.head_dim, eps=p.eps, n_rot=p.rope.n_rot,
-        neox=p.rope.style is RopeStyle.NEOX, pos_scale=p.rope.scale, scale=a.scale,
-        n_expert=gguf.tensors[gate].shape[0] if moe else 0, ffn=gguf.tensors[gate].shape[-2],
-        top_k=getattr(routing, "top_k", 0), norm_topk=getattr(routing, "norm_topk", True),
-        gated=hybrid, shared_ff=gguf.tensors[shared].shape[-2] if shared in gguf.tensors else 0,
-        dn=DNDims.of(cpu.dn) if isinstance(cpu, Qwen3Next) else None)
+        d=p.d_model,
+        n_head=a.n_head,
+        n_kv=a.n_kv,
+        hd=a.head_dim,
+        eps=p.eps,
+        n_rot=p.rope.n_rot,
+        neox=p.rope.style is RopeStyle.NEOX,
+        pos_scale=p.rope.scale,
+        scale=a.scale,
+        n_expert=gguf.tensors[gate].shape[0] if moe else 0,
+        ffn=gguf.tensors[gate].shape[-2],
+        top_k=getattr(routing, "top_k", 0),
+        norm_topk=getattr(routing, "norm_topk", True),
+        gated=hybrid,
+        shared_ff=gguf.tensors[shared].shape[-2] if shared in gguf.tensors else 0,
+        dn=DNDims.of(cpu.dn) if isinstance(cpu, Qwen3Next) else None,
+    )
     return dims, linear
 
 
@@ -98,8 +113,9 @@ def kv_bytes_per_token(d: Dims, n_attn: int) -> int:
     return KVCache.bytes_per_token(KVType.INT8 if d.kv8 else KVType.F16, n_attn, d.n_kv, d.hd)
 
 
-def vram_plan(gguf: Any, d: Dims, linear: list[bool], n_ctx: int, chunk: int, vocab: int, opts: GpuOptions,
-              budget: int) -> VramPlan:
+def vram_plan(
+    gguf: Any, d: Dims, linear: list[bool], n_ctx: int, chunk: int, vocab: int, opts: GpuOptions, budget: int
+) -> VramPlan:
     """What start-up must fit under the budget: dense weights by component, KV and activations; the expert
     cache gets what is left (ConfigError with the plan when the dense part does not fit). Reads only the
     header, so `strata plan` runs the same code without a GPU."""
@@ -110,22 +126,32 @@ def vram_plan(gguf: Any, d: Dims, linear: list[bool], n_ctx: int, chunk: int, vo
         plan.slot_bytes, plan.n_total = layout.slot_bytes, layout.n_total
         # decode and full tables, the prefill table, `where`; the counters; the CPU share's slot of zeros
         # and the routed ids the cache policy learns from
-        plan.parts["expert tables and counters"] = (76 * layout.n_total + 24 * (chunk + 64) + layout.slot_bytes
-                                                    + 4 * len(layout.layers) * layout.top_k * (chunk + 64))
+        plan.parts["expert tables and counters"] = (
+            76 * layout.n_total
+            + 24 * (chunk + 64)
+            + layout.slot_bytes
+            + 4 * len(layout.layers) * layout.top_k * (chunk + 64)
+        )
     n_attn = linear.count(False)
     seqs = opts.seqs  # room for the sequences that run at once: the expert cache takes what the plan leaves
     plan.parts[f"KV cache ({seqs} x {n_ctx:,} positions)"] = seqs * n_ctx * kv_bytes_per_token(d, n_attn)
     if d.dn is not None:  # one more: a cached prefix is restored beside the fresh state it replaces
-        plan.parts[f"DeltaNet state ({seqs} + 1 x)"] = (seqs + 1) * 4 * (len(linear) - n_attn) * sum(d.dn.state_floats())
+        plan.parts[f"DeltaNet state ({seqs} + 1 x)"] = (
+            (seqs + 1) * 4 * (len(linear) - n_attn) * sum(d.dn.state_floats())
+        )
     rows = Activations.bytes_per_row(d)
     part = 4 * Activations.part_floats(d)  # decode attention's split-K partials
     plan.parts[f"activations ({chunk}-token chunks)"] = rows * chunk + 4 * vocab * opts.max_batch + part
     plan.parts[f"decode graph buffers (up to {opts.max_batch} sequences)"] = (
-        rows * opts.max_batch + 4 * vocab * opts.max_batch + part)
+        rows * opts.max_batch + 4 * vocab * opts.max_batch + part
+    )
     plan.size_cache(opts.expert_cache)
-    if layout is not None and opts.tiers.prefetch and plan.n_slots < plan.n_total:  # tiered: the lookahead runs
+    if (
+        layout is not None and opts.tiers.prefetch and plan.n_slots < plan.n_total
+    ):  # tiered: the lookahead runs
         plan.parts[f"lookahead staging ({opts.tiers.prefetch} experts)"] = Lookahead.nbytes_for(
-            layout, opts.tiers.prefetch, GEMV_ROWS)
+            layout, opts.tiers.prefetch, GEMV_ROWS
+        )
         plan.size_cache(opts.expert_cache)
     return plan
 
@@ -139,8 +165,12 @@ class GpuModel(Model):
         gguf = cpu.gguf  # type: ignore[attr-defined]
         check_gpu_types(gguf)
         if p.attn.head_dim not in HEAD_DIMS:
-            raise ConfigError("device", "cuda", f"head_dim {p.attn.head_dim} has no GPU attention kernel "
-                              f"(have {', '.join(map(str, HEAD_DIMS))}); use device=cpu")
+            raise ConfigError(
+                "device",
+                "cuda",
+                f"head_dim {p.attn.head_dim} has no GPU attention kernel "
+                f"(have {', '.join(map(str, HEAD_DIMS))}); use device=cpu",
+            )
         hybrid = isinstance(cpu, Qwen3Next)
         moe = hybrid or isinstance(cpu, Qwen3Moe)
         dims, self.linear = shape_of(cpu)
@@ -157,17 +187,24 @@ class GpuModel(Model):
         # the modules and graphs; past that it frees its cached blocks before it asks the driver for more
         cp.get_default_memory_pool().set_limit(size=max(0, plan.budget - DRIVER_BYTES))
         # sequences' KV and recurrent state are taken from the ledger as they grow: the plan only keeps room
-        self.ledger = Ledger(plan.budget, plan.total - sum(v for k, v in plan.parts.items() if k.startswith(GROWING)))
+        self.ledger = Ledger(
+            plan.budget, plan.total - sum(v for k, v in plan.parts.items() if k.startswith(GROWING))
+        )
         self.stream = cp.cuda.Stream(non_blocking=True)
         layout = ExpertLayout.from_gguf(gguf)
         tiered = layout is not None and (opts.expert_cache != "auto" or plan.n_slots < plan.n_total)
         # the weights' upload, layer by layer (tiered experts go to the arena, which has its own bar)
         sizes = weight_bytes(gguf)
-        upload = ProgressBar("weights to VRAM", sum(sizes.values()) - (sizes.get("experts", 0) if tiered else 0))
+        upload = ProgressBar(
+            "weights to VRAM", sum(sizes.values()) - (sizes.get("experts", 0) if tiered else 0)
+        )
         with self.stream:
             self.w = GpuWeights(gguf)
-            self.tiers = (GpuTiers(gguf, layout, plan.n_slots, self.chunk + 64, GEMV_ROWS,
-                                   opts.tiers) if tiered else None)
+            self.tiers = (
+                GpuTiers(gguf, layout, plan.n_slots, self.chunk + 64, GEMV_ROWS, opts.tiers)
+                if tiered
+                else None
+            )
             self.layers: list[LayerWeights] = []
             for i in range(p.n_layer):
                 self.layers.append(self._layer(i, moe, hybrid))
@@ -179,8 +216,11 @@ class GpuModel(Model):
             self.inv_freq = cp.asarray(inv_freq(p.rope))
             self.stream.synchronize()
         upload(self.w.nbytes(), self.w.nbytes())  # what went up, where the estimate differs (a tied head)
-        self.ops = Ops({(L.gate.qtype, L.up.qtype, L.down.qtype) for L in self.layers} if moe else set(), opts.split,
-                       opts.q8)
+        self.ops = Ops(
+            {(L.gate.qtype, L.up.qtype, L.down.qtype) for L in self.layers} if moe else set(),
+            opts.split,
+            opts.q8,
+        )
         self.graphs = DecodeGraphs(self, opts.max_batch)
         # with tiers, passes of more than GEMV_ROWS rows read every miss through the full table (the CPU share
         # is for decode rows), and borrowing chunks through the prefill table (staged, borrowed slots)
@@ -193,7 +233,9 @@ class GpuModel(Model):
         base = vram_plan(gguf, d, self.linear, 0, self.chunk, self.params.vocab, opts, budget)
         layout = ExpertLayout.from_gguf(gguf)
         experts = 0 if layout is None else layout.n_total * layout.slot_bytes
-        choice = context.on_gpu(trained, kv_bytes_per_token(d, self.n_attn), opts.seqs, budget - base.dense, experts)
+        choice = context.on_gpu(
+            trained, kv_bytes_per_token(d, self.n_attn), opts.seqs, budget - base.dense, experts
+        )
         logging.getLogger("strata.gpu").info("%s", choice.line)
         return choice.n_ctx
 
@@ -202,9 +244,16 @@ class GpuModel(Model):
         if tiers is None:
             return self.layers
         of = tiers.cache.layer_of
-        return [dataclasses.replace(L, tier=tiers.hook(of[i], decode=False),
-                                    **dict(zip(("gate", "up", "down"), tiers.matrices(of[i], table))))
-                if i in of else L for i, L in enumerate(self.layers)]
+        return [
+            dataclasses.replace(
+                L,
+                tier=tiers.hook(of[i], decode=False),
+                **dict(zip(("gate", "up", "down"), tiers.matrices(of[i], table))),
+            )
+            if i in of
+            else L
+            for i, L in enumerate(self.layers)
+        ]
 
     def layers_for(self, n: int) -> list[LayerWeights]:
         """The layers a pass of n rows runs: decode rows give the CPU its share of the misses, more rows read
@@ -236,16 +285,30 @@ class GpuModel(Model):
             g, u, dn = (w.matrix(tensor(k, i)) for k in names)
         shared = None
         if d.shared_ff:
-            shared = SharedExpert([w.matrix(tensor(T.FFN_GATE_SHEXP, i)), w.matrix(tensor(T.FFN_UP_SHEXP, i))],
-                                  w.matrix(tensor(T.FFN_DOWN_SHEXP, i)), w.matrix(tensor(T.FFN_GATE_INP_SHEXP, i)))
+            shared = SharedExpert(
+                [w.matrix(tensor(T.FFN_GATE_SHEXP, i)), w.matrix(tensor(T.FFN_UP_SHEXP, i))],
+                w.matrix(tensor(T.FFN_DOWN_SHEXP, i)),
+                w.matrix(tensor(T.FFN_GATE_INP_SHEXP, i)),
+            )
         ffn_norm = w.vector(tensor(T.ATTN_POST_NORM if hybrid else T.FFN_NORM, i))
         router = w.matrix(tensor(T.FFN_GATE_INP, i)) if moe else None
         if self.linear[i]:
             return LayerWeights(
-                attn_norm=w.vector(tensor(T.ATTN_NORM, i)), qkv=[], o=None, q_norm=None, k_norm=None,
-                ffn_norm=ffn_norm, gate=g, up=u, down=dn, router=router, shared=shared,
+                attn_norm=w.vector(tensor(T.ATTN_NORM, i)),
+                qkv=[],
+                o=None,
+                q_norm=None,
+                k_norm=None,
+                ffn_norm=ffn_norm,
+                gate=g,
+                up=u,
+                down=dn,
+                router=router,
+                shared=shared,
                 dn=DeltaNetWeights.load(w, i, d.dn is not None and d.dn.fused_r > 0),
-                dn_layer=self.linear[:i].count(True), tier=hook)
+                dn_layer=self.linear[:i].count(True),
+                tier=hook,
+            )
         if hybrid:  # gated attention: q_proj rows are per head [query | gate]
             q, attn_gate = w.query_and_gate(tensor(T.ATTN_Q, i), d.n_head, d.hd)
         else:
@@ -253,9 +316,19 @@ class GpuModel(Model):
         return LayerWeights(
             attn_norm=w.vector(tensor(T.ATTN_NORM, i)),
             qkv=[q] + [w.matrix(tensor(k, i)) for k in (T.ATTN_K, T.ATTN_V)],
-            o=w.matrix(tensor(T.ATTN_OUT, i)), q_norm=opt(T.ATTN_Q_NORM), k_norm=opt(T.ATTN_K_NORM),
-            ffn_norm=ffn_norm, gate=g, up=u, down=dn, router=router, attn_gate=attn_gate, shared=shared,
-            kv_layer=self.linear[:i].count(False), tier=hook)
+            o=w.matrix(tensor(T.ATTN_OUT, i)),
+            q_norm=opt(T.ATTN_Q_NORM),
+            k_norm=opt(T.ATTN_K_NORM),
+            ffn_norm=ffn_norm,
+            gate=g,
+            up=u,
+            down=dn,
+            router=router,
+            attn_gate=attn_gate,
+            shared=shared,
+            kv_layer=self.linear[:i].count(False),
+            tier=hook,
+        )
 
     # ---- Model interface ----
     def decode_ahead(self) -> GraphAhead | None:
@@ -337,8 +410,9 @@ class GpuModel(Model):
                 s.tokens.extend(int(v) for v in t)
                 g.kv.length = s.n_past
             if tiers is not None:
-                tiers.cache.settle(tiers.take_counts(n), staged_bytes, [s.experts for s in states],
-                                   [len(t) for t in tokens])
+                tiers.cache.settle(
+                    tiers.take_counts(n), staged_bytes, [s.experts for s in states], [len(t) for t in tokens]
+                )
                 tiers.after_pass(n)
             if want == "none":
                 self.stream.synchronize()
@@ -354,6 +428,14 @@ class GpuModel(Model):
             out = cp.empty((n, self.params.vocab), cp.float32)
         for r in range(0, n, 64):  # bounded blocks of rows: each gemv pass reads the head once per 8 rows
             m = min(64, n - r)
-            self.ops.matvec([self.head], ptr(x, 4 * r * self.dims.d), m, ptr(out, 4 * r * self.params.vocab),
-                            ldx=self.dims.d, ldy=self.params.vocab, norm=self.out_norm, eps=self.dims.eps)
+            self.ops.matvec(
+                [self.head],
+                ptr(x, 4 * r * self.dims.d),
+                m,
+                ptr(out, 4 * r * self.params.vocab),
+                ldx=self.dims.d,
+                ldy=self.params.vocab,
+                norm=self.out_norm,
+                eps=self.dims.eps,
+            )
         return out

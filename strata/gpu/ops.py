@@ -48,7 +48,9 @@ class Ops:
     unfused ones).
     """
 
-    def __init__(self, moe_types: Iterable[tuple[int, int, int]] = (), split: bool = True, q8: bool = True) -> None:
+    def __init__(
+        self, moe_types: Iterable[tuple[int, int, int]] = (), split: bool = True, q8: bool = True
+    ) -> None:
         self.split = split
         self.q8 = q8 and split
         # GEMM K step (the 128-wide instance stays compiled and tested): 64 measured faster on the H200,
@@ -57,40 +59,77 @@ class Ops:
         qts = sorted(int(q) for q in GPU_QTYPES)
         # silu_mul products (pro 2) take the first kernel in both generations; pro 0 and 1, the generation's
         products = gemv.gemv_split_name if split else gemv.gemv_name
-        self.gemv = Kernels(gemv.SOURCE, [gemv.gemv_name(q, nt, 2) for q in qts for nt in GEMV_NT]
-                            + [products(q, nt, p) for q in qts for nt in GEMV_NT for p in (0, 1)]
-                            + [gemv.router_topk_name(q, nt) for q in qts for nt in GEMV_NT]
-                            + [gemv.get_rows_name(q) for q in qts])
+        self.gemv = Kernels(
+            gemv.SOURCE,
+            [gemv.gemv_name(q, nt, 2) for q in qts for nt in GEMV_NT]
+            + [products(q, nt, p) for q in qts for nt in GEMV_NT for p in (0, 1)]
+            + [gemv.router_topk_name(q, nt) for q in qts for nt in GEMV_NT]
+            + [gemv.get_rows_name(q) for q in qts],
+        )
         # silu(gate)*up staging at BK = 128 spills registers, so down projections keep 64-wide steps
-        self.gemm = Kernels(gemm.SOURCE, [gemm.gemm_name(q, a, bk) for q in qts for a, bk in ((0, 64), (0, 128), (1, 64))])
+        self.gemm = Kernels(
+            gemm.SOURCE, [gemm.gemm_name(q, a, bk) for q in qts for a, bk in ((0, 64), (0, 128), (1, 64))]
+        )
         kv_kinds = (False, True)  # fp16 and int8 cells (--kv-type)
-        self.attn = Kernels(attention.SOURCE, [f(h, q8) for f in (attention.decode_name, attention.decode_qkv_name,
-                                                                  attention.flash_name)
-                                               for h in HEAD_DIMS for q8 in kv_kinds]
-                            + [attention.merge_name(h) for h in HEAD_DIMS])
-        self.rows = Kernels(rows.SOURCE, ["rmsnorm", "gate_mul", "gated_add"]
-                            + [rows.qkv_post_name(h, q8) for h in HEAD_DIMS for q8 in kv_kinds])
+        self.attn = Kernels(
+            attention.SOURCE,
+            [
+                f(h, q8)
+                for f in (attention.decode_name, attention.decode_qkv_name, attention.flash_name)
+                for h in HEAD_DIMS
+                for q8 in kv_kinds
+            ]
+            + [attention.merge_name(h) for h in HEAD_DIMS],
+        )
+        self.rows = Kernels(
+            rows.SOURCE,
+            ["rmsnorm", "gate_mul", "gated_add"]
+            + [rows.qkv_post_name(h, q8) for h in HEAD_DIMS for q8 in kv_kinds],
+        )
         self.dn = Kernels(deltanet.SOURCE, deltanet.kernel_names())
-        pairs = sorted({(q, q) for q in qts} | {(g, u) for g, u, _ in moe_types})  # gate and up differ only in odd files
-        gate_up, down = ((moe.gate_up_split_name, moe.down_split_name) if split
-                         else (moe.gate_up_name, moe.down_name))
-        self.moe = Kernels(moe.SOURCE, ["moe_topk", "moe_count", "moe_plan", "moe_scatter", "moe_combine"]
-                           + [gate_up(g, u) for g, u in pairs] + [down(q) for q in qts])
+        pairs = sorted(
+            {(q, q) for q in qts} | {(g, u) for g, u, _ in moe_types}
+        )  # gate and up differ only in odd files
+        gate_up, down = (
+            (moe.gate_up_split_name, moe.down_split_name) if split else (moe.gate_up_name, moe.down_name)
+        )
+        self.moe = Kernels(
+            moe.SOURCE,
+            ["moe_topk", "moe_count", "moe_plan", "moe_scatter", "moe_combine"]
+            + [gate_up(g, u) for g, u in pairs]
+            + [down(q) for q in qts],
+        )
         self.sample = Kernels(sample.SOURCE, ["argmax_rows", "sample_rows", "advance"])
         self.tiers = Kernels(tiers.SOURCE, tiers.NAMES)
         q8t = sorted(mmvq.MMVQ_TYPES)
         q8pairs = sorted({(q, q) for q in q8t} | {(g, u) for g, u, _ in moe_types if g in q8t and u in q8t})
-        self.mmvq = Kernels(mmvq.SOURCE, [mmvq.mmvq_name(q, nt, p) for q in q8t for nt in GEMV_NT for p in (0, 1, 2)]
-                            + [mmvq.gate_up_q8_name(g, u) for g, u in q8pairs] + [mmvq.down_q8_name(q) for q in q8t])
+        self.mmvq = Kernels(
+            mmvq.SOURCE,
+            [mmvq.mmvq_name(q, nt, p) for q in q8t for nt in GEMV_NT for p in (0, 1, 2)]
+            + [mmvq.gate_up_q8_name(g, u) for g, u in q8pairs]
+            + [mmvq.down_q8_name(q) for q in q8t],
+        )
 
     def takes_q8(self, *ws: DevMatrix) -> bool:
         """Whether decode products on these matrices run on int8 inputs."""
         return self.q8 and all(w.qtype in mmvq.MMVQ_TYPES and w.cols <= mmvq.MAX_K for w in ws)
 
     # ---- matrices ----
-    def matvec(self, ws: Sequence[DevMatrix], x: Any, n: int, y: Any, *, ldx: int = 0, ldy: int = 0,
-               accumulate: bool = False, norm: Any = None, eps: float = 0.0, h_out: Any = None,
-               silu_mul: bool = False) -> None:
+    def matvec(
+        self,
+        ws: Sequence[DevMatrix],
+        x: Any,
+        n: int,
+        y: Any,
+        *,
+        ldx: int = 0,
+        ldy: int = 0,
+        accumulate: bool = False,
+        norm: Any = None,
+        eps: float = 0.0,
+        h_out: Any = None,
+        silu_mul: bool = False,
+    ) -> None:
         """y[:n] (+)= f(x[:n]) @ concat(ws).T for up to ~8 tokens per pass (gemv)."""
         w0 = ws[0]
         assert all(w.qtype == w0.qtype and w.cols == w0.cols for w in ws) and len(ws) <= 3
@@ -103,28 +142,85 @@ class Ops:
         nt = gemv_nt(n)
         if h_out is None and self.takes_q8(w0):
             s = gemv.split_for(total, k)
-            launch(self.mmvq[mmvq.mmvq_name(w0.qtype, nt, pro)], (min(-(-total * s // gemv.WARPS), MMVQ_GRID), -(-n // nt)),
-                   32 * gemv.WARPS, (data[0], data[1], data[2], i32(r1), i32(r2), i64(w0.row_bytes), i32(total), i32(k),
-                                     dev_ptr(x), i32(ldx or (2 * k if silu_mul else k)), i32(n),
-                                     NULL if norm is None else norm, f32(eps), dev_ptr(y), i32(ldy or total),
-                                     i32(int(accumulate)), i32(s)), smem=mmvq.smem_bytes(nt, k))
+            launch(
+                self.mmvq[mmvq.mmvq_name(w0.qtype, nt, pro)],
+                (min(-(-total * s // gemv.WARPS), MMVQ_GRID), -(-n // nt)),
+                32 * gemv.WARPS,
+                (
+                    data[0],
+                    data[1],
+                    data[2],
+                    i32(r1),
+                    i32(r2),
+                    i64(w0.row_bytes),
+                    i32(total),
+                    i32(k),
+                    dev_ptr(x),
+                    i32(ldx or (2 * k if silu_mul else k)),
+                    i32(n),
+                    NULL if norm is None else norm,
+                    f32(eps),
+                    dev_ptr(y),
+                    i32(ldy or total),
+                    i32(int(accumulate)),
+                    i32(s),
+                ),
+                smem=mmvq.smem_bytes(nt, k),
+            )
             return
-        head = (data[0], data[1], data[2], i32(r1), i32(r2), i64(w0.row_bytes), i32(total), i32(k),
-                dev_ptr(x), i32(ldx or (2 * k if silu_mul else k)), i32(n),
-                NULL if norm is None else norm, f32(eps), NULL if h_out is None else h_out, i32(k),
-                dev_ptr(y), i32(ldy or total), i32(int(accumulate)))
+        head = (
+            data[0],
+            data[1],
+            data[2],
+            i32(r1),
+            i32(r2),
+            i64(w0.row_bytes),
+            i32(total),
+            i32(k),
+            dev_ptr(x),
+            i32(ldx or (2 * k if silu_mul else k)),
+            i32(n),
+            NULL if norm is None else norm,
+            f32(eps),
+            NULL if h_out is None else h_out,
+            i32(k),
+            dev_ptr(y),
+            i32(ldy or total),
+            i32(int(accumulate)),
+        )
         if self.split and not silu_mul:
             s = gemv.split_for(total, k)
-            blocks = min(-(-total * s // gemv.WARPS), MAX_GEMV_GRID if norm is not None else 4 * MAX_GEMV_GRID)
-            launch(self.gemv[gemv.gemv_split_name(w0.qtype, nt, pro)], (blocks, -(-n // nt)), 32 * gemv.WARPS,
-                   head + (i32(s),))
+            blocks = min(
+                -(-total * s // gemv.WARPS), MAX_GEMV_GRID if norm is not None else 4 * MAX_GEMV_GRID
+            )
+            launch(
+                self.gemv[gemv.gemv_split_name(w0.qtype, nt, pro)],
+                (blocks, -(-n // nt)),
+                32 * gemv.WARPS,
+                head + (i32(s),),
+            )
             return
         fn = self.gemv[gemv.gemv_name(w0.qtype, nt, pro)]
         grid = (min(-(-total // gemv.WARPS), MAX_GEMV_GRID), -(-n // nt))
         launch(fn, grid, 32 * gemv.WARPS, head, smem=nt * k * 4)
 
-    def router_topk(self, w: DevMatrix, x: Any, n: int, logits: Any, norm: Any, eps: float, h_out: Any, a: int,
-                    norm_topk: bool, ids: Any, wts: Any, counter: Any, hq: Any = None, hds: Any = None) -> None:
+    def router_topk(
+        self,
+        w: DevMatrix,
+        x: Any,
+        n: int,
+        logits: Any,
+        norm: Any,
+        eps: float,
+        h_out: Any,
+        a: int,
+        norm_topk: bool,
+        ids: Any,
+        wts: Any,
+        counter: Any,
+        hq: Any = None,
+        hds: Any = None,
+    ) -> None:
         """matvec([w], x, n, logits, norm=norm, h_out=h_out) then topk(logits, ...) in one launch, for up to
         GEMV_NT[-1] * a few rows (the last block routes every row). counter: int32 [1], zero. hq, hds: also
         h_out as int8 codes and scales, for `moe_gate_up_q8`."""
@@ -132,20 +228,66 @@ class Ops:
         s = gemv.split_for(e, k)
         blocks = min(-(-e * s // gemv.WARPS), MAX_GEMV_GRID)
         nt = gemv_nt(n)
-        launch(self.gemv[gemv.router_topk_name(w.qtype, nt)], (blocks, -(-n // nt)), 32 * gemv.WARPS,
-               (w.data, w.data, w.data, i32(e), i32(e), i64(w.row_bytes), i32(e), i32(k), dev_ptr(x), i32(k), i32(n),
-                norm, f32(eps), NULL if h_out is None else h_out, i32(k), dev_ptr(logits), i32(e), i32(0), i32(s),
-                counter, i32(a), i32(int(norm_topk)), ids, wts, NULL if hq is None else hq,
-                NULL if hds is None else hds), smem=gemv.WARPS * e * 4)
+        launch(
+            self.gemv[gemv.router_topk_name(w.qtype, nt)],
+            (blocks, -(-n // nt)),
+            32 * gemv.WARPS,
+            (
+                w.data,
+                w.data,
+                w.data,
+                i32(e),
+                i32(e),
+                i64(w.row_bytes),
+                i32(e),
+                i32(k),
+                dev_ptr(x),
+                i32(k),
+                i32(n),
+                norm,
+                f32(eps),
+                NULL if h_out is None else h_out,
+                i32(k),
+                dev_ptr(logits),
+                i32(e),
+                i32(0),
+                i32(s),
+                counter,
+                i32(a),
+                i32(int(norm_topk)),
+                ids,
+                wts,
+                NULL if hq is None else hq,
+                NULL if hds is None else hds,
+            ),
+            smem=gemv.WARPS * e * 4,
+        )
 
     def embed(self, w: DevMatrix, ids: Any, n: int, out: Any, id_stride: int = 1) -> None:
         """out[:n] = rows ids (int64, every id_stride-th element) of w, as float32."""
-        launch(self.gemv[gemv.get_rows_name(w.qtype)], (n,), 128,
-               (w.data, i64(w.row_bytes), dev_ptr(ids), i32(id_stride), i32(w.cols), out))
+        launch(
+            self.gemv[gemv.get_rows_name(w.qtype)],
+            (n,),
+            128,
+            (w.data, i64(w.row_bytes), dev_ptr(ids), i32(id_stride), i32(w.cols), out),
+        )
 
-    def matmul(self, ws: DevMatrix | Sequence[DevMatrix], a: Any, m: int, c: Any, *, lda: int = 0, ldc: int = 0,
-               accumulate: bool = False, silu_mul: bool = False, a_index: Any = None, tiles: Any = None,
-               n_tiles: Any = None, grid_rows: int = 0) -> None:
+    def matmul(
+        self,
+        ws: DevMatrix | Sequence[DevMatrix],
+        a: Any,
+        m: int,
+        c: Any,
+        *,
+        lda: int = 0,
+        ldc: int = 0,
+        accumulate: bool = False,
+        silu_mul: bool = False,
+        a_index: Any = None,
+        tiles: Any = None,
+        n_tiles: Any = None,
+        grid_rows: int = 0,
+    ) -> None:
         """c[:m] (+)= a[:m] @ concat(ws).T on tensor cores (qgemm); grouped by expert when `tiles` is
         given (then ws is one 3-D expert tensor)."""
         ws = [ws] if isinstance(ws, DevMatrix) else list(ws)
@@ -161,12 +303,33 @@ class Ops:
             data, experts = [v.data for v in ws] + [w.data] * (3 - len(ws)), NULL
         bk = self.gemm_bk if not silu_mul else 64
         gy = grid_rows if tiles is not None else -(-m // gemm.BM)
-        args = (data[0], data[1], data[2], i32(r1), i32(r2), experts, i64(w.row_bytes), i32(total),
-                i32(k), dev_ptr(a), i32(lda or (2 * k if silu_mul else k)), NULL if a_index is None else a_index,
-                dev_ptr(c), i32(ldc or total), i32(int(accumulate)),
-                NULL if tiles is None else tiles, NULL if n_tiles is None else n_tiles, i32(m))
-        launch(self.gemm[gemm.gemm_name(w.qtype, int(silu_mul), bk)], (-(-total // gemm.BN), gy), 256, args,
-               smem=gemm.smem_bytes(bk))
+        args = (
+            data[0],
+            data[1],
+            data[2],
+            i32(r1),
+            i32(r2),
+            experts,
+            i64(w.row_bytes),
+            i32(total),
+            i32(k),
+            dev_ptr(a),
+            i32(lda or (2 * k if silu_mul else k)),
+            NULL if a_index is None else a_index,
+            dev_ptr(c),
+            i32(ldc or total),
+            i32(int(accumulate)),
+            NULL if tiles is None else tiles,
+            NULL if n_tiles is None else n_tiles,
+            i32(m),
+        )
+        launch(
+            self.gemm[gemm.gemm_name(w.qtype, int(silu_mul), bk)],
+            (-(-total // gemm.BN), gy),
+            256,
+            args,
+            smem=gemm.smem_bytes(bk),
+        )
 
     @staticmethod
     def router_logits(h: Any, n: int, router: DevMatrix, out: Any) -> None:
@@ -189,89 +352,303 @@ class Ops:
         """x[:n] += sigmoid(s[:n]) * y[:n] (rows of d; s one value per row)."""
         launch(self.rows["gated_add"], (n,), 256, (x, i32(d), y, i32(d), s, i32(d)))
 
-    def qkv_post(self, qkv: Any, n: int, h: int, kv: int, hd: int, q_norm: Any, k_norm: Any, eps: float,
-                 inv_freq: Any, n_rot: int, neox: bool, pos_scale: float, tab: Any, tab_stride: int,
-                 layer: int, q_out: Any, q8: bool = False) -> None:
-        launch(self.rows[rows.qkv_post_name(hd, q8)], (n, h + 2 * kv), 32,
-               (qkv, i32(h), i32(kv), NULL if q_norm is None else q_norm, NULL if k_norm is None else k_norm,
-                f32(eps), inv_freq, i32(n_rot), i32(int(neox)), f32(pos_scale), tab, i32(tab_stride),
-                i32(layer), q_out))
+    def qkv_post(
+        self,
+        qkv: Any,
+        n: int,
+        h: int,
+        kv: int,
+        hd: int,
+        q_norm: Any,
+        k_norm: Any,
+        eps: float,
+        inv_freq: Any,
+        n_rot: int,
+        neox: bool,
+        pos_scale: float,
+        tab: Any,
+        tab_stride: int,
+        layer: int,
+        q_out: Any,
+        q8: bool = False,
+    ) -> None:
+        launch(
+            self.rows[rows.qkv_post_name(hd, q8)],
+            (n, h + 2 * kv),
+            32,
+            (
+                qkv,
+                i32(h),
+                i32(kv),
+                NULL if q_norm is None else q_norm,
+                NULL if k_norm is None else k_norm,
+                f32(eps),
+                inv_freq,
+                i32(n_rot),
+                i32(int(neox)),
+                f32(pos_scale),
+                tab,
+                i32(tab_stride),
+                i32(layer),
+                q_out,
+            ),
+        )
 
     # ---- Gated DeltaNet (kernels/deltanet.py) ----
-    def dn_conv(self, width: int, mix: Any, ld: int, c: int, t: int, segments: int, tab: Any, tab_stride: int,
-                state_off: int, weight: Any, out: Any, ldo: int) -> None:
+    def dn_conv(
+        self,
+        width: int,
+        mix: Any,
+        ld: int,
+        c: int,
+        t: int,
+        segments: int,
+        tab: Any,
+        tab_stride: int,
+        state_off: int,
+        weight: Any,
+        out: Any,
+        ldo: int,
+    ) -> None:
         """silu(causal conv) of `segments` runs of t rows (each continuing its own state) into out."""
-        launch(self.dn[deltanet.conv_name(width)], (-(-c // 128), -(-t // deltanet.CONV_T), segments), 128,
-               (dev_ptr(mix), i32(ld), i32(c), i32(t), dev_ptr(tab), i32(tab_stride), i64(state_off), weight,
-                dev_ptr(out), i32(ldo)))
+        launch(
+            self.dn[deltanet.conv_name(width)],
+            (-(-c // 128), -(-t // deltanet.CONV_T), segments),
+            128,
+            (
+                dev_ptr(mix),
+                i32(ld),
+                i32(c),
+                i32(t),
+                dev_ptr(tab),
+                i32(tab_stride),
+                i64(state_off),
+                weight,
+                dev_ptr(out),
+                i32(ldo),
+            ),
+        )
 
-    def dn_recur(self, kd: int, y: Any, ldy: int, ba: Any, ldba: int, t: int, segments: int, tab: Any,
-                 tab_stride: int, state_off: int, n_k: int, n_v: int, v: int, tiled: bool, fused_r: int, a: Any,
-                 dt_bias: Any, out: Any, ldo: int) -> None:
+    def dn_recur(
+        self,
+        kd: int,
+        y: Any,
+        ldy: int,
+        ba: Any,
+        ldba: int,
+        t: int,
+        segments: int,
+        tab: Any,
+        tab_stride: int,
+        state_off: int,
+        n_k: int,
+        n_v: int,
+        v: int,
+        tiled: bool,
+        fused_r: int,
+        a: Any,
+        dt_bias: Any,
+        out: Any,
+        ldo: int,
+    ) -> None:
         """The gated delta rule over `segments` runs of t rows, each on its own recurrent state."""
-        launch(self.dn[deltanet.recur_name(kd)], (n_v, -(-v // 8), segments), 32,
-               (dev_ptr(y), i32(ldy), dev_ptr(ba), i32(ldba), i32(t), dev_ptr(tab), i32(tab_stride),
-                i64(state_off), i32(n_k), i32(n_v), i32(v), i32(int(tiled)), i32(fused_r), a, dt_bias,
-                dev_ptr(out), i32(ldo)))
+        launch(
+            self.dn[deltanet.recur_name(kd)],
+            (n_v, -(-v // 8), segments),
+            32,
+            (
+                dev_ptr(y),
+                i32(ldy),
+                dev_ptr(ba),
+                i32(ldba),
+                i32(t),
+                dev_ptr(tab),
+                i32(tab_stride),
+                i64(state_off),
+                i32(n_k),
+                i32(n_v),
+                i32(v),
+                i32(int(tiled)),
+                i32(fused_r),
+                a,
+                dt_bias,
+                dev_ptr(out),
+                i32(ldo),
+            ),
+        )
 
-    def dn_gated_norm(self, o: Any, ldo: int, z: Any, ldz: int, w: Any, n_v: int, v: int, eps: float, n: int) -> None:
+    def dn_gated_norm(
+        self, o: Any, ldo: int, z: Any, ldz: int, w: Any, n_v: int, v: int, eps: float, n: int
+    ) -> None:
         """o[:n] = rmsnorm(o) * w * silu(z) per value head, in place."""
-        launch(self.dn["dn_gated_norm"], (n_v, n), 32,
-               (dev_ptr(o), i32(ldo), dev_ptr(z), i32(ldz), w, i32(v), f32(eps)))
+        launch(
+            self.dn["dn_gated_norm"],
+            (n_v, n),
+            32,
+            (dev_ptr(o), i32(ldo), dev_ptr(z), i32(ldz), w, i32(v), f32(eps)),
+        )
 
     # ---- attention ----
-    def attn_decode(self, q: Any, tab: Any, tab_stride: int, layer: int, n: int, h: int, kv: int, hd: int,
-                    scale: float, out: Any, q8: bool = False, part: Any = None) -> None:
+    def attn_decode(
+        self,
+        q: Any,
+        tab: Any,
+        tab_stride: int,
+        layer: int,
+        n: int,
+        h: int,
+        kv: int,
+        hd: int,
+        scale: float,
+        out: Any,
+        q8: bool = False,
+        part: Any = None,
+    ) -> None:
         """q8: the table's caches hold int8 cells, their scales in columns 7 and 8. part: scratch for
         attention.SPLITS partials a (row, head) ([n, h, SPLITS, hd + 2] fp32), which splits the keys across
         blocks; None: one block a (row, head)."""
         splits = 1 if part is None else attention.SPLITS
         part = part if splits > 1 else None
-        launch(self.attn[attention.decode_name(hd, q8)], (h, n, splits), 128,
-               (dev_ptr(q), dev_ptr(tab), i32(tab_stride), i32(layer), i32(h), i32(kv), f32(scale), dev_ptr(out),
-                NULL if part is None else dev_ptr(part), i32(splits)))
+        launch(
+            self.attn[attention.decode_name(hd, q8)],
+            (h, n, splits),
+            128,
+            (
+                dev_ptr(q),
+                dev_ptr(tab),
+                i32(tab_stride),
+                i32(layer),
+                i32(h),
+                i32(kv),
+                f32(scale),
+                dev_ptr(out),
+                NULL if part is None else dev_ptr(part),
+                i32(splits),
+            ),
+        )
         self._merge(part, n, h, hd, out)
 
     def _merge(self, part: Any, n: int, h: int, hd: int, out: Any) -> None:
         if part is not None:
-            launch(self.attn[attention.merge_name(hd)], (h, n), max(32, hd),
-                   (dev_ptr(part), i32(attention.SPLITS), i32(h), dev_ptr(out)))
+            launch(
+                self.attn[attention.merge_name(hd)],
+                (h, n),
+                max(32, hd),
+                (dev_ptr(part), i32(attention.SPLITS), i32(h), dev_ptr(out)),
+            )
 
-    def attn_decode_qkv(self, qkv: Any, tab: Any, tab_stride: int, layer: int, n: int, h: int, kv: int, hd: int,
-                        q_norm: Any, k_norm: Any, eps: float, inv_freq: Any, n_rot: int, neox: bool,
-                        pos_scale: float, scale: float, out: Any, q8: bool = False, part: Any = None) -> None:
+    def attn_decode_qkv(
+        self,
+        qkv: Any,
+        tab: Any,
+        tab_stride: int,
+        layer: int,
+        n: int,
+        h: int,
+        kv: int,
+        hd: int,
+        q_norm: Any,
+        k_norm: Any,
+        eps: float,
+        inv_freq: Any,
+        n_rot: int,
+        neox: bool,
+        pos_scale: float,
+        scale: float,
+        out: Any,
+        q8: bool = False,
+        part: Any = None,
+    ) -> None:
         """qkv_post then attn_decode in one launch, for rows that are all single decode tokens (q8, part: as
         attn_decode)."""
         splits = 1 if part is None else attention.SPLITS
         part = part if splits > 1 else None
-        launch(self.attn[attention.decode_qkv_name(hd, q8)], (h, n, splits), 128,
-               (dev_ptr(qkv), dev_ptr(tab), i32(tab_stride), i32(layer), i32(h), i32(kv),
-                NULL if q_norm is None else q_norm, NULL if k_norm is None else k_norm, f32(eps), inv_freq,
-                i32(n_rot), i32(int(neox)), f32(pos_scale), f32(scale), dev_ptr(out),
-                NULL if part is None else dev_ptr(part), i32(splits)))
+        launch(
+            self.attn[attention.decode_qkv_name(hd, q8)],
+            (h, n, splits),
+            128,
+            (
+                dev_ptr(qkv),
+                dev_ptr(tab),
+                i32(tab_stride),
+                i32(layer),
+                i32(h),
+                i32(kv),
+                NULL if q_norm is None else q_norm,
+                NULL if k_norm is None else k_norm,
+                f32(eps),
+                inv_freq,
+                i32(n_rot),
+                i32(int(neox)),
+                f32(pos_scale),
+                f32(scale),
+                dev_ptr(out),
+                NULL if part is None else dev_ptr(part),
+                i32(splits),
+            ),
+        )
         self._merge(part, n, h, hd, out)
 
-    def flash(self, q: Any, k_layer: Any, v_layer: Any, head_stride: int, t: int, n_past: int, h: int, kv: int,
-              hd: int, scale: float, out: Any, scales: tuple[Any, Any, int] | None = None) -> None:
+    def flash(
+        self,
+        q: Any,
+        k_layer: Any,
+        v_layer: Any,
+        head_stride: int,
+        t: int,
+        n_past: int,
+        h: int,
+        kv: int,
+        hd: int,
+        scale: float,
+        out: Any,
+        scales: tuple[Any, Any, int] | None = None,
+    ) -> None:
         """scales: int8 cells' (k scales, v scales of the layer, floats a kv head); None: fp16 cells."""
         ks, vs, sc_stride = (NULL, NULL, 0) if scales is None else scales
-        launch(self.attn[attention.flash_name(hd, scales is not None)], (-(-t // 64), h), 128,
-               (dev_ptr(q), dev_ptr(k_layer), dev_ptr(v_layer), i64(head_stride), dev_ptr(ks), dev_ptr(vs),
-                i64(sc_stride), i32(t), i32(n_past), i32(h), i32(kv), f32(scale * 1.4426950408889634), dev_ptr(out)),
-               smem=attention.flash_smem(hd))
+        launch(
+            self.attn[attention.flash_name(hd, scales is not None)],
+            (-(-t // 64), h),
+            128,
+            (
+                dev_ptr(q),
+                dev_ptr(k_layer),
+                dev_ptr(v_layer),
+                i64(head_stride),
+                dev_ptr(ks),
+                dev_ptr(vs),
+                i64(sc_stride),
+                i32(t),
+                i32(n_past),
+                i32(h),
+                i32(kv),
+                f32(scale * 1.4426950408889634),
+                dev_ptr(out),
+            ),
+            smem=attention.flash_smem(hd),
+        )
 
     # ---- mixture of experts ----
     def topk(self, logits: Any, n: int, e: int, a: int, norm: bool, ids: Any, w: Any) -> None:
-        launch(self.moe["moe_topk"], (-(-n // 4),), 128, (logits, i32(n), i32(e), i32(a), i32(int(norm)), ids, w),
-               smem=4 * e * 4)
+        launch(
+            self.moe["moe_topk"],
+            (-(-n // 4),),
+            128,
+            (logits, i32(n), i32(e), i32(a), i32(int(norm)), ids, w),
+            smem=4 * e * 4,
+        )
 
     def moe_gate_up(self, g: DevMatrix, u: DevMatrix, ids: Any, a: int, h: Any, pairs: int, act: Any) -> None:
         f, d = g.rows, g.cols
-        args = (g.table, u.table, i64(g.row_bytes), i64(u.row_bytes),
-                ids, i32(a), h, i32(d), i32(f), act)
+        args = (g.table, u.table, i64(g.row_bytes), i64(u.row_bytes), ids, i32(a), h, i32(d), i32(f), act)
         if self.split:
             s = gemv.split_for(f * pairs, d)
-            launch(self.moe[moe.gate_up_split_name(g.qtype, u.qtype)], (-(-f * s // 8), pairs), 256, args + (i32(s),))
+            launch(
+                self.moe[moe.gate_up_split_name(g.qtype, u.qtype)],
+                (-(-f * s // 8), pairs),
+                256,
+                args + (i32(s),),
+            )
             return
         launch(self.moe[moe.gate_up_name(g.qtype, u.qtype)], (-(-f // 8), pairs), 256, args, smem=d * 4)
 
@@ -286,45 +663,141 @@ class Ops:
             return
         launch(self.moe[moe.down_name(dw.qtype)], (-(-d // 8), n), 256, args, smem=a * f * 4)
 
-    def moe_q8(self, g: DevMatrix, u: DevMatrix, dw: DevMatrix, ids: Any, wts: Any, a: int, hq: Any, hds: Any,
-               n: int, aq: Any, ads: Any, x: Any) -> None:
+    def moe_q8(
+        self,
+        g: DevMatrix,
+        u: DevMatrix,
+        dw: DevMatrix,
+        ids: Any,
+        wts: Any,
+        a: int,
+        hq: Any,
+        hds: Any,
+        n: int,
+        aq: Any,
+        ads: Any,
+        x: Any,
+    ) -> None:
         """The decode expert FFN on int8 inputs: x[:n] += sum_a w * down(silu(gate . h) * (up . h)), with h
         quantized by router_topk (hq, hds) and the activations by the gate|up launch (aq, ads)."""
         f, d = g.rows, g.cols
         assert f % mmvq.ROWS_PER_GATE_UP_BLOCK == 0
-        launch(self.mmvq[mmvq.gate_up_q8_name(g.qtype, u.qtype)], (f // mmvq.ROWS_PER_GATE_UP_BLOCK, n * a), 256,
-               (g.table, u.table, i64(g.row_bytes), i64(u.row_bytes),
-                ids, i32(a), hq, hds, i32(d), i32(f), aq, ads))
-        launch(self.mmvq[mmvq.down_q8_name(dw.qtype)], (-(-dw.rows // gemv.WARPS), n), 256,
-               (dw.table, i64(dw.row_bytes), ids, wts, i32(a), aq, ads, i32(dw.rows), i32(f), x))
+        launch(
+            self.mmvq[mmvq.gate_up_q8_name(g.qtype, u.qtype)],
+            (f // mmvq.ROWS_PER_GATE_UP_BLOCK, n * a),
+            256,
+            (
+                g.table,
+                u.table,
+                i64(g.row_bytes),
+                i64(u.row_bytes),
+                ids,
+                i32(a),
+                hq,
+                hds,
+                i32(d),
+                i32(f),
+                aq,
+                ads,
+            ),
+        )
+        launch(
+            self.mmvq[mmvq.down_q8_name(dw.qtype)],
+            (-(-dw.rows // gemv.WARPS), n),
+            256,
+            (dw.table, i64(dw.row_bytes), ids, wts, i32(a), aq, ads, i32(dw.rows), i32(f), x),
+        )
 
-    def tier_count(self, ids: Any, pairs: int, a: int, where: Any, expert_bytes: int, counts: Any,
-                   route: Any, stop: Any = None) -> None:
+    def tier_count(
+        self,
+        ids: Any,
+        pairs: int,
+        a: int,
+        where: Any,
+        expert_bytes: int,
+        counts: Any,
+        route: Any,
+        stop: Any = None,
+    ) -> None:
         """counts[row] += (lookups, hits, miss bytes) of one MoE layer's routed ids (a per row); route = ids;
         *stop = 1 when given (the lookahead's)."""
-        launch(self.tiers["tier_count"], (-(-pairs // 128),), 128,
-               (ids, i32(pairs), i32(a), where, i64(expert_bytes), counts, route, NULL if stop is None else stop))
+        launch(
+            self.tiers["tier_count"],
+            (-(-pairs // 128),),
+            128,
+            (
+                ids,
+                i32(pairs),
+                i32(a),
+                where,
+                i64(expert_bytes),
+                counts,
+                route,
+                NULL if stop is None else stop,
+            ),
+        )
 
     def cpu_publish(self, h: Any, ids: Any, wts: Any, n: int, a: int, d: int, s: Any) -> None:
         """Hand decode rows [n] of MoE layer s.layer to the CPU share (s: gpu.tiers.ShareHook)."""
-        launch(self.tiers["cpu_publish"], (1,), 256,
-               (h, ids, wts, i32(n), i32(a), i32(d), i32(s.layer), np.uint64(s.ctl), np.uint64(s.h),
-                np.uint64(s.ids), np.uint64(s.wts), s.ticket))
+        launch(
+            self.tiers["cpu_publish"],
+            (1,),
+            256,
+            (
+                h,
+                ids,
+                wts,
+                i32(n),
+                i32(a),
+                i32(d),
+                i32(s.layer),
+                np.uint64(s.ctl),
+                np.uint64(s.h),
+                np.uint64(s.ids),
+                np.uint64(s.wts),
+                s.ticket,
+            ),
+        )
 
     def cpu_collect(self, x: Any, n: int, d: int, s: Any, timeout_ns: int) -> None:
         """x[:n] += the CPU share's answer for the request cpu_publish made last."""
-        launch(self.tiers["cpu_collect"], (n,), 256,
-               (x, i32(d), np.uint64(s.ctl), np.uint64(s.out), s.ticket, s.err, i64(timeout_ns)))
+        launch(
+            self.tiers["cpu_collect"],
+            (n,),
+            256,
+            (x, i32(d), np.uint64(s.ctl), np.uint64(s.out), s.ticket, s.err, i64(timeout_ns)),
+        )
 
-    def moe_group(self, ids: Any, pairs: int, a: int, e: int, counts: Any, offsets: Any, cursor: Any,
-                  tiles: Any, n_tiles: Any, rows_of_pair: Any, tok_of_row: Any) -> None:
+    def moe_group(
+        self,
+        ids: Any,
+        pairs: int,
+        a: int,
+        e: int,
+        counts: Any,
+        offsets: Any,
+        cursor: Any,
+        tiles: Any,
+        n_tiles: Any,
+        rows_of_pair: Any,
+        tok_of_row: Any,
+    ) -> None:
         """Sort (token, slot) pairs by expert: row offsets, 64-row tiles, and each pair's row."""
         counts.fill(0)
         launch(self.moe["moe_count"], (-(-pairs // 256),), 256, (ids, i32(pairs), counts))
-        launch(self.moe["moe_plan"], (1,), min(1024, max(32, e)),
-               (counts, i32(e), offsets, cursor, tiles, n_tiles), smem=8 * (e + 1))
-        launch(self.moe["moe_scatter"], (-(-pairs // 256),), 256,
-               (ids, i32(pairs), i32(a), offsets, cursor, rows_of_pair, tok_of_row))
+        launch(
+            self.moe["moe_plan"],
+            (1,),
+            min(1024, max(32, e)),
+            (counts, i32(e), offsets, cursor, tiles, n_tiles),
+            smem=8 * (e + 1),
+        )
+        launch(
+            self.moe["moe_scatter"],
+            (-(-pairs // 256),),
+            256,
+            (ids, i32(pairs), i32(a), offsets, cursor, rows_of_pair, tok_of_row),
+        )
 
     def moe_combine(self, y: Any, rows_of_pair: Any, wts: Any, a: int, d: int, n: int, x: Any) -> None:
         launch(self.moe["moe_combine"], (n,), 256, (y, rows_of_pair, wts, i32(a), i32(d), x))
@@ -333,7 +806,9 @@ class Ops:
     def argmax(self, logits: Any, n: int, v: int, out: Any, out_stride: int = 1) -> None:
         launch(self.sample["argmax_rows"], (n,), 1024, (logits, i32(v), dev_ptr(out), i32(out_stride)))
 
-    def sample_rows(self, logits: Any, n: int, v: int, draws: Any, tab: Any, tab_stride: int, chosen: Any) -> None:
+    def sample_rows(
+        self, logits: Any, n: int, v: int, draws: Any, tab: Any, tab_stride: int, chosen: Any
+    ) -> None:
         """One token per row by its draw row (sampler.draw_row), into tab's token column and chosen."""
         launch(self.sample["sample_rows"], (n,), 1024, (logits, i32(v), draws, tab, i32(tab_stride), chosen))
 

@@ -25,8 +25,11 @@ class GpuRing:
         try:
             self._mem = [cp.cuda.alloc_pinned_memory(max(size, 1)) for _ in range(RING_BUFFERS)]
         except (cp.cuda.runtime.CUDARuntimeError, MemoryError) as err:
-            raise ConfigError("ram_budget_mib", "-", f"could not pin the bounce ring's {RING_BUFFERS} x "
-                              f"{size / 2**20:,.1f} MiB ({err})") from err
+            raise ConfigError(
+                "ram_budget_mib",
+                "-",
+                f"could not pin the bounce ring's {RING_BUFFERS} x {size / 2**20:,.1f} MiB ({err})",
+            ) from err
         self._events: list[Any] = [None] * RING_BUFFERS
         self._stream: Any = None
         self.ring = BounceRing([int(m.ptr) for m in self._mem], size, self._put, self._mark, self._wait)

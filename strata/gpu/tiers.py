@@ -70,7 +70,9 @@ COLLECT_TIMEOUT_NS = 2_000_000_000  # a CPU answer later than this fails the pas
 # passes per policy window: a decode pass is ~10 ms at b=1, and an update of every layer's policy 1-4 ms of host
 # time (2-core machine, 4-token windows; it runs beside the next pass); the budget of a window is this many passes' worth
 LEARN_EVERY = 4
-PATCH_MAX = 4096  # (layer, expert) entries changed: up to this many, publish scatters them instead of whole tables
+PATCH_MAX = (
+    4096  # (layer, expert) entries changed: up to this many, publish scatters them instead of whole tables
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +108,9 @@ class PassRecord:
 
     counts: np.ndarray  # [n, 3] lookups, hits, PCIe bytes
     routes: np.ndarray  # [L, n, A] routed expert ids
-    prefetch: np.ndarray | None  # [STATS] the lookahead's counts (tiers.lookahead.PrefetchCounts), when it runs
+    prefetch: (
+        np.ndarray | None
+    )  # [STATS] the lookahead's counts (tiers.lookahead.PrefetchCounts), when it runs
     where: np.ndarray  # [L, E] what the device's `where` held for the pass
     keep: list[Any]  # row lists and buffers the pass reads, alive until it is done
 
@@ -134,8 +138,14 @@ class DeviceSlots:
     """The slot store in VRAM (part-major, like the arena); copies are gathers on the current stream, or, from
     a pageable arena (which no kernel can read), the driver's copies."""
 
-    def __init__(self, n_slots: int, strides: tuple[int, int, int], kernels: Kernels, pageable: bool,
-                 ring: GpuRing | None = None) -> None:
+    def __init__(
+        self,
+        n_slots: int,
+        strides: tuple[int, int, int],
+        kernels: Kernels,
+        pageable: bool,
+        ring: GpuRing | None = None,
+    ) -> None:
         cp = cupy_module()
         self.ring = ring  # the low-RAM mode: copies from outside `ranges` (the pinned arena's) go through it
         self.ranges: list[tuple[int, int]] = []
@@ -203,8 +213,15 @@ def coalesce(rows: np.ndarray, strides: tuple[int, int, int]) -> list[tuple[int,
 
 
 class GpuTiers:
-    def __init__(self, gguf: GGUFFile, layout: ExpertLayout, n_slots: int, max_rows: int, decode_rows: int,
-                 opts: TierOptions) -> None:
+    def __init__(
+        self,
+        gguf: GGUFFile,
+        layout: ExpertLayout,
+        n_slots: int,
+        max_rows: int,
+        decode_rows: int,
+        opts: TierOptions,
+    ) -> None:
         """decode_rows: passes of up to this many rows run the decode layers (the CPU share); more rows stage
         or read every miss over PCIe."""
         cp = cupy_module()
@@ -257,19 +274,31 @@ class GpuTiers:
         self.ptab = cp.empty_like(self.table)
         # the GPU reads no pageable memory in place, and the lookahead copies from the arena like a miss does
         ahead = opts.prefetch and not self.pageable and self.cache.resident() < self.layout.n_total
-        self.lookahead = (Lookahead(self.kernels, layout, self.table, self.where, opts.prefetch, decode_rows)
-                          if ahead else None)
+        self.lookahead = (
+            Lookahead(self.kernels, layout, self.table, self.where, opts.prefetch, decode_rows)
+            if ahead
+            else None
+        )
         self._version = self.cache.version
         self.cache.dirty = []
 
     def _unpinned(self, gguf: GGUFFile, layout: ExpertLayout, err: ConfigError) -> None:
         self.arena, self.pageable = MmapArena(gguf, layout), True
-        note(f"warning: {str(err).split(': ', 1)[-1]}. Falling back to the file's pageable mapping: every "
-             "decode miss runs on the CPU and prefill copies misses at pageable speed (~8.6 GB/s instead "
-             "of ~55 pinned)")
+        note(
+            f"warning: {str(err).split(': ', 1)[-1]}. Falling back to the file's pageable mapping: every "
+            "decode miss runs on the CPU and prefill copies misses at pageable speed (~8.6 GB/s instead "
+            "of ~55 pinned)"
+        )
 
-    def _low_ram(self, gguf: GGUFFile, layout: ExpertLayout, n_slots: int, rows: int, profile: Profile | None,
-                 decode_rows: int) -> None:
+    def _low_ram(
+        self,
+        gguf: GGUFFile,
+        layout: ExpertLayout,
+        n_slots: int,
+        rows: int,
+        profile: Profile | None,
+        decode_rows: int,
+    ) -> None:
         """The three tiers (tiers/ram.py): fill the slots from the mapping through the ring, then pin the
         arena's choice, `rows` experts at most, and read every other non-resident from the mapping."""
         try:
@@ -296,25 +325,34 @@ class GpuTiers:
         self.cache.rehome(self.arena, decode_rows)
         c = self.cache
         ring = self.ring.nbytes() / 2**20  # type: ignore[union-attr]
-        note(f"low-RAM mode (room for {rows:,} arena rows): {c.resident():,} experts in VRAM, "
-             f"{int(held.sum()):,} in pinned RAM, {int((~c.in_ram & (c.where < 0)).sum()):,} only in the "
-             f"file's mapping (decode: on the CPU; prefill: staged through a {ring:,.1f} MiB bounce ring)")
+        note(
+            f"low-RAM mode (room for {rows:,} arena rows): {c.resident():,} experts in VRAM, "
+            f"{int(held.sum()):,} in pinned RAM, {int((~c.in_ram & (c.where < 0)).sum()):,} only in the "
+            f"file's mapping (decode: on the CPU; prefill: staged through a {ring:,.1f} MiB bounce ring)"
+        )
 
     # ---- the CPU's share ----
     def _check_staging(self) -> None:
         if self.cache.n_slots == 0 and self.cache.resident() < self.layout.n_total:
-            raise ConfigError("expert_cache", "off", "experts in pageable memory (an arena that could not be "
-                              "pinned, or beyond ram_budget_mib) reach the GPU only through staging into "
-                              "borrowed slots, and there are none; give the cache some VRAM (--expert-cache)")
+            raise ConfigError(
+                "expert_cache",
+                "off",
+                "experts in pageable memory (an arena that could not be "
+                "pinned, or beyond ram_budget_mib) reach the GPU only through staging into "
+                "borrowed slots, and there are none; give the cache some VRAM (--expert-cache)",
+            )
         st = self.cache.staging()
         if st is not None and not st.complete:
             missing = int((self.cache.where < 0).sum(axis=1).max())
             where = "in pageable memory" if self.pageable else "partly in the file's mapping (ram_budget_mib)"
-            raise ConfigError("expert_cache", self.cache.n_slots,
-                              f"with the arena {where} every prefill pass stages each layer's misses "
-                              f"(up to {missing:,}) into borrowed slots, and {self.cache.n_slots:,} slots cannot hold "
-                              "them; give the cache more VRAM (--expert-cache, --vram-budget-mib) or allow pinning "
-                              "(ulimit -l)")
+            raise ConfigError(
+                "expert_cache",
+                self.cache.n_slots,
+                f"with the arena {where} every prefill pass stages each layer's misses "
+                f"(up to {missing:,}) into borrowed slots, and {self.cache.n_slots:,} slots cannot hold "
+                "them; give the cache more VRAM (--expert-cache, --vram-budget-mib) or allow pinning "
+                "(ulimit -l)",
+            )
 
     def _start_share(self, gguf: GGUFFile, opts: TierOptions, rows: int) -> None:
         """Start the CPU server, probe (or read) the rates, choose the split and mark the CPU's experts."""
@@ -324,21 +362,33 @@ class GpuTiers:
 
         c = self.cache
         hit = c.resident() / c.where.size
-        miss = (1 - hit) * self.layout.top_k * float(np.mean(c.expert_bytes))  # bytes a layer, uniform routing
+        miss = (
+            (1 - hit) * self.layout.top_k * float(np.mean(c.expert_bytes))
+        )  # bytes a layer, uniform routing
         must = self.pageable or c.mapped_misses  # misses the graph cannot read: the CPU's, whatever the split
         if miss == 0 or (opts.pcie_frac == 1.0 and not must):
             return
         if c.policy is not None:  # the CPU's experts would change under it between windows
             if must:  # (ram_budget_mib refused the policy already: ExpertCache.use_policy)
-                raise ConfigError("cache_policy", opts.cache_policy, "a pageable arena needs the CPU share of the "
-                                  "misses, which runs with the static cache only")
-            note(f"CPU share of the misses: off with --cache-policy {opts.cache_policy}; every miss is read over PCIe")
+                raise ConfigError(
+                    "cache_policy",
+                    opts.cache_policy,
+                    "a pageable arena needs the CPU share of the "
+                    "misses, which runs with the static cache only",
+                )
+            note(
+                f"CPU share of the misses: off with --cache-policy {opts.cache_policy}; every miss is read over PCIe"
+            )
             return
         if platform.machine() not in ("x86_64", "AMD64"):  # the mailbox's store order is x86's
             if must:
-                raise ConfigError("expert_cache", "auto", "some experts are only in pageable memory "
-                                  "(an arena that could not be pinned, or ram_budget_mib), and the CPU "
-                                  "share they need runs on x86-64 only")
+                raise ConfigError(
+                    "expert_cache",
+                    "auto",
+                    "some experts are only in pageable memory "
+                    "(an arena that could not be pinned, or ram_budget_mib), and the CPU "
+                    "share they need runs on x86-64 only",
+                )
             note("CPU share of the misses: x86-64 only; every miss is read over PCIe")
             return
         cp = cupy_module()
@@ -353,10 +403,14 @@ class GpuTiers:
             bases = strides = np.zeros((len(lay), 3), np.int64)
         else:
             bases, strides = np.asarray(self.arena.bases, np.int64), np.asarray(self.arena.strides, np.int64)
-        experts = ExpertBytes(bases, strides, np.array([[p.qtype for p in l.parts] for l in lay], np.int64),
-                              np.array([[p.rows for p in l.parts] for l in lay], np.int64),
-                              np.array([[p.row_bytes for p in l.parts] for l in lay], np.int64),
-                              c.home if c.low_ram else None)
+        experts = ExpertBytes(
+            bases,
+            strides,
+            np.array([[p.qtype for p in l.parts] for l in lay], np.int64),
+            np.array([[p.rows for p in l.parts] for l in lay], np.int64),
+            np.array([[p.row_bytes for p in l.parts] for l in lay], np.int64),
+            c.home if c.low_ram else None,
+        )
         plan = host_plan(opts.workers, opts.aux_cpus)
         jit_dir = Path(opts.cache_dir) if opts.cache_dir else None
         from strata.jit.pool import _pin
@@ -364,7 +418,9 @@ class GpuTiers:
         # one CPU stays with the thread that drives the GPU (launches, syncs): a helper preempted while it
         # holds a claimed task stalls the whole layer
         threads = max(1, plan.workers - 1)
-        self.share = CpuShare(CpuKernels(jit_dir), experts, c.cpu, self.box, threads, lambda: _pin(plan.worker_cpus))
+        self.share = CpuShare(
+            CpuKernels(jit_dir), experts, c.cpu, self.box, threads, lambda: _pin(plan.worker_cpus)
+        )
         if c.low_ram:
             self.share.mapped = ~c.in_ram  # counted apart: experts read from the file's mapping
         n_miss = int((c.where < 0).sum())
@@ -372,17 +428,21 @@ class GpuTiers:
         given = 0.0 if self.pageable else opts.pcie_frac
         if given is not None:
             frac = given
-            note(f"CPU share of the decode misses: --pcie-frac {given:.2f} ({1 - given:.0%} on the CPU pool, "
-                 f"{threads} threads){' (pageable arena)' if self.pageable else ''}")
+            note(
+                f"CPU share of the decode misses: --pcie-frac {given:.2f} ({1 - given:.0%} on the CPU pool, "
+                f"{threads} threads){' (pageable arena)' if self.pageable else ''}"
+            )
         else:
             rates = self.rates = self._rates(opts, jit_dir, threads)
             pcie = rates.zero_copy * split.ZERO_COPY_EFFICIENCY
             self.split = split.choose(miss, pcie, rates.cpu, rates.cpu_fixed_s, forced=forced)
             frac = self.split.pcie_frac
-            note(f"probe: zero-copy {rates.zero_copy_alone / 1e9:,.1f} GB/s alone, {rates.zero_copy / 1e9:,.1f} beside "
-                 f"the CPU (in graph ~{pcie / 1e9:,.1f}); CPU pool ({threads} threads) {rates.cpu_alone / 1e9:,.1f} GB/s "
-                 f"alone, {rates.cpu / 1e9:,.1f} beside the GPU, + {rates.cpu_fixed_s * 1e6:,.0f} us a layer; copy "
-                 f"engine {rates.copy_engine / 1e9:,.1f} GB/s")
+            note(
+                f"probe: zero-copy {rates.zero_copy_alone / 1e9:,.1f} GB/s alone, {rates.zero_copy / 1e9:,.1f} beside "
+                f"the CPU (in graph ~{pcie / 1e9:,.1f}); CPU pool ({threads} threads) {rates.cpu_alone / 1e9:,.1f} GB/s "
+                f"alone, {rates.cpu / 1e9:,.1f} beside the GPU, + {rates.cpu_fixed_s * 1e6:,.0f} us a layer; copy "
+                f"engine {rates.copy_engine / 1e9:,.1f} GB/s"
+            )
             note(self.split.why(miss))
         if forced:
             note(f"CPU share: {forced:.0%} of the misses are only in the file's mapping and always the CPU's")
@@ -398,14 +458,18 @@ class GpuTiers:
         name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
         shapes = ",".join(f"{p.qtype}:{p.rows}x{p.cols}" for p in lay[0].parts)
         key = f"v2|{name}|{platform.processor() or platform.machine()}|{workers} threads|{shapes}"
-        store = split.ProbeCache((jit_dir.parent if jit_dir else Path.home() / ".cache/strata") / "probe.json")
+        store = split.ProbeCache(
+            (jit_dir.parent if jit_dir else Path.home() / ".cache/strata") / "probe.json"
+        )
         got = None if opts.probe else store.get(key)
         if got is not None:
             return got
         alone = self.probe(256 << 20)
         cpu_alone, _ = self.share.probe()
         zero_copy, (cpu, fixed) = self._probe_together()
-        rates = split.Rates(zero_copy, alone["copy_engine"], cpu, fixed + kt.HANDOFF_S, alone["zero_copy"], cpu_alone)
+        rates = split.Rates(
+            zero_copy, alone["copy_engine"], cpu, fixed + kt.HANDOFF_S, alone["zero_copy"], cpu_alone
+        )
         store.put(key, rates)
         return rates
 
@@ -433,8 +497,16 @@ class GpuTiers:
         if self.share is None:
             return None
         b = self.box
-        return ShareHook(li, int(b.ctl.ctypes.data), int(b.h.ctypes.data), int(b.ids.ctypes.data),
-                         int(b.wts.ctypes.data), int(b.out.ctypes.data), self.ticket, self.err)
+        return ShareHook(
+            li,
+            int(b.ctl.ctypes.data),
+            int(b.h.ctypes.data),
+            int(b.ids.ctypes.data),
+            int(b.wts.ctypes.data),
+            int(b.out.ctypes.data),
+            self.ticket,
+            self.err,
+        )
 
     def close(self) -> None:
         if self.share is not None:
@@ -455,9 +527,15 @@ class GpuTiers:
 
     def hook(self, li: int, decode: bool = True) -> TierHook:
         """Layer li's counting hook; decode: also its CPU share (passes of more rows have none)."""
-        return TierHook(ptr(self.where, 4 * li * self.layout.n_expert), int(self.cache.expert_bytes[li]),
-                        self.counts, ptr(self.routes, 4 * li * self.routes.shape[1] * self.routes.shape[2]),
-                        self.share_hook(li) if decode else None, li, self.lookahead if decode else None)
+        return TierHook(
+            ptr(self.where, 4 * li * self.layout.n_expert),
+            int(self.cache.expert_bytes[li]),
+            self.counts,
+            ptr(self.routes, 4 * li * self.routes.shape[1] * self.routes.shape[2]),
+            self.share_hook(li) if decode else None,
+            li,
+            self.lookahead if decode else None,
+        )
 
     # ---- between windows ----
     def publish(self) -> None:
@@ -481,8 +559,15 @@ class GpuTiers:
             li, e = pairs[:, 0], pairs[:, 1]
             n_e = self.layout.n_expert
             at = ((li * 3)[:, None] + np.arange(3)) * n_e + e[:, None]  # [n, P] into [L, P, E]
-            host = np.concatenate([at.reshape(-1), c.table.reshape(-1)[at.reshape(-1)], c.full.reshape(-1)[at.reshape(-1)],
-                                   li * n_e + e, c.where_kinds()[li, e].astype(np.int64)])
+            host = np.concatenate(
+                [
+                    at.reshape(-1),
+                    c.table.reshape(-1)[at.reshape(-1)],
+                    c.full.reshape(-1)[at.reshape(-1)],
+                    li * n_e + e,
+                    c.where_kinds()[li, e].astype(np.int64),
+                ]
+            )
             dev = cp.asarray(host)
             k = at.size
             idx, tab, full = dev[:k], dev[k : 2 * k], dev[2 * k : 3 * k]
@@ -510,8 +595,10 @@ class GpuTiers:
             late = int(self.err.get()[0])
             if late:
                 self.err.fill(0)
-                raise RuntimeError(f"the CPU share of the expert misses did not answer within "
-                                   f"{COLLECT_TIMEOUT_NS / 1e9:.0f} s; this pass's output is wrong")
+                raise RuntimeError(
+                    f"the CPU share of the expert misses did not answer within "
+                    f"{COLLECT_TIMEOUT_NS / 1e9:.0f} s; this pass's output is wrong"
+                )
             self.share.check()
             k = min(n, len(self.share.calls))
             cpu[:k, 0] = self.share.take_calls(k)
@@ -530,14 +617,19 @@ class GpuTiers:
         counts = cupyx.empty_pinned((n, 3), np.uint64)
         routes = cupyx.empty_pinned((self.routes.shape[0], n, self.routes.shape[2]), np.int32)
         packed = cp.ascontiguousarray(self.routes[:, :n])
-        cp.cuda.runtime.memcpyAsync(counts.ctypes.data, self.counts.data.ptr, counts.nbytes, DEVICE_TO_HOST, stream.ptr)
-        cp.cuda.runtime.memcpyAsync(routes.ctypes.data, packed.data.ptr, routes.nbytes, DEVICE_TO_HOST, stream.ptr)
+        cp.cuda.runtime.memcpyAsync(
+            counts.ctypes.data, self.counts.data.ptr, counts.nbytes, DEVICE_TO_HOST, stream.ptr
+        )
+        cp.cuda.runtime.memcpyAsync(
+            routes.ctypes.data, packed.data.ptr, routes.nbytes, DEVICE_TO_HOST, stream.ptr
+        )
         self.counts[:n].fill(0)
         ahead = None
         if self.lookahead is not None:
             ahead = cupyx.empty_pinned(self.lookahead.stats.size, np.uint64)
-            cp.cuda.runtime.memcpyAsync(ahead.ctypes.data, self.lookahead.stats.data.ptr, ahead.nbytes, DEVICE_TO_HOST,
-                                        stream.ptr)
+            cp.cuda.runtime.memcpyAsync(
+                ahead.ctypes.data, self.lookahead.stats.data.ptr, ahead.nbytes, DEVICE_TO_HOST, stream.ptr
+            )
             self.lookahead.stats.fill(0)
         keep = [*self._keep, *self.slots._keep, packed]
         self._keep, self.slots._keep = [], []
@@ -642,8 +734,10 @@ class GpuTiers:
         """The chunk is over: borrowed slots get their experts back (on the compute stream). Returns the
         bytes staged, the experts of them from the file's mapping and their bytes [3]."""
         self.slots.copy_rows(self.cache.restore_rows(staging))
-        return sum((self.cache.staged_counts(staging, li, r) for li, r in enumerate(self._rows)),
-                   np.zeros(3, np.int64))
+        return sum(
+            (self.cache.staged_counts(staging, li, r) for li, r in enumerate(self._rows)),
+            np.zeros(3, np.int64),
+        )
 
     def _scratch(self, nbytes: int) -> tuple[np.ndarray, Any, np.ndarray]:
         """The probes' source (the arena's largest part store, flat), a VRAM scratch of up to nbytes (whole MiB)
@@ -657,8 +751,10 @@ class GpuTiers:
             self._keep.append(src)  # alive until the probe's copies are done (it clears _keep after its sync)
         n = min(nbytes, src.nbytes) // (1 << 20) * (1 << 20)
         dst = cp.empty(n, cp.uint8)
-        rows = np.array([[int(src.ctypes.data) + o, int(dst.data.ptr) + o, 1 << 20] for o in range(0, n, 1 << 20)],
-                        np.int64)
+        rows = np.array(
+            [[int(src.ctypes.data) + o, int(dst.data.ptr) + o, 1 << 20] for o in range(0, n, 1 << 20)],
+            np.int64,
+        )
         return src, dst, rows
 
     def probe(self, nbytes: int = 1 << 30) -> dict[str, float]:
@@ -694,7 +790,17 @@ class GpuTiers:
 
     def nbytes(self) -> int:
         """VRAM held: the slots, the zero slot, the three tables, `where`, the counters and the lookahead."""
-        ahead = 0 if self.lookahead is None else Lookahead.nbytes_for(self.layout, self.lookahead.k,
-                                                                       self.lookahead.x.shape[0])
-        return (self.slots.nbytes() + sum(z.nbytes for z in self.zero) + 3 * self.table.nbytes + self.where.nbytes
-                + self.counts.nbytes + self.routes.nbytes + ahead)
+        ahead = (
+            0
+            if self.lookahead is None
+            else Lookahead.nbytes_for(self.layout, self.lookahead.k, self.lookahead.x.shape[0])
+        )
+        return (
+            self.slots.nbytes()
+            + sum(z.nbytes for z in self.zero)
+            + 3 * self.table.nbytes
+            + self.where.nbytes
+            + self.counts.nbytes
+            + self.routes.nbytes
+            + ahead
+        )

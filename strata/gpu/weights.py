@@ -77,11 +77,16 @@ def check_gpu_types(gguf: GGUFFile) -> None:
             continue
         if len(t.shape) > 1 and t.qtype not in GPU_QTYPES:
             names = ", ".join(sorted(GGMLQuantizationType(q).name for q in GPU_QTYPES))
-            raise UnknownQuantTypeError(gguf.path, f"tensor {t.name!r} is {t.qtype.name}, which the GPU kernels "
-                                                   f"do not read (supported: {names}); use device=cpu")
+            raise UnknownQuantTypeError(
+                gguf.path,
+                f"tensor {t.name!r} is {t.qtype.name}, which the GPU kernels "
+                f"do not read (supported: {names}); use device=cpu",
+            )
         if len(t.shape) > 1 and t.shape[-1] % 32:
-            raise UnknownQuantTypeError(gguf.path, f"tensor {t.name!r} has rows of {t.shape[-1]} values; "
-                                                   "the GPU kernels need a multiple of 32")
+            raise UnknownQuantTypeError(
+                gguf.path,
+                f"tensor {t.name!r} has rows of {t.shape[-1]} values; the GPU kernels need a multiple of 32",
+            )
 
 
 class GpuWeights:
@@ -102,8 +107,17 @@ class GpuWeights:
             info = self.gguf.tensors[name]
             raw = np.ascontiguousarray(self.gguf.raw(name)).reshape(-1)
             n_expert = info.shape[0] if len(info.shape) == 3 else 1
-            hit = resident(DevMatrix(name, int(info.qtype), info.shape[-2], info.shape[-1], n_expert, info.row_bytes,
-                                     cp.asarray(raw)))
+            hit = resident(
+                DevMatrix(
+                    name,
+                    int(info.qtype),
+                    info.shape[-2],
+                    info.shape[-1],
+                    n_expert,
+                    info.row_bytes,
+                    cp.asarray(raw),
+                )
+            )
             self._mats[name] = hit
         return hit
 
@@ -116,8 +130,10 @@ class GpuWeights:
         dev = cupy_module().asarray(np.ascontiguousarray(raw).reshape(-1))
         rows = n_head * head_dim
         half = rows * info.row_bytes
-        q, g = (DevMatrix(f"{name}[{part}]", int(info.qtype), rows, info.shape[-1], 1, info.row_bytes, buf)
-                for part, buf in (("query", dev[:half]), ("gate", dev[half:])))
+        q, g = (
+            DevMatrix(f"{name}[{part}]", int(info.qtype), rows, info.shape[-1], 1, info.row_bytes, buf)
+            for part, buf in (("query", dev[:half]), ("gate", dev[half:]))
+        )
         self._mats[q.name], self._mats[g.name] = q, g
         return q, g
 

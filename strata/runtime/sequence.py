@@ -54,12 +54,20 @@ class Timings:
     experts: TierUse | None = None  # expert-tier counters, when the model routes through the tiers
 
     def to_dict(self) -> dict[str, float]:
-        extra = {"table_rows": self.table_rows, "table_bytes": self.table_bytes,
-                 "table_disk_bytes": self.table_disk_bytes, "table_wait_ms": round(self.table_wait_ms, 3)
-                 } if self.table_rows else {}
+        extra = (
+            {
+                "table_rows": self.table_rows,
+                "table_bytes": self.table_bytes,
+                "table_disk_bytes": self.table_disk_bytes,
+                "table_wait_ms": round(self.table_wait_ms, 3),
+            }
+            if self.table_rows
+            else {}
+        )
         if self.experts is not None:
             extra.update(self.experts.timings())
-        return {**extra,
+        return {
+            **extra,
             "prompt_n": self.prompt_n,
             "prompt_ms": round(self.prompt_ms, 3),
             "prompt_per_second": _rate(self.prompt_n, self.prompt_ms),
@@ -93,9 +101,20 @@ class GenerationResult:
 
 
 class ActiveSequence:
-    def __init__(self, tokenizer: Tokenizer, state: SequenceState, prompt_ids: list[int], *,
-                 params: SamplingParams, seed: int, max_tokens: int, stop: Seq[str] = (),
-                 ignore_eos: bool = False, constraints: Seq[Constraint] = (), tiered: bool = False) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        state: SequenceState,
+        prompt_ids: list[int],
+        *,
+        params: SamplingParams,
+        seed: int,
+        max_tokens: int,
+        stop: Seq[str] = (),
+        ignore_eos: bool = False,
+        constraints: Seq[Constraint] = (),
+        tiered: bool = False,
+    ) -> None:
         self.state = state
         self.prompt = list(prompt_ids)
         self.params, self.seed, self.max_tokens = params, seed, max_tokens

@@ -44,6 +44,7 @@ class SequenceState:
     def snapshot(self) -> SequenceState:
         """Like checkpoint(), but parts that live on a device are copied to host RAM (`to_host`); restoring
         from it brings them back (their copy() allocates on the device again)."""
+
         def host(part: object) -> object:
             return getattr(part, "to_host", part.copy)()  # type: ignore[attr-defined]
 

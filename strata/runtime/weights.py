@@ -115,5 +115,6 @@ def check_supported(gguf: GGUFFile) -> None:
         if t.qtype not in SUPPORTED:
             names = ", ".join(sorted(q.name for q in SUPPORTED))
             raise UnknownQuantTypeError(
-                gguf.path, f"tensor {t.name!r} uses {t.qtype.name}, which we cannot dequantize; supported: {names}"
+                gguf.path,
+                f"tensor {t.name!r} uses {t.qtype.name}, which we cannot dequantize; supported: {names}",
             )

@@ -34,7 +34,11 @@ def apply_penalties(logits: np.ndarray, history: Sequence[int], p: SamplingParam
     out = logits.copy()
     sel = out[ids]
     with np.errstate(all="ignore"):  # overflow, and 1e-320 rounding to 0 in float32, are clipped below
-        new = np.where(sel > 0, sel / p.repeat_penalty, sel * p.repeat_penalty) if p.repeat_penalty != 1.0 else sel
+        new = (
+            np.where(sel > 0, sel / p.repeat_penalty, sel * p.repeat_penalty)
+            if p.repeat_penalty != 1.0
+            else sel
+        )
         new = new - n * p.frequency_penalty - p.presence_penalty
     big = np.finfo(out.dtype).max
     # a penalty may make a logit huge or tiny but never masks a token (-inf) nor unmasks one

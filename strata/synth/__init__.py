@@ -17,6 +17,17 @@ from strata.synth.shapes import ARCHES, SHAPES, Shape
 from strata.synth.writer import SynthError, SynthResult, write_synth
 
 __all__ = [
-    "ARCHES", "SHAPES", "SUPPORTED", "Shape", "SynthError", "SynthResult", "TensorSpec", "expected_hit_rate",
-    "file_hit_rate", "hit_rate", "router_weights", "tensor_plan", "write_synth",
+    "ARCHES",
+    "SHAPES",
+    "SUPPORTED",
+    "Shape",
+    "SynthError",
+    "SynthResult",
+    "TensorSpec",
+    "expected_hit_rate",
+    "file_hit_rate",
+    "hit_rate",
+    "router_weights",
+    "tensor_plan",
+    "write_synth",
 ]

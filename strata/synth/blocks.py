@@ -25,12 +25,28 @@ POOL_BYTES = 8 << 20  # per (type, std); tensors are tiled from it in SEGMENT_BY
 CALIBRATION_BLOCKS = 4096
 
 # fp16 d at these byte offsets; the sign is random (no min field to centre).
-_SIGNED_D: dict[Q, int] = {Q.Q4_0: 0, Q.Q5_0: 0, Q.Q8_0: 0, Q.Q3_K: 108, Q.Q6_K: 208, Q.IQ4_NL: 0, Q.IQ4_XS: 0}
+_SIGNED_D: dict[Q, int] = {
+    Q.Q4_0: 0,
+    Q.Q5_0: 0,
+    Q.Q8_0: 0,
+    Q.Q3_K: 108,
+    Q.Q6_K: 208,
+    Q.IQ4_NL: 0,
+    Q.IQ4_XS: 0,
+}
 # (d offset, min offset, qmax / 2): Q4_1/Q5_1 store m (an offset), the K-quants dmin (a scale).
 _WITH_MIN: dict[Q, tuple[int, int, float]] = {
-    Q.Q4_1: (0, 2, 7.5), Q.Q5_1: (0, 2, 15.5), Q.Q2_K: (80, 82, 1.5), Q.Q4_K: (0, 2, 7.5), Q.Q5_K: (0, 2, 15.5),
+    Q.Q4_1: (0, 2, 7.5),
+    Q.Q5_1: (0, 2, 15.5),
+    Q.Q2_K: (80, 82, 1.5),
+    Q.Q4_K: (0, 2, 7.5),
+    Q.Q5_K: (0, 2, 15.5),
 }
-_FLOATS: dict[Q, np.dtype] = {Q.F32: np.dtype(np.float32), Q.F16: np.dtype(np.float16), Q.BF16: np.dtype(np.uint16)}
+_FLOATS: dict[Q, np.dtype] = {
+    Q.F32: np.dtype(np.float32),
+    Q.F16: np.dtype(np.float16),
+    Q.BF16: np.dtype(np.uint16),
+}
 SUPPORTED: frozenset[Q] = frozenset(_SIGNED_D) | frozenset(_WITH_MIN) | frozenset(_FLOATS)
 
 

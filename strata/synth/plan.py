@@ -30,17 +30,30 @@ KEY_MODE = "strata.synth.router_mode"  # "locality" (strata/synth/locality.py); 
 
 # llama-quantize's tensor_type_fallback, for rows that a type's block does not divide.
 _FALLBACK: dict[Q, Q] = {
-    Q.IQ4_XS: Q.IQ4_NL, Q.Q2_K: Q.Q4_0, Q.Q3_K: Q.Q4_0, Q.Q4_K: Q.Q5_0, Q.Q5_K: Q.Q5_1, Q.Q6_K: Q.Q8_0,
+    Q.IQ4_XS: Q.IQ4_NL,
+    Q.Q2_K: Q.Q4_0,
+    Q.Q3_K: Q.Q4_0,
+    Q.Q4_K: Q.Q5_0,
+    Q.Q5_K: Q.Q5_1,
+    Q.Q6_K: Q.Q8_0,
 }
 # general.file_type for a file whose matrices are mostly this type (K-quants: the _M mixes).
 FILE_TYPE: dict[Q, gguf.LlamaFileType] = {
-    Q.F32: gguf.LlamaFileType.ALL_F32, Q.F16: gguf.LlamaFileType.MOSTLY_F16, Q.BF16: gguf.LlamaFileType.MOSTLY_BF16,
-    Q.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0, Q.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1,
-    Q.Q5_0: gguf.LlamaFileType.MOSTLY_Q5_0, Q.Q5_1: gguf.LlamaFileType.MOSTLY_Q5_1,
-    Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0, Q.Q2_K: gguf.LlamaFileType.MOSTLY_Q2_K,
-    Q.Q3_K: gguf.LlamaFileType.MOSTLY_Q3_K_M, Q.Q4_K: gguf.LlamaFileType.MOSTLY_Q4_K_M,
-    Q.Q5_K: gguf.LlamaFileType.MOSTLY_Q5_K_M, Q.Q6_K: gguf.LlamaFileType.MOSTLY_Q6_K,
-    Q.IQ4_NL: gguf.LlamaFileType.MOSTLY_IQ4_NL, Q.IQ4_XS: gguf.LlamaFileType.MOSTLY_IQ4_XS,
+    Q.F32: gguf.LlamaFileType.ALL_F32,
+    Q.F16: gguf.LlamaFileType.MOSTLY_F16,
+    Q.BF16: gguf.LlamaFileType.MOSTLY_BF16,
+    Q.Q4_0: gguf.LlamaFileType.MOSTLY_Q4_0,
+    Q.Q4_1: gguf.LlamaFileType.MOSTLY_Q4_1,
+    Q.Q5_0: gguf.LlamaFileType.MOSTLY_Q5_0,
+    Q.Q5_1: gguf.LlamaFileType.MOSTLY_Q5_1,
+    Q.Q8_0: gguf.LlamaFileType.MOSTLY_Q8_0,
+    Q.Q2_K: gguf.LlamaFileType.MOSTLY_Q2_K,
+    Q.Q3_K: gguf.LlamaFileType.MOSTLY_Q3_K_M,
+    Q.Q4_K: gguf.LlamaFileType.MOSTLY_Q4_K_M,
+    Q.Q5_K: gguf.LlamaFileType.MOSTLY_Q5_K_M,
+    Q.Q6_K: gguf.LlamaFileType.MOSTLY_Q6_K,
+    Q.IQ4_NL: gguf.LlamaFileType.MOSTLY_IQ4_NL,
+    Q.IQ4_XS: gguf.LlamaFileType.MOSTLY_IQ4_XS,
 }
 
 
@@ -81,6 +94,7 @@ def fitting_type(qtype: Q, n_cols: int) -> Q:
 
 def tensor_plan(s: Shape, quant: Q, output_quant: Q) -> list[TensorSpec]:
     """Every tensor of the file, in writing order."""
+
     def mat(name: str, *shape: int, qtype: Q = quant) -> TensorSpec:
         return TensorSpec(name, shape, fitting_type(qtype, shape[-1]), Fill.WEIGHT)
 
@@ -95,20 +109,29 @@ def tensor_plan(s: Shape, quant: Q, output_quant: Q) -> list[TensorSpec]:
             out += _deltanet(s, i, mat, f32)
         else:
             q_rows = s.n_head * s.head_dim * (2 if s.arch == QWEN3NEXT else 1)  # qwen3next: [query | gate]
-            out += [mat(tensor(T.ATTN_Q, i), q_rows, d), mat(tensor(T.ATTN_K, i), s.n_kv * s.head_dim, d),
-                    mat(tensor(T.ATTN_V, i), s.n_kv * s.head_dim, d),
-                    mat(tensor(T.ATTN_OUT, i), d, s.n_head * s.head_dim),
-                    f32(tensor(T.ATTN_Q_NORM, i), Fill.NORM, s.head_dim),
-                    f32(tensor(T.ATTN_K_NORM, i), Fill.NORM, s.head_dim)]
+            out += [
+                mat(tensor(T.ATTN_Q, i), q_rows, d),
+                mat(tensor(T.ATTN_K, i), s.n_kv * s.head_dim, d),
+                mat(tensor(T.ATTN_V, i), s.n_kv * s.head_dim, d),
+                mat(tensor(T.ATTN_OUT, i), d, s.n_head * s.head_dim),
+                f32(tensor(T.ATTN_Q_NORM, i), Fill.NORM, s.head_dim),
+                f32(tensor(T.ATTN_K_NORM, i), Fill.NORM, s.head_dim),
+            ]
         post_norm = T.ATTN_POST_NORM if s.arch == QWEN3NEXT else T.FFN_NORM
-        out += [f32(tensor(post_norm, i), Fill.NORM, d), f32(tensor(T.FFN_GATE_INP, i), Fill.ROUTER, s.n_expert, d),
-                mat(tensor(T.FFN_GATE_EXP, i), s.n_expert, s.expert_ff, d),
-                mat(tensor(T.FFN_UP_EXP, i), s.n_expert, s.expert_ff, d),
-                mat(tensor(T.FFN_DOWN_EXP, i), s.n_expert, d, s.expert_ff)]
+        out += [
+            f32(tensor(post_norm, i), Fill.NORM, d),
+            f32(tensor(T.FFN_GATE_INP, i), Fill.ROUTER, s.n_expert, d),
+            mat(tensor(T.FFN_GATE_EXP, i), s.n_expert, s.expert_ff, d),
+            mat(tensor(T.FFN_UP_EXP, i), s.n_expert, s.expert_ff, d),
+            mat(tensor(T.FFN_DOWN_EXP, i), s.n_expert, d, s.expert_ff),
+        ]
         if s.shared_ff:
-            out += [f32(tensor(T.FFN_GATE_INP_SHEXP, i), Fill.SMALL, 1, d),
-                    mat(tensor(T.FFN_GATE_SHEXP, i), s.shared_ff, d), mat(tensor(T.FFN_UP_SHEXP, i), s.shared_ff, d),
-                    mat(tensor(T.FFN_DOWN_SHEXP, i), d, s.shared_ff)]
+            out += [
+                f32(tensor(T.FFN_GATE_INP_SHEXP, i), Fill.SMALL, 1, d),
+                mat(tensor(T.FFN_GATE_SHEXP, i), s.shared_ff, d),
+                mat(tensor(T.FFN_UP_SHEXP, i), s.shared_ff, d),
+                mat(tensor(T.FFN_DOWN_SHEXP, i), d, s.shared_ff),
+            ]
     out.append(f32(tensor(T.OUTPUT_NORM), Fill.NORM, d))
     if not s.tied:
         out.append(mat(tensor(T.OUTPUT), s.vocab, d, qtype=output_quant))
@@ -149,7 +172,9 @@ def dense_values(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
     return x.astype(np.float32).reshape(shape)
 
 
-def add_metadata(w: gguf.GGUFWriter, s: Shape, quant: Q, plan: list[TensorSpec], skew: float, seed: int) -> None:
+def add_metadata(
+    w: gguf.GGUFWriter, s: Shape, quant: Q, plan: list[TensorSpec], skew: float, seed: int
+) -> None:
     """general.* and the hparams the converter writes for this architecture (not the tokenizer)."""
     expert = sum(t.numel for t in plan if "_exps." in t.name)
     total = sum(t.numel for t in plan)

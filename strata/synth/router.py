@@ -70,7 +70,9 @@ def popularity_scales(n_expert: int, top_k: int, skew: float) -> np.ndarray:
     return s / np.sqrt(np.mean(s**2))
 
 
-def router_weights(d_model: int, n_expert: int, top_k: int, skew: float, rng: np.random.Generator) -> np.ndarray:
+def router_weights(
+    d_model: int, n_expert: int, top_k: int, skew: float, rng: np.random.Generator
+) -> np.ndarray:
     """float32 [E, D] (GGUF ne [D, E]) router with the popularity law above; rows shuffled by `rng`."""
     scales = popularity_scales(n_expert, top_k, skew)[rng.permutation(n_expert)]
     u = rng.standard_normal((n_expert, d_model), dtype=np.float32)  # [E, D]
@@ -83,21 +85,27 @@ def _hidden(n_tokens: int, d_model: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n_tokens, d_model), dtype=np.float32)
 
 
-def _hit_rate(router: np.ndarray, top_k: int, cache_fraction: float, h_rank: np.ndarray, h_eval: np.ndarray) -> float:
+def _hit_rate(
+    router: np.ndarray, top_k: int, cache_fraction: float, h_rank: np.ndarray, h_eval: np.ndarray
+) -> float:
     n_cached = min(router.shape[0], math.ceil(cache_fraction * router.shape[0]))
     ranked = np.argsort(-_inclusion(h_rank @ router.T, top_k))
     held_out = _inclusion(h_eval @ router.T, top_k)
     return float(held_out[ranked[:n_cached]].sum() / held_out.sum())
 
 
-def hit_rate(router: np.ndarray, top_k: int, cache_fraction: float, n_tokens: int = 4096, seed: int = 0) -> float:
+def hit_rate(
+    router: np.ndarray, top_k: int, cache_fraction: float, n_tokens: int = 4096, seed: int = 0
+) -> float:
     """Share of routed (token, expert) picks served by caching the most popular experts of `router` [E, D].
 
     The cache holds the ceil(cache_fraction * E) experts most popular on one sample of random hidden
     states; the rate is measured on a second, independent sample (no credit for fitting noise).
     """
     d = router.shape[1]
-    return _hit_rate(router, top_k, cache_fraction, _hidden(n_tokens, d, seed), _hidden(n_tokens, d, seed + 1))
+    return _hit_rate(
+        router, top_k, cache_fraction, _hidden(n_tokens, d, seed), _hidden(n_tokens, d, seed + 1)
+    )
 
 
 def file_hit_rate(path: str, cache_fraction: float, n_tokens: int = 4096, seed: int = 0) -> float:

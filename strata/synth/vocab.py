@@ -74,7 +74,9 @@ def vocab_base(tokenizer_dir: str | os.PathLike[str], vocab_size: int) -> tuple[
     return tokens, types
 
 
-def special_vocab(tokenizer_dir: str | os.PathLike[str], n_vocab: int, config: dict | None) -> gguf.SpecialVocab:
+def special_vocab(
+    tokenizer_dir: str | os.PathLike[str], n_vocab: int, config: dict | None
+) -> gguf.SpecialVocab:
     """Merges, special token ids, add_* flags and chat template; `config` stands in for config.json
     (where the converter finds bos/eos ids the tokenizer files do not name)."""
     with tempfile.TemporaryDirectory(prefix="strata-vocab-") as tmp:
@@ -86,7 +88,11 @@ def special_vocab(tokenizer_dir: str | os.PathLike[str], n_vocab: int, config: d
 
 
 def add_tokenizer(
-    writer: gguf.GGUFWriter, tokens: list[str], types: list[int], special: gguf.SpecialVocab, pre: str = QWEN_PRE
+    writer: gguf.GGUFWriter,
+    tokens: list[str],
+    types: list[int],
+    special: gguf.SpecialVocab,
+    pre: str = QWEN_PRE,
 ) -> None:
     """Write the tokenizer.* keys in the converter's order."""
     writer.add_tokenizer_model("gpt2")
@@ -108,8 +114,9 @@ def _qwen3(tokenizer_dir: str, vocab_size: int) -> tuple[tuple[str, ...], tuple[
     return tuple(tokens), tuple(types), special_vocab(tokenizer_dir, len(tokens), QWEN3_CONFIG)
 
 
-def add_qwen3_tokenizer(writer: gguf.GGUFWriter, tokenizer_dir: str | os.PathLike[str],
-                        vocab_size: int = QWEN3_VOCAB_SIZE) -> None:
+def add_qwen3_tokenizer(
+    writer: gguf.GGUFWriter, tokenizer_dir: str | os.PathLike[str], vocab_size: int = QWEN3_VOCAB_SIZE
+) -> None:
     """The whole Qwen3 tokenizer as a converted Qwen3 checkpoint carries it (read once per process)."""
     tokens, types, special = _qwen3(os.fspath(Path(tokenizer_dir).resolve()), vocab_size)
     add_tokenizer(writer, list(tokens), list(types), special)

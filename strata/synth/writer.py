@@ -64,8 +64,10 @@ def _check_space(path: Path, need: int) -> None:
         raise SynthError(f"cannot write {path}: directory {parent} is not writable")
     free = shutil.disk_usage(parent).free
     if free < need:
-        raise SynthError(f"not enough disk space for {path}: needs {need:,} bytes ({need / 2**30:.2f} GiB), "
-                         f"{parent} has {free:,} bytes free")
+        raise SynthError(
+            f"not enough disk space for {path}: needs {need:,} bytes ({need / 2**30:.2f} GiB), "
+            f"{parent} has {free:,} bytes free"
+        )
 
 
 def _pwrite_all(fd: int, data: memoryview, pos: int) -> None:
@@ -88,7 +90,9 @@ def _stream_pool(fd: int, blocks: np.ndarray, pos: int, nbytes: int, rng: np.ran
         done += n
 
 
-def _write_tensor(fd: int, spec: TensorSpec, pos: int, s: Shape, skew: float, rng: np.random.Generator) -> None:
+def _write_tensor(
+    fd: int, spec: TensorSpec, pos: int, s: Shape, skew: float, rng: np.random.Generator
+) -> None:
     if spec.fill is Fill.WEIGHT:
         _stream_pool(fd, pool(spec.qtype, WEIGHT_STD), pos, spec.nbytes, rng)
         return
@@ -112,8 +116,16 @@ def _preallocate(fd: int, size: int, path: Path) -> None:
         os.ftruncate(fd, size)  # filesystems without fallocate: a sparse file of the right size
 
 
-def _write_header(tmp: Path, s: Shape, quant: Q, plan: list[TensorSpec], skew: float, seed: int,
-                  tokenizer_dir: Path, router_mode: str) -> int:
+def _write_header(
+    tmp: Path,
+    s: Shape,
+    quant: Q,
+    plan: list[TensorSpec],
+    skew: float,
+    seed: int,
+    tokenizer_dir: Path,
+    router_mode: str,
+) -> int:
     """Metadata + tensor infos; returns the byte offset where tensor data starts."""
     w = gguf.GGUFWriter(tmp, s.arch)
     add_metadata(w, s, quant, plan, skew, seed)
@@ -130,8 +142,15 @@ def _write_header(tmp: Path, s: Shape, quant: Q, plan: list[TensorSpec], skew: f
 
 
 def write_synth(
-    path: str | os.PathLike[str], s: Shape, quant: Q, output_quant: Q, skew: float, tokenizer_dir: Path,
-    seed: int = 0, progress: Progress | None = None, router_mode: str = "skew",
+    path: str | os.PathLike[str],
+    s: Shape,
+    quant: Q,
+    output_quant: Q,
+    skew: float,
+    tokenizer_dir: Path,
+    seed: int = 0,
+    progress: Progress | None = None,
+    router_mode: str = "skew",
 ) -> SynthResult:
     """Write the synthetic model for shape `s` to `path`; raises SynthError for path or space trouble.
     router_mode "locality": routing with temporal locality (locality.py), else independent per token."""

@@ -40,7 +40,9 @@ FALLBACK_TEMPLATE = "chatml.jinja"
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 # `x.arguments | tojson`, `x['arguments']|items`, `arguments.items()`, `arguments is mapping`
-_MAPPING_ARGS = re.compile(r"""arguments['"]?\]?\s*(?:\|\s*(?:tojson|items|dictsort)|\.\s*items\s*\(|is\s+mapping)""")
+_MAPPING_ARGS = re.compile(
+    r"""arguments['"]?\]?\s*(?:\|\s*(?:tojson|items|dictsort)|\.\s*items\s*\(|is\s+mapping)"""
+)
 
 
 class _RaisedByTemplate(jinja2.TemplateError):
@@ -85,10 +87,17 @@ def _raise_exception(message: str) -> None:
     raise _RaisedByTemplate(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: Any = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
     # Jinja's built-in tojson HTML-escapes and forces ASCII; HF templates expect plain json.dumps.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -113,8 +122,9 @@ _ENV = _environment()
 class ChatTemplate:
     """A compiled chat template plus the special-token strings it may reference."""
 
-    def __init__(self, source: str, bos_token: str = "", eos_token: str = "",
-                 variants: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, source: str, bos_token: str = "", eos_token: str = "", variants: Mapping[str, str] | None = None
+    ) -> None:
         """`source` is the default template; `variants` are named alternates (e.g. "tool_use")."""
         self.source = source
         self.bos_token = bos_token
@@ -137,8 +147,13 @@ class ChatTemplate:
             source = load_default_template(gguf_file.architecture)
         return cls(str(source), tokenizer.bos_token, tokenizer.eos_token, variants)
 
-    def render(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None,
-               add_generation_prompt: bool = True, **kwargs: Any) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
         """The prompt text. kwargs reach the template as variables (enable_thinking, documents, ...)."""
         source, compiled = self.source, self._compiled
         if tools is not None and "tool_use" in self._variants:  # as HF: tools given -> tool_use variant
@@ -149,8 +164,10 @@ class ChatTemplate:
         try:
             msgs = [_normalize_message(m, mapping_args) for m in messages]
             return compiled.render(
-                messages=msgs, tools=_plain(list(tools)) if tools is not None else None,
-                add_generation_prompt=add_generation_prompt, **context,
+                messages=msgs,
+                tools=_plain(list(tools)) if tools is not None else None,
+                add_generation_prompt=add_generation_prompt,
+                **context,
             )
         except _RaisedByTemplate as e:
             raise TemplateError(str(e)) from None
@@ -162,7 +179,9 @@ class ChatTemplate:
 
 def load_default_template(architecture: str) -> str:
     """Source of the default template for an architecture (DEFAULT_TEMPLATES, else ChatML)."""
-    name = next((f for prefix, f in DEFAULT_TEMPLATES.items() if architecture.startswith(prefix)), FALLBACK_TEMPLATE)
+    name = next(
+        (f for prefix, f in DEFAULT_TEMPLATES.items() if architecture.startswith(prefix)), FALLBACK_TEMPLATE
+    )
     return resources.files("strata.text").joinpath("templates", name).read_text(encoding="utf-8")
 
 

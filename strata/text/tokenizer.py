@@ -32,8 +32,18 @@ from strata.text.tokenizer_build import (
 #: Token texts that end a turn in the chat formats we know (llama.cpp's EOG list, minus
 #: format-specific oddities). Only looked up when the token exists in the vocabulary.
 END_OF_TURN_TEXTS = (
-    "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-    "<|end_of_text|>", "<EOT>", "<end_of_utterance>", "<｜end▁of▁sentence｜>", "<|return|>", "<|call|>",
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "<end_of_utterance>",
+    "<｜end▁of▁sentence｜>",
+    "<|return|>",
+    "<|call|>",
 )
 
 
@@ -202,7 +212,9 @@ class Tokenizer:
     @property
     def special_texts(self) -> tuple[str, ...]:
         """Texts that parse_special turns into CONTROL token ids ("<|im_end|>", ...), longest first."""
-        return tuple(sorted((self._tokens[i] for i in self._special if self._tokens[i]), key=len, reverse=True))
+        return tuple(
+            sorted((self._tokens[i] for i in self._special if self._tokens[i]), key=len, reverse=True)
+        )
 
     @property
     def max_piece_bytes(self) -> int:

@@ -134,11 +134,15 @@ def build_tokenizer(meta: Mapping[str, Any], path: str = "<gguf>") -> BuiltToken
 
 
 # ---- byte-level BPE ('gpt2') ----------------------------------------------------------------
-def _build_byte_level(meta: Mapping[str, Any], tokens: list[str], types: np.ndarray, path: str) -> HFTokenizer:
+def _build_byte_level(
+    meta: Mapping[str, Any], tokens: list[str], types: np.ndarray, path: str
+) -> HFTokenizer:
     pre_name = str(meta.get("tokenizer.ggml.pre", "default"))
     pre = PRE_TOKENIZERS.get(pre_name)
     if pre is None:
-        raise GGUFError(path, f"tokenizer.ggml.pre={pre_name!r} is unknown; known: {', '.join(sorted(PRE_TOKENIZERS))}")
+        raise GGUFError(
+            path, f"tokenizer.ggml.pre={pre_name!r} is unknown; known: {', '.join(sorted(PRE_TOKENIZERS))}"
+        )
     spelling = bytes_to_unicode()
     alphabet = frozenset(spelling.values())
     vocab: dict[str, int] = {}
@@ -150,9 +154,16 @@ def _build_byte_level(meta: Mapping[str, Any], tokens: list[str], types: np.ndar
         vocab[tok] = i
     merges = _file_merges(meta, path) or []
     try:
-        bpe = BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="", end_of_word_suffix="",
-                  fuse_unk=False, ignore_merges=pre.ignore_merges)
-    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception naming the bad merge
+        bpe = BPE(
+            vocab=vocab,
+            merges=merges,
+            dropout=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+            ignore_merges=pre.ignore_merges,
+        )
+    except Exception as e:
         raise GGUFError(path, f"tokenizer.ggml.merges do not fit the vocabulary: {e}") from None
     backend = HFTokenizer(bpe)
     steps = [pre_tokenizers.Digits(individual_digits=True)] if pre.digits else []
@@ -170,7 +181,9 @@ def _build_byte_level(meta: Mapping[str, Any], tokens: list[str], types: np.ndar
 
 
 # ---- SentencePiece-style BPE ('llama') ------------------------------------------------------
-def _build_sentencepiece(meta: Mapping[str, Any], tokens: list[str], types: np.ndarray, path: str) -> HFTokenizer:
+def _build_sentencepiece(
+    meta: Mapping[str, Any], tokens: list[str], types: np.ndarray, path: str
+) -> HFTokenizer:
     arch = str(meta.get("general.architecture", ""))
     gemma = arch.startswith("gemma")
     spelled = tokens
@@ -193,7 +206,7 @@ def _build_sentencepiece(meta: Mapping[str, Any], tokens: list[str], types: np.n
     bpe_args = {"fuse_unk": True, "unk_token": unk, "byte_fallback": True, "dropout": None}
     try:
         backend = HFTokenizer(BPE(vocab=vocab, merges=merges, **bpe_args))
-    except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception naming the bad merge
+    except Exception as e:
         if not derived:
             raise GGUFError(path, f"tokenizer.ggml.merges do not fit the vocabulary: {e}") from None
         # derive_merges trusts 64-bit hashes; a collision yields a merge with a piece that is not in
@@ -230,7 +243,9 @@ def _file_merges(meta: Mapping[str, Any], path: str) -> list[tuple[str, str]] | 
     return merges
 
 
-def derive_merges(tokens: Sequence[str], vocab: Mapping[str, int], score: np.ndarray) -> list[tuple[str, str]]:
+def derive_merges(
+    tokens: Sequence[str], vocab: Mapping[str, int], score: np.ndarray
+) -> list[tuple[str, str]]:
     """Every split of a vocabulary token into two vocabulary pieces, as BPE merges.
 
     Ordered like transformers' `generate_merges(vocab, scores)`: token score descending, then
@@ -284,14 +299,17 @@ def _prefix_hashes(strings: list[str], width: int) -> np.ndarray:
     """[n, width+1] uint64: column k is the hash of s[:k] (sum of (codepoint+1) * MULT**j, mod 2**64)."""
     n = len(strings)
     # +1 so NUL code points (and numpy's NUL padding) still change the hash with length.
-    cp = np.array(strings, dtype=f"U{width}").view(np.uint32).reshape(n, width).astype(np.uint64) + np.uint64(1)
+    cp = np.array(strings, dtype=f"U{width}").view(np.uint32).reshape(n, width).astype(np.uint64) + np.uint64(
+        1
+    )
     out = np.zeros((n, width + 1), np.uint64)
     np.cumsum(cp * _POW[:width], axis=1, out=out[:, 1:])  # uint64 arithmetic wraps mod 2**64
     return out
 
 
-def _hashed_splits(prefix: np.ndarray, lens: np.ndarray, full: np.ndarray, want: np.ndarray,
-                   members: _HashSet) -> tuple[np.ndarray, np.ndarray]:
+def _hashed_splits(
+    prefix: np.ndarray, lens: np.ndarray, full: np.ndarray, want: np.ndarray, members: _HashSet
+) -> tuple[np.ndarray, np.ndarray]:
     """(row, cut) for every split of a `want` row whose prefix and suffix hashes are members."""
     width = prefix.shape[1] - 1
     cut = np.arange(1, width)
@@ -346,7 +364,9 @@ class _HashSet:
         return found
 
 
-def _add_added_tokens(backend: HFTokenizer, tokens: list[str], types: np.ndarray, vocab: Mapping[str, int]) -> None:
+def _add_added_tokens(
+    backend: HFTokenizer, tokens: list[str], types: np.ndarray, vocab: Mapping[str, int]
+) -> None:
     """CONTROL -> special added tokens, USER_DEFINED -> plain added tokens, both matched on raw text."""
     control = [
         AddedToken(tokens[i], normalized=False, special=True)

@@ -16,18 +16,45 @@ if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
 from oracle.fetch import (  # noqa: E402
-    FIXTURE_VERSION, cache_root, gemma3_gguf, llama_cpp_src, qwen3_tokenizer_dir, smollm2_gguf,
+    FIXTURE_VERSION,
+    cache_root,
+    gemma3_gguf,
+    llama_cpp_src,
+    qwen3_tokenizer_dir,
+    smollm2_gguf,
 )
 from oracle.oracles import (  # noqa: E402
-    SMOLLM2_GREEDY, SMOLLM2_PROMPT, TINY_GREEDY, TINY_PROMPT, TINY_SEED, smollm2_oracle, template_oracle,
-    tiny_qwen3moe, tiny_qwen3moe_config, tokenizer_oracle,
+    SMOLLM2_GREEDY,
+    SMOLLM2_PROMPT,
+    TINY_GREEDY,
+    TINY_PROMPT,
+    TINY_SEED,
+    smollm2_oracle,
+    template_oracle,
+    tiny_qwen3moe,
+    tiny_qwen3moe_config,
+    tokenizer_oracle,
 )
 
 __all__ = [
-    "FIXTURE_VERSION", "SMOLLM2_GREEDY", "SMOLLM2_PROMPT", "TINY_GREEDY", "TINY_PROMPT", "TINY_SEED",
-    "build_all", "cache_root", "load_npz", "gemma3_gguf", "llama_cpp_src", "qwen3_tokenizer_dir",
+    "FIXTURE_VERSION",
+    "SMOLLM2_GREEDY",
+    "SMOLLM2_PROMPT",
+    "TINY_GREEDY",
+    "TINY_PROMPT",
+    "TINY_SEED",
+    "build_all",
+    "cache_root",
+    "gemma3_gguf",
+    "llama_cpp_src",
+    "load_npz",
+    "qwen3_tokenizer_dir",
     "smollm2_gguf",
-    "smollm2_oracle", "template_oracle", "tiny_qwen3moe", "tiny_qwen3moe_config", "tokenizer_oracle",
+    "smollm2_oracle",
+    "template_oracle",
+    "tiny_qwen3moe",
+    "tiny_qwen3moe_config",
+    "tokenizer_oracle",
 ]
 
 
@@ -44,10 +71,16 @@ def build_all(log=None, begin=None) -> dict[str, object]:
     seconds)` after."""
     import time
 
-    steps = [("smollm2_gguf", smollm2_gguf), ("gemma3_gguf", gemma3_gguf),
-             ("qwen3_tokenizer_dir", qwen3_tokenizer_dir), ("llama_cpp_src", llama_cpp_src),
-             ("tiny_qwen3moe", tiny_qwen3moe), ("smollm2_oracle", smollm2_oracle),
-             ("tokenizer_oracle", tokenizer_oracle), ("template_oracle", template_oracle)]
+    steps = [
+        ("smollm2_gguf", smollm2_gguf),
+        ("gemma3_gguf", gemma3_gguf),
+        ("qwen3_tokenizer_dir", qwen3_tokenizer_dir),
+        ("llama_cpp_src", llama_cpp_src),
+        ("tiny_qwen3moe", tiny_qwen3moe),
+        ("smollm2_oracle", smollm2_oracle),
+        ("tokenizer_oracle", tokenizer_oracle),
+        ("template_oracle", template_oracle),
+    ]
     out: dict[str, object] = {}
     for name, fn in steps:
         if begin is not None:

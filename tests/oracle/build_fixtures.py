@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from oracle import assets, flagship  # noqa: E402
+from oracle import assets, flagship
 
 
 def main() -> int:
@@ -20,14 +20,17 @@ def main() -> int:
 
     def log(name, result, secs):
         print(f"{secs:7.1f}s  {name}", flush=True)
-        for k, v in (result.items() if isinstance(result, dict) else [("", result)]):
+        for k, v in result.items() if isinstance(result, dict) else [("", result)]:
             print(f"           {k + ': ' if k else ''}{v}", flush=True)
 
     def begin(name):  # a cold build spends minutes in some steps: say which one is running
         print(f"  ...      {name} (elapsed {time.perf_counter() - t0:.0f}s)", flush=True)
 
     assets.build_all(log, begin)
-    for name, build in (("tiny_qwen3next", flagship.tiny_qwen3next), ("tiny_qwen4exp", flagship.tiny_qwen4exp)):
+    for name, build in (
+        ("tiny_qwen3next", flagship.tiny_qwen3next),
+        ("tiny_qwen4exp", flagship.tiny_qwen4exp),
+    ):
         begin(name)
         t1 = time.perf_counter()
         log(name, build(), time.perf_counter() - t1)

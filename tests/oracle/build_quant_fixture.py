@@ -38,17 +38,41 @@ DEFAULT_OUT = REPO / "tests/data/llama_quantize_tensors.gguf"
 
 # Types to produce; the ones marked True need an importance matrix.
 WANTED: dict[T, bool] = {
-    T.F32: False, T.F16: False, T.BF16: False, T.Q8_0: False,
-    T.Q4_0: False, T.Q4_1: False, T.Q5_0: False, T.Q5_1: False,
-    T.Q2_K: False, T.Q3_K: False, T.Q4_K: False, T.Q5_K: False, T.Q6_K: False,
-    T.IQ4_NL: False, T.IQ4_XS: False, T.IQ3_S: False, T.MXFP4: False, T.TQ1_0: False, T.TQ2_0: False,
-    T.IQ3_XXS: True, T.IQ2_XXS: True, T.IQ2_XS: True, T.IQ2_S: True, T.IQ1_S: True, T.IQ1_M: True,
+    T.F32: False,
+    T.F16: False,
+    T.BF16: False,
+    T.Q8_0: False,
+    T.Q4_0: False,
+    T.Q4_1: False,
+    T.Q5_0: False,
+    T.Q5_1: False,
+    T.Q2_K: False,
+    T.Q3_K: False,
+    T.Q4_K: False,
+    T.Q5_K: False,
+    T.Q6_K: False,
+    T.IQ4_NL: False,
+    T.IQ4_XS: False,
+    T.IQ3_S: False,
+    T.MXFP4: False,
+    T.TQ1_0: False,
+    T.TQ2_0: False,
+    T.IQ3_XXS: True,
+    T.IQ2_XXS: True,
+    T.IQ2_XS: True,
+    T.IQ2_S: True,
+    T.IQ1_S: True,
+    T.IQ1_M: True,
 }
 
 N_EMBD, N_FF, N_VOCAB = 256, 512, 256
 LAYER_WEIGHTS = {  # name -> numpy shape [rows, cols]
-    "attn_q": (N_EMBD, N_EMBD), "attn_k": (N_EMBD, N_EMBD), "attn_v": (N_EMBD, N_EMBD),
-    "attn_output": (N_EMBD, N_EMBD), "ffn_gate": (N_FF, N_EMBD), "ffn_up": (N_FF, N_EMBD),
+    "attn_q": (N_EMBD, N_EMBD),
+    "attn_k": (N_EMBD, N_EMBD),
+    "attn_v": (N_EMBD, N_EMBD),
+    "attn_output": (N_EMBD, N_EMBD),
+    "ffn_gate": (N_FF, N_EMBD),
+    "ffn_up": (N_FF, N_EMBD),
     "ffn_down": (N_EMBD, N_FF),
 }
 N_LAYER = -(-len(WANTED) // len(LAYER_WEIGHTS))  # enough weights for one type each

@@ -17,9 +17,9 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 # Bump when a download/extract recipe changes; oracle stamps also hash oracles.py + corpus.py themselves.
 FIXTURE_VERSION = 1
@@ -189,7 +189,16 @@ def _convert(src: Path, hf_dir: Path, out: Path, outtype: str) -> Path:
     # The converter must use its own gguf-py (newer than the pip gguf), so it goes first on PYTHONPATH.
     path = [str(src / "gguf-py")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
-    cmd = [sys.executable, str(src / "convert_hf_to_gguf.py"), str(hf_dir), "--outfile", str(out),
-           "--outtype", outtype, "--model-name", "strata-tiny-qwen3moe"]
+    cmd = [
+        sys.executable,
+        str(src / "convert_hf_to_gguf.py"),
+        str(hf_dir),
+        "--outfile",
+        str(out),
+        "--outtype",
+        outtype,
+        "--model-name",
+        "strata-tiny-qwen3moe",
+    ]
     _run(cmd, env=env)
     return out

@@ -32,13 +32,29 @@ PROMPT = (
 
 def _common(vocab: int) -> dict:
     return dict(
-        vocab_size=vocab, hidden_size=64, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
-        linear_num_key_heads=2, linear_num_value_heads=4,  # 2 value heads per key head: exercises GVA order
-        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
-        norm_topk_prob=True, max_position_embeddings=1024, rms_norm_eps=1e-6, initializer_range=0.1,
-        tie_word_embeddings=False, bos_token_id=None, eos_token_id=EOS_ID, pad_token_id=QWEN3_PAD_ID,
+        vocab_size=vocab,
+        hidden_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,  # 2 value heads per key head: exercises GVA order
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+        norm_topk_prob=True,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=EOS_ID,
+        pad_token_id=QWEN3_PAD_ID,
     )
 
 
@@ -48,7 +64,8 @@ def qwen3next_config() -> dict:
         _common(len(_tokenizer("qwen3"))),
         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25},
-        decoder_sparse_step=1, mlp_only_layers=[],
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
     )
 
 
@@ -58,12 +75,29 @@ def qwen4exp_config() -> dict:
         _common(len(_tokenizer("qwen3"))),
         layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
         # rotary dim = 32 * 0.25 = 8, i.e. 4 frequencies split 2/1/1 over t/h/w (interleaved)
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.25,
-                         "mrope_section": [2, 1, 1], "mrope_interleaved": True},
-        hc_count=4, hc_lowrank=16,
-        ple_layer_ids=[1], ple_embed_dim=64, ple_conv_kernel_size=4, ngram_size=3, heads_per_ngram=2,
-        ngram_vocab_size_base=3000, make_ngram_vocab_size_divisible_by=128, seed=1234, split_ngram_parts=2,
-        indexer_n_heads=8, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=16, indexer_compress_ratio=4,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 1e6,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True,
+        },
+        hc_count=4,
+        hc_lowrank=16,
+        ple_layer_ids=[1],
+        ple_embed_dim=64,
+        ple_conv_kernel_size=4,
+        ngram_size=3,
+        heads_per_ngram=2,
+        ngram_vocab_size_base=3000,
+        make_ngram_vocab_size_divisible_by=128,
+        seed=1234,
+        split_ngram_parts=2,
+        indexer_n_heads=8,
+        indexer_kv_heads=1,
+        indexer_head_dim=16,
+        indexer_budget=16,
+        indexer_compress_ratio=4,
     )
 
 
@@ -96,8 +130,21 @@ def _convert(hf_dir: Path, out: Path, name: str, *extra: str, outtype: str = "f3
     src = llama_cpp_src()
     path = [str(src / "gguf-py")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
-    _run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(hf_dir), "--outfile", str(out),
-          "--outtype", outtype, "--model-name", name, *extra], env=env)
+    _run(
+        [
+            sys.executable,
+            str(src / "convert_hf_to_gguf.py"),
+            str(hf_dir),
+            "--outfile",
+            str(out),
+            "--outtype",
+            outtype,
+            "--model-name",
+            name,
+            *extra,
+        ],
+        env=env,
+    )
     return out
 
 
@@ -123,8 +170,9 @@ def _build(tmp: Path, model, name: str, config: dict, extra: tuple[str, ...]) ->
     out = _convert(hf, tmp / f"{name}-f32.gguf", name, *extra)
     if "indexer_compress_ratio" in config:
         _restore_compress_ratios(out, config)
-    (tmp / "recipe.json").write_text(json.dumps(
-        {"seed": SEED, "prompt": PROMPT, "greedy": GREEDY, "config": config}, indent=1))
+    (tmp / "recipe.json").write_text(
+        json.dumps({"seed": SEED, "prompt": PROMPT, "greedy": GREEDY, "config": config}, indent=1)
+    )
 
 
 def _restore_compress_ratios(path: Path, config: dict) -> None:
@@ -157,8 +205,12 @@ def _restore_compress_ratios(path: Path, config: dict) -> None:
 
 
 def _paths(d: Path, name: str) -> dict[str, Path]:
-    return {"hf_dir": d / "hf", "f32": d / f"{name}-f32.gguf", "oracle": d / "oracle.npz",
-            "recipe": d / "recipe.json"}
+    return {
+        "hf_dir": d / "hf",
+        "f32": d / f"{name}-f32.gguf",
+        "oracle": d / "oracle.npz",
+        "recipe": d / "recipe.json",
+    }
 
 
 def _key(config: dict) -> str:
@@ -179,7 +231,13 @@ def tiny_qwen3next() -> dict[str, Path]:
         # The tiny checkpoint has no MTP block; --no-mtp stops the converter from looking for one.
         _build(tmp, model, "strata-tiny-qwen3next", config, ("--no-mtp",))
         # the converter's q8_0 as well: small enough to carry to the GPU machine (tests/test_gpu_model.py)
-        _convert(tmp / "hf", tmp / "strata-tiny-qwen3next-q8_0.gguf", "strata-tiny-qwen3next", "--no-mtp", outtype="q8_0")
+        _convert(
+            tmp / "hf",
+            tmp / "strata-tiny-qwen3next-q8_0.gguf",
+            "strata-tiny-qwen3next",
+            "--no-mtp",
+            outtype="q8_0",
+        )
 
     paths = _paths(_cached("tiny_qwen3next", _key(config), build), "strata-tiny-qwen3next")
     return dict(paths, q8_0=paths["f32"].with_name("strata-tiny-qwen3next-q8_0.gguf"))
@@ -195,8 +253,10 @@ def tiny_qwen4exp() -> dict[str, Path]:
 
         torch.manual_seed(SEED)
         model = Qwen4ExpForCausalLM(Qwen4ExpTextConfig(**config)).eval()
-        _randomize(model, ("norm.weight", "norm_key.weight", "norm_query.weight", "norm_conv.weight",
-                           "layernorm.weight"))
+        _randomize(
+            model,
+            ("norm.weight", "norm_key.weight", "norm_query.weight", "norm_conv.weight", "layernorm.weight"),
+        )
         _build(tmp, model, "strata-tiny-qwen4exp", config, ())
 
     return _paths(_cached("tiny_qwen4exp", _key(config), build), "strata-tiny-qwen4exp")

@@ -10,13 +10,23 @@ import json
 import os
 import shutil
 import warnings
-from functools import lru_cache, partial
+from functools import cache, partial
 from pathlib import Path
 
 from oracle.corpus import CONVERSATIONS, TOKENIZER_CORPUS
 from oracle.fetch import (
-    GEMMA3_SHA, LLAMA_CPP_PY, QWEN3_NPM, QWEN3_TOKENIZER_SHA, SMOLLM2_SHA, _cached, _convert, _sha256,
-    gemma3_gguf, llama_cpp_src, qwen3_tokenizer_dir, smollm2_gguf,
+    GEMMA3_SHA,
+    LLAMA_CPP_PY,
+    QWEN3_NPM,
+    QWEN3_TOKENIZER_SHA,
+    SMOLLM2_SHA,
+    _cached,
+    _convert,
+    _sha256,
+    gemma3_gguf,
+    llama_cpp_src,
+    qwen3_tokenizer_dir,
+    smollm2_gguf,
 )
 
 # Local paths only: a hub lookup would hang or fail on CI.
@@ -42,7 +52,7 @@ def _versions() -> str:
     return f"transformers={version('transformers')},torch={version('torch')}"
 
 
-@lru_cache(maxsize=None)
+@cache
 def _tokenizer(kind: str):
     """transformers tokenizer per model; from the GGUF for smollm2/gemma3, from tokenizer.json for qwen3."""
     from transformers import AutoTokenizer
@@ -64,7 +74,8 @@ def _load_gguf_lm(path: Path):
     logging.disable_progress_bar()
     if is_accelerate_available():
         model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=torch.float32)
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        )
         return model.eval(), "from_pretrained"
     # from_pretrained(gguf_file=) insists on accelerate, which is not a dev dependency; this runs the same
     # legacy dequantizer from_pretrained uses for llama (checked bit-identical logits on SmolLM2).
@@ -97,11 +108,12 @@ def _lm_oracle(model, prompt_ids: list[int], n_greedy: int, pad_id: int, extra: 
         out = model(x, output_hidden_states=extra)
         for h in hooks:
             h.remove()
-        gc = GenerationConfig(do_sample=False, max_new_tokens=n_greedy, eos_token_id=None,
-                              pad_token_id=pad_id)
+        gc = GenerationConfig(
+            do_sample=False, max_new_tokens=n_greedy, eos_token_id=None, pad_token_id=pad_id
+        )
         seq = model.generate(x, attention_mask=torch.ones_like(x), generation_config=gc)
         greedy = seq[0, t:]
-        full = model(seq[:, :-1]).logits[0, t - 1:]  # position t-1+i predicts greedy[i]
+        full = model(seq[:, :-1]).logits[0, t - 1 :]  # position t-1+i predicts greedy[i]
     if len(greedy) != n_greedy or not torch.equal(full.argmax(-1), greedy):
         raise RuntimeError("greedy tokens disagree with argmax of the single-forward logits")
     logits = out.logits[0].float()
@@ -137,12 +149,26 @@ def tiny_qwen3moe_config(norm_topk_prob: bool = True) -> dict:
     """The tiny Qwen3-MoE recipe (kwargs for transformers.Qwen3MoeConfig)."""
     return dict(
         vocab_size=len(_tokenizer("qwen3")),  # 151669: the tokenizer's full size, no padding rows
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=norm_topk_prob,
-        decoder_sparse_step=1, mlp_only_layers=[],
-        rope_theta=1e6, max_position_embeddings=1024, rms_norm_eps=1e-6, initializer_range=0.1,
-        tie_word_embeddings=False, bos_token_id=None, eos_token_id=151645, pad_token_id=QWEN3_PAD_ID,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=norm_topk_prob,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        rope_theta=1e6,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        initializer_range=0.1,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=151645,
+        pad_token_id=QWEN3_PAD_ID,
     )
 
 
@@ -208,15 +234,32 @@ def tiny_qwen3moe() -> dict[str, Path]:
                     gnm.tqdm = bar
                 del reader
                 raw.unlink()
-        (tmp / "recipe.json").write_text(json.dumps(
-            {"seed": TINY_SEED, "prompt": TINY_PROMPT, "greedy": TINY_GREEDY,
-             "config": tiny_qwen3moe_config(True), "nonorm_config": tiny_qwen3moe_config(False)}, indent=1))
+        (tmp / "recipe.json").write_text(
+            json.dumps(
+                {
+                    "seed": TINY_SEED,
+                    "prompt": TINY_PROMPT,
+                    "greedy": TINY_GREEDY,
+                    "config": tiny_qwen3moe_config(True),
+                    "nonorm_config": tiny_qwen3moe_config(False),
+                },
+                indent=1,
+            )
+        )
 
-    d = _cached("tiny_qwen3moe", f"{_versions()}|{_recipe_hash()}|{QWEN3_TOKENIZER_SHA}|{LLAMA_CPP_PY}", build)
-    return {"hf_dir": d / "hf", "f32": d / "tiny-f32.gguf", "q8_0": d / "tiny-q8_0.gguf",
-            "oracle": d / "oracle.npz", "hf_dir_nonorm": d / "hf_nonorm",
-            "f32_nonorm": d / "tiny-f32-nonorm.gguf",
-            "oracle_nonorm": d / "oracle_nonorm.npz", "recipe": d / "recipe.json"}
+    d = _cached(
+        "tiny_qwen3moe", f"{_versions()}|{_recipe_hash()}|{QWEN3_TOKENIZER_SHA}|{LLAMA_CPP_PY}", build
+    )
+    return {
+        "hf_dir": d / "hf",
+        "f32": d / "tiny-f32.gguf",
+        "q8_0": d / "tiny-q8_0.gguf",
+        "oracle": d / "oracle.npz",
+        "hf_dir_nonorm": d / "hf_nonorm",
+        "f32_nonorm": d / "tiny-f32-nonorm.gguf",
+        "oracle_nonorm": d / "oracle_nonorm.npz",
+        "recipe": d / "recipe.json",
+    }
 
 
 def smollm2_oracle() -> Path:
@@ -235,7 +278,10 @@ def smollm2_oracle() -> Path:
         res["loader"] = np.array(loader)
         _save_npz(tmp / "smollm2_oracle.npz", res)
 
-    return _cached("smollm2_oracle", f"{_versions()}|{_recipe_hash()}|{SMOLLM2_SHA}", build) / "smollm2_oracle.npz"
+    return (
+        _cached("smollm2_oracle", f"{_versions()}|{_recipe_hash()}|{SMOLLM2_SHA}", build)
+        / "smollm2_oracle.npz"
+    )
 
 
 def tokenizer_oracle() -> Path:
@@ -243,9 +289,11 @@ def tokenizer_oracle() -> Path:
 
     def build(tmp: Path) -> None:
         out: dict = {"corpus": TOKENIZER_CORPUS, "versions": _versions(), "models": {}}
-        sources = {"smollm2": f"AutoTokenizer gguf_file={smollm2_gguf().name}",
-                   "gemma3": f"AutoTokenizer gguf_file={gemma3_gguf().name}",
-                   "qwen3": f"AutoTokenizer {QWEN3_NPM} package/models"}
+        sources = {
+            "smollm2": f"AutoTokenizer gguf_file={smollm2_gguf().name}",
+            "gemma3": f"AutoTokenizer gguf_file={gemma3_gguf().name}",
+            "qwen3": f"AutoTokenizer {QWEN3_NPM} package/models",
+        }
         for kind, source in sources.items():
             tok = _tokenizer(kind)
             rows = []
@@ -253,9 +301,14 @@ def tokenizer_oracle() -> Path:
                 ids = tok(text, add_special_tokens=False)["input_ids"]
                 special = tok(text, add_special_tokens=True)["input_ids"]
                 rows.append({"text": text, "ids": ids, "ids_special": special, "decoded": tok.decode(ids)})
-            out["models"][kind] = {"source": source, "class": type(tok).__name__, "vocab_size": len(tok),
-                                   "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
-                                   "cases": rows}
+            out["models"][kind] = {
+                "source": source,
+                "class": type(tok).__name__,
+                "vocab_size": len(tok),
+                "bos_token_id": tok.bos_token_id,
+                "eos_token_id": tok.eos_token_id,
+                "cases": rows,
+            }
         (tmp / "tokenizer_oracle.json").write_text(json.dumps(out, ensure_ascii=False, indent=1))
 
     key = f"{_versions()}|{_recipe_hash()}|{SMOLLM2_SHA}|{GEMMA3_SHA}|{QWEN3_TOKENIZER_SHA}"
@@ -277,13 +330,21 @@ def template_oracle() -> Path:
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
                         text = tok.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
-                    cases.append({"name": name, "messages": messages, "tools": tools, "kwargs": kwargs,
-                                  "rendered": text})
+                    cases.append(
+                        {
+                            "name": name,
+                            "messages": messages,
+                            "tools": tools,
+                            "kwargs": kwargs,
+                            "rendered": text,
+                        }
+                    )
             # transformers also passes the special-token strings into the template context.
-            out["models"][kind] = {"chat_template": tok.chat_template,
-                                   "special_tokens": {k: v for k, v in tok.special_tokens_map.items()
-                                                      if isinstance(v, str)},
-                                   "cases": cases}
+            out["models"][kind] = {
+                "chat_template": tok.chat_template,
+                "special_tokens": {k: v for k, v in tok.special_tokens_map.items() if isinstance(v, str)},
+                "cases": cases,
+            }
         (tmp / "template_oracle.json").write_text(json.dumps(out, ensure_ascii=False, indent=1))
 
     key = f"{_versions()}|{_recipe_hash()}|{SMOLLM2_SHA}|{QWEN3_TOKENIZER_SHA}"

@@ -38,7 +38,11 @@ def flash_smem(hd: int) -> int:
     """flash_attn's dynamic shared memory: two stages of K and V tiles, rows padded by 16 bytes."""
     return 2 * 2 * FLASH_KT * (hd + 8) * 2
 
-SOURCE = HEADER + HEAD_POST + r"""
+
+SOURCE = (
+    HEADER
+    + HEAD_POST
+    + r"""
 // ---- decode: q [rows, H*HD] fp32, out [rows, H*HD] fp32 ----
 // One head of one row against keys lo..hi-1 of the S in its cache (kc, vc: [cap, HD] of its kv head); the
 // last key's K and V rows are read from klast, vlast (the cache itself, or shared memory when the fused
@@ -465,6 +469,7 @@ __global__ void __launch_bounds__(128) flash_attn(
     }
 }
 """
+)
 
 
 def decode_name(hd: int, q8: bool = False) -> str:

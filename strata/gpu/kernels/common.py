@@ -15,10 +15,23 @@ from __future__ import annotations
 from gguf.constants import GGMLQuantizationType as T
 
 # The formats the GPU kernels read directly; anything else is refused at load with this list.
-GPU_QTYPES: frozenset[T] = frozenset({
-    T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
-    T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS,
-})
+GPU_QTYPES: frozenset[T] = frozenset(
+    {
+        T.F32,
+        T.F16,
+        T.BF16,
+        T.Q4_0,
+        T.Q4_1,
+        T.Q5_0,
+        T.Q5_1,
+        T.Q8_0,
+        T.Q4_K,
+        T.Q5_K,
+        T.Q6_K,
+        T.IQ4_NL,
+        T.IQ4_XS,
+    }
+)
 
 HEADER = r"""
 typedef unsigned char u8;

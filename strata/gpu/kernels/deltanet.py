@@ -42,7 +42,9 @@ KEY_DIMS = (16, 32, 64, 128)  # dn_recur keeps a quarter of a K-long column of S
 CONV_T = 16  # tokens per dn_conv thread (the kernel's constant)
 CONV_WIDTHS = (2, 3, 4)
 
-SOURCE = HEADER + r"""
+SOURCE = (
+    HEADER
+    + r"""
 // grid (ceil(C / 128), ceil(T / CONV_T), segments), block 128. Segment s is rows s*T .. s*T+T-1 of mix; its
 // state comes from the table row of its first row. w: the conv kernel [C, W], tap W-1 on the newest input.
 // Thread (channel c, token chunk) writes silu(conv) of tokens t0 .. t0+CONV_T-1 to out; the inputs stay
@@ -181,6 +183,7 @@ __global__ void __launch_bounds__(32) dn_gated_norm(float* __restrict__ o, int l
   for (int i = lane; i < V; i += 32) p[i] = ((p[i] / den) * w[i]) * silu(g[i]);
 }
 """
+)
 
 
 def conv_name(width: int) -> str:
@@ -195,7 +198,9 @@ def kernel_names() -> list[str]:
     return [conv_name(w) for w in CONV_WIDTHS] + [recur_name(k) for k in KEY_DIMS] + ["dn_gated_norm"]
 
 
-def ref_conv(mix: np.ndarray, c: int, window: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def ref_conv(
+    mix: np.ndarray, c: int, window: np.ndarray, weight: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """`dn_conv` on one segment: silu(conv) [T, C] of mix's first c columns, and the new window."""
     y, window = causal_conv1d(mix[:, :c], window, weight)
     return silu(y), window
@@ -210,8 +215,19 @@ def ba_columns(n_k: int, n_v: int, fused_r: int) -> tuple[np.ndarray, np.ndarray
     return h, h + n_v
 
 
-def ref_recur(y: np.ndarray, ba: np.ndarray, n_k: int, n_v: int, k: int, v: int, fused_r: int, tiled: bool,
-              a_coef: np.ndarray, dt_bias: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def ref_recur(
+    y: np.ndarray,
+    ba: np.ndarray,
+    n_k: int,
+    n_v: int,
+    k: int,
+    v: int,
+    fused_r: int,
+    tiled: bool,
+    a_coef: np.ndarray,
+    dt_bias: np.ndarray,
+    state: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """`dn_recur` on one segment: y [T, C] from dn_conv, ba [T, 2H] the b/a block; state [H, K, V].
     Returns o [T, H*V] and the state."""
     t = y.shape[0]

@@ -30,7 +30,10 @@ BKS = (64, 128)  # K step: 128 halves the barrier-separated rounds per tile (the
 def smem_bytes(bk: int) -> int:
     return 2 * (BM + BN) * (bk + 8) * 2  # two stages
 
-SOURCE = HEADER + r"""
+
+SOURCE = (
+    HEADER
+    + r"""
 #define BM 64
 #define BN 128
 
@@ -232,6 +235,7 @@ __global__ void __launch_bounds__(256, 2) qgemm(
 }
 
 """
+)
 
 
 def gemm_name(qt: int, amode: int, bk: int = 128) -> str:

@@ -21,7 +21,10 @@ from strata.quants import dequantize
 
 WARPS = 8  # rows per block per pass
 
-SOURCE = HEADER + TOPK_WARP + r"""
+SOURCE = (
+    HEADER
+    + TOPK_WARP
+    + r"""
 // Stage NT tokens' inputs [NT][K] into shared memory, transformed by PRO; zero rows past n.
 template <int NT, int PRO>
 __device__ __forceinline__ void stage_x(float* xs, const float* x, int ldx, int n, int K,
@@ -249,6 +252,7 @@ __global__ void __launch_bounds__(128) get_rows(const u8* __restrict__ W, i64 ro
   }
 }
 """
+)
 
 
 def gemv_name(qt: int, nt: int, pro: int) -> str:
@@ -282,8 +286,14 @@ def get_rows_name(qt: int) -> str:
     return f"get_rows<{qt}>"
 
 
-def ref_gemv(w_raw: np.ndarray, qtype: int, x: np.ndarray, pro: int = 0, norm_w: np.ndarray | None = None,
-             eps: float = 1e-6) -> np.ndarray:
+def ref_gemv(
+    w_raw: np.ndarray,
+    qtype: int,
+    x: np.ndarray,
+    pro: int = 0,
+    norm_w: np.ndarray | None = None,
+    eps: float = 1e-6,
+) -> np.ndarray:
     """x [n, K] (or [n, 2K] for pro=2) -> [n, rows]: what `gemv` computes, in float64 products."""
     w = dequantize(w_raw, qtype).astype(np.float64)
     if pro == 1:

@@ -34,7 +34,9 @@ MMVQ_TYPES: frozenset[int] = frozenset({int(T.Q4_K), int(T.Q6_K), int(T.Q8_0)})
 MAX_K = 8192  # staging keeps 4 chunks of 8 inputs per thread in registers
 ROWS_PER_GATE_UP_BLOCK = 32  # one quantization group of the expert activations
 
-SOURCE = HEADER + r"""
+SOURCE = (
+    HEADER
+    + r"""
 #define MAXC 4
 
 // Quantize one token's K inputs f(x) into shared memory: xq [K] codes, xds [K / 32] (d, d * sum).
@@ -271,6 +273,7 @@ __global__ void __launch_bounds__(256) moe_down_q8(
   if (lane == 0) x[(i64)t * D + r] += acc;
 }
 """
+)
 
 
 def mmvq_name(qt: int, nt: int, pro: int) -> str:
@@ -306,8 +309,14 @@ def dequantize_q8(x: np.ndarray) -> np.ndarray:
     return q.astype(np.float64) * np.repeat(d.astype(np.float64), 32, axis=1)
 
 
-def ref_mmvq(w_raw: np.ndarray, qtype: int, x: np.ndarray, pro: int = 0, norm_w: np.ndarray | None = None,
-             eps: float = 1e-6) -> np.ndarray:
+def ref_mmvq(
+    w_raw: np.ndarray,
+    qtype: int,
+    x: np.ndarray,
+    pro: int = 0,
+    norm_w: np.ndarray | None = None,
+    eps: float = 1e-6,
+) -> np.ndarray:
     """x [n, K] (or [n, 2K] for pro=2) -> [n, rows]: what `mmvq` computes."""
     if pro == 1:
         assert norm_w is not None
@@ -319,8 +328,14 @@ def ref_mmvq(w_raw: np.ndarray, qtype: int, x: np.ndarray, pro: int = 0, norm_w:
     return (dequantize_q8(np.asarray(x, np.float32)) @ w.T).astype(np.float32)
 
 
-def ref_moe_q8(h: np.ndarray, ids: np.ndarray, weights: np.ndarray, gate: Callable[[int], np.ndarray],
-               up: Callable[[int], np.ndarray], down: Callable[[int], np.ndarray]) -> np.ndarray:
+def ref_moe_q8(
+    h: np.ndarray,
+    ids: np.ndarray,
+    weights: np.ndarray,
+    gate: Callable[[int], np.ndarray],
+    up: Callable[[int], np.ndarray],
+    down: Callable[[int], np.ndarray],
+) -> np.ndarray:
     """The expert FFN as `moe_gate_up_q8` + `moe_down_q8` compute it: h and each expert's activations
     quantized per 32 values; gate/up/down(e) give expert e's dequantized matrices."""
     hq = dequantize_q8(h)

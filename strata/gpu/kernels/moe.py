@@ -66,7 +66,10 @@ __device__ __forceinline__ void topk_warp(const float* l, int E, int A, int norm
 }
 """
 
-SOURCE = HEADER + TOPK_WARP + r"""
+SOURCE = (
+    HEADER
+    + TOPK_WARP
+    + r"""
 #define TILE 64
 
 // logits [T, E] -> ids [T, A] int32, w [T, A]; block = 4 warps, one token each; smem 4*E floats
@@ -267,6 +270,7 @@ __global__ void __launch_bounds__(256) moe_combine(const float* __restrict__ y, 
   }
 }
 """
+)
 
 
 def gate_up_name(qg: int, qu: int) -> str:
@@ -300,13 +304,18 @@ def ref_plan(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray, np
     flat = ids.reshape(-1)
     counts = np.bincount(flat, minlength=n_expert)
     offsets = np.concatenate([[0], np.cumsum(counts)])
-    tiles = [(e, offsets[e] + s, min(TILE, counts[e] - s)) for e in range(n_expert) for s in range(0, counts[e], TILE)]
+    tiles = [
+        (e, offsets[e] + s, min(TILE, counts[e] - s))
+        for e in range(n_expert)
+        for s in range(0, counts[e], TILE)
+    ]
     rows = np.empty(flat.size, np.int64)
     rows[np.argsort(flat, kind="stable")] = np.arange(flat.size)
     return offsets, np.array(tiles, np.int64).reshape(-1, 3), rows
 
 
-def ref_moe(h: np.ndarray, ids: np.ndarray, weights: np.ndarray,
-            expert: Callable[[int, np.ndarray], np.ndarray]) -> np.ndarray:
+def ref_moe(
+    h: np.ndarray, ids: np.ndarray, weights: np.ndarray, expert: Callable[[int, np.ndarray], np.ndarray]
+) -> np.ndarray:
     """The expert FFN the kernels compute: strata.blocks.moe.dispatch (added to the residual by them)."""
     return dispatch(h, ids, weights, expert)

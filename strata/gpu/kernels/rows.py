@@ -78,7 +78,10 @@ __device__ __forceinline__ void store_q8(const float* v, signed char* codes, flo
 }
 """
 
-SOURCE = HEADER + HEAD_POST + r"""
+SOURCE = (
+    HEADER
+    + HEAD_POST
+    + r"""
 __global__ void __launch_bounds__(256) rmsnorm(const float* __restrict__ x, int ldx, const float* __restrict__ w,
                                                float eps, int D, float* __restrict__ out, int ldo) {
   __shared__ float red[32];
@@ -146,6 +149,7 @@ __global__ void __launch_bounds__(32) qkv_post(
   for (int i = 0; i < PER; i++) { const int d = lane + 32 * i; if (d < HD) cache[d] = f2h(v[i]); }
 }
 """
+)
 
 
 def qkv_post_name(hd: int, q8: bool = False) -> str:
@@ -156,9 +160,18 @@ def ref_rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return rms_norm(x, w, eps)
 
 
-def ref_qkv_post(qkv: np.ndarray, n_head: int, n_kv: int, hd: int, rope: Rope, positions: np.ndarray,
-                 q_norm: np.ndarray | None, k_norm: np.ndarray | None,
-                 eps: float, q8: bool = False) -> tuple[np.ndarray, Any, Any]:
+def ref_qkv_post(
+    qkv: np.ndarray,
+    n_head: int,
+    n_kv: int,
+    hd: int,
+    rope: Rope,
+    positions: np.ndarray,
+    q_norm: np.ndarray | None,
+    k_norm: np.ndarray | None,
+    eps: float,
+    q8: bool = False,
+) -> tuple[np.ndarray, Any, Any]:
     """qkv [N, (H + 2KV) * hd] -> q [N, H, hd] fp32, k and v [N, KV, hd] as stored: fp16, or with q8 each a
     pair (int8 codes [N, KV, hd], scales [N, KV, groups])."""
     n = qkv.shape[0]

@@ -32,8 +32,12 @@ from strata.sampling.sampler import DEVICE_TOP_K
 # the position
 POSITION, TOKEN = 3, 4
 
-SOURCE = HEADER + r"""
-#define SAMPLE_KMAX """ + str(DEVICE_TOP_K) + r"""
+SOURCE = (
+    HEADER
+    + r"""
+#define SAMPLE_KMAX """
+    + str(DEVICE_TOP_K)
+    + r"""
 
 // The row's argmax, ties to the lowest index like np.argmax; the answer is valid in thread 0
 __device__ int block_argmax(const float* __restrict__ l, int V) {
@@ -230,6 +234,7 @@ __global__ void advance(i64* __restrict__ tab, int stride, int B) {
   if (b < B) { tab[b * stride + 3] += 1; }
 }
 """
+)
 
 
 def ref_argmax(logits: np.ndarray) -> np.ndarray:

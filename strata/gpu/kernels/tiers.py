@@ -228,8 +228,13 @@ __global__ void prefetch_restore(i64* tab, int E, int K, int* __restrict__ picke
   if (used) atomicAdd(stats + 1, 1ull);
   atomicAdd(stats + (used ? 2 : 3), (u64)nb);
 }
-""".replace("MAILBOX_WORDS", "\n".join(f"#define {k} {v}" for k, v in
-                                          dict(MB_REQ=MB_REQ, MB_LAYER=MB_LAYER, MB_ROWS=MB_ROWS, MB_DONE=MB_DONE).items()))
+""".replace(
+        "MAILBOX_WORDS",
+        "\n".join(
+            f"#define {k} {v}"
+            for k, v in dict(MB_REQ=MB_REQ, MB_LAYER=MB_LAYER, MB_ROWS=MB_ROWS, MB_DONE=MB_DONE).items()
+        ),
+    )
 )
 
 NAMES = ["tier_count", "gather_rows", "cpu_publish", "cpu_collect", "prefetch", "prefetch_restore"]
@@ -249,8 +254,17 @@ def ref_tier_count(ids: np.ndarray, a: int, where: np.ndarray, expert_bytes: int
     return out.astype(np.uint64)
 
 
-def ref_cpu_publish(h: np.ndarray, ids: np.ndarray, wts: np.ndarray, layer: int, ctl: np.ndarray,
-                    mh: np.ndarray, mids: np.ndarray, mwts: np.ndarray, ticket: np.ndarray) -> None:
+def ref_cpu_publish(
+    h: np.ndarray,
+    ids: np.ndarray,
+    wts: np.ndarray,
+    layer: int,
+    ctl: np.ndarray,
+    mh: np.ndarray,
+    mids: np.ndarray,
+    mwts: np.ndarray,
+    ticket: np.ndarray,
+) -> None:
     """What `cpu_publish` writes: h [n, D], ids / wts [n * A] into the mailbox, then the next ticket."""
     n = h.shape[0]
     mh[:n] = h
@@ -291,8 +305,9 @@ def ref_prefetch_pick(pred: np.ndarray, where: np.ndarray, k: int) -> np.ndarray
     return np.array(out + [-1] * (k - len(out)), np.int32)
 
 
-def ref_prefetch_restore(picked: np.ndarray, flipped: np.ndarray, ids: np.ndarray, part_bytes: tuple[int, int, int]
-                         ) -> np.ndarray:
+def ref_prefetch_restore(
+    picked: np.ndarray, flipped: np.ndarray, ids: np.ndarray, part_bytes: tuple[int, int, int]
+) -> np.ndarray:
     """What `prefetch_restore` adds to stats[:4]: parts landed, parts used (their expert routed in ids), bytes of
     used parts, of unused; picked [K], flipped [K, 3] bool (the parts whose copy landed)."""
     out = np.zeros(4, np.int64)
