@@ -1,10 +1,10 @@
 """Ready means ready: the socket opens at once, the model loads and warms up behind it.
 
 While `Loading.ready` is False, /health answers 503 `{"status": "loading", ...}` with the phase and the
-time spent, /openapi.json is served (with a key, as always), and every other route answers 503 in its protocol's shape with
-Retry-After (after the API key check, so a wrong key is still a 401). The warm-up runs what the first
-requests would otherwise pay for (kernel builds, a graph per batch size, a prefill pass), so the first
-request after ready costs what any other does.
+time spent, /openapi.json is served (with a key, as always), and every other route answers 503 in its
+protocol's shape with Retry-After (after the API key check, so a wrong key is still a 401). The warm-up runs
+what the first requests would otherwise pay for (kernel builds, a graph per batch size, a prefill pass), so
+the first request after ready costs what any other does.
 """
 
 from __future__ import annotations

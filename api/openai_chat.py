@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import time
@@ -63,10 +64,9 @@ def _tool_calls(m: ChatMessage) -> list[dict[str, Any]] | None:
     for c in m.tool_calls:
         args: Any = c.function.arguments
         if isinstance(args, str):
-            try:
+            # keep the client's text when it is not JSON; the template shows it as given
+            with contextlib.suppress(json.JSONDecodeError, RecursionError):
                 args = json.loads(args or "{}")
-            except (json.JSONDecodeError, RecursionError):
-                pass  # keep the client's text; the template shows it as given
         out.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
     return out
 

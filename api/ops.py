@@ -82,7 +82,8 @@ async def status(request: Request) -> Response:
 
 
 def _expert_cache(s: AppState) -> dict[str, object] | None:
-    """The tiers as /v1/status shows them: slots, bytes, and hit rates since start, decode and prefill apart."""
+    """The tiers as /v1/status shows them: slots, bytes, and hit rates since start, decode and prefill
+    apart."""
     cache = s.engine.expert_cache
     if cache is None:
         return None

@@ -131,7 +131,7 @@ def build_prompt(engine: Engine, chat: Chat, count_only: bool = False) -> Prompt
     elif chat.tool_mode is ToolMode.NAMED:
         seed = f'{{"name": {json.dumps(chat.forced_tool)}, "arguments": '
         schema = tool_call_schema(
-            {chat.forced_tool: _params(t) for t in tools if t["function"]["name"] == chat.forced_tool}
+            {t["function"]["name"]: _params(t) for t in tools if t["function"]["name"] == chat.forced_tool}
         )
     prefix = "" if seed is None else f"{TOOL_OPEN}\n{seed}"
     text, literal = marks.restore(text + prefix)

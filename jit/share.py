@@ -179,7 +179,8 @@ class CpuShare:
     def layer(
         self, li: int, h: np.ndarray, ids: np.ndarray, wts: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """sum over the CPU-owned (t, a) of wts[t, a] * expert_{ids[t, a]}(h[t]) -> y [n, D], calls per row [n]."""
+        """sum over the CPU-owned (t, a) of wts[t, a] * expert_{ids[t, a]}(h[t]) -> y [n, D], calls per row
+        [n]."""
         n = h.shape[0]
         mine = self.cpu[li][ids]  # [n, A]
         if not mine.any():
@@ -235,8 +236,8 @@ class CpuShare:
         return t.reshape(-1, TASK_COLS)
 
     def _template(self, li: int, parts: tuple[int, ...], x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """[4, parts, C, TASK_COLS]: the tasks of expert 0 with one row at pair 0, and what one more expert id,
-        pair offset and row add to them, so an expert's tasks are one multiply-add away."""
+        """[4, parts, C, TASK_COLS]: the tasks of expert 0 with one row at pair 0, and what one more expert
+        id, pair offset and row add to them, so an expert's tasks are one multiply-add away."""
         ex = self.experts
         rows = int(ex.rows[li, parts[0]])
         step = max(16, -(-rows * len(parts) // self.threads + 15) // 16 * 16)  # whole 16-row register tiles

@@ -100,8 +100,9 @@ def main() -> int:
     for (name, path), backend in ((m, b) for m in models.items() for b in backends):
         r = bench(Path(path), args.prompt, args.gen, args.cache_mib, backend, args.workers)
         line = (
-            f"{name + ' ' + backend:<40} prefill {r['prefill_tok_s']:8.1f} tok/s  decode {r['decode_tok_s']:7.2f} tok/s  "
-            f"state {r['state_kib']:8.1f} KiB  (load+warm {r['load_warm_s']:.1f}s)"
+            f"{name + ' ' + backend:<40} prefill {r['prefill_tok_s']:8.1f} tok/s  decode "
+            f"{r['decode_tok_s']:7.2f} tok/s  state {r['state_kib']:8.1f} KiB  (load+warm "
+            f"{r['load_warm_s']:.1f}s)"
         )
         if "ple_bytes_per_tok" in r:
             line += (

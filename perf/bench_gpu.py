@@ -313,8 +313,8 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
             "swap_bytes": cache.swap_bytes - b0,
         }
         print(
-            f"  warm decode: {a.warm_decode} tokens in {res['warm_decode']['s']:.1f} s, {cache.swaps - s0:,} swaps "
-            f"({(cache.swap_bytes - b0) / 1e9:.2f} GB)",
+            f"  warm decode: {a.warm_decode} tokens in {res['warm_decode']['s']:.1f} s, {cache.swaps - s0:,} "
+            f"swaps ({(cache.swap_bytes - b0) / 1e9:.2f} GB)",
             flush=True,
         )
     for b in a.batches:
@@ -361,9 +361,9 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
                 "cpu_bytes_per_token": cc * per_call / (b * a.gen),
             }
             print(
-                f"  decode expert cache hit rate {hits / max(lk, 1):.1%}, "
-                f"{nb / (b * a.gen) / 1e6:.0f} MB/token over PCIe, {cc * per_call / (b * a.gen) / 1e6:.0f} MB/token "
-                f"on the CPU (pcie_frac {cache.pcie_frac:.2f})",
+                f"  decode expert cache hit rate {hits / max(lk, 1):.1%}, {nb / (b * a.gen) / 1e6:.0f} "
+                f"MB/token over PCIe, {cc * per_call / (b * a.gen) / 1e6:.0f} MB/token on the CPU (pcie_frac "
+                f"{cache.pcie_frac:.2f})",
                 flush=True,
             )
             pf = cache.prefetch
@@ -381,10 +381,11 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
                 }
                 print(
                     f"  lookahead: {got['used']:,} of {got['staged']:,} staged parts used "
-                    f"({got['used'] / max(got['staged'], 1):.1%}), {got['used_bytes'] / (b * a.gen) / 1e6:.0f} MB/token "
-                    f"read ahead, {got['wasted_bytes'] / (b * a.gen) / 1e6:.0f} wasted; copies ran "
-                    f"{got['copy_ns'] / forks / 1e3:.1f} us a layer at {got['copied_bytes'] / max(got['copy_ns'], 1):.1f} "
-                    "GB/s",
+                    f"({got['used'] / max(got['staged'], 1):.1%}), "
+                    f"{got['used_bytes'] / (b * a.gen) / 1e6:.0f} MB/token read ahead, "
+                    f"{got['wasted_bytes'] / (b * a.gen) / 1e6:.0f} wasted; copies ran "
+                    f"{got['copy_ns'] / forks / 1e3:.1f} us a layer at "
+                    f"{got['copied_bytes'] / max(got['copy_ns'], 1):.1f} GB/s",
                     flush=True,
                 )
     s = gpu.new_state()
@@ -414,9 +415,9 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     pool = cp.get_default_memory_pool()
     res["vram_pool_mib"], res["vram_pool_used_mib"] = pool.total_bytes() / 2**20, pool.used_bytes() / 2**20
     print(
-        f"  VRAM used by Strata: {res['vram_used_mib']:,.0f} MiB (budget {a.vram_budget_mib or '-'} MiB; the pool holds "
-        f"{res['vram_pool_mib']:,.0f} MiB, {res['vram_pool_used_mib']:,.0f} in use; the rest: modules, graphs, "
-        "driver)",
+        f"  VRAM used by Strata: {res['vram_used_mib']:,.0f} MiB (budget {a.vram_budget_mib or '-'} MiB; the "
+        f"pool holds {res['vram_pool_mib']:,.0f} MiB, {res['vram_pool_used_mib']:,.0f} in use; the rest: "
+        "modules, graphs, driver)",
         flush=True,
     )
     if cache is not None and cache.profile is not None:

@@ -6,8 +6,8 @@ Not a test: prints a table and writes the numbers as JSON (strata bench's envelo
                               [--pcie-frac 1] [--json OUT.json]
 
 For each context length a fresh sequence reads that many random tokens (`--chunk`-token passes: the TTFT) and
-then decodes `--gen` greedy tokens by graph replay from there (decode tok/s at that length). `--splits` runs the
-lengths once per split-K setting of decode attention (strata.gpu.kernels.attention.SPLITS; 1 = one block a
+then decodes `--gen` greedy tokens by graph replay from there (decode tok/s at that length). `--splits` runs
+the lengths once per split-K setting of decode attention (strata.gpu.kernels.attention.SPLITS; 1 = one block a
 head, the kernel before split-K), each with its own model load and graphs.
 """
 

@@ -7,13 +7,14 @@ same GGUF, with the bandwidth bound and the planner's prediction. Not a test.
 The table on stdout and tiers.json are in `strata bench`'s shape (strata.bench.report: meta, the `tiers`
 scenario's rows, and every run's numbers under `runs`); tiers.md keeps the markdown table.
 
-Each cap runs `perf/bench_gpu.py --vram-budget-mib CAP` in its own process (each pins every expert, so one at a
-time). The bound of one decode token: the bytes it reads from VRAM (dense weights and hits) at the measured
-device copy rate (as bench_gpu.py's pct_of_copy_bw) plus its misses at the measured zero-copy rate (`GpuTiers.probe`); the share of it is
-measured / bound. The prediction is `strata plan` with those two rates. llama.cpp either runs here (`--llama-bin`:
-for each cap the fewest `-ncmoe` layers that fit and two more, each with its default, `-lm none`, and `-lm none
--ub 2048 -b 4096`, best per column kept) or comes from a JSON of earlier measurements (`--llama-json`, which the
-table marks). Writes tiers.json, tiers.md and tiers.png (decode tok/s against the cap, bound drawn) under --out.
+Each cap runs `perf/bench_gpu.py --vram-budget-mib CAP` in its own process (each pins every expert, so one at
+a time). The bound of one decode token: the bytes it reads from VRAM (dense weights and hits) at the measured
+device copy rate (as bench_gpu.py's pct_of_copy_bw) plus its misses at the measured zero-copy rate
+(`GpuTiers.probe`); the share of it is measured / bound. The prediction is `strata plan` with those two rates.
+llama.cpp either runs here (`--llama-bin`: for each cap the fewest `-ncmoe` layers that fit and two more, each
+with its default, `-lm none`, and `-lm none -ub 2048 -b 4096`, best per column kept) or comes from a JSON of
+earlier measurements (`--llama-json`, which the table marks). Writes tiers.json, tiers.md and tiers.png
+(decode tok/s against the cap, bound drawn) under --out.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def plan_at(
         str(frac) if cpu_gbps else "1",
         "--json",
     ]
-    # from outside the checkout: `-m` puts the cwd first on sys.path, and the checkout's folders are not the package
+    # from outside the checkout: `-m` puts the cwd first on sys.path, and the checkout's folders are not the
+    # package
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd="/").stdout)
 
 
@@ -131,9 +133,9 @@ def llama_at(
 
 
 def bound(s: dict[str, Any], b: int) -> float:
-    """Decode tok/s if every byte moved at its measured rate: VRAM bytes at the copy rate, then the misses, the
-    GPU's over PCIe at the probed zero-copy rate beside the CPU's at the CPU pool's probed rate (the two run at
-    once, so the slower side counts)."""
+    """Decode tok/s if every byte moved at its measured rate: VRAM bytes at the copy rate, then the misses,
+    the GPU's over PCIe at the probed zero-copy rate beside the CPU's at the CPU pool's probed rate (the two
+    run at once, so the slower side counts)."""
     t = s[f"tiers_b{b}"]
     miss, cpu = t["pcie_bytes_per_token"], t.get("cpu_bytes_per_token", 0.0)
     vram = (
@@ -176,7 +178,10 @@ def table(rows: list[dict[str, Any]], a: argparse.Namespace) -> str:
     src = "measured here" if a.llama_bin else f"from {a.llama_json}"
     out = [
         f"llama.cpp: {src}",
-        "| cap MiB | pcie_frac | hit rate | test | Strata | llama.cpp | ratio | bound | % of bound | planner |",
+        (
+            "| cap MiB | pcie_frac | hit rate | test | Strata | llama.cpp | ratio | bound "
+            "| % of bound | planner |"
+        ),
         "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for t in table_rows(rows, a):
@@ -193,9 +198,10 @@ def table(rows: list[dict[str, Any]], a: argparse.Namespace) -> str:
         s = r["strata"]
         out.append(
             f"cap {r['cap']:,} MiB, pcie_frac {s['tiers']['pcie_frac']:.2f} (asked {r['frac']}): rates "
-            f"{s['tiers'].get('rates')}; Strata used {s['vram_used_mib']:,.0f} MiB of VRAM; PCIe probe zero-copy "
-            f"{s['tiers']['pcie']['zero_copy'] / 1e9:.1f} GB/s, copy engine "
-            f"{s['tiers']['pcie']['copy_engine'] / 1e9:.1f} GB/s; planner {r['plan']['decode_tok_s']:,.1f} tok/s"
+            f"{s['tiers'].get('rates')}; Strata used {s['vram_used_mib']:,.0f} MiB of VRAM; PCIe probe "
+            f"zero-copy {s['tiers']['pcie']['zero_copy'] / 1e9:.1f} GB/s, copy engine "
+            f"{s['tiers']['pcie']['copy_engine'] / 1e9:.1f} GB/s; planner "
+            f"{r['plan']['decode_tok_s']:,.1f} tok/s"
         )
     return "\n".join(out)
 

@@ -50,7 +50,8 @@ class PrefillPacer:
 
     @property
     def owed(self) -> int:
-        """Decode-only windows the streams are still owed (they run once the prompt is read, if not before)."""
+        """Decode-only windows the streams are still owed (they run once the prompt is read, if not
+        before)."""
         return self._owed
 
     def observe(self, seconds: float, n_prefill: int, streams: bool = True) -> None:

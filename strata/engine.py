@@ -77,8 +77,8 @@ def _profile_keeper(gguf: GGUFFile, opts: EngineOptions) -> ProfileKeeper | None
 
 
 def _count_routing(cache: ExpertCache | None, keeper: ProfileKeeper | None) -> ProfileKeeper | None:
-    """Let the expert cache count into the profile and save it at exit (no cache: every expert is resident, and
-    nothing needs a profile)."""
+    """Let the expert cache count into the profile and save it at exit (no cache: every expert is resident,
+    and nothing needs a profile)."""
     if cache is None or keeper is None:
         return None
     import atexit

@@ -21,8 +21,8 @@ if _TESTS not in sys.path:
 
 from oracle import assets  # noqa: E402
 
-# Routing profiles (strata/tiers/profile.py) fill later caches from earlier runs: each test session gets its own
-# empty cache dir for them, so one test's routing never changes another's placement.
+# Routing profiles (strata/tiers/profile.py) fill later caches from earlier runs: each test session gets its
+# own empty cache dir for them, so one test's routing never changes another's placement.
 os.environ["STRATA_CACHE_DIR"] = tempfile.mkdtemp(prefix="strata-cache-")
 
 

@@ -62,23 +62,22 @@ def running_server(model: Path, *extra: str, key: str | None = API_KEY) -> Itera
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # A file, not a pipe: nobody drains a pipe during the tests, and a full pipe blocks the server.
-    log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(f"server exited early:\n{log.read()}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise RuntimeError("server did not become healthy within 120 s")
-        yield Server(url, key or "", proc, log)
-    finally:
-        stop(proc, 15)
-        log.close()
+    with tempfile.TemporaryFile(mode="w+") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"server exited early:\n{log.read()}")
+                try:
+                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.2)
+            else:
+                raise RuntimeError("server did not become healthy within 120 s")
+            yield Server(url, key or "", proc, log)
+        finally:
+            stop(proc, 15)

@@ -234,7 +234,8 @@ def test_chatml_default_for_other_architectures(tmp_path):
         },
     ]
     assert t.render(msgs) == (
-        '<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n\n<tool_call>\n{"name": "f", "arguments": {"x": 1}}'
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n\n"
+        '<tool_call>\n{"name": "f", "arguments": {"x": 1}}'
         "\n</tool_call><|im_end|>\n<|im_start|>assistant\n"
     )
 

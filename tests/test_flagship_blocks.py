@@ -15,7 +15,8 @@ from strata.gguf.names import X, tensor
 
 torch = pytest.importorskip("torch")
 m = pytest.importorskip("transformers.models.qwen4_exp.modeling_qwen4_exp")
-from transformers.models.qwen4_exp import Qwen4ExpTextConfig
+# after the importorskip, so a transformers without qwen4_exp skips the module instead of failing it
+from transformers.models.qwen4_exp import Qwen4ExpTextConfig  # noqa: E402
 
 D, HEAD_DIM, ROT = 32, 16, 8
 

@@ -383,7 +383,8 @@ def test_attention_decode_fused_with_qkv_post(cp, ops, hd):
 
 
 def _cache8(cp, k: np.ndarray, v: np.ndarray, layer: int, cap: int):
-    """int8 cells of k, v [S, KV, hd] at `layer` (strata.runtime.kvcache.quantize_rows), as GpuKV lays them out."""
+    """int8 cells of k, v [S, KV, hd] at `layer` (strata.runtime.kvcache.quantize_rows), as GpuKV lays them
+    out."""
     s, kv, hd = k.shape
     ng = hd // group_of(hd)
     out = []
@@ -445,9 +446,9 @@ def test_attention_on_int8_cells(cp, ops, hd):
 
 @pytest.mark.parametrize("hd", HDS)
 def test_int8_cells_written_by_qkv_post_and_the_fused_decode(cp, ops, hd):
-    """qkv_post and attn_decode_qkv write the same int8 cells as strata.runtime.kvcache.quantize_rows (within one code:
-    the GPU's rotation differs from numpy's in the last fp32 bits), and the fused kernel's attention reads the
-    new key from its own copy as the cache holds it."""
+    """qkv_post and attn_decode_qkv write the same int8 cells as strata.runtime.kvcache.quantize_rows (within
+    one code: the GPU's rotation differs from numpy's in the last fp32 bits), and the fused kernel's attention
+    reads the new key from its own copy as the cache holds it."""
     rng = np.random.default_rng(90 + hd)
     h, kv, layer = 8, 2, 1
     rope = Rope(n_rot=hd, base=1e6, style=RopeStyle.NEOX)
@@ -491,8 +492,9 @@ def test_int8_cells_written_by_qkv_post_and_the_fused_decode(cp, ops, hd):
 @pytest.mark.parametrize("q8", [False, True])
 @pytest.mark.parametrize("hd", [64, 256])
 def test_split_decode_equals_one_block(cp, ops, hd, q8):
-    """Split-K decode (attention.SPLITS blocks a head, merged by log-sum-exp) against the one-block kernel and the
-    twin, from one key to 70k, fused with the q/k/v epilogue too; rows at different lengths share a launch."""
+    """Split-K decode (attention.SPLITS blocks a head, merged by log-sum-exp) against the one-block kernel and
+    the twin, from one key to 70k, fused with the q/k/v epilogue too; rows at different lengths share a
+    launch."""
     rng = np.random.default_rng(110 + hd)
     h, kv, layer = 8, 2, 0
     lengths = [1, 100, 4097, 70_000]
@@ -629,8 +631,8 @@ def _q8_rows(cp, h: np.ndarray):
 
 @pytest.mark.parametrize("qt", [Q.F32, Q.Q8_0, Q.Q4_K], ids=lambda q: q.name)
 def test_router_topk_equals_matvec_then_topk(cp, ops, qt):
-    """The fused decode router (norm-fused gemv, then the last block routes) against matvec + topk, bit for bit,
-    repeated so the launch's block counter is seen to reset."""
+    """The fused decode router (norm-fused gemv, then the last block routes) against matvec + topk, bit for
+    bit, repeated so the launch's block counter is seen to reset."""
     rng = np.random.default_rng(60 + int(qt))
     e, a, cols = 128, 8, _cols(qt) * 4
     raw = weights(qt, e, cols, seed=6)

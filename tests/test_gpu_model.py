@@ -309,8 +309,8 @@ def test_mixed_window_and_checkpoint(tmp_path, arch):
 
 
 def pipelined_equals_plain(gpu, prompts, draws, steps: int) -> None:
-    """The decode pipeline (strata/gpu/ahead.py: draws inside the graph, one launch ahead) against plain windows
-    (forward_batch, then the CPU sampler on the host): the same tokens, and states left the same."""
+    """The decode pipeline (strata/gpu/ahead.py: draws inside the graph, one launch ahead) against plain
+    windows (forward_batch, then the CPU sampler on the host): the same tokens, and states left the same."""
     from strata.sampling.sampler import sample
 
     def prefilled():
@@ -420,8 +420,8 @@ def test_oracle_fixture_engine_matches_cpu(tmp_path, arch, kind):
             logits = cpu.model.forward(np.asarray([tc[-1]]), st, all_logits=False)[-1]
     same = next((i for i, (a, b) in enumerate(zip(tg, tc)) if a != b), len(tc))
     print(
-        f"\noracle fixture {arch} {kind}: {len(ids)}-token prompt logits rel {e:.2e}, max |dlogit| {e_max:.3f}; "
-        f"greedy gpu {tg} cpu {tc}; identical for {same} of {len(tc)}"
+        f"\noracle fixture {arch} {kind}: {len(ids)}-token prompt logits rel {e:.2e}, max |dlogit| "
+        f"{e_max:.3f}; greedy gpu {tg} cpu {tc}; identical for {same} of {len(tc)}"
     )
     assert e < 2e-2
     if same < len(tc):
@@ -429,7 +429,8 @@ def test_oracle_fixture_engine_matches_cpu(tmp_path, arch, kind):
             steps[same][tc[same]] - steps[same][tg[same]]
         )  # how far below the CPU's pick the GPU's is
         print(
-            f"step {same}: the GPU's token is {gap:.3f} below the CPU's on the CPU (tie threshold {2 * e_max:.3f})"
+            f"step {same}: the GPU's token is {gap:.3f} below the CPU's on the CPU (tie threshold "
+            f"{2 * e_max:.3f})"
         )
         assert gap <= 2 * e_max, f"greedy tokens differ at step {same}, {gap:.3f} apart: not a tie"
 

@@ -46,8 +46,9 @@ def test_flash_twin_matches_attention():
 
 
 def test_int8_cell_twins_are_the_cpu_cache_cells():
-    """--kv-type int8 on the GPU keeps the CPU cache's cells: the attention twins read what strata.runtime.kvcache's int8
-    KVCache returns, and ref_qkv_post's int8 k and v decode to its fp32 rows within half a step."""
+    """--kv-type int8 on the GPU keeps the CPU cache's cells: the attention twins read what
+    strata.runtime.kvcache's int8 KVCache returns, and ref_qkv_post's int8 k and v decode to its fp32 rows
+    within half a step."""
     from strata.runtime.kvcache import KVCache, KVType, dequantize_rows
 
     rng = np.random.default_rng(11)
@@ -386,8 +387,8 @@ def test_device_selection_names_the_option():
 
 
 def test_prefetch_twins_pick_rank_by_rank_and_count_the_used():
-    """The lookahead's picks: each row's best prediction first, rows interleaved, only experts the decode table
-    reads over PCIe (-1; not a slot, not the CPU's -2), no repeats, -1 padding; the restore's counts."""
+    """The lookahead's picks: each row's best prediction first, rows interleaved, only experts the decode
+    table reads over PCIe (-1; not a slot, not the CPU's -2), no repeats, -1 padding; the restore's counts."""
     from strata.gpu.kernels import tiers as kt
 
     where = np.array([-1, 0, -1, -2, -1, -1], np.int32)

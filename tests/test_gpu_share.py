@@ -8,9 +8,9 @@ random Q4_K blocks, perf/README.md; measured here up to 0.196 with half the miss
 with all of them (the pageable case); bound 0.4),
 with the same greedy token wherever the top two logits are further apart than the measured difference.
 Passes of more than 8 rows never use the share, so prompt logits stay bit-identical; and with a CPU side
-that computes the GPU's own int8 arithmetic the whole path reproduces all-resident to float rounding. The counters add up
-(lookups = hits + PCIe + CPU), a pageable arena (pinning refused) runs every decode miss on the CPU, and a
-CPU that stops answering fails the pass with a reason instead of hanging the GPU.
+that computes the GPU's own int8 arithmetic the whole path reproduces all-resident to float rounding. The
+counters add up (lookups = hits + PCIe + CPU), a pageable arena (pinning refused) runs every decode miss on
+the CPU, and a CPU that stops answering fails the pass with a reason instead of hanging the GPU.
 """
 
 from __future__ import annotations
@@ -168,8 +168,8 @@ def test_publish_and_collect_match_their_twins():
 
 def _q8_twin(m):
     """A CPU side that computes what the GPU's own int8 expert kernels compute (mmvq.ref_moe_q8, float64 from
-    the arena's bytes): with it, the share's plumbing (mailbox, tickets, zero slot, collect) must reproduce the
-    all-resident logits to float rounding, so any larger difference is the CPU kernels' own arithmetic."""
+    the arena's bytes): with it, the share's plumbing (mailbox, tickets, zero slot, collect) must reproduce
+    the all-resident logits to float rounding, so any larger difference is the CPU kernels' own arithmetic."""
     from strata.gpu.kernels.mmvq import ref_moe_q8
     from strata.quants import dequantize
 

@@ -229,8 +229,8 @@ def test_prefetch_kernels_match_twins():
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
 def test_prefetch_equals_all_resident(tmp_path, arch):
-    """Lookahead prefetch only moves bytes: any K gives the all-resident logits, graph-replayed decode included;
-    every pass leaves the decode table as the host's bookkeeping has it, and the counters add up."""
+    """Lookahead prefetch only moves bytes: any K gives the all-resident logits, graph-replayed decode
+    included; every pass leaves the decode table as the host's bookkeeping has it, and the counters add up."""
     path = tiny_file(tmp_path, arch)
     prompt = np.random.default_rng(2).integers(0, 900, 5)  # a decode-sized prompt: its pass prefetches too
     ref, _ = _run(_model(path, prefetch=0), prompt, 8)
@@ -302,8 +302,8 @@ def test_a_learning_cache_equals_all_resident(tmp_path, name):
 
 
 def test_recorded_gpu_routes_replay_to_the_counters(tmp_path):
-    """--record-routes on the GPU: the routed ids the graph leaves behind, replayed by the simulator with the static
-    policy from the engine's placement, give exactly the lookups and hits the device counted."""
+    """--record-routes on the GPU: the routed ids the graph leaves behind, replayed by the simulator with the
+    static policy from the engine's placement, give exactly the lookups and hits the device counted."""
     from strata.tiers import sim, trace
 
     m = _model(tiny_file(tmp_path, "qwen3moe"), "50%")
@@ -320,8 +320,9 @@ def test_recorded_gpu_routes_replay_to_the_counters(tmp_path):
 
 @pytest.mark.parametrize("size,policy", [("50%", "static"), ("50%", "adaptive"), ("one", "static")])
 def test_decode_pipeline_through_the_tiers(tmp_path, size, policy):
-    """The server's decode pipeline over a cache (counts recorded to pinned memory per launch, credited when the
-    host takes the pass; swaps beside it): the tokens and states of plain windows, and the same counters."""
+    """The server's decode pipeline over a cache (counts recorded to pinned memory per launch, credited when
+    the host takes the pass; swaps beside it): the tokens and states of plain windows, and the same
+    counters."""
     from test_gpu_model import pipelined_equals_plain
 
     from strata.sampling.params import SamplingParams

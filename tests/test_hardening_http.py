@@ -159,7 +159,8 @@ SURROGATE_BODIES = [
     (MESSAGES, rb'{"max_tokens": 3, "messages": [{"role": "user", "content": "\ud83d"}]}', None),
     (
         MESSAGES,
-        rb'{"model": "\ud800", "stream": true, "max_tokens": 3, "messages": [{"role": "user", "content": "x"}]}',
+        rb'{"model": "\ud800", "stream": true, "max_tokens": 3, '
+        rb'"messages": [{"role": "user", "content": "x"}]}',
         None,
     ),
     (COUNT, rb'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]}', None),

@@ -113,7 +113,7 @@ VOCAB = np.random.default_rng(1).normal(size=49152).astype(np.float32) * 4  # Sm
 def test_the_issues_inputs_sample_at_full_vocabulary_size_quickly(p: SamplingParams) -> None:
     history = list(range(0, 49152, 7))[:64]
     for pos in range(5):
-        tok = within(2, lambda: sample(VOCAB, history, p, seed=11, position=pos))
+        tok = within(2, lambda pos=pos: sample(VOCAB, history, p, seed=11, position=pos))
         assert 0 <= tok < VOCAB.size
 
 

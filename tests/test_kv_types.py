@@ -2,8 +2,9 @@
 
 Fidelity measured on this code: logits of 96 prompt positions against f32 KV (random tokens on the tiny
 random-init fixtures, an English paragraph on SmolLM2), and 32 greedy tokens after the first 40; int8 has one
-scale per token, head and 32 channels (q8_0's block; a whole-head scale gave SmolLM2 0.038 where 32 gives 0.030
-on random tokens). max |dlogit| / max |logit|, top-1 agreement, greedy tokens before the first difference:
+scale per token, head and 32 channels (q8_0's block; a whole-head scale gave SmolLM2 0.038 where 32 gives
+0.030 on random tokens). max |dlogit| / max |logit|, top-1 agreement, greedy tokens before the first
+difference:
 | KV | qwen3next | qwen4exp | qwen3moe | SmolLM2 |
 |---|---|---|---|---|
 | f16 | 0.0025, 100%, 32 | 0.0002, 100%, 32 | 0.0005, 100%, 32 | 0.0004, 100%, 32 |
@@ -28,10 +29,11 @@ from strata.sampling.params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 TEXT = (
-    "The river rose for three days after the storm, and by the fourth morning the lower town was under water. "
-    "People moved their furniture to the upper floors, tied boats to the lamp posts and waited. The mayor, who "
-    "had promised a new levee in every election for twenty years, gave a speech from the church steps, and "
-    "nobody listened. When the water finally fell, the mud it left behind was full of things the town had lost."
+    "The river rose for three days after the storm, and by the fourth morning the lower town was under "
+    "water. People moved their furniture to the upper floors, tied boats to the lamp posts and waited. The "
+    "mayor, who had promised a new levee in every election for twenty years, gave a speech from the church "
+    "steps, and nobody listened. When the water finally fell, the mud it left behind was full of things the "
+    "town had lost."
 )
 
 

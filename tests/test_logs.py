@@ -72,8 +72,8 @@ def test_configure_logging_replaces_its_handler_and_names_a_bad_format(strata_lo
 def test_tier_notes_are_log_records(
     strata_logger: logging.Logger, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The tiers' start-up lines (strata.tiers.telemetry.note) read as before in text and are JSON objects in json,
-    a "warning: " line at warning level."""
+    """The tiers' start-up lines (strata.tiers.telemetry.note) read as before in text and are JSON objects in
+    json, a "warning: " line at warning level."""
     from strata.tiers.telemetry import note
 
     lines = ["PLE table: 1.00 GiB locked in RAM in 0.2 s", "warning: pinning refused. Falling back"]
@@ -135,8 +135,8 @@ def test_generate_takes_the_flag(smollm2_path: Path) -> None:
 
 
 def test_the_handler_follows_sys_stderr(monkeypatch) -> None:
-    """A handler made while one stderr was in place writes to the stderr of the moment (a closed one was hit when
-    test order put a server's configure_logging before pytest swapped stderr again)."""
+    """A handler made while one stderr was in place writes to the stderr of the moment (a closed one was hit
+    when test order put a server's configure_logging before pytest swapped stderr again)."""
     import io
     import logging
 

@@ -6,6 +6,7 @@ reported honestly."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import numpy as np
 import pytest
@@ -68,8 +69,8 @@ def test_hybrid_prompts_reuse_checkpoints(arch, monkeypatch):
 
 
 def test_a_tool_loop_computes_only_what_is_new():
-    """Four turns of a chat whose history grows (assistant answer + tool output): each turn reuses at least the
-    previous prompt (one token short), so only the new turn's tokens are computed."""
+    """Four turns of a chat whose history grows (assistant answer + tool output): each turn reuses at least
+    the previous prompt (one token short), so only the new turn's tokens are computed."""
     eng = Engine.load(_fixture("qwen3next"), device="cpu", backend="numpy", n_ctx=4096)
     tool = " ".join(f"line {i}: value={i * 37 % 101}" for i in range(20))
 
@@ -92,5 +93,5 @@ def test_a_tool_loop_computes_only_what_is_new():
     turns = asyncio.run(go())
     print(turns)
     assert turns[0][1] == 0
-    for (prev, _), (_, cached) in zip(turns, turns[1:]):
+    for (prev, _), (_, cached) in itertools.pairwise(turns):
         assert cached >= prev - 1

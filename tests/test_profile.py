@@ -1,5 +1,5 @@
-"""Routing profiles (strata/tiers/profile.py): the engine counts routing while it runs, saves the counts in the
-cache dir under the model's SHA-256, and the next start fills the expert cache with each layer's most used
+"""Routing profiles (strata/tiers/profile.py): the engine counts routing while it runs, saves the counts in
+the cache dir under the model's SHA-256, and the next start fills the expert cache with each layer's most used
 experts; `strata profile` builds one ahead of time. The cache only moves bytes, so tokens stay those of the
 all-resident model; a profile of the workload hits at least as often as the static fill."""
 

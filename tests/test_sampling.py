@@ -49,7 +49,7 @@ def test_top_p_is_smallest_prefix_reaching_p() -> None:
 
 
 def test_min_p_relative_to_best() -> None:
-    ids, probs = candidates(LOGITS, SamplingParams(temperature=1.0, min_p=0.1))
+    ids, _probs = candidates(LOGITS, SamplingParams(temperature=1.0, min_p=0.1))
     z = np.exp(LOGITS.astype(np.float64) - LOGITS.max())
     assert set(ids) == set(np.flatnonzero(z >= 0.1))
 

@@ -266,7 +266,7 @@ def test_prefix_cache_reuses_and_reports_cached_tokens() -> None:
         sch.start()
         first = make(PROMPTS[1], 3)
         sch.submit(first)
-        t1, d1 = await drain(first)
+        t1, _d1 = await drain(first)
         again = make(PROMPTS[1] + t1 + [4, 4], 3)
         sch.submit(again)
         t2, d2 = await drain(again)
@@ -318,7 +318,8 @@ def test_pacer_keeps_both_promises(kind: str, d: float, a: float, b: float, chun
 
     pace, ttft, longest = _simulate(d, a, b, chunk, prompt)
     print(
-        f"{kind}: streams keep {pace:.0%} of their pace, TTFT {ttft:.2f}x solo, longest window {longest:.0f} d"
+        f"{kind}: streams keep {pace:.0%} of their pace, TTFT {ttft:.2f}x solo, "
+        f"longest window {longest:.0f} d"
     )
     assert pace >= KEEP * 0.9, kind  # within the first windows' learning
     assert ttft <= 1 / KEEP * 1.1, kind

@@ -115,7 +115,9 @@ def test_count_tokens(client: anthropic.Anthropic) -> None:
 
 
 def test_wrong_key_is_401_in_anthropic_shape(server: Server) -> None:
-    with anthropic.Anthropic(base_url=server.url, api_key="nope", max_retries=0) as bad:
-        with pytest.raises(anthropic.AuthenticationError) as e:
-            bad.messages.create(model="c", max_tokens=2, messages=ASK)
+    with (
+        anthropic.Anthropic(base_url=server.url, api_key="nope", max_retries=0) as bad,
+        pytest.raises(anthropic.AuthenticationError) as e,
+    ):
+        bad.messages.create(model="c", max_tokens=2, messages=ASK)
     assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "authentication_error"

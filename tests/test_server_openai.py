@@ -56,13 +56,13 @@ def test_stream_equals_non_stream_at_temperature_zero(client: openai.OpenAI) -> 
 
 
 def test_same_seed_same_text(client: openai.OpenAI) -> None:
-    kw = dict(
-        model="m",
-        messages=[{"role": "user", "content": "Tell me a short story."}],
-        temperature=1.0,
-        max_tokens=16,
-        seed=7,
-    )
+    kw = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "Tell me a short story."}],
+        "temperature": 1.0,
+        "max_tokens": 16,
+        "seed": 7,
+    }
     a = client.chat.completions.create(**kw).choices[0].message.content
     b = client.chat.completions.create(**kw).choices[0].message.content
     assert a == b
@@ -152,9 +152,11 @@ def test_models_lists_alias(client: openai.OpenAI) -> None:
 
 
 def test_wrong_key_is_401(server: Server) -> None:
-    with openai.OpenAI(base_url=f"{server.url}/v1", api_key="nope", max_retries=0) as bad:
-        with pytest.raises(openai.AuthenticationError):
-            bad.chat.completions.create(model="m", messages=ASK, max_tokens=2)
+    with (
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="nope", max_retries=0) as bad,
+        pytest.raises(openai.AuthenticationError),
+    ):
+        bad.chat.completions.create(model="m", messages=ASK, max_tokens=2)
 
 
 def test_response_format_json_object_is_valid_json(client: openai.OpenAI) -> None:

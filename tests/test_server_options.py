@@ -82,7 +82,8 @@ def test_server_flags_are_validated_with_the_flag_name(smollm2_path: Path) -> No
 
 def test_engine_flags_reach_the_engine_on_serve(smollm2_path: Path) -> None:
     """Every engine flag means on `serve` what it means on `generate` and in Engine.load: the server hands
-    conf/engine.py's backend_options to Engine.load unchanged (tier policy, split and profile flags included)."""
+    conf/engine.py's backend_options to Engine.load unchanged (tier policy, split and profile flags
+    included)."""
     from strata.cli import build_parser
     from strata.conf.engine import backend_options
     from strata.conf.server import server_config

@@ -2,11 +2,11 @@
 synthetic trace (tiers/trace.py): its LRU hit rates are close to the published Qwen3.8-Flash-Next figures
 (LRU-64 ~67%, LRU-128 ~81%, a static top-32 profile ~10% on the other half of the workload); the adaptive
 policy hits as often as LRU within half a point at every size from 32 to 256 slots per layer, with no more
-copies (within 1%). Measured on this trace (2 layers, 1,500 tokens, one-token windows): 32 slots 34.7% vs 34.3%
-with 21% fewer copies; 64 slots 68.8% vs 68.8% (10,317 vs 10,327 hits, 4,683 vs 4,673 copies); 128 and 256 within
-0.1 point. So "adaptive >= LRU at every size" holds except by 10 hits at 64 slots; at 64 slots adaptive hits more
-than twice as often as the static profile. The cache changes between windows; a window's lookups see it as it
-was."""
+copies (within 1%). Measured on this trace (2 layers, 1,500 tokens, one-token windows): 32 slots 34.7% vs
+34.3% with 21% fewer copies; 64 slots 68.8% vs 68.8% (10,317 vs 10,327 hits, 4,683 vs 4,673 copies); 128 and
+256 within 0.1 point. So "adaptive >= LRU at every size" holds except by 10 hits at 64 slots; at 64 slots
+adaptive hits more than twice as often as the static profile. The cache changes between windows; a window's
+lookups see it as it was."""
 
 from __future__ import annotations
 
@@ -155,7 +155,8 @@ def test_a_recorded_trace_replays_to_the_engines_own_counters(tmp_path, capsys) 
 @pytest.mark.parametrize("name", ["lru", "adaptive"])
 def test_engine_policies_keep_the_tokens_and_replay_exactly(tmp_path, capsys, name) -> None:
     """--cache-policy on the CPU tiers swaps experts between passes: the greedy tokens stay those of the
-    all-resident model (the cache only moves bytes), and the recorded trace replays to the engine's counters."""
+    all-resident model (the cache only moves bytes), and the recorded trace replays to the engine's
+    counters."""
     from test_tiers import _fixture, _greedy
 
     from strata.cli import main

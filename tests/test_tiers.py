@@ -224,8 +224,9 @@ def test_planner_splits_misses_with_the_cpu_and_says_why(capsys):
 
 def test_a_scattered_placement_still_double_buffers_its_staging():
     """80B shape at 24 GiB (bookkeeping only, no bytes): a profile's fill gives residents up unevenly over the
-    layers when slots are borrowed; staging grows its buffers instead of falling back to one buffer that stages
-    every expert of every layer (measured on the H200: pp4096 2,209 tok/s against 6,526 with the static fill)."""
+    layers when slots are borrowed; staging grows its buffers instead of falling back to one buffer that
+    stages every expert of every layer (measured on the H200: pp4096 2,209 tok/s against 6,526 with the static
+    fill)."""
     from strata.tiers.layout import ExpertLayer, Part
     from strata.tiers.profile import Profile
     from strata.tiers.slots import ExpertCache

@@ -74,7 +74,10 @@ class VramPlan:
             rows.append(
                 f"expert cache {self.n_slots:,} slots {self.n_slots * self.slot_bytes / MIB:,.0f} MiB"
             )
-        return f"{', '.join(rows)}; total {self.total / MIB:,.0f} MiB against a budget of {self.budget / MIB:,.0f} MiB"
+        return (
+            f"{', '.join(rows)}; total {self.total / MIB:,.0f} MiB against a budget of "
+            f"{self.budget / MIB:,.0f} MiB"
+        )
 
     def size_cache(self, request: str = "auto", flag: str = "vram_budget_mib") -> None:
         """Give the expert cache its slots, or raise ConfigError naming the budget flag, with the plan, when
@@ -85,8 +88,9 @@ class VramPlan:
                 flag,
                 self.budget // MIB,
                 (
-                    f"the model's dense part does not fit: {self.describe()}. Raise the budget to at least {need} MiB, "
-                    "lower n_ctx or prefill_chunk (KV cache and activations), or run on the CPU (device=cpu)"
+                    f"the model's dense part does not fit: {self.describe()}. Raise the budget to at least "
+                    f"{need} MiB, lower n_ctx or prefill_chunk (KV cache and activations), or run on the CPU "
+                    "(device=cpu)"
                 ),
             )
         if not self.slot_bytes:
@@ -98,8 +102,8 @@ class VramPlan:
                 "expert_cache",
                 request,
                 (
-                    f"{asked:,} slots ({asked * self.slot_bytes / MIB:,.0f} MiB) do not fit beside the dense part: "
-                    f"{self.describe()}; at most {room:,} slots fit"
+                    f"{asked:,} slots ({asked * self.slot_bytes / MIB:,.0f} MiB) do not fit beside the dense "
+                    f"part: {self.describe()}; at most {room:,} slots fit"
                 ),
             )
         self.n_slots = int(min(self.n_total, room) if asked is None else asked)
@@ -126,7 +130,8 @@ class Ledger:
         if self.used + nbytes > self.budget:
             raise VramBudgetError(
                 f"{what} needs {nbytes / MIB:,.1f} MiB more, but {self.used / MIB:,.0f} of the "
-                f"{self.budget / MIB:,.0f} MiB VRAM budget are in use (raise vram_budget_mib or shorten the context)"
+                f"{self.budget / MIB:,.0f} MiB VRAM budget are in use (raise vram_budget_mib or shorten the "
+                "context)"
             )
         self.used += nbytes
 

@@ -4,15 +4,15 @@ A decode layer is serial: the mixer (attention or DeltaNet), the router, then th
 GPU reads zero-copy from the pinned arena. On the H200 with the 80B shape at a 24 GiB budget the misses take
 ~9 ms of a ~13.7 ms token while the link idles through the mixers (~4 ms). Layer l's router applied to the
 layer's input (the residual before its mixer; the real router sees it plus the mixer's output) predicts most
-of its experts, so a side branch of the decode graph copies up to K predicted misses, best first, into K staging
-slots while the mixer runs, pointing the decode table's entries at each copy that lands (strata/gpu/lookahead.py).
-When the router is done the branch stops where it is: the experts never wait for it, and the copies fill the
-time the mixer leaves. After the experts the entries are put back: every pass leaves the table as it found it,
-and the cache's bookkeeping (slots.py) never sees the staging.
+of its experts, so a side branch of the decode graph copies up to K predicted misses, best first, into K
+staging slots while the mixer runs, pointing the decode table's entries at each copy that lands
+(strata/gpu/lookahead.py). When the router is done the branch stops where it is: the experts never wait for
+it, and the copies fill the time the mixer leaves. After the experts the entries are put back: every pass
+leaves the table as it found it, and the cache's bookkeeping (slots.py) never sees the staging.
 
 A wrong guess costs link time the mixer was not using and nothing else: the router's choice is exact, and a
-pick it did not make is simply not read. Decode rows only (passes of up to GEMV_ROWS rows); longer passes stage
-or borrow (slots.py).
+pick it did not make is simply not read. Decode rows only (passes of up to GEMV_ROWS rows); longer passes
+stage or borrow (slots.py).
 
 The CPU stand-in (`--device cpu --expert-cache SIZE --prefetch K`, slots.ExpertCache.stage_ahead) predicts the
 same way (the layer's router on its input normed with the FFN norm, before the mixer) and picks the same K
@@ -35,8 +35,8 @@ PREFETCH_MAX = (
     32  # most experts one layer prefetches (the kernel keeps its picks in a shared array this size)
 )
 STATS = 6  # the device counters PrefetchCounts.add takes, in its field order
-# default K: on the H200 (80B shape, 24 GiB) the copies ran ~43 us a layer at 42 GB/s, about one 1.69 MiB expert
-# (two at b=4); more picks only queue behind them (the copy stops at the router)
+# default K: on the H200 (80B shape, 24 GiB) the copies ran ~43 us a layer at 42 GB/s, about one 1.69 MiB
+# expert (two at b=4); more picks only queue behind them (the copy stops at the router)
 PREFETCH_DEFAULT = 4
 
 
@@ -48,10 +48,10 @@ def check_prefetch(k: int, flag: str = "--prefetch") -> int:
 
 @dataclass(slots=True)
 class PrefetchCounts:
-    """What the lookahead did since start: expert parts staged (a gate, up or down matrix whose copy landed before
-    the router was done), how many of them the router then used, the bytes of each kind (used: moved off the
-    experts' critical path; wasted: crossed PCIe for nothing), all bytes the copies moved (landed or abandoned
-    at the router) and how long the copies ran (ns, summed over layers)."""
+    """What the lookahead did since start: expert parts staged (a gate, up or down matrix whose copy landed
+    before the router was done), how many of them the router then used, the bytes of each kind (used: moved
+    off the experts' critical path; wasted: crossed PCIe for nothing), all bytes the copies moved (landed or
+    abandoned at the router) and how long the copies ran (ns, summed over layers)."""
 
     staged: int = 0
     used: int = 0
@@ -94,9 +94,10 @@ class PrefetchCounts:
     def line(self) -> str:
         rate = self.copied_bytes / self.copy_ns if self.copy_ns else 0.0  # bytes/ns = GB/s
         return (
-            f"lookahead prefetch: {self.used:,} of {self.staged:,} staged expert parts used ({self.accuracy:.1%}); "
-            f"{self.used_bytes / 2**30:,.2f} GiB read ahead, {self.wasted_bytes / 2**30:,.2f} GiB wasted; copies "
-            f"moved {self.copied_bytes / 2**30:,.2f} GiB in {self.copy_ns / 1e9:,.3f} s ({rate:,.1f} GB/s)"
+            f"lookahead prefetch: {self.used:,} of {self.staged:,} staged expert parts used "
+            f"({self.accuracy:.1%}); {self.used_bytes / 2**30:,.2f} GiB read ahead, "
+            f"{self.wasted_bytes / 2**30:,.2f} GiB wasted; copies moved {self.copied_bytes / 2**30:,.2f} GiB "
+            f"in {self.copy_ns / 1e9:,.3f} s ({rate:,.1f} GB/s)"
         )
 
 

@@ -235,7 +235,8 @@ def table(p: Prediction) -> str:
         out.append(
             "per decode token: "
             + "; ".join(
-                f"{k} {t['bytes_per_token'] / 1e6:,.1f} MB at {t['gbps']:,.1f} GB/s = {t['ms_per_token']:,.2f} ms"
+                f"{k} {t['bytes_per_token'] / 1e6:,.1f} MB at {t['gbps']:,.1f} GB/s = "
+                f"{t['ms_per_token']:,.2f} ms"
                 for k, t in p.tiers.items()
                 if t["bytes_per_token"] or k == "vram"
             )

@@ -1,5 +1,5 @@
-"""Which experts the cache's slots keep: pure functions of the routing stream, so the simulator (sim.py) replays
-exactly what a policy would do.
+"""Which experts the cache's slots keep: pure functions of the routing stream, so the simulator (sim.py)
+replays exactly what a policy would do.
 
 A policy covers every MoE layer at once ([L, E] arrays, one numpy pass per window: the GPU learns between
 decode windows of ~10 ms, so a per-layer Python loop would cost more than it saves). Layer l keeps at most
@@ -54,8 +54,8 @@ def _admit(
     margin: float,
     budget: int | None,
 ) -> None:
-    """Swap candidates (bool [L, E], not resident) in, in place: per layer the best candidates fill free slots,
-    then replace the weakest residents while `prio[c] > prio[r] * (1 + margin)`."""
+    """Swap candidates (bool [L, E], not resident) in, in place: per layer the best candidates fill free
+    slots, then replace the weakest residents while `prio[c] > prio[r] * (1 + margin)`."""
     if budget == 0:
         return
     grow = 1.0 + margin
@@ -64,7 +64,8 @@ def _admit(
     weakest = np.where(resident, prio, np.inf).min(axis=1)
     best = np.where(cand, prio, -np.inf).max(axis=1)
     # only candidates that beat their layer's weakest resident (or find a free slot) can enter, and only
-    # residents that lose to their layer's best candidate can leave: both sets are small once the cache settled
+    # residents that lose to their layer's best candidate can leave: both sets are small once the cache
+    # settled
     cr, ce = np.nonzero(cand & ((prio > (weakest * grow)[:, None]) | (free > 0)[:, None]))
     if not len(cr):
         return
@@ -167,8 +168,9 @@ def make(
     n_layers: int = 1,
 ) -> Policy:
     """A policy over every layer. `start` [L, E] bool: what the slots hold at the start (the engine's fill),
-    which every policy takes over, each layer keeping as many slots; else `slots` per layer, empty at the start
-    except for static, whose set is each layer's `slots` most used experts in `profile` (use counts [L, E])."""
+    which every policy takes over, each layer keeping as many slots; else `slots` per layer, empty at the
+    start except for static, whose set is each layer's `slots` most used experts in `profile` (use counts
+    [L, E])."""
     if start is None:
         n_l = profile.shape[0] if profile is not None else n_layers
         per = np.broadcast_to(np.asarray(slots, np.int64), (n_l,))

@@ -2,11 +2,12 @@
 start fills the expert cache with the experts this workload uses instead of the static fill's lowest ids.
 
 A profile is `uses` float64 [L, E] (routed lookups) plus the tokens counted, at
-`<cache dir>/profiles/<sha256 of the model>.npz` (the cache dir: $STRATA_CACHE_DIR, else ~/.cache/strata): keyed by the file's digest, since the model's folder may be
-read-only and a path says nothing about its contents. Hashing a 40 GB file takes half a minute, so the digest
-comes from a `.sha256` sidecar or the known models when there is one, else from `digests.json` in the cache dir
-(keyed by path, size and mtime); when none is known yet, it is computed on a helper thread while the engine
-serves, and the profile is saved once it is known.
+`<cache dir>/profiles/<sha256 of the model>.npz` (the cache dir: $STRATA_CACHE_DIR, else ~/.cache/strata):
+keyed by the file's digest, since the model's folder may be read-only and a path says nothing about its
+contents. Hashing a 40 GB file takes half a minute, so the digest comes from a `.sha256` sidecar or the known
+models when there is one, else from `digests.json` in the cache dir (keyed by path, size and mtime); when none
+is known yet, it is computed on a helper thread while the engine serves, and the profile is saved once it is
+known.
 
 `python -m strata profile MODEL --prompts FILE` builds one ahead of time; `--routing-profile off` neither
 reads nor writes one.
@@ -138,8 +139,8 @@ class Digests:
 
 
 class Keeper:
-    """The engine's side: counts while it serves and saves at exit under the model's digest, computed on a helper
-    thread when it is not known yet."""
+    """The engine's side: counts while it serves and saves at exit under the model's digest, computed on a
+    helper thread when it is not known yet."""
 
     def __init__(
         self, root: Path, gguf: object, profile: Profile, digest: str | None, saved: Profile | None = None

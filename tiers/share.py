@@ -63,9 +63,10 @@ class Split:
     def why(self, miss_bytes: float) -> str:
         """The line start-up and `strata plan` print."""
         return (
-            f"decode misses: {miss_bytes / 1e6:,.1f} MB a layer; over PCIe alone {self.gpu_alone_s * 1e6:,.0f} us, "
-            f"on the CPU alone {self.cpu_alone_s * 1e6:,.0f} us -> {self.chosen} {self.pcie_frac:.2f} "
-            f"({1 - self.pcie_frac:.0%} on the CPU): {self.layer_s * 1e6:,.0f} us a layer"
+            f"decode misses: {miss_bytes / 1e6:,.1f} MB a layer; over PCIe alone "
+            f"{self.gpu_alone_s * 1e6:,.0f} us, on the CPU alone {self.cpu_alone_s * 1e6:,.0f} us -> "
+            f"{self.chosen} {self.pcie_frac:.2f} ({1 - self.pcie_frac:.0%} on the CPU): "
+            f"{self.layer_s * 1e6:,.0f} us a layer"
         )
 
 
@@ -126,8 +127,8 @@ def parse_pcie_frac(value: str, flag: str = "--pcie-frac") -> float | None:
 
 
 class ProbeCache:
-    """Probed rates, kept as JSON in the cache dir by a key naming the GPU, the CPUs and the experts' shape, so
-    a restart skips the probe (`--probe` measures again). A file that cannot be read is measured again."""
+    """Probed rates, kept as JSON in the cache dir by a key naming the GPU, the CPUs and the experts' shape,
+    so a restart skips the probe (`--probe` measures again). A file that cannot be read is measured again."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

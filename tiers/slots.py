@@ -194,8 +194,8 @@ class ExpertCache:
         self.version += 1
 
     def release(self, placements: list[tuple[int, int, int]]) -> np.ndarray:
-        """Book each (slot, layer, expert) (see `_release`); the copies [n, 3] that fill the slots. Call `land`
-        once they are done."""
+        """Book each (slot, layer, expert) (see `_release`); the copies [n, 3] that fill the slots. Call
+        `land` once they are done."""
         for s, li, e in placements:
             self._release(s, li, e)
         return self._fill_rows(placements)
@@ -207,8 +207,8 @@ class ExpertCache:
         )
 
     def land(self, placements: list[tuple[int, int, int]]) -> None:
-        """Their copies are done: point the tables at the slots still booked for them (a later release may have
-        taken a slot back before its copy landed)."""
+        """Their copies are done: point the tables at the slots still booked for them (a later release may
+        have taken a slot back before its copy landed)."""
         for s, li, e in placements:
             if tuple(int(v) for v in self.owner[s]) == (li, e):
                 self._land(s, li, e)
@@ -221,8 +221,9 @@ class ExpertCache:
         self.land(placements)
 
     def fill(self, profile: Profile | None) -> None:
-        """Spread the slots evenly over the layers; each layer's share holds its most used experts in `profile`,
-        else (the static fill) its lowest ids. Under uniform routing any choice hits equally often."""
+        """Spread the slots evenly over the layers; each layer's share holds its most used experts in
+        `profile`, else (the static fill) its lowest ids. Under uniform routing any choice hits equally
+        often."""
         n_l, n_e = self.where.shape
         order = [(li, e) for e in range(n_e) for li in range(n_l)]  # expert-major: every layer gets its share
         if profile is not None:
@@ -244,8 +245,9 @@ class ExpertCache:
         return int((self.where >= 0).sum())
 
     def use_policy(self, name: str, swap_budget: int | None = None) -> None:
-        """Let `name` (tiers/policy.py) decide the residents between windows, starting from the fill; each layer
-        keeps the number of slots the fill gave it. swap_budget: bytes a window may copy into slots (None: any)."""
+        """Let `name` (tiers/policy.py) decide the residents between windows, starting from the fill; each
+        layer keeps the number of slots the fill gave it. swap_budget: bytes a window may copy into slots
+        (None: any)."""
         check_policy(name)
         if name == "static":
             return
@@ -264,8 +266,8 @@ class ExpertCache:
         )
 
     def learn(self, ids: np.ndarray) -> list[tuple[int, int, int]]:
-        """After a window: the policy learns from its routing [T, L, A]; the (slot, layer, expert) placements that
-        make the slots what it chose, each newcomer in the slot of a layer's leaver."""
+        """After a window: the policy learns from its routing [T, L, A]; the (slot, layer, expert) placements
+        that make the slots what it chose, each newcomer in the slot of a layer's leaver."""
         assert self.policy is not None
         before = self.policy.resident.copy()
         self.policy.update(ids, self.swap_budget)
@@ -450,9 +452,10 @@ class ExpertCache:
             return None
         cap0 = int(missing.max())
         cap = cap0 + -(-2 * cap0 // n_l) + 1  # borrowing takes residents away, adding misses
-        # a placement that is not the static fill (a profile's, a policy's) gives up residents unevenly over the
-        # layers: grow the buffers until every layer's misses fit (80B shape at 24 GiB with a profile's fill: the
-        # first guess fell back to one buffer that staged all 512 experts a layer, pp4096 2,209 against 6,526)
+        # a placement that is not the static fill (a profile's, a policy's) gives up residents unevenly over
+        # the layers: grow the buffers until every layer's misses fit (80B shape at 24 GiB with a profile's
+        # fill: the first guess fell back to one buffer that staged all 512 experts a layer, pp4096 2,209
+        # against 6,526)
         while 2 * cap <= self.n_slots:
             plan = self._staging_plan(cap, 2)
             if plan.complete:

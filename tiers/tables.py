@@ -101,8 +101,8 @@ class TableReader:
         libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), mmap.MADV_WILLNEED)
         self.mode = "mmap"
         note(
-            f"PLE table: locking {length / 2**30:,.2f} GiB in RAM was refused ({err}; raise ulimit -l); the rows "
-            "stay with the page cache, read ahead, and may be paged out under memory pressure"
+            f"PLE table: locking {length / 2**30:,.2f} GiB in RAM was refused ({err}; raise ulimit -l); the "
+            "rows stay with the page cache, read ahead, and may be paged out under memory pressure"
         )
 
     def _open_direct(self) -> None:

@@ -21,7 +21,8 @@ _WARNING = "warning: "
 
 def note(msg: str) -> None:
     """A start-up or status line through the `strata` log (strata.logs): `strata: msg` as text, one object
-    with --log-format json. A msg that starts "warning: " goes at warning level, whose text line is the same."""
+    with --log-format json. A msg that starts "warning: " goes at warning level, whose text line is the
+    same."""
     if msg.startswith(_WARNING):
         log.warning(msg.removeprefix(_WARNING))
     else:

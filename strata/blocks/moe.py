@@ -36,7 +36,7 @@ def route_softmax_topk(logits: np.ndarray, k: int, normalize: bool) -> tuple[np.
 
 def dispatch(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, expert: ExpertFn) -> np.ndarray:
     """sum_a weights[t, a] * expert(ids[t, a], x[t]) for every token, one call per used expert."""
-    t, a = ids.shape
+    _t, a = ids.shape
     flat = ids.reshape(-1)  # [T*A]
     order = np.argsort(flat, kind="stable")
     sorted_ids = flat[order]

@@ -1,5 +1,5 @@
-"""`strata profile MODEL --prompts FILE`: build a routing profile ahead of time (strata.tiers.profile), so the first
-start that serves the model fills its expert cache with the experts the workload uses."""
+"""`strata profile MODEL --prompts FILE`: build a routing profile ahead of time (strata.tiers.profile), so the
+first start that serves the model fills its expert cache with the experts the workload uses."""
 
 from __future__ import annotations
 

@@ -105,7 +105,8 @@ def run_synth(args: argparse.Namespace) -> int:
     hit = expected_hit_rate(shape.n_expert, shape.top_k, args.router_skew, REPORT_CACHE_FRACTION)
     print(
         f"wrote {r.path}: {r.nbytes / 2**30:.2f} GiB ({args.arch} {args.shape}, {quant.name}, output "
-        f"{output_quant.name}); tensor data {r.data_bytes / 1e9:.2f} GB in {r.seconds:.2f} s = {r.gb_per_s:.2f} GB/s"
+        f"{output_quant.name}); tensor data {r.data_bytes / 1e9:.2f} GB in {r.seconds:.2f} s = "
+        f"{r.gb_per_s:.2f} GB/s"
     )
     print(
         f"router skew {args.router_skew:g}: caching the top {REPORT_CACHE_FRACTION:.0%} of experts serves "

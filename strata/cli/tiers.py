@@ -1,6 +1,6 @@
-"""`strata tiers trace --synthetic ... -o F.npz` and `strata tiers simulate TRACE --slots N --policy P [--sweep]
-[--prefetch K] [--json]`: routing traces and the policy simulator (strata.tiers.trace, .sim) for tier-tuning
-experiments."""
+"""`strata tiers trace --synthetic ... -o F.npz` and
+`strata tiers simulate TRACE --slots N --policy P [--sweep] [--prefetch K] [--json]`: routing traces and the
+policy simulator (strata.tiers.trace, .sim) for tier-tuning experiments."""
 
 from __future__ import annotations
 

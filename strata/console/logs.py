@@ -52,8 +52,8 @@ class JsonFormatter(logging.Formatter):
 
 
 class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """A stream handler on whatever sys.stderr is when a record comes, not when it was made: a program (or a test
-    runner) that swaps stderr later must not leave the handler writing into a closed stream."""
+    """A stream handler on whatever sys.stderr is when a record comes, not when it was made: a program (or a
+    test runner) that swaps stderr later must not leave the handler writing into a closed stream."""
 
     def __init__(self) -> None:
         super().__init__(sys.stderr)

@@ -54,9 +54,9 @@ class DecodeGraphs:
         self.tab: Any = None
         self.draws: Any = None
         self.chosen: Any = None
-        # the loaded slots' DeltaNet states (RecurrentState), if any, for the capture's put-back; weak, so that a
-        # finished sequence's state goes back to the ledger before the next load (a benchmark's warm-up sequences
-        # kept alive here beside its measured ones went past a 24 GiB plan by one state each)
+        # the loaded slots' DeltaNet states (RecurrentState), if any, for the capture's put-back; weak, so
+        # that a finished sequence's state goes back to the ledger before the next load (a benchmark's warm-up
+        # sequences kept alive here beside its measured ones went past a 24 GiB plan by one state each)
         self._recurrent: list[weakref.ref[Any]] = []
         self.use_graphs = True  # False: launch the same kernels eagerly (tests compare the two)
 

@@ -54,9 +54,9 @@ class GpuKV:
         cp = cupy_module()
         old = self._bytes(self.cap)
         self.ledger.take(self._bytes(cap) - old, f"KV cache for {cap} positions")
-        # a move on the device holds the old cells beside the new: when the budget has no room for both (a long
-        # context, whose KV the plan holds once), the old cells wait in host RAM instead (2 PCIe copies, once a
-        # doubling: ~70 ms for 1.8 GB)
+        # a move on the device holds the old cells beside the new: when the budget has no room for both (a
+        # long context, whose KV the plan holds once), the old cells wait in host RAM instead (2 PCIe copies,
+        # once a doubling: ~70 ms for 1.8 GB)
         kept = {}
         if self.length:
             via_host = not self.ledger.fits(old)
@@ -86,8 +86,9 @@ class GpuKV:
         return [self.ks.data.ptr, self.vs.data.ptr] if self.q8 else [0, 0]
 
     def flash_args(self, layer: int) -> tuple[int, int, int, tuple[int, int, int] | None]:
-        """The flash kernel's view of one layer: k and v addresses, elements a kv head, and the int8 scales'."""
-        n_layer, n_kv, hd = self.shape
+        """The flash kernel's view of one layer: k and v addresses, elements a kv head, and the int8
+        scales'."""
+        _n_layer, n_kv, hd = self.shape
         es = 1 if self.q8 else 2
         off = layer * n_kv * self.cap * hd * es
         scales = None
@@ -138,7 +139,8 @@ class GpuKV:
 
 
 class HostKV:
-    """A GpuKV's first `length` positions in host RAM: its arrays [n_layer, n_kv, length, ...] as on the GPU."""
+    """A GpuKV's first `length` positions in host RAM: its arrays [n_layer, n_kv, length, ...] as on the
+    GPU."""
 
     def __init__(
         self,

@@ -101,7 +101,8 @@ class Activations:
         self.q = cp.empty((n, dims.n_head * dims.hd), f32)
         self.att = cp.empty((n, dims.n_head * dims.hd), f32)
         self.logits = cp.empty((vocab_rows, vocab), f32)
-        # decode attention's split-K partials, for passes of up to GEMV_ROWS decode rows (longer ones run unsplit)
+        # decode attention's split-K partials, for passes of up to GEMV_ROWS decode rows (longer ones run
+        # unsplit)
         self.att_part = cp.empty(Activations.part_floats(dims), f32) if n <= GEMV_ROWS else None
         a = max(dims.top_k, 1)
         p = n * a

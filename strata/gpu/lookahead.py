@@ -1,12 +1,13 @@
 """The device side of lookahead prefetch (strata.tiers.lookahead says why and what): staging slots, the side
-branch a decode layer forks at its start, the stop its router raises, and the join and restore after its experts.
+branch a decode layer forks at its start, the stop its router raises, and the join and restore after its
+experts.
 
 Inside a captured decode graph the fork and join are edges: the branch (the predicted router, then the
 `prefetch` copy, kernels/tiers.py) runs beside the mixer's kernels, copying predicted misses best first until
 the main stream's router is done and raises `stop` (in tier_count's launch). So the experts never wait for the
-branch, and the copies fill whatever time the mixer leaves (a DeltaNet layer's more than an attention layer's at
-short context). The mixer's launch that adds into x waits for the branch's router to have read x (an edge, no
-copy). One set of K staging slots serves every layer: layer l + 1 forks after layer l's restore.
+branch, and the copies fill whatever time the mixer leaves (a DeltaNet layer's more than an attention layer's
+at short context). The mixer's launch that adds into x waits for the branch's router to have read x (an edge,
+no copy). One set of K staging slots serves every layer: layer l + 1 forks after layer l's restore.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class Lookahead:
             3 * k, cp.int32
         )  # per part of a pick: blocks done with their slice (restore zeroes)
         self.stop = cp.zeros(1, cp.int32)  # raised by the layer's router, lowered by its restore
-        # parts landed, used, bytes used, bytes wasted, bytes copied, ns the branch ran: read and zeroed per pass
+        # parts landed, used, bytes used, bytes wasted, bytes copied, ns the branch ran: read and zeroed per
+        # pass
         self.stats = cp.zeros(STATS, cp.uint64)
         self.logits = cp.empty((rows, e), cp.float32)
         self.ids = cp.empty(rows * a, cp.int32)
@@ -58,9 +60,9 @@ class Lookahead:
     def fork(
         self, ops: Any, li: int, router: Any, norm: Any, eps: float, x: Any, n: int, norm_topk: bool
     ) -> None:
-        """At decode layer li's start (on the current stream): on the side branch, route x[:n] with the layer's
-        router and copy predicted misses ahead until the layer's tier_count raises `stop`; the mixer must call
-        `read_done` before it writes x."""
+        """At decode layer li's start (on the current stream): on the side branch, route x[:n] with the
+        layer's router and copy predicted misses ahead until the layer's tier_count raises `stop`; the mixer
+        must call `read_done` before it writes x."""
         cp = cupy_module()
         main = cp.cuda.get_current_stream()
         lay = self.layout

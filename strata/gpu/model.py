@@ -72,8 +72,8 @@ class GpuOptions:
 
 
 GROWING = ("KV cache", "DeltaNet state")  # plan parts that sequences take from the ledger as they come
-# VRAM the process holds outside the memory pool: kernel modules, captured graphs, driver allocations. Measured
-# on the H200 with the 80B shape at three budgets: 375-379 MiB beyond the pool's own total
+# VRAM the process holds outside the memory pool: kernel modules, captured graphs, driver allocations.
+# Measured on the H200 with the 80B shape at three budgets: 375-379 MiB beyond the pool's own total
 DRIVER_PART = "CUDA modules, graphs and driver"
 DRIVER_BYTES = 384 * MIB
 
@@ -183,8 +183,8 @@ class GpuModel(Model):
         plan = vram_plan(gguf, self.dims, self.linear, self.n_ctx, self.chunk, p.vocab, opts, budget)
         if plan.slot_bytes:
             note(plan.cache_line(free, 0 if opts.budget_mib else opts.reserve_mib * MIB))
-        # the budget is a hard limit on the process's VRAM: the pool may hold what the plan gives everything but
-        # the modules and graphs; past that it frees its cached blocks before it asks the driver for more
+        # the budget is a hard limit on the process's VRAM: the pool may hold what the plan gives everything
+        # but the modules and graphs; past that it frees its cached blocks before it asks the driver for more
         cp.get_default_memory_pool().set_limit(size=max(0, plan.budget - DRIVER_BYTES))
         # sequences' KV and recurrent state are taken from the ledger as they grow: the plan only keeps room
         self.ledger = Ledger(

@@ -67,8 +67,9 @@ BLOCKS_PER_ROW = 4  # an expert part is ~0.2-2 MB: a few blocks each keep enough
 
 
 COLLECT_TIMEOUT_NS = 2_000_000_000  # a CPU answer later than this fails the pass instead of hanging the GPU
-# passes per policy window: a decode pass is ~10 ms at b=1, and an update of every layer's policy 1-4 ms of host
-# time (2-core machine, 4-token windows; it runs beside the next pass); the budget of a window is this many passes' worth
+# passes per policy window: a decode pass is ~10 ms at b=1, and an update of every layer's policy 1-4 ms of
+# host time (2-core machine, 4-token windows; it runs beside the next pass); the budget of a window is this
+# many passes' worth
 LEARN_EVERY = 4
 PATCH_MAX = (
     4096  # (layer, expert) entries changed: up to this many, publish scatters them instead of whole tables
@@ -118,8 +119,8 @@ class PassRecord:
 @dataclass(frozen=True, slots=True)
 class TierOptions:
     """The tiers' engine options: how to split decode misses with the CPU (--pcie-frac, --probe, the pool
-    flags), which experts the cache keeps (--cache-policy, --swap-budget-mib) and the routing profile to fill it
-    from."""
+    flags), which experts the cache keeps (--cache-policy, --swap-budget-mib) and the routing profile to fill
+    it from."""
 
     pcie_frac: float | None = None  # None: from the probe
     probe: bool = False  # measure again even when the cache dir has rates
@@ -187,8 +188,8 @@ def gather(kernels: Kernels, rows: np.ndarray, keep: list[Any]) -> None:
 
 
 def engine_copies(rows: np.ndarray, strides: tuple[int, int, int], stream: Any) -> None:
-    """Copy rows [n, 3] (source, destination, bytes) host to device on the copy engines, queued on `stream`: one
-    `cudaMemcpyAsync` per contiguous run."""
+    """Copy rows [n, 3] (source, destination, bytes) host to device on the copy engines, queued on `stream`:
+    one `cudaMemcpyAsync` per contiguous run."""
     rt = cupy_module().cuda.runtime
     for src, dst, n in coalesce(rows, strides):
         rt.memcpyAsync(dst, src, n, HOST_TO_DEVICE, stream.ptr)
@@ -245,8 +246,8 @@ class GpuTiers:
             self.cache = ExpertCache(layout, n_slots, self.slots, self.arena)
             self.cache.fill(opts.profile)
         self.cache.use_policy(opts.cache_policy, LEARN_EVERY * opts.swap_budget)
-        # the GPU reads no pageable memory in place: such experts reach it only through staging, which must fit
-        # the slots; and while some misses are such experts, every pass past the decode rows stages
+        # the GPU reads no pageable memory in place: such experts reach it only through staging, which must
+        # fit the slots; and while some misses are such experts, every pass past the decode rows stages
         if self.pageable or self.cache.low_ram:
             self._check_staging()
         if self.pageable or self.cache.mapped_misses:
@@ -377,7 +378,8 @@ class GpuTiers:
                     "misses, which runs with the static cache only",
                 )
             note(
-                f"CPU share of the misses: off with --cache-policy {opts.cache_policy}; every miss is read over PCIe"
+                f"CPU share of the misses: off with --cache-policy {opts.cache_policy}; every miss is read "
+                "over PCIe"
             )
             return
         if platform.machine() not in ("x86_64", "AMD64"):  # the mailbox's store order is x86's
@@ -438,10 +440,11 @@ class GpuTiers:
             self.split = split.choose(miss, pcie, rates.cpu, rates.cpu_fixed_s, forced=forced)
             frac = self.split.pcie_frac
             note(
-                f"probe: zero-copy {rates.zero_copy_alone / 1e9:,.1f} GB/s alone, {rates.zero_copy / 1e9:,.1f} beside "
-                f"the CPU (in graph ~{pcie / 1e9:,.1f}); CPU pool ({threads} threads) {rates.cpu_alone / 1e9:,.1f} GB/s "
-                f"alone, {rates.cpu / 1e9:,.1f} beside the GPU, + {rates.cpu_fixed_s * 1e6:,.0f} us a layer; copy "
-                f"engine {rates.copy_engine / 1e9:,.1f} GB/s"
+                f"probe: zero-copy {rates.zero_copy_alone / 1e9:,.1f} GB/s alone, "
+                f"{rates.zero_copy / 1e9:,.1f} beside the CPU (in graph ~{pcie / 1e9:,.1f}); CPU pool "
+                f"({threads} threads) {rates.cpu_alone / 1e9:,.1f} GB/s alone, {rates.cpu / 1e9:,.1f} beside "
+                f"the GPU, + {rates.cpu_fixed_s * 1e6:,.0f} us a layer; copy engine "
+                f"{rates.copy_engine / 1e9:,.1f} GB/s"
             )
             note(self.split.why(miss))
         if forced:
@@ -606,9 +609,9 @@ class GpuTiers:
         return np.concatenate([gpu, cpu], axis=1)
 
     def record(self, n: int) -> PassRecord:
-        """After a launched pass (no CPU share): queue copies of its counts and routed ids to the host and zero
-        the counts for the next pass, all on the current stream, so the host reads them later with no sync
-        (the decode pipeline, strata/gpu/ahead.py). `finish` takes them once the pass's event is done."""
+        """After a launched pass (no CPU share): queue copies of its counts and routed ids to the host and
+        zero the counts for the next pass, all on the current stream, so the host reads them later with no
+        sync (the decode pipeline, strata/gpu/ahead.py). `finish` takes them once the pass's event is done."""
         assert self.share is None, "the CPU share counts its calls by pass: its passes are taken in sync"
         cp = cupy_module()
         import cupyx
@@ -646,8 +649,8 @@ class GpuTiers:
 
     # ---- the policy ----
     def after_pass(self, n: int) -> None:
-        """A pass of n rows is over (its stream synchronised): count its routing per layer and into the profile,
-        and every LEARN_EVERY passes let the policy choose swaps and start them."""
+        """A pass of n rows is over (its stream synchronised): count its routing per layer and into the
+        profile, and every LEARN_EVERY passes let the policy choose swaps and start them."""
         self._routed(self.routes[:, :n].get(), self._pass_where)
 
     def _routed(self, routed: np.ndarray, where: np.ndarray) -> None:
@@ -678,8 +681,8 @@ class GpuTiers:
             self._swap(moves)
 
     def _swap(self, moves: list[tuple[int, int, int]]) -> None:
-        """Point the leavers at the arena behind the running pass, then fill their slots on the copy stream once
-        that pass is done with them; `publish` lands the swaps when the copies are done."""
+        """Point the leavers at the arena behind the running pass, then fill their slots on the copy stream
+        once that pass is done with them; `publish` lands the swaps when the copies are done."""
         cp = cupy_module()
         rows = self.cache.release(moves)
         self._push()
@@ -740,8 +743,8 @@ class GpuTiers:
         )
 
     def _scratch(self, nbytes: int) -> tuple[np.ndarray, Any, np.ndarray]:
-        """The probes' source (the arena's largest part store, flat), a VRAM scratch of up to nbytes (whole MiB)
-        and the gather rows [n, 3] that copy one into the other a MiB at a time."""
+        """The probes' source (the arena's largest part store, flat), a VRAM scratch of up to nbytes (whole
+        MiB) and the gather rows [n, 3] that copy one into the other a MiB at a time."""
         cp = cupy_module()
         src = self.arena.arrays[int(np.argmax(self.layout.strides))].reshape(-1)  # type: ignore[union-attr]
         if src.nbytes < nbytes:  # a low-RAM arena may be smaller than the probe: pinned scratch, freed after

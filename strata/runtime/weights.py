@@ -41,8 +41,8 @@ class WeightStore:
         return self.gguf.tensors[name].shape
 
     def _full(self, name: str, expert: int = -1, always: bool = False) -> np.ndarray | None:
-        """The whole (expert slice of the) tensor as f32, cached if the budget allows (always: regardless); None
-        if not."""
+        """The whole (expert slice of the) tensor as f32, cached if the budget allows (always: regardless);
+        None if not."""
         key = (name, expert)
         hit = self._cache.get(key)
         if hit is not None:
@@ -60,8 +60,9 @@ class WeightStore:
         return w
 
     def vector(self, name: str) -> np.ndarray:
-        """A small tensor as a vector (norm weights, biases, DeltaNet's conv kernel): always cached, they are tiny
-        (the conv kernel is 2-D: under the budget rule of matrices it failed once experts filled the cache)."""
+        """A small tensor as a vector (norm weights, biases, DeltaNet's conv kernel): always cached, they are
+        tiny (the conv kernel is 2-D: under the budget rule of matrices it failed once experts filled the
+        cache)."""
         w = self._full(name, always=True)
         assert w is not None
         return w.reshape(-1)

@@ -98,7 +98,8 @@ _MAX_WIDENINGS = 24  # 1.5**24 ~ 17k: past that, the threshold search admits the
 
 
 def _top_k(z: np.ndarray, k: int) -> np.ndarray:
-    """The k largest of z, sorted, ties by id: a threshold low enough to admit k tokens, then a sort of those."""
+    """The k largest of z, sorted, ties by id: a threshold low enough to admit k tokens, then a sort of
+    those."""
     top, step = z.max(), 1.0
     for _ in range(_MAX_WIDENINGS):  # -inf logits (grammar masks) are admitted last
         if np.count_nonzero(z >= top - step) >= k:
@@ -162,7 +163,8 @@ def uniform(seed: int, position: int) -> float:
 
 
 # A draw the decode graph can make on the device (strata/gpu/kernels/sample.py): greedy, or top_k up to this
-# many candidates, without penalties. Other draws need the whole vocabulary sorted or the history, on the host.
+# many candidates, without penalties. Other draws need the whole vocabulary sorted or the history, on the
+# host.
 DEVICE_TOP_K = 256
 DRAW_COLS = 8  # a device draw row: temperature, top_k, top_p, min_p, u, then zeros
 

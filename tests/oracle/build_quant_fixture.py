@@ -31,7 +31,7 @@ from gguf import GGUFWriter
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from strata.gguf.reader import GGUFFile
+from strata.gguf.reader import GGUFFile  # noqa: E402 (run as a script: needs the repo on sys.path first)
 
 DEFAULT_BIN = Path.home() / ".cache/strata-peer/build/bin/llama-quantize"
 DEFAULT_OUT = REPO / "tests/data/llama_quantize_tensors.gguf"

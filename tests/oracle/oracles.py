@@ -147,29 +147,29 @@ def _save_npz(path: Path, arrays: dict) -> None:
 
 def tiny_qwen3moe_config(norm_topk_prob: bool = True) -> dict:
     """The tiny Qwen3-MoE recipe (kwargs for transformers.Qwen3MoeConfig)."""
-    return dict(
-        vocab_size=len(_tokenizer("qwen3")),  # 151669: the tokenizer's full size, no padding rows
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_experts=8,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        norm_topk_prob=norm_topk_prob,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-        rope_theta=1e6,
-        max_position_embeddings=1024,
-        rms_norm_eps=1e-6,
-        initializer_range=0.1,
-        tie_word_embeddings=False,
-        bos_token_id=None,
-        eos_token_id=151645,
-        pad_token_id=QWEN3_PAD_ID,
-    )
+    return {
+        "vocab_size": len(_tokenizer("qwen3")),  # 151669: the tokenizer's full size, no padding rows
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": norm_topk_prob,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "rope_theta": 1e6,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-6,
+        "initializer_range": 0.1,
+        "tie_word_embeddings": False,
+        "bos_token_id": None,
+        "eos_token_id": 151645,
+        "pad_token_id": QWEN3_PAD_ID,
+    }
 
 
 def _tiny_model(norm_topk_prob: bool):

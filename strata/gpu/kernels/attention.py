@@ -1,9 +1,9 @@
 """Causal grouped-query attention against the KV cache, fp16 or int8 (`--kv-type`).
 
 Cache layout, per sequence: K and V [n_layer, n_kv, cap, head_dim] fp16, or int8 codes with float32
-scales [n_layer, n_kv, cap, head_dim / 32] (strata.runtime.kvcache's cells: the template flag Q8). Kernels find a row's cache
-through a table row of int64 (k pointer, v pointer, cap, position), so one captured CUDA graph
-serves whichever sequences sit in its slots: only the table changes between replays.
+scales [n_layer, n_kv, cap, head_dim / 32] (strata.runtime.kvcache's cells: the template flag Q8). Kernels
+find a row's cache through a table row of int64 (k pointer, v pointer, cap, position), so one captured CUDA
+graph serves whichever sequences sit in its slots: only the table changes between replays.
 
 - `attn_decode`: one query per row (decode). Block (head, row), 4 warps; each warp scores 32 keys
   at a time (a lane per key), keeps a running max/sum (online softmax) and accumulates V with the
@@ -29,8 +29,9 @@ from strata.gpu.kernels.rows import HEAD_POST
 from strata.runtime.kvcache import dequantize_rows, quantize_rows
 
 FLASH_KT = 64  # keys per tile
-# decode blocks a (row, head) with a partials buffer: 16 heads x 32 splits keeps the H200's 132 SMs busy from a
-# batch of one; a split scores whole 128-key steps, so below 4,096 keys fewer splits have work (the rest exit)
+# decode blocks a (row, head) with a partials buffer: 16 heads x 32 splits keeps the H200's 132 SMs busy from
+# a batch of one; a split scores whole 128-key steps, so below 4,096 keys fewer splits have work (the rest
+# exit)
 SPLITS = 32
 
 
@@ -69,7 +70,8 @@ __device__ __forceinline__ void decode_core(const float* qs, const void* kc, con
     if (key < hi) {
       float dot = 0.0f;
       if (Q8) {
-        const uint4* kp = (const uint4*)(key == S - 1 ? (const signed char*)klast : (const signed char*)kc + (i64)key * HD);
+        const uint4* kp =
+            (const uint4*)(key == S - 1 ? (const signed char*)klast : (const signed char*)kc + (i64)key * HD);
         const float* sc = key == S - 1 ? klast_s : ks + (i64)key * NG;
 #pragma unroll
         for (int g = 0; g < NG; g++) {
@@ -112,17 +114,20 @@ __device__ __forceinline__ void decode_core(const float* qs, const void* kc, con
       const float pj = __shfl_sync(0xffffffffu, p, j);
       if (Q8 && PER * lane < HD) {
         const bool last = base + j == S - 1;
-        const signed char* vr = (last ? (const signed char*)vlast : (const signed char*)vc + (i64)(base + j) * HD) + PER * lane;
+        const signed char* vr =
+            (last ? (const signed char*)vlast : (const signed char*)vc + (i64)(base + j) * HD) + PER * lane;
         const float sv = (last ? vlast_s : vs + (i64)(base + j) * NG)[(PER * lane) / G];
 #pragma unroll
         for (int i = 0; i < PER; i++) acc[i] = fmaf(pj, (float)vr[i] * sv, acc[i]);
       }
-      const u16* vr = (base + j == S - 1 ? (const u16*)vlast : (const u16*)vc + (i64)(base + j) * HD) + PER * lane;
+      const u16* vr =
+          (base + j == S - 1 ? (const u16*)vlast : (const u16*)vc + (i64)(base + j) * HD) + PER * lane;
       if (!Q8 && PER * lane < HD) {
         float vv[PER];
         if (PER == 4) {
           const uint2 w = *(const uint2*)vr;
-          vv[0] = h2f(w.x & 0xFFFF); vv[1 % PER] = h2f(w.x >> 16); vv[2 % PER] = h2f(w.y & 0xFFFF); vv[3 % PER] = h2f(w.y >> 16);
+          vv[0] = h2f(w.x & 0xFFFF); vv[1 % PER] = h2f(w.x >> 16);
+          vv[2 % PER] = h2f(w.y & 0xFFFF); vv[3 % PER] = h2f(w.y >> 16);
         } else if (PER == 2) {
           const u32 w = *(const u32*)vr;
           vv[0] = h2f(w & 0xFFFF); vv[1 % PER] = h2f(w >> 16);
@@ -157,9 +162,10 @@ __device__ __forceinline__ void decode_core(const float* qs, const void* kc, con
   if (ml != nullptr && threadIdx.x == 0) { ml[0] = M; ml[1] = L; }
 }
 
-// Split-K decode (flash-decoding): a long context's keys are shared out among `splits` blocks of a (head, row),
-// each scoring a run of whole 128-key steps, so a batch of one keeps the SMs busy at 100k+ keys. Split z takes
-// keys [z * chunk, (z + 1) * chunk) of S; with splits == 1 the block takes them all and writes the output.
+// Split-K decode (flash-decoding): a long context's keys are shared out among `splits` blocks of a (head,
+// row), each scoring a run of whole 128-key steps, so a batch of one keeps the SMs busy at 100k+ keys. Split
+// z takes keys [z * chunk, (z + 1) * chunk) of S; with splits == 1 the block takes them all and writes the
+// output.
 // part: [rows, H, splits, HD + 2] partials (HD outputs, max, sum) that attn_merge combines.
 __device__ __forceinline__ bool split_range(int S, int splits, int& lo, int& hi) {
   const int chunk = ((S + splits - 1) / splits + 127) / 128 * 128;
@@ -238,7 +244,8 @@ template <int HD, int Q8>
 __global__ void __launch_bounds__(128) attn_decode_qkv(
     const float* __restrict__ qkv, const i64* __restrict__ tab, int tab_stride, int layer, int H, int KV,
     const float* __restrict__ qn, const float* __restrict__ kn, float eps, const float* __restrict__ inv_freq,
-    int n_rot, int neox, float pos_scale, float scale, float* __restrict__ out, float* __restrict__ part, int splits) {
+    int n_rot, int neox, float pos_scale, float scale, float* __restrict__ out, float* __restrict__ part,
+    int splits) {
   constexpr int PER = HD >= 32 ? HD / 32 : 1;
   __shared__ float qs[HD];
   __shared__ float scr[3][HD];
@@ -259,13 +266,14 @@ __global__ void __launch_bounds__(128) attn_decode_qkv(
   if (warp == 0 || (warp < 3 && hi == S)) {
     const int hh = warp == 0 ? h : (warp == 1 ? H + kvh : H + KV + kvh);
     float v[PER];
-    head_post<HD>(qkv + (i64)row * (H + 2 * KV) * HD + hh * HD, warp, warp == 0 ? qn : kn, eps, inv_freq, n_rot,
-                  neox, pos_scale, pos, scr[warp], v);
+    head_post<HD>(qkv + (i64)row * (H + 2 * KV) * HD + hh * HD, warp, warp == 0 ? qn : kn, eps, inv_freq,
+                  n_rot, neox, pos_scale, pos, scr[warp], v);
     u16* mine = warp == 1 ? knew : vnew;
     if (warp > 0 && Q8) {
       store_q8<HD>(v, (signed char*)mine, warp == 1 ? knew_s : vnew_s);
       if (h % group == 0)
-        store_q8<HD>(v, (signed char*)(warp == 1 ? c.kat(pos) : c.vat(pos)), (float*)(warp == 1 ? c.ksat(pos) : c.vsat(pos)));
+        store_q8<HD>(v, (signed char*)(warp == 1 ? c.kat(pos) : c.vat(pos)),
+                     (float*)(warp == 1 ? c.ksat(pos) : c.vsat(pos)));
     }
     u16* cache = (u16*)(warp == 1 ? c.kat(pos) : c.vat(pos));
 #pragma unroll
@@ -283,14 +291,16 @@ __global__ void __launch_bounds__(128) attn_decode_qkv(
   }
   __syncthreads();
   decode_core<HD, Q8>(qs, c.k, c.v, c.ks, c.vs, lo, hi, S, knew, vnew, knew_s, vnew_s, scale,
-                      partial != nullptr ? partial : out + (i64)row * H * HD + h * HD, partial != nullptr ? partial + HD : nullptr);
+                      partial != nullptr ? partial : out + (i64)row * H * HD + h * HD,
+                      partial != nullptr ? partial + HD : nullptr);
 }
 
 // ---- prefill: T queries of one sequence at positions n_past.., keys 0..n_past+T-1 ----
 __device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  asm volatile(
+    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 __device__ __forceinline__ u32 smem_addr(const void* p) {
@@ -300,18 +310,22 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(dst)), "l"(src));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N));
+}
 // Two 8x8 b16 matrices transposed: rows (keys) from lanes 0-7 and 8-15, so lane l gets the column (dim) l / 4
 // at keys 2 (l % 4), +1 of each: the B fragment of m16n8k16 from a [key][dim] tile
 __device__ __forceinline__ void ldsm_x2_trans(u32* r, const u16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(p)));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(p)));
 }
 
 // Dynamic shared memory: flash_smem(HD) bytes = two stages of K and V tiles [KT][HD + 8] halves. The next
 // tile's K and V stream in by cp.async while this one is multiplied; V stays [key][dim] and its P.V
 // fragments come through ldmatrix .trans.
-// Q8: kc, vc hold int8 codes and ksc, vsc their scales (sc_stride floats a kv head); a tile is decoded to fp16
-// (code * scale, rounded) as it is loaded, with plain loads instead of cp.async.
+// Q8: kc, vc hold int8 codes and ksc, vsc their scales (sc_stride floats a kv head); a tile is decoded to
+// fp16 (code * scale, rounded) as it is loaded, with plain loads instead of cp.async.
 template <int HD, int Q8>
 __global__ void __launch_bounds__(128) flash_attn(
     const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc, i64 head_stride,
@@ -358,7 +372,8 @@ __global__ void __launch_bounds__(128) flash_attn(
       if (j0 + key < S && Q8) {
         const i64 cell = j0 + key;
         const uint2 kw = *(const uint2*)(kb8 + cell * HD + d), vw = *(const uint2*)(vb8 + cell * HD + d);
-        const float ks = ksb[cell * Q8_GROUPS(HD) + d / Q8_GROUP(HD)], vs = vsb[cell * Q8_GROUPS(HD) + d / Q8_GROUP(HD)];
+        const float ks = ksb[cell * Q8_GROUPS(HD) + d / Q8_GROUP(HD)],
+                    vs = vsb[cell * Q8_GROUPS(HD) + d / Q8_GROUP(HD)];
         const signed char* kq = (const signed char*)&kw;
         const signed char* vq = (const signed char*)&vw;
         u32 kh[4], vh[4];
@@ -439,7 +454,8 @@ __global__ void __launch_bounds__(128) flash_attn(
 #pragma unroll
       for (int kk = 0; kk < KT / 16; kk++) {
         const u32 pa[4] = {pack2(s[2 * kk][0], s[2 * kk][1]), pack2(s[2 * kk][2], s[2 * kk][3]),
-                           pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                           pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                           pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
         for (int dt = 0; dt < HD / 8; dt++) {
           u32 b[2];
@@ -489,7 +505,8 @@ def flash_name(hd: int, q8: bool = False) -> str:
 
 
 def ref_cells(x: np.ndarray, q8: bool) -> np.ndarray:
-    """Keys or values [S, KV, D] as the kernels read them back: fp16, or int8 cells decoded (strata.runtime.kvcache)."""
+    """Keys or values [S, KV, D] as the kernels read them back: fp16, or int8 cells decoded
+    (strata.runtime.kvcache)."""
     if q8:
         return dequantize_rows(*quantize_rows(x))
     return x.astype(np.float16).astype(np.float32)

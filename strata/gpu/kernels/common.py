@@ -43,10 +43,16 @@ typedef long long i64;
 #define Q8_GROUP(HD) ((HD) >= 32 ? 32 : (HD))
 #define Q8_GROUPS(HD) ((HD) / Q8_GROUP(HD))
 
-__device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float h2f(u16 h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+  u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+}
 // two floats rounded to fp16 and packed (lo in the low half) by one cvt: the GEMMs pack every operand so
-__device__ __forceinline__ u32 pack2(float lo, float hi) { u32 h; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(hi), "f"(lo)); return h; }
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+  u32 h; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(hi), "f"(lo)); return h;
+}
 __device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
 __device__ __forceinline__ u16 ld16(const u8* p) { return *(const u16*)p; }
 __device__ __forceinline__ u32 ld32(const u8* p) { return *(const u32*)p; }
@@ -74,17 +80,19 @@ __device__ __forceinline__ float warp_max(float v) {
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
 // Row r of W0 | W1 | W2 read as one matrix (q|k|v): rows below r1 from W0, below r2 from W1, the rest from W2
-__device__ __forceinline__ const u8* cat_row(const u8* W0, const u8* W1, const u8* W2, int r1, int r2, i64 row_bytes,
-                                             int r) {
-  return r < r1 ? W0 + (i64)r * row_bytes : r < r2 ? W1 + (i64)(r - r1) * row_bytes : W2 + (i64)(r - r2) * row_bytes;
+__device__ __forceinline__ const u8* cat_row(const u8* W0, const u8* W1, const u8* W2, int r1, int r2,
+                                             i64 row_bytes, int r) {
+  return r < r1 ? W0 + (i64)r * row_bytes
+                : r < r2 ? W1 + (i64)(r - r1) * row_bytes : W2 + (i64)(r - r2) * row_bytes;
 }
 
 // The split-K epilogue of the decode products (8 warps, `split` of them per row r): each warp's partial
 // dots for its NT tokens meet in part, and the row's first warp writes y[t0 + t, r] (+)= sum (* scale[t]).
 // Every thread of the block calls it (two barriers).
 template <int NT>
-__device__ __forceinline__ void split_store(const float* acc, float (*part)[NT], int split, int r, int rows, int n,
-                                            const float* scale, float* y, int t0, int ldy, int accumulate) {
+__device__ __forceinline__ void split_store(const float* acc, float (*part)[NT], int split, int r, int rows,
+                                            int n, const float* scale, float* y, int t0, int ldy,
+                                            int accumulate) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
   for (int t = 0; t < NT; t++) {
@@ -107,12 +115,14 @@ typedef signed char i8;
 __device__ __forceinline__ int dp4a(int a, int b, int c) {
   int d; asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d;
 }
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" :: "l"(p)); }
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
 
 // Inputs as int8 codes per group of 32 (mmvq.py): 4 consecutive lanes hold a group, 8 values each (lane & 3
 // says which 8). Writes this lane's 8 codes at q (8-aligned) and, from the group's first lane, (d, d * sum of
-// the codes) at ds, with d = max|v| / 127 and code = rint(v / d). q == nullptr: takes part in the shuffles and
-// writes nothing. Every lane of the warp must call it.
+// the codes) at ds, with d = max|v| / 127 and code = rint(v / d). q == nullptr: takes part in the shuffles
+// and writes nothing. Every lane of the warp must call it.
 __device__ __forceinline__ void q8_store(const float* v, u32* q, float2* ds) {
   float amax = 0.f;
 #pragma unroll
@@ -172,7 +182,8 @@ template <> struct Q<2> {  // Q4_0: d | qs[16]; (q - 8) * d
     const int j = (c & 3) * 8;
     const float d = ldh(b);
     const int sh = j >= 16 ? 4 : 0;
-    const u32 lo = (ld32a2(b + 2 + (j & 15)) >> sh) & 0x0F0F0F0Fu, hi = (ld32a2(b + 6 + (j & 15)) >> sh) & 0x0F0F0F0Fu;
+    const u32 lo = (ld32a2(b + 2 + (j & 15)) >> sh) & 0x0F0F0F0Fu,
+              hi = (ld32a2(b + 6 + (j & 15)) >> sh) & 0x0F0F0F0Fu;
 #pragma unroll
     for (int i = 0; i < 4; i++) {  // q - 8 is exact in float
       v[i] = mul(byte_f(lo, i) - 8.0f, d);
@@ -186,7 +197,8 @@ template <> struct Q<3> {  // Q4_1: d | m | qs[16]; q * d + m
     const int j = (c & 3) * 8;
     const float d = ldh(b), m = ldh(b + 2);
     const int sh = j >= 16 ? 4 : 0;
-    const u32 lo = (ld32(b + 4 + (j & 15)) >> sh) & 0x0F0F0F0Fu, hi = (ld32(b + 8 + (j & 15)) >> sh) & 0x0F0F0F0Fu;
+    const u32 lo = (ld32(b + 4 + (j & 15)) >> sh) & 0x0F0F0F0Fu,
+              hi = (ld32(b + 8 + (j & 15)) >> sh) & 0x0F0F0F0Fu;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
       v[i] = __fadd_rn(mul(byte_f(lo, i), d), m);
@@ -248,7 +260,8 @@ __device__ __forceinline__ void scale_min_k4(const u8* s, int j, int* sc, int* m
   else { *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4); *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4); }
 }
 
-template <> struct Q<12> {  // Q4_K: d | dmin | scales[12] | qs[128]; 4 groups of 64 = (low, high) nibbles of 32 bytes
+template <> struct Q<12> {  // Q4_K: d | dmin | scales[12] | qs[128];
+                            // 4 groups of 64 = (low, high) nibbles of 32 bytes
   static __device__ __forceinline__ void deq8(const u8* row, int c, float* v) {
     const u8* b = row + (c >> 5) * 144;
     const int e = (c & 31) * 8, g = e >> 6, w = e & 63;
@@ -303,7 +316,8 @@ template <> struct Q<14> {  // Q6_K: ql[128] | qh[64] | scales[16] int8 | d; hal
   }
 };
 
-__constant__ signed char KV_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+__constant__ signed char KV_IQ4NL[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                         1,    13,   25,  38,  53,  69,  89,  113};
 
 template <> struct Q<20> {  // IQ4_NL: d | qs[16]; d * kvalues[nibble]
   static __device__ __forceinline__ void deq8(const u8* row, int c, float* v) {

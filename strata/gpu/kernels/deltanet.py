@@ -49,11 +49,13 @@ SOURCE = (
 // state comes from the table row of its first row. w: the conv kernel [C, W], tap W-1 on the newest input.
 // Thread (channel c, token chunk) writes silu(conv) of tokens t0 .. t0+CONV_T-1 to out; the inputs stay
 // untouched, so chunks run in parallel, each taking the W-1 inputs before t0 from mix (or, for chunk 0,
-// from the state). Chunk 0 alone writes the new window (the segment's last W-1 inputs), after reading the old.
+// from the state). Chunk 0 alone writes the new window (the segment's last W-1 inputs), after reading the
+// old.
 template <int W>
 __global__ void __launch_bounds__(128) dn_conv(const float* __restrict__ mix, int ld, int C, int T,
                                                const i64* __restrict__ tab, int tab_stride, i64 state_off,
-                                               const float* __restrict__ w, float* __restrict__ out, int ldo) {
+                                               const float* __restrict__ w, float* __restrict__ out,
+                                               int ldo) {
   constexpr int CONV_T = 16;
   const int c = blockIdx.x * 128 + threadIdx.x, t0 = blockIdx.y * CONV_T;
   if (c >= C || t0 >= T) return;
@@ -159,7 +161,10 @@ __global__ void __launch_bounds__(32) dn_recur(
     const float dk = (vt - kv * kn) * beta * kn;  // the rank-1 write's value, with k's norm folded in
     float o = 0.f;
 #pragma unroll
-    for (int i = 0; i < KS; i++) { s[i] = fmaf(ks[4 * i + part], dk, s[i]); o = fmaf(s[i], qs[4 * i + part], o); }
+    for (int i = 0; i < KS; i++) {
+      s[i] = fmaf(ks[4 * i + part], dk, s[i]);
+      o = fmaf(s[i], qs[4 * i + part], o);
+    }
     o += __shfl_xor_sync(0xffffffffu, o, 1);
     o += __shfl_xor_sync(0xffffffffu, o, 2);
     if (live && part == 0) out[(row0 + t) * ldo + h * V + v] = o * qn;
@@ -172,8 +177,9 @@ __global__ void __launch_bounds__(32) dn_recur(
 }
 
 // grid (H, rows), block 32: o[row, h*V ..] = rmsnorm(o) * w * silu(z), z at z + row * ldz + h*V
-__global__ void __launch_bounds__(32) dn_gated_norm(float* __restrict__ o, int ldo, const float* __restrict__ z,
-                                                    int ldz, const float* __restrict__ w, int V, float eps) {
+__global__ void __launch_bounds__(32) dn_gated_norm(float* __restrict__ o, int ldo,
+                                                    const float* __restrict__ z, int ldz,
+                                                    const float* __restrict__ w, int V, float eps) {
   const int h = blockIdx.x, lane = threadIdx.x;
   float* p = o + (i64)blockIdx.y * ldo + h * V;
   const float* g = z + (i64)blockIdx.y * ldz + h * V;

@@ -38,9 +38,10 @@ SOURCE = (
 #define BN 128
 
 __device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  asm volatile(
+    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
 // Q4_K scale / min pair j from the 12 scale bytes held in a block header's words y, z, w (scale_min_k4)
@@ -150,8 +151,9 @@ __global__ void __launch_bounds__(256, 2) qgemm(
         const float d = h2f(hd.x & 0xFFFF), dmin = h2f(hd.x >> 16);
         const float dl0 = mul(d, sc0), ml0 = mul(dmin, m0), dl1 = mul(d, sc1), ml1 = mul(dmin, m1);
         const u32 w[4] = {q.x, q.y, q.z, q.w};
+        // low nibbles: sub-block 2g, step positions 16hh + 4i..; high: 32 + that
 #pragma unroll
-        for (int i = 0; i < 4; i++) {  // low nibbles: sub-block 2g, step positions 16hh + 4i..; high: 32 + that
+        for (int i = 0; i < 4; i++) {
           lo[i] = q4k_pairs(w[i] & 0x0F0F0F0Fu, dl0, ml0);
           hi[i] = q4k_pairs((w[i] >> 4) & 0x0F0F0F0Fu, dl1, ml1);
         }
@@ -179,7 +181,8 @@ __global__ void __launch_bounds__(256, 2) qgemm(
 #pragma unroll
     for (int q = 0; q < AF4; q += 2) {
       const float4 v0 = av[q], v1 = av[q + 1];
-      *(uint4*)(as + ar * LDS + ac + 4 * q) = make_uint4(pack2(v0.x, v0.y), pack2(v0.z, v0.w), pack2(v1.x, v1.y), pack2(v1.z, v1.w));
+      *(uint4*)(as + ar * LDS + ac + 4 * q) =
+          make_uint4(pack2(v0.x, v0.y), pack2(v0.z, v0.w), pack2(v1.x, v1.y), pack2(v1.z, v1.w));
     }
   };
   constexpr int STAGE = (BM + BN) * LDS;  // halves per stage: A tile, then W tile

@@ -96,7 +96,8 @@ __global__ void __launch_bounds__(256) gemv(
   float* xs = (float*)smem4;
   const int t0 = blockIdx.y * NT;
   const int n = min(NT, n_tok - t0);
-  stage_x<NT, PRO>(xs, x + (i64)t0 * ldx, ldx, n, K, nw, eps, hout == nullptr ? nullptr : hout + (i64)t0 * ldh, ldh);
+  stage_x<NT, PRO>(xs, x + (i64)t0 * ldx, ldx, n, K, nw, eps,
+                   hout == nullptr ? nullptr : hout + (i64)t0 * ldh, ldh);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int r = blockIdx.x * (blockDim.x >> 5) + warp; r < rows; r += gridDim.x * (blockDim.x >> 5)) {
     const u8* row = cat_row(W0, W1, W2, r1, r2, row_bytes, r);
@@ -173,7 +174,8 @@ __device__ __forceinline__ void gemv_split_body(GEMV_SPLIT_ARGS) {
         Q<QT>::deq8(row, c, v);
         if (PRO == 1) {
           const float4 ga = __ldg((const float4*)(nw + 8 * c)), gb = __ldg((const float4*)(nw + 8 * c + 4));
-          v[0] *= ga.x; v[1] *= ga.y; v[2] *= ga.z; v[3] *= ga.w; v[4] *= gb.x; v[5] *= gb.y; v[6] *= gb.z; v[7] *= gb.w;
+          v[0] *= ga.x; v[1] *= ga.y; v[2] *= ga.z; v[3] *= ga.w;
+          v[4] *= gb.x; v[5] *= gb.y; v[6] *= gb.z; v[7] *= gb.w;
         }
 #pragma unroll
         for (int t = 0; t < NT; t++) {
@@ -192,13 +194,14 @@ __device__ __forceinline__ void gemv_split_body(GEMV_SPLIT_ARGS) {
   }
   if (PRO == 1 && hout != nullptr && blockIdx.x == 0)  // block 0 ran the loop, so inv is published
     for (int t = 0; t < n; t++)
-      for (int i = threadIdx.x; i < K; i += blockDim.x) hout[(i64)(t0 + t) * ldh + i] = x[(i64)t * ldx + i] * inv[t] * nw[i];
+      for (int i = threadIdx.x; i < K; i += blockDim.x)
+        hout[(i64)(t0 + t) * ldh + i] = x[(i64)t * ldx + i] * inv[t] * nw[i];
 }
 
 template <int QT, int NT, int PRO>
 __global__ void __launch_bounds__(256) gemv_split(GEMV_SPLIT_ARGS) {
-  gemv_split_body<QT, NT, PRO>(W0, W1, W2, r1, r2, row_bytes, rows, K, x, ldx, n_tok, nw, eps, hout, ldh, y, ldy,
-                               accumulate, split);
+  gemv_split_body<QT, NT, PRO>(W0, W1, W2, r1, r2, row_bytes, rows, K, x, ldx, n_tok, nw, eps, hout, ldh, y,
+                               ldy, accumulate, split);
 }
 
 // The MoE router of decode rows: gemv_split with the fused RMSNorm (logits y [n_tok, rows = E]), then the
@@ -207,13 +210,14 @@ __global__ void __launch_bounds__(256) gemv_split(GEMV_SPLIT_ARGS) {
 // hq != null: block 0 also writes the normed rows it wrote to hout as int8 codes (hq [n, K], hds [n, K / 32])
 // for the experts' int8 kernels (mmvq.py).
 template <int QT, int NT>
-__global__ void __launch_bounds__(256) router_topk(GEMV_SPLIT_ARGS, int* __restrict__ counter, int A, int norm_topk,
-                                                   int* __restrict__ ids, float* __restrict__ wts,
-                                                   i8* __restrict__ hq, float2* __restrict__ hds) {
+__global__ void __launch_bounds__(256) router_topk(GEMV_SPLIT_ARGS, int* __restrict__ counter, int A,
+                                                   int norm_topk, int* __restrict__ ids,
+                                                   float* __restrict__ wts, i8* __restrict__ hq,
+                                                   float2* __restrict__ hds) {
   extern __shared__ float4 smem4[];
   __shared__ int last;
-  gemv_split_body<QT, NT, 1>(W0, W1, W2, r1, r2, row_bytes, rows, K, x, ldx, n_tok, nw, eps, hout, ldh, y, ldy,
-                             accumulate, split);
+  gemv_split_body<QT, NT, 1>(W0, W1, W2, r1, r2, row_bytes, rows, K, x, ldx, n_tok, nw, eps, hout, ldh, y,
+                             ldy, accumulate, split);
   if (hq != nullptr && blockIdx.x == 0) {
     __syncthreads();  // this block's hout writes are visible to all its threads
     const int t0 = blockIdx.y * NT, n = min(NT, n_tok - t0), nc = K >> 3;
@@ -240,8 +244,9 @@ __global__ void __launch_bounds__(256) router_topk(GEMV_SPLIT_ARGS, int* __restr
 
 // Whole rows of a matrix as float32 (embedding lookup; also the dequantization test)
 template <int QT>
-__global__ void __launch_bounds__(128) get_rows(const u8* __restrict__ W, i64 row_bytes, const i64* __restrict__ ids,
-                                                int id_stride, int K, float* __restrict__ out) {
+__global__ void __launch_bounds__(128) get_rows(const u8* __restrict__ W, i64 row_bytes,
+                                                const i64* __restrict__ ids, int id_stride, int K,
+                                                float* __restrict__ out) {
   const u8* row = W + ids[(i64)blockIdx.x * id_stride] * row_bytes;
   for (int c = threadIdx.x; c < (K >> 3); c += blockDim.x) {
     float v[8];
@@ -271,7 +276,8 @@ WARPS_IN_FLIGHT = 4096
 
 
 def split_for(rows: int, k: int, cap: int = 8) -> int:
-    """Warps per row: enough that ~WARPS_IN_FLIGHT warps are in flight, while every lane keeps at least a chunk."""
+    """Warps per row: enough that ~WARPS_IN_FLIGHT warps are in flight, while every lane keeps at least a
+    chunk."""
     s = 1
     while s < cap and rows * s * 2 <= WARPS_IN_FLIGHT and k // 8 >= 32 * s * 2:
         s *= 2

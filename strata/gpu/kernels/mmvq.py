@@ -56,11 +56,14 @@ __device__ __forceinline__ void stage_row_q8(i8* xq, float2* xds, const float* r
       if (PRO == 2) {
         const float4 g0 = *(const float4*)(r + 8 * c), g1 = *(const float4*)(r + 8 * c + 4);
         const float4 u0 = *(const float4*)(r + K + 8 * c), u1 = *(const float4*)(r + K + 8 * c + 4);
-        v[k][0] = silu(g0.x) * u0.x; v[k][1] = silu(g0.y) * u0.y; v[k][2] = silu(g0.z) * u0.z; v[k][3] = silu(g0.w) * u0.w;
-        v[k][4] = silu(g1.x) * u1.x; v[k][5] = silu(g1.y) * u1.y; v[k][6] = silu(g1.z) * u1.z; v[k][7] = silu(g1.w) * u1.w;
+        v[k][0] = silu(g0.x) * u0.x; v[k][1] = silu(g0.y) * u0.y;
+        v[k][2] = silu(g0.z) * u0.z; v[k][3] = silu(g0.w) * u0.w;
+        v[k][4] = silu(g1.x) * u1.x; v[k][5] = silu(g1.y) * u1.y;
+        v[k][6] = silu(g1.z) * u1.z; v[k][7] = silu(g1.w) * u1.w;
       } else {
         const float4 a = *(const float4*)(r + 8 * c), b = *(const float4*)(r + 8 * c + 4);
-        v[k][0] = a.x; v[k][1] = a.y; v[k][2] = a.z; v[k][3] = a.w; v[k][4] = b.x; v[k][5] = b.y; v[k][6] = b.z; v[k][7] = b.w;
+        v[k][0] = a.x; v[k][1] = a.y; v[k][2] = a.z; v[k][3] = a.w;
+        v[k][4] = b.x; v[k][5] = b.y; v[k][6] = b.z; v[k][7] = b.w;
       }
       if (PRO == 1)
 #pragma unroll
@@ -93,8 +96,8 @@ template <int QT> struct V;
 
 template <> struct V<12> {  // Q4_K: unit = 16 bytes of qs = half of a 64-value group (2 sub-blocks x 16)
   template <int NT>
-  static __device__ __forceinline__ void dot(const u8* row, int u, const i8* xq, const float2* xds, int K, int n,
-                                             float* acc) {
+  static __device__ __forceinline__ void dot(const u8* row, int u, const i8* xq, const float2* xds, int K,
+                                             int n, float* acc) {
     const u8* b = row + (u >> 3) * 144;
     const int j = (u >> 1) & 3, hh = u & 1;
     const uint4 q = __ldg((const uint4*)(b + 16 + 32 * j + 16 * hh));
@@ -124,8 +127,8 @@ template <> struct V<12> {  // Q4_K: unit = 16 bytes of qs = half of a 64-value 
 
 template <> struct V<14> {  // Q6_K: unit = 16 bytes of ql (two quarters' low 4 bits) + their 16 qh bytes
   template <int NT>
-  static __device__ __forceinline__ void dot(const u8* row, int u, const i8* xq, const float2* xds, int K, int n,
-                                             float* acc) {
+  static __device__ __forceinline__ void dot(const u8* row, int u, const i8* xq, const float2* xds, int K,
+                                             int n, float* acc) {
     const u8* b = row + (u >> 3) * 210;  // 210-byte blocks are only 2-aligned
     const int v = u & 7, h = v >> 2, s = (v >> 1) & 1, vv = v & 1;
     const u8* ql = b + 64 * h + 32 * s + 16 * vv;
@@ -135,11 +138,14 @@ template <> struct V<14> {  // Q6_K: unit = 16 bytes of ql (two quarters' low 4 
     for (int i = 0; i < 4; i++) {
       const u32 l = ld32a2(ql + 4 * i), m = ld32a2(qh + 4 * i);
       // 6-bit codes 0..63 per byte; (c + 0x60) ^ 0x80 is c - 32 as a signed byte, with no carry between bytes
-      lo[i] = (int)((((l & 0x0F0F0F0Fu) | (((m >> (2 * s)) & 0x03030303u) << 4)) + 0x60606060u) ^ 0x80808080u);
-      hi[i] = (int)(((((l >> 4) & 0x0F0F0F0Fu) | (((m >> (2 * s + 4)) & 0x03030303u) << 4)) + 0x60606060u) ^ 0x80808080u);
+      lo[i] = (int)((((l & 0x0F0F0F0Fu) | (((m >> (2 * s)) & 0x03030303u) << 4)) + 0x60606060u) ^
+                    0x80808080u);
+      hi[i] = (int)(((((l >> 4) & 0x0F0F0F0Fu) | (((m >> (2 * s + 4)) & 0x03030303u) << 4)) + 0x60606060u) ^
+                    0x80808080u);
     }
     const float d = ldh(b + 208);
-    const float sl = (float)(signed char)b[192 + 8 * h + 2 * s + vv], sh = (float)(signed char)b[196 + 8 * h + 2 * s + vv];
+    const float sl = (float)(signed char)b[192 + 8 * h + 2 * s + vv],
+                sh = (float)(signed char)b[196 + 8 * h + 2 * s + vv];
     const int g = (u >> 3) * 8 + 4 * h + s;  // quarter s of half h; the high nibbles are quarter s + 2
 #pragma unroll
     for (int t = 0; t < NT; t++)
@@ -156,8 +162,8 @@ template <> struct V<14> {  // Q6_K: unit = 16 bytes of ql (two quarters' low 4 
 
 template <> struct V<8> {  // Q8_0: unit = one 34-byte block
   template <int NT>
-  static __device__ __forceinline__ void dot(const u8* row, int u, const i8* xq, const float2* xds, int K, int n,
-                                             float* acc) {
+  static __device__ __forceinline__ void dot(const u8* row, int u, const i8* xq, const float2* xds, int K,
+                                             int n, float* acc) {
     const u8* b = row + u * 34;
     int w[8];
 #pragma unroll
@@ -208,19 +214,21 @@ __global__ void __launch_bounds__(256) mmvq(
     if (r < rows) {
       const u8* row = cat_row(W0, W1, W2, r1, r2, row_bytes, r);
 #pragma unroll 2
-      for (int u = sub * 32 + lane; u < nu; u += 32 * split) V<QT>::template dot<NT>(row, u, xq, xds, K, n, acc);
+      for (int u = sub * 32 + lane; u < nu; u += 32 * split)
+        V<QT>::template dot<NT>(row, u, xq, xds, K, n, acc);
     }
     split_store<NT>(acc, part, split, r, rows, n, nullptr, y, t0, ldy, accumulate);
   }
 }
 
 // act for pair p, rows 32 * blockIdx.x .. + 31: silu(gate_e . h) * (up_e . h) with e = ids[p], h = row p / A
-// of the quantized inputs (hq, hds), written quantized (aq [P, F], ads [P, F / 32]). Warp w: rows 4w .. 4w + 3.
+// of the quantized inputs (hq, hds), written quantized (aq [P, F], ads [P, F / 32]).
+// Warp w: rows 4w .. 4w + 3.
 template <int QG, int QU>
 __global__ void __launch_bounds__(256) moe_gate_up_q8(
     const i64* __restrict__ Tg, const i64* __restrict__ Tu, i64 g_row, i64 u_row,
-    const int* __restrict__ ids, int A, const i8* __restrict__ hq, const float2* __restrict__ hds, int D, int F,
-    i8* __restrict__ aq, float2* __restrict__ ads) {
+    const int* __restrict__ ids, int A, const i8* __restrict__ hq, const float2* __restrict__ hds,
+    int D, int F, i8* __restrict__ aq, float2* __restrict__ ads) {
   __shared__ float gs[32], us[32];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, p = blockIdx.y, e = ids[p];
   const int j0 = blockIdx.x * 32 + 4 * warp, nu = D >> 5;
@@ -266,7 +274,8 @@ __global__ void __launch_bounds__(256) moe_down_q8(
   for (int k = lane; k < total; k += 32) {
     const int a = k / nu, u = k - a * nu, p = t * A + a;
     float s = 0.f;
-    V<QD>::template dot<1>((const u8*)Td[ids[p]] + r * d_row, u, aq + (i64)p * F, ads + (i64)p * nu, F, 1, &s);
+    V<QD>::template dot<1>((const u8*)Td[ids[p]] + r * d_row, u, aq + (i64)p * F, ads + (i64)p * nu,
+                           F, 1, &s);
     acc = fmaf(wts[p], s, acc);
   }
   acc = warp_sum(acc);

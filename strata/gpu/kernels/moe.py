@@ -36,7 +36,8 @@ TOPK_WARP = r"""
 // One warp routes one token: softmax over its E logits l (read through L2, as another block of the same
 // launch may have just written them), then A rounds of warp argmax (ties to the lower expert id, as a
 // stable argsort does); p: E floats of shared scratch. ids, w: the token's A slots.
-__device__ __forceinline__ void topk_warp(const float* l, int E, int A, int norm, float* p, int* ids, float* w) {
+__device__ __forceinline__ void topk_warp(const float* l, int E, int A, int norm, float* p, int* ids,
+                                          float* w) {
   const int lane = threadIdx.x & 31;
   float mx = -INFINITY;
   for (int e = lane; e < E; e += 32) mx = fmaxf(mx, __ldcg(l + e));
@@ -73,8 +74,8 @@ SOURCE = (
 #define TILE 64
 
 // logits [T, E] -> ids [T, A] int32, w [T, A]; block = 4 warps, one token each; smem 4*E floats
-__global__ void __launch_bounds__(128) moe_topk(const float* __restrict__ logits, int T, int E, int A, int norm,
-                                                int* __restrict__ ids, float* __restrict__ w) {
+__global__ void __launch_bounds__(128) moe_topk(const float* __restrict__ logits, int T, int E, int A,
+                                                int norm, int* __restrict__ ids, float* __restrict__ w) {
   extern __shared__ float sp[];
   const int warp = threadIdx.x >> 5, t = blockIdx.x * 4 + warp;
   if (t >= T) return;
@@ -145,7 +146,8 @@ __global__ void __launch_bounds__(256) moe_down(
 template <int QG, int QU>
 __global__ void __launch_bounds__(256) moe_gate_up_split(
     const i64* __restrict__ Tg, const i64* __restrict__ Tu, i64 g_row, i64 u_row,
-    const int* __restrict__ ids, int A, const float* __restrict__ h, int D, int F, float* __restrict__ act, int split) {
+    const int* __restrict__ ids, int A, const float* __restrict__ h, int D, int F, float* __restrict__ act,
+    int split) {
   __shared__ float part[8][2];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, p = blockIdx.y, e = ids[p];
   const float* xr = h + (i64)(p / A) * D;
@@ -223,8 +225,8 @@ __global__ void moe_count(const int* __restrict__ ids, int P, int* __restrict__ 
 }
 
 // one block of E threads (E <= 1024): offsets[E+1], tiles[max][3], n_tiles; also zeroes the cursors
-__global__ void moe_plan(const int* __restrict__ counts, int E, int* __restrict__ offsets, int* __restrict__ cursor,
-                         int* __restrict__ tiles, int* __restrict__ n_tiles) {
+__global__ void moe_plan(const int* __restrict__ counts, int E, int* __restrict__ offsets,
+                         int* __restrict__ cursor, int* __restrict__ tiles, int* __restrict__ n_tiles) {
   extern __shared__ int sh[];  // [2 * (E + 1)]: row offsets, tile offsets
   const int e = threadIdx.x;
   if (e == 0) {
@@ -261,7 +263,8 @@ __global__ void moe_scatter(const int* __restrict__ ids, int P, int A, const int
 
 // x[t, :] += sum_a w[t, a] * y[rows[t*A + a], :]; grid T
 __global__ void __launch_bounds__(256) moe_combine(const float* __restrict__ y, const int* __restrict__ rows,
-                                                   const float* __restrict__ wts, int A, int D, float* __restrict__ x) {
+                                                   const float* __restrict__ wts, int A, int D,
+                                                   float* __restrict__ x) {
   const int t = blockIdx.x;
   for (int i = threadIdx.x; i < D; i += blockDim.x) {
     float s = 0.f;

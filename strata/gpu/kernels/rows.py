@@ -7,7 +7,8 @@ land in the fp16 cache at the row's position; v heads are copied to the cache. R
 pos * inv_freq with inv_freq computed on the host exactly as `Rope.tables` does; n_rot < HD leaves
 the tail dimensions as they are (partial rotary). NEOX rotates halves, NORM adjacent pairs.
 
-Numpy twins: `ref_rmsnorm`, `ref_qkv_post`, `ref_gate_mul`, `ref_gated_add` (built from strata.blocks norms and rope).
+Numpy twins: `ref_rmsnorm`, `ref_qkv_post`, `ref_gate_mul`, `ref_gated_add` (built from strata.blocks norms
+and rope).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ HEAD_POST = r"""
 // get RMSNorm by nw (when given) and RoPE at pos, v (kind 2) is taken as is. v[i] = dim lane + 32 i.
 // xs: HD floats of shared scratch for the rotation's partner lookups.
 template <int HD>
-__device__ __forceinline__ void head_post(const float* __restrict__ src, int kind, const float* __restrict__ nw,
-                                          float eps, const float* __restrict__ inv_freq, int n_rot, int neox,
+__device__ __forceinline__ void head_post(const float* __restrict__ src, int kind,
+                                          const float* __restrict__ nw, float eps,
+                                          const float* __restrict__ inv_freq, int n_rot, int neox,
                                           float pos_scale, i64 pos, float* xs, float* v) {
   constexpr int PER = HD >= 32 ? HD / 32 : 1;
   const int lane = threadIdx.x & 31;
@@ -61,9 +63,9 @@ __device__ __forceinline__ void head_post(const float* __restrict__ src, int kin
   }
 }
 
-// int8 KV cells (strata.runtime.kvcache.quantize_rows): a warp's head row v (dim lane + 32 i) as codes [HD] and one
-// scale per 32 dims (the whole head below 32), max |x| / 127, codes rint(x / scale): group i is element i
-// across the lanes.
+// int8 KV cells (strata.runtime.kvcache.quantize_rows): a warp's head row v (dim lane + 32 i) as codes [HD]
+// and one scale per 32 dims (the whole head below 32), max |x| / 127, codes rint(x / scale): group i is
+// element i across the lanes.
 template <int HD>
 __device__ __forceinline__ void store_q8(const float* v, signed char* codes, float* scales) {
   constexpr int PER = HD >= 32 ? HD / 32 : 1;
@@ -72,7 +74,8 @@ __device__ __forceinline__ void store_q8(const float* v, signed char* codes, flo
   for (int i = 0; i < PER; i++) {
     const int d = lane + 32 * i;
     const float s = warp_max(d < HD ? fabsf(v[i]) : 0.f) / 127.f;
-    if (d < HD) codes[d] = s > 0.f ? (signed char)fminf(fmaxf(rintf(v[i] / s), -127.f), 127.f) : (signed char)0;
+    if (d < HD)
+      codes[d] = s > 0.f ? (signed char)fminf(fmaxf(rintf(v[i] / s), -127.f), 127.f) : (signed char)0;
     if (lane == 0) scales[i] = s;
   }
 }
@@ -82,8 +85,9 @@ SOURCE = (
     HEADER
     + HEAD_POST
     + r"""
-__global__ void __launch_bounds__(256) rmsnorm(const float* __restrict__ x, int ldx, const float* __restrict__ w,
-                                               float eps, int D, float* __restrict__ out, int ldo) {
+__global__ void __launch_bounds__(256) rmsnorm(const float* __restrict__ x, int ldx,
+                                               const float* __restrict__ w, float eps, int D,
+                                               float* __restrict__ out, int ldo) {
   __shared__ float red[32];
   const float* r = x + (i64)blockIdx.x * ldx;
   float s = 0.f;
@@ -102,19 +106,21 @@ __global__ void __launch_bounds__(256) rmsnorm(const float* __restrict__ x, int 
 }
 
 // Gated attention's output gate: x[row, :cols] *= sigmoid(g[row, :cols]). grid (rows), block 256
-__global__ void __launch_bounds__(256) gate_mul(float* __restrict__ x, int ldx, const float* __restrict__ g, int ldg,
-                                                int cols) {
+__global__ void __launch_bounds__(256) gate_mul(float* __restrict__ x, int ldx, const float* __restrict__ g,
+                                                int ldg, int cols) {
   for (int i = threadIdx.x; i < cols; i += blockDim.x) {
     float* p = x + (i64)blockIdx.x * ldx + i;
     *p = *p * (1.0f / (1.0f + expf(-g[(i64)blockIdx.x * ldg + i])));
   }
 }
 
-// A shared expert behind a sigmoid gate: x[row, :cols] += sigmoid(s[row]) * y[row, :cols]. grid (rows), block 256
-__global__ void __launch_bounds__(256) gated_add(float* __restrict__ x, int ldx, const float* __restrict__ y, int ldy,
-                                                 const float* __restrict__ s, int cols) {
+// A shared expert behind a sigmoid gate: x[row, :cols] += sigmoid(s[row]) * y[row, :cols].
+// grid (rows), block 256
+__global__ void __launch_bounds__(256) gated_add(float* __restrict__ x, int ldx, const float* __restrict__ y,
+                                                 int ldy, const float* __restrict__ s, int cols) {
   const float gate = 1.0f / (1.0f + expf(-s[blockIdx.x]));
-  for (int i = threadIdx.x; i < cols; i += blockDim.x) x[(i64)blockIdx.x * ldx + i] += y[(i64)blockIdx.x * ldy + i] * gate;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x)
+    x[(i64)blockIdx.x * ldx + i] += y[(i64)blockIdx.x * ldy + i] * gate;
 }
 
 // grid (rows, H + 2*KV), block 32. Q8: the cache holds int8 codes, with their scales at table columns 7 (k)
@@ -135,13 +141,17 @@ __global__ void __launch_bounds__(32) qkv_post(
   head_post<HD>(src, kind, kind == 0 ? qn : kn, eps, inv_freq, n_rot, neox, pos_scale, pos, xs, v);
   if (kind == 0) {
 #pragma unroll
-    for (int i = 0; i < PER; i++) { const int d = lane + 32 * i; if (d < HD) qout[(i64)row * H * HD + hh * HD + d] = v[i]; }
+    for (int i = 0; i < PER; i++) {
+      const int d = lane + 32 * i;
+      if (d < HD) qout[(i64)row * H * HD + hh * HD + d] = v[i];
+    }
     return;
   }
   const int head = kind == 1 ? hh - H : hh - H - KV;
   const i64 cell = ((i64)layer * KV + head) * tr[2] + pos;
   if (Q8) {
-    store_q8<HD>(v, (signed char*)tr[kind == 1 ? 0 : 1] + cell * HD, (float*)tr[kind == 1 ? 7 : 8] + cell * Q8_GROUPS(HD));
+    store_q8<HD>(v, (signed char*)tr[kind == 1 ? 0 : 1] + cell * HD,
+                 (float*)tr[kind == 1 ? 7 : 8] + cell * Q8_GROUPS(HD));
     return;
   }
   u16* cache = (u16*)tr[kind == 1 ? 0 : 1] + cell * HD;

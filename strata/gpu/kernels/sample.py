@@ -68,8 +68,8 @@ __device__ int block_argmax(const float* __restrict__ l, int V) {
 }
 
 // out[b] = argmax(logits[b]); grid B, block 1024
-__global__ void __launch_bounds__(1024) argmax_rows(const float* __restrict__ logits, int V, i64* __restrict__ out,
-                                                    int out_stride) {
+__global__ void __launch_bounds__(1024) argmax_rows(const float* __restrict__ logits, int V,
+                                                    i64* __restrict__ out, int out_stride) {
   const int idx = block_argmax(logits + (i64)blockIdx.x * V, V);
   if (threadIdx.x == 0) out[(i64)blockIdx.x * out_stride] = idx;
 }

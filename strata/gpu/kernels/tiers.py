@@ -3,8 +3,9 @@ prefill chunk's missing experts into borrowed slots.
 
 - `tier_count`: after a MoE layer's routing (raising the lookahead's stop), per routed (row, slot)
   pair: one lookup, a hit when the cache's `where[e] >= 0`, else the expert's bytes as read over PCIe;
-  summed per row (atomics), so the host can give each sequence of a batch its own counters. It also copies the ids into the layer's
-  row of `route`, which the cache policy (tiers/policy.py) learns from between windows.
+  summed per row (atomics), so the host can give each sequence of a batch its own counters. It also copies
+  the ids into the layer's row of `route`, which the cache policy (tiers/policy.py) learns from between
+  windows.
   `where[e] == -2` marks the CPU's share: neither a hit nor PCIe bytes (the CPU pool counts its own).
 - `gather_rows`: copies n (source, destination, bytes) rows, one block a row, 16 bytes a load.
   Sources are pinned host memory read zero-copy, so one launch moves a whole layer's staged experts
@@ -17,9 +18,9 @@ prefill chunk's missing experts into borrowed slots.
   pass skips its wait, so the host sees the error after the pass instead of a hung GPU.
 
 - `prefetch` / `prefetch_restore`: lookahead prefetch (strata/gpu/lookahead.py). Prefetch picks a decode
-  layer's first K predicted misses and copies their parts, best first, from the arena into K staging slots until
-  the main stream raises `stop`, pointing the decode table's entry of each part that lands at its copy; restore,
-  after the layer's experts ran, points them back and counts how many landed parts the router used.
+  layer's first K predicted misses and copies their parts, best first, from the arena into K staging slots
+  until the main stream raises `stop`, pointing the decode table's entry of each part that lands at its copy;
+  restore, after the layer's experts ran, points them back and counts how many landed parts the router used.
 
 Numpy twins: `ref_tier_count`, `ref_gather_rows`, `ref_cpu_publish`, `ref_cpu_collect`, `ref_prefetch_pick`,
 `ref_prefetch_restore`.
@@ -39,8 +40,9 @@ SOURCE = (
     + r"""
 typedef unsigned long long u64;
 
-// counts [rows, 3] += (lookups, hits, miss bytes) of ids [P] (A per row) against where [E]; route[p] = ids[p];
-// stop != null: *stop = 1 (the layer's lookahead branch stops copying: the routing is known)
+// counts [rows, 3] += (lookups, hits, miss bytes) of ids [P] (A per row) against where [E];
+// route[p] = ids[p]; stop != null: *stop = 1
+// (the layer's lookahead branch stops copying: the routing is known)
 __global__ void tier_count(const int* __restrict__ ids, int P, int A, const int* __restrict__ where,
                            i64 expert_bytes, u64* __restrict__ counts, int* __restrict__ route, int* stop) {
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
@@ -60,9 +62,9 @@ MAILBOX_WORDS
 
 // One block: h [n, D], ids / wts [n * A] into the mailbox, then ctl[REQ] = ++ticket.
 __global__ void __launch_bounds__(256) cpu_publish(const float* __restrict__ h, const int* __restrict__ ids,
-                                                   const float* __restrict__ wts, int n, int A, int D, int layer,
-                                                   volatile i64* ctl, float* mh, int* mids, float* mwts,
-                                                   i64* ticket) {
+                                                   const float* __restrict__ wts, int n, int A, int D,
+                                                   int layer, volatile i64* ctl, float* mh, int* mids,
+                                                   float* mwts, i64* ticket) {
   for (int i = threadIdx.x; i < n * D; i += blockDim.x) mh[i] = h[i];
   for (int i = threadIdx.x; i < n * A; i += blockDim.x) { mids[i] = ids[i]; mwts[i] = wts[i]; }
   __threadfence_system();  // each thread's mailbox writes reach the host before the ticket below
@@ -125,20 +127,22 @@ __global__ void __launch_bounds__(256) gather_rows(const i64* __restrict__ src, 
     for (i64 k = (n16 << 4) + threadIdx.x; k < n; k += blockDim.x) d[k] = s[k];
 }
 
-// Lookahead prefetch of a decode layer (strata/gpu/lookahead.py), beside its mixer. Grid (blocks): every block
-// picks the same K experts: the first distinct predicted ids (pred [n * A], each row's in descending weight, taken
-// rank by rank across the rows) that the decode table reads over PCIe (where == -1). Then the blocks copy the
-// picks' parts in that order, best pick first and gate, up, down within it, each block a slice of the part, from
-// the arena into staging slot k (stage_j + k * stride_j). The block that completes a part's last slice (landed
-// [3K] counts them) points the part's table entry (tab [3 * E], the layer's rows) at the copy, keeping the
-// arena's address in saved [3K]: a part is the unit that lands, so a mixer too short for a whole expert still
-// moves its gate and up ahead. The main stream raises *stop once its router has run: every block then abandons
-// what it copies, so the link is the experts' again; a part that did not land is read zero-copy as before. An
-// entry that flips while the experts' kernel reads the table gives it one of two copies of the same bytes.
+// Lookahead prefetch of a decode layer (strata/gpu/lookahead.py), beside its mixer. Grid (blocks): every
+// block picks the same K experts: the first distinct predicted ids (pred [n * A], each row's in descending
+// weight, taken rank by rank across the rows) that the decode table reads over PCIe (where == -1). Then the
+// blocks copy the picks' parts in that order, best pick first and gate, up, down within it, each block a
+// slice of the part, from the arena into staging slot k (stage_j + k * stride_j). The block that completes a
+// part's last slice (landed [3K] counts them) points the part's table entry (tab [3 * E], the layer's rows)
+// at the copy, keeping the arena's address in saved [3K]: a part is the unit that lands, so a mixer too short
+// for a whole expert still moves its gate and up ahead. The main stream raises *stop once its router has run:
+// every block then abandons what it copies, so the link is the experts' again; a part that did not land is
+// read zero-copy as before. An entry that flips while the experts' kernel reads the table gives it one of two
+// copies of the same bytes.
 // stats[4] += bytes copied (landed or not), stats[5] += ns block 0 ran.
-__global__ void __launch_bounds__(256) prefetch(const int* __restrict__ pred, int n, int A, const int* __restrict__ where,
-                                                i64* tab, int E, int K, i64 st0, i64 st1, i64 st2, i64 sd0, i64 sd1,
-                                                i64 sd2, i64 nb0, i64 nb1, i64 nb2, int* __restrict__ picked,
+__global__ void __launch_bounds__(256) prefetch(const int* __restrict__ pred, int n, int A,
+                                                const int* __restrict__ where, i64* tab, int E, int K,
+                                                i64 st0, i64 st1, i64 st2, i64 sd0, i64 sd1, i64 sd2,
+                                                i64 nb0, i64 nb1, i64 nb2, int* __restrict__ picked,
                                                 i64* __restrict__ saved, int* __restrict__ landed,
                                                 volatile const int* stop, u64* __restrict__ stats) {
   __shared__ int pick[PF_MAX_K];
@@ -175,9 +179,15 @@ __global__ void __launch_bounds__(256) prefetch(const int* __restrict__ pred, in
       if (halt) { c = 3 * K; break; }
       uint4 v[4];  // four reads of pinned memory in flight a thread, as gather_rows
 #pragma unroll
-      for (int u = 0; u < 4; u++) { const i64 i = i0 + u * blockDim.x + threadIdx.x; if (i < hi) v[u] = s4[i]; }
+      for (int u = 0; u < 4; u++) {
+        const i64 i = i0 + u * blockDim.x + threadIdx.x;
+        if (i < hi) v[u] = s4[i];
+      }
 #pragma unroll
-      for (int u = 0; u < 4; u++) { const i64 i = i0 + u * blockDim.x + threadIdx.x; if (i < hi) d4[i] = v[u]; }
+      for (int u = 0; u < 4; u++) {
+        const i64 i = i0 + u * blockDim.x + threadIdx.x;
+        if (i < hi) d4[i] = v[u];
+      }
       copied += 16 * (u64)min((i64)4 * blockDim.x, hi - i0);
       __syncthreads();  // halt is read again only after every thread used it
     }
@@ -204,12 +214,13 @@ __global__ void __launch_bounds__(256) prefetch(const int* __restrict__ pred, in
   }
 }
 
-// After the layer's experts ran and the prefetch branch joined (one block of >= 3K threads): each landed part's
-// table entry back to the arena, stats [4] += (parts landed, parts the router used, bytes of used, of unused)
-// against the routed ids [P], and picked, saved, landed and stop cleared for the next layer.
+// After the layer's experts ran and the prefetch branch joined (one block of >= 3K threads): each landed
+// part's table entry back to the arena, stats [4] += (parts landed, parts the router used, bytes of used, of
+// unused) against the routed ids [P], and picked, saved, landed and stop cleared for the next layer.
 __global__ void prefetch_restore(i64* tab, int E, int K, int* __restrict__ picked, i64* __restrict__ saved,
-                                 int* __restrict__ landed, int* __restrict__ stop, const int* __restrict__ ids, int P,
-                                 i64 nb0, i64 nb1, i64 nb2, u64* __restrict__ stats) {
+                                 int* __restrict__ landed, int* __restrict__ stop,
+                                 const int* __restrict__ ids, int P, i64 nb0, i64 nb1, i64 nb2,
+                                 u64* __restrict__ stats) {
   const int c = threadIdx.x, k = c / 3, j = c % 3;
   const int e = c < 3 * K ? picked[k] : -1;
   __syncthreads();  // every thread has read its pick before the picks are cleared
@@ -232,7 +243,12 @@ __global__ void prefetch_restore(i64* tab, int E, int K, int* __restrict__ picke
         "MAILBOX_WORDS",
         "\n".join(
             f"#define {k} {v}"
-            for k, v in dict(MB_REQ=MB_REQ, MB_LAYER=MB_LAYER, MB_ROWS=MB_ROWS, MB_DONE=MB_DONE).items()
+            for k, v in {
+                "MB_REQ": MB_REQ,
+                "MB_LAYER": MB_LAYER,
+                "MB_ROWS": MB_ROWS,
+                "MB_DONE": MB_DONE,
+            }.items()
         ),
     )
 )
@@ -294,8 +310,8 @@ def ref_gather_rows(memory: np.ndarray, src: np.ndarray, dst: np.ndarray, nbytes
 
 def ref_prefetch_pick(pred: np.ndarray, where: np.ndarray, k: int) -> np.ndarray:
     """The experts `prefetch` picks [k] (-1 pads), and stages when stop stays down: predicted ids pred [n, A]
-    (each row's best first) taken rank by rank across the rows, first distinct ones that the decode table reads
-    over PCIe (where == -1)."""
+    (each row's best first) taken rank by rank across the rows, first distinct ones that the decode table
+    reads over PCIe (where == -1)."""
     out: list[int] = []
     for e in pred.T.reshape(-1).tolist():
         if len(out) == k:
@@ -308,8 +324,8 @@ def ref_prefetch_pick(pred: np.ndarray, where: np.ndarray, k: int) -> np.ndarray
 def ref_prefetch_restore(
     picked: np.ndarray, flipped: np.ndarray, ids: np.ndarray, part_bytes: tuple[int, int, int]
 ) -> np.ndarray:
-    """What `prefetch_restore` adds to stats[:4]: parts landed, parts used (their expert routed in ids), bytes of
-    used parts, of unused; picked [K], flipped [K, 3] bool (the parts whose copy landed)."""
+    """What `prefetch_restore` adds to stats[:4]: parts landed, parts used (their expert routed in ids), bytes
+    of used parts, of unused; picked [K], flipped [K, 3] bool (the parts whose copy landed)."""
     out = np.zeros(4, np.int64)
     for k, e in enumerate(picked.tolist()):
         for j in range(3):
