@@ -62,3 +62,33 @@ def test_engine_chooses_on_load(smollm2_path: Path, monkeypatch: pytest.MonkeyPa
     assert Engine.load(smollm2_path, device="cpu").n_ctx == context.FLOOR
     # int8 cells: 12.7 KiB a token, so half of 250 MiB holds 8,192 positions (f32: 45 KiB, 2,844)
     assert Engine.load(smollm2_path, device="cpu", kv_type="int8").n_ctx == 8192
+
+
+def test_planner_shows_the_context_and_the_kv_per_cell_type(
+    tiny_qwen3moe: dict, capsys: pytest.CaptureFixture
+) -> None:
+    import json
+
+    from strata.cli import main
+    from strata.gguf import GGUFFile
+    from strata.runtime.kvcache import KVCache, KVType
+
+    path = str(tiny_qwen3moe["f32"])
+    g = GGUFFile(path)
+    n_layer, n_kv = int(g.arch_get("block_count")), int(g.arch_get("attention.head_count_kv"))
+    hd = int(g.arch_get("attention.key_length"))
+    assert main(["plan", path, "--vram-gib", "2", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert (
+        p["n_ctx"] == p["n_ctx_trained"]
+        and p["kv_type"] == "f16"
+        and "(the trained context)" in p["context_line"]
+    )
+    for kind in (KVType.F16, KVType.INT8):
+        assert p["kv_bytes_per_token"][kind] == KVCache.bytes_per_token(kind, n_layer, n_kv, hd)
+        assert p["context_allowed"][kind] == p["n_ctx_trained"]  # a tiny model's KV fits any way
+    assert main(["plan", path, "--vram-gib", "2", "--ctx-size", "512", "--kv-type", "int8", "--json"]) == 0
+    p = json.loads(capsys.readouterr().out)
+    assert p["n_ctx"] == 512 and p["context_line"] is None and p["kv_type"] == "int8"
+    assert main(["plan", path, "--vram-gib", "2"]) == 0
+    assert "KV in VRAM: f16" in capsys.readouterr().out

@@ -8,15 +8,17 @@ prints is what `serve` would do with `--vram-budget-mib`; the arithmetic is in s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from strata.blocks.ple import TABLE
 from strata.cli.output import dump_json
 from strata.conf.engine import check_ram_budget
 from strata.gguf import GGUFFile
 from strata.gpu import GPU_ARCHS
-from strata.gpu.model import GpuOptions, shape_of, vram_plan
+from strata.gpu.model import GpuOptions, choose_context, kv_bytes_per_token, shape_of, vram_plan
 from strata.gpu.weights import weight_bytes
 from strata.models import model_class
+from strata.runtime.kvcache import KVType
 from strata.runtime.weights import WeightStore
 from strata.tiers.budget import GIB, MIB, check_expert_cache
 from strata.tiers.layout import ExpertLayout
@@ -71,7 +73,17 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
         "--hbm-gbps", type=float, default=900.0, help="VRAM bandwidth, GB/s (RTX 4090: ~1000, H200: 4,270)"
     )
     p.add_argument(
-        "--ctx-size", type=int, default=8192, help="context per sequence (the server's default 8192)"
+        "--ctx-size",
+        type=int,
+        default=0,
+        help="context per sequence (0, as on serve: the trained context when its KV fits the plan, else the "
+        "largest that does)",
+    )
+    p.add_argument(
+        "--kv-type",
+        default="auto",
+        choices=["auto", "f16", "int8"],
+        help="as on serve (auto: f16 on the GPU)",
     )
     p.add_argument("--parallel", type=int, default=4, help="sequences at once (the server's --parallel)")
     p.add_argument("--prefill", type=int, default=2048, help="prefill chunk (the GPU's default 2048)")
@@ -87,9 +99,10 @@ def run_plan(args: argparse.Namespace) -> int:
     out: dict[str, object] = {}
     lines = []
     if g.architecture in GPU_ARCHS:
-        pred = _gpu_plan(args, g)
-        out = pred.json()
+        pred, ctx = _gpu_plan(args, g)
+        out = {**pred.json(), **ctx}
         lines.append(table(pred))
+        lines.append(_context_text(ctx))
     else:  # no GPU path yet (qwen4exp: issue 16): only the tiers that do not depend on it
         out["gpu"] = None
         lines.append(
@@ -109,15 +122,46 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> Prediction:
+def _context_text(ctx: dict[str, object]) -> str:
+    per, allowed = ctx["kv_bytes_per_token"], ctx["context_allowed"]
+    assert isinstance(per, dict) and isinstance(allowed, dict)
+    line = ctx["context_line"] or f"context: {ctx['n_ctx']:,} tokens (--ctx-size)"
+    kinds = " / ".join(f"{k} {per[k] / 1024:,.1f} KiB a token, {allowed[k]:,} tokens" for k in per)
+    return f"{line}\nKV in VRAM: {kinds} (what the budget allows with no --ctx-size)"
+
+
+def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[str, object]]:
     cpu = model_class(g)(g, WeightStore(g, 0))
     dims, linear = shape_of(cpu)
+    kind = KVType.INT8 if args.kv_type == "int8" else KVType.F16
+    dims = dataclasses.replace(dims, kv8=kind is KVType.INT8)
     opts = GpuOptions(
-        n_ctx=args.ctx_size, chunk=args.prefill, expert_cache=args.expert_cache, seqs=args.parallel
+        n_ctx=args.ctx_size,
+        chunk=args.prefill,
+        expert_cache=args.expert_cache,
+        seqs=args.parallel,
+        kv_type=kind,
     )
-    plan = vram_plan(
-        g, dims, linear, args.ctx_size, args.prefill, cpu.params.vocab, opts, int(args.vram_gib * GIB)
-    )
+    budget, trained, vocab = int(args.vram_gib * GIB), cpu.params.n_ctx_train, cpu.params.vocab
+    choice = None if args.ctx_size else choose_context(g, dims, linear, trained, vocab, opts, budget)
+    n_ctx = args.ctx_size or choice.n_ctx  # type: ignore[union-attr]
+    per, allowed = {}, {}
+    for k in (
+        KVType.F16,
+        KVType.INT8,
+    ):  # the KV's cost in each cell type, and the context each leaves room for
+        d = dataclasses.replace(dims, kv8=k is KVType.INT8)
+        per[str(k)] = kv_bytes_per_token(d, linear.count(False))
+        allowed[str(k)] = choose_context(g, d, linear, trained, vocab, opts, budget).n_ctx
+    ctx: dict[str, object] = {
+        "n_ctx": n_ctx,
+        "n_ctx_trained": trained,
+        "kv_type": str(kind),
+        "kv_bytes_per_token": per,
+        "context_allowed": allowed,
+        "context_line": None if choice is None else choice.line,
+    }
+    plan = vram_plan(g, dims, linear, n_ctx, args.prefill, vocab, opts, budget)
     w = weight_bytes(g)
     # every decode token reads all dense weights but the embeddings (one row of those)
     dense = sum(v for k, v in w.items() if k not in ("experts", "embeddings"))
@@ -127,7 +171,7 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> Prediction:
         if args.ram_budget_mib
         else (int(args.ram_gib * GIB), "--ram-gib")
     )
-    return predict(
+    pred = predict(
         plan,
         ExpertLayout.from_gguf(g),
         dense,
@@ -141,3 +185,4 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> Prediction:
         args.disk_gbps,
         flag,
     )
+    return pred, ctx

@@ -113,6 +113,18 @@ def kv_bytes_per_token(d: Dims, n_attn: int) -> int:
     return KVCache.bytes_per_token(KVType.INT8 if d.kv8 else KVType.F16, n_attn, d.n_kv, d.hd)
 
 
+def choose_context(
+    gguf: Any, d: Dims, linear: list[bool], trained: int, vocab: int, opts: GpuOptions, budget: int
+) -> context.ContextChoice:
+    """The context start-up serves with no --ctx-size (strata.tiers.context.on_gpu): the plan without KV
+    says what the dense part leaves. Reads only the header, as vram_plan."""
+    base = vram_plan(gguf, d, linear, 0, opts.chunk, vocab, opts, budget)
+    layout = ExpertLayout.from_gguf(gguf)
+    experts = 0 if layout is None else layout.n_total * layout.slot_bytes
+    per = kv_bytes_per_token(d, linear.count(False))
+    return context.on_gpu(trained, per, opts.seqs, budget - base.dense, experts)
+
+
 def vram_plan(
     gguf: Any, d: Dims, linear: list[bool], n_ctx: int, chunk: int, vocab: int, opts: GpuOptions, budget: int
 ) -> VramPlan:
@@ -229,13 +241,7 @@ class GpuModel(Model):
 
     def _choose_context(self, gguf: Any, trained: int, budget: int) -> int:
         """No context asked for: the trained one when its KV fits the plan, else the largest that does."""
-        d, opts = self.dims, self.opts
-        base = vram_plan(gguf, d, self.linear, 0, self.chunk, self.params.vocab, opts, budget)
-        layout = ExpertLayout.from_gguf(gguf)
-        experts = 0 if layout is None else layout.n_total * layout.slot_bytes
-        choice = context.on_gpu(
-            trained, kv_bytes_per_token(d, self.n_attn), opts.seqs, budget - base.dense, experts
-        )
+        choice = choose_context(gguf, self.dims, self.linear, trained, self.params.vocab, self.opts, budget)
         logging.getLogger("strata.gpu").info("%s", choice.line)
         return choice.n_ctx
 
