@@ -178,3 +178,51 @@ def test_engine_policies_keep_the_tokens_and_replay_exactly(tmp_path, capsys, na
     assert got["lookups"] == use.prefill.lookups + use.decode.lookups
     assert got["hits"] == use.prefill.hits + use.decode.hits
     assert got["swaps"] == eng.expert_cache.swaps
+
+
+def test_simulate_predicts_decode_as_the_planner_does(tmp_path, capsys) -> None:
+    """`tiers simulate --model F`: the planner's decode tok/s at each result's hit rate. At the uniform hit
+    rate it is the planner's own prediction with every miss over PCIe; more hits predict more tok/s."""
+    from test_tiers import _fixture, _greedy
+
+    from strata.cli import main
+    from strata.engine import Engine
+    from strata.tiers.plan import pcie_decode_tok_s
+
+    path = _fixture("qwen3moe")
+    out = tmp_path / "routes.npz"
+    eng = Engine.load(path, device="cpu", backend="numpy", expert_cache="50%", record_routes=str(out))
+    _greedy(eng, list(range(30, 60)), 6)
+    eng.expert_cache.recorder.save()
+    args = ["tiers", "simulate", str(out), "--sweep", "--model", str(path), "--pcie-gbps", "20", "--json"]
+    assert main(args) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert all(r["predicted_decode_tok_s"] > 0 for r in rows)
+    best, worst = max(rows, key=lambda r: r["hit_rate"]), min(rows, key=lambda r: r["hit_rate"])
+    assert (
+        best["hit_rate"] == worst["hit_rate"]
+        or best["predicted_decode_tok_s"] > worst["predicted_decode_tok_s"]
+    )
+    assert (
+        main(
+            [
+                "plan",
+                str(path),
+                "--vram-gib",
+                "0.5",
+                "--expert-cache",
+                "50%",
+                "--pcie-frac",
+                "1",
+                "--pcie-gbps",
+                "20",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    plan = json.loads(capsys.readouterr().out)
+    want = pcie_decode_tok_s(
+        plan["dense_bytes_per_token"], plan["routed_bytes_per_token"], plan["hit_rate_uniform"], 900.0, 20.0
+    )
+    assert want == pytest.approx(plan["decode_tok_s"], rel=1e-9)

@@ -173,6 +173,16 @@ def predict(
     )
 
 
+def pcie_decode_tok_s(
+    dense_per_token: float, routed: float, hit: float, hbm_gbps: float, pcie_gbps: float, ahead: float = 0.0
+) -> float:
+    """Decode tok/s of one sequence when every miss is read over PCIe (the planner at --pcie-frac 1): dense
+    and hit bytes at the VRAM rate, the misses at the in-graph zero-copy rate; `ahead`: miss bytes a token
+    the lookahead copies beside the mixers (off the critical path)."""
+    vram = (dense_per_token + hit * routed) / (hbm_gbps * 1e9)
+    return 1 / (vram + max(0.0, (1 - hit) * routed - ahead) / (pcie_gbps * 1e9 * ZERO_COPY_EFFICIENCY))
+
+
 def borrowed_estimate(n_slots: int, layout: ExpertLayout) -> int:
     """Slots a long prefill chunk borrows under the static fill (ExpertCache.staging's first plan), whose
     experts the low-RAM arena backs up after the misses."""

@@ -53,6 +53,15 @@ def add_tiers_flags(p: argparse.ArgumentParser) -> None:
         "experts a layer from the predictions a --prefetch run recorded (default: the run's K; "
         "0: off)",
     )
+    s.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="the GGUF the trace came from: adds the planner's predicted decode tok/s at each result's hit "
+        "rate (every miss over PCIe; the lookahead's read-ahead bytes off the critical path)",
+    )
+    s.add_argument("--hbm-gbps", type=float, default=900.0, help="VRAM bandwidth, GB/s (with --model)")
+    s.add_argument("--pcie-gbps", type=float, default=25.0, help="PCIe bandwidth, GB/s (with --model)")
     s.add_argument("--json", action="store_true")
 
 
@@ -90,12 +99,20 @@ def run_tiers(args: argparse.Namespace) -> int:
         results = sim.sweep(ids, n_expert, [32, 64, 128, 256])
     else:
         results = [sim.simulate(ids, n_expert, args.slots, args.policy, ahead=ahead)]
+    rows = [r.json() for r in results]
+    if args.model is not None:
+        for row, r in zip(rows, results):
+            row["predicted_decode_tok_s"] = _predicted(args, ids, n_expert, r)
     if args.json:
-        dump_json([r.json() for r in results])
+        dump_json(rows)
         return 0
-    print(f"{'slots/layer':>11}  {'policy':<9} {'hit rate':>8} {'swaps':>8}")
-    for r in results:
-        print(f"{r.slots:>11}  {r.policy:<9} {r.hit_rate:>8.1%} {r.swaps:>8,}")
+    pred = args.model is not None
+    print(
+        f"{'slots/layer':>11}  {'policy':<9} {'hit rate':>8} {'swaps':>8}" + ("  pred tok/s" if pred else "")
+    )
+    for row, r in zip(rows, results):
+        tail = f"  {row['predicted_decode_tok_s']:>10.1f}" if pred else ""
+        print(f"{r.slots:>11}  {r.policy:<9} {r.hit_rate:>8.1%} {r.swaps:>8,}{tail}")
         if r.prefetch is not None:
             pf = r.prefetch
             print(
@@ -104,6 +121,35 @@ def run_tiers(args: argparse.Namespace) -> int:
                 f"{pf['wasted_bytes']:,} wasted"
             )
     return 0
+
+
+def _predicted(args: argparse.Namespace, ids: object, n_expert: int, r: sim.Result) -> float:
+    """The planner's decode tok/s at the simulated hit rate, from the model's header (strata.tiers.plan)."""
+    from strata.gguf import GGUFFile
+    from strata.gpu.weights import weight_bytes
+    from strata.tiers.layout import ExpertLayout
+    from strata.tiers.plan import pcie_decode_tok_s
+
+    g = GGUFFile(args.model)
+    layout = ExpertLayout.from_gguf(g)
+    shape = getattr(ids, "shape", (0, 0, 0))
+    if layout is None or (len(layout.layers), layout.n_expert, layout.top_k) != (
+        shape[1],
+        n_expert,
+        shape[2],
+    ):
+        raise ConfigError(
+            "--model",
+            args.model,
+            f"does not have the trace's {shape[1]} MoE layers of {n_expert} experts, top-{shape[2]}",
+        )
+    dense = sum(v for k, v in weight_bytes(g).items() if k not in ("experts", "embeddings"))
+    ahead = 0.0
+    if r.prefetch is not None and shape[0]:  # bytes read ahead a scored token
+        ahead = float(r.prefetch["saved_bytes"]) / (r.lookups / (shape[1] * shape[2]))
+    return pcie_decode_tok_s(
+        dense, layout.routed_bytes_per_token(), r.hit_rate, args.hbm_gbps, args.pcie_gbps, ahead
+    )
 
 
 def _ahead(args: argparse.Namespace) -> trace.Ahead | None:
