@@ -89,13 +89,27 @@ def _count_routing(cache: ExpertCache | None, keeper: ProfileKeeper | None) -> P
     return keeper
 
 
-def _cpu_context(model: Model, n_seq: int) -> int:
-    """The context the CPU path serves when none is asked for (strata.tiers.context.on_cpu), logged."""
+def _cpu_context(model: Model, n_seq: int, asked: int) -> int:
+    """The CPU path's context: the one asked for, refused when its KV cannot fit in the RAM available (the
+    KV grows into RAM as the context fills), else chosen (strata.tiers.context.on_cpu) and logged."""
     import psutil
 
-    a = model.params.attn
-    per = KVCache.bytes_per_token(model.kv_type, len(model.new_state().kv.length), a.n_kv, a.head_dim)
-    choice = context.on_cpu(model.params.n_ctx_train, per, n_seq, psutil.virtual_memory().available)
+    a, available = model.params.attn, psutil.virtual_memory().available
+    n_attn = len(model.new_state().kv.length)
+    per = KVCache.bytes_per_token(model.kv_type, n_attn, a.n_kv, a.head_dim)
+    if asked:
+        if n_seq * per * asked > available:
+            int8 = n_seq * asked * KVCache.bytes_per_token(KVType.INT8, n_attn, a.n_kv, a.head_dim)
+            raise ConfigError(
+                "n_ctx",
+                asked,
+                f"{n_seq} sequence(s) of {asked:,} positions need "
+                f"{n_seq * per * asked / 2**30:,.1f} GiB of {model.kv_type} KV when full, more than "
+                f"the {available / 2**30:,.1f} GiB of RAM available (int8 KV: "
+                f"{int8 / 2**30:,.1f} GiB; a shorter context, or fewer sequences)",
+            )
+        return asked
+    choice = context.on_cpu(model.params.n_ctx_train, per, n_seq, available)
     logging.getLogger("strata.engine").info("%s", choice.line)
     return choice.n_ctx
 
@@ -184,8 +198,7 @@ class Engine:
             weights.jit = start(gguf, cache, opts.pool_workers, opts.aux_cpus)
         model = model_cls(gguf, weights)
         model.kv_type = KVType.F32 if opts.kv_type == "auto" else KVType(opts.kv_type)
-        if not opts.n_ctx:
-            opts = dataclasses.replace(opts, n_ctx=_cpu_context(model, opts.n_seq))
+        opts = dataclasses.replace(opts, n_ctx=_cpu_context(model, opts.n_seq, opts.n_ctx))
         engine = cls(gguf, model, Tokenizer.from_gguf(gguf), opts)
         engine.profile_keeper = counted
         return engine

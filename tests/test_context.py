@@ -92,3 +92,16 @@ def test_planner_shows_the_context_and_the_kv_per_cell_type(
     assert p["n_ctx"] == 512 and p["context_line"] is None and p["kv_type"] == "int8"
     assert main(["plan", path, "--vram-gib", "2"]) == 0
     assert "KV in VRAM: f16" in capsys.readouterr().out
+
+
+def test_a_cpu_context_ram_cannot_hold_is_refused(
+    smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psutil
+
+    from strata.errors import ConfigError
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(available=200 * MIB))
+    with pytest.raises(ConfigError, match=r"n_ctx.*need 0\.4 GiB of f32 KV.*int8 KV: 0\.1 GiB"):
+        Engine.load(smollm2_path, device="cpu", n_ctx=8192)
+    assert Engine.load(smollm2_path, device="cpu", n_ctx=8192, kv_type="int8").n_ctx == 8192
