@@ -101,9 +101,9 @@ class Activations:
         self.q = cp.empty((n, dims.n_head * dims.hd), f32)
         self.att = cp.empty((n, dims.n_head * dims.hd), f32)
         self.logits = cp.empty((vocab_rows, vocab), f32)
-        # decode attention's split-K partials, for passes of up to GEMV_ROWS decode rows (longer ones run
-        # unsplit)
-        self.att_part = cp.empty(Activations.part_floats(dims), f32) if n <= GEMV_ROWS else None
+        # decode attention's split-K partials for up to GEMV_ROWS rows at once: a decode pass's, or a mixed
+        # window's decode rows one by one (a decode-only pass of more rows runs unsplit)
+        self.att_part = cp.empty(Activations.part_floats(dims), f32)
         a = max(dims.top_k, 1)
         p = n * a
         if dims.n_expert:
@@ -267,7 +267,7 @@ def _attention_block(
             dm.scale,
             act.att,
             dm.kv8,
-            act.att_part,
+            act.att_part if n <= GEMV_ROWS else None,
         )
     else:
         ops.qkv_post(
@@ -328,7 +328,18 @@ def _attention(
 ) -> None:
     if segments is None or all(s.n == 1 for s in segments):
         ops.attn_decode(
-            act.q, tab, TAB, i, n, dm.n_head, dm.n_kv, dm.hd, dm.scale, act.att, dm.kv8, act.att_part
+            act.q,
+            tab,
+            TAB,
+            i,
+            n,
+            dm.n_head,
+            dm.n_kv,
+            dm.hd,
+            dm.scale,
+            act.att,
+            dm.kv8,
+            act.att_part if n <= GEMV_ROWS else None,
         )
         return
     row_bytes = 4 * dm.n_head * dm.hd
