@@ -507,28 +507,29 @@ class Ops:
         """q8: the table's caches hold int8 cells, their scales in columns 7 and 8. part: scratch for
         attention.SPLITS partials a (row, head) ([n, h, SPLITS, hd + 2] fp32), which splits the keys across
         blocks; None: one block a (row, head)."""
+        args = (
+            dev_ptr(q),
+            dev_ptr(tab),
+            i32(tab_stride),
+            i32(layer),
+            i32(h),
+            i32(kv),
+            f32(scale),
+            dev_ptr(out),
+        )
+        self._decode(attention.decode_name(hd, q8), args, part, n, h, hd, out)
+
+    def _decode(self, name: str, args: tuple[Any, ...], part: Any, n: int, h: int, hd: int, out: Any) -> None:
+        """One decode attention kernel over (head, row, split) blocks, its arguments followed by the partials
+        buffer and the split count; with more than one split, attn_merge then writes out."""
         splits = 1 if part is None else attention.SPLITS
         part = part if splits > 1 else None
         launch(
-            self.attn[attention.decode_name(hd, q8)],
+            self.attn[name],
             (h, n, splits),
             128,
-            (
-                dev_ptr(q),
-                dev_ptr(tab),
-                i32(tab_stride),
-                i32(layer),
-                i32(h),
-                i32(kv),
-                f32(scale),
-                dev_ptr(out),
-                NULL if part is None else dev_ptr(part),
-                i32(splits),
-            ),
+            (*args, NULL if part is None else dev_ptr(part), i32(splits)),
         )
-        self._merge(part, n, h, hd, out)
-
-    def _merge(self, part: Any, n: int, h: int, hd: int, out: Any) -> None:
         if part is not None:
             launch(
                 self.attn[attention.merge_name(hd)],
@@ -561,33 +562,24 @@ class Ops:
     ) -> None:
         """qkv_post then attn_decode in one launch, for rows that are all single decode tokens (q8, part: as
         attn_decode)."""
-        splits = 1 if part is None else attention.SPLITS
-        part = part if splits > 1 else None
-        launch(
-            self.attn[attention.decode_qkv_name(hd, q8)],
-            (h, n, splits),
-            128,
-            (
-                dev_ptr(qkv),
-                dev_ptr(tab),
-                i32(tab_stride),
-                i32(layer),
-                i32(h),
-                i32(kv),
-                NULL if q_norm is None else q_norm,
-                NULL if k_norm is None else k_norm,
-                f32(eps),
-                inv_freq,
-                i32(n_rot),
-                i32(int(neox)),
-                f32(pos_scale),
-                f32(scale),
-                dev_ptr(out),
-                NULL if part is None else dev_ptr(part),
-                i32(splits),
-            ),
+        args = (
+            dev_ptr(qkv),
+            dev_ptr(tab),
+            i32(tab_stride),
+            i32(layer),
+            i32(h),
+            i32(kv),
+            NULL if q_norm is None else q_norm,
+            NULL if k_norm is None else k_norm,
+            f32(eps),
+            inv_freq,
+            i32(n_rot),
+            i32(int(neox)),
+            f32(pos_scale),
+            f32(scale),
+            dev_ptr(out),
         )
-        self._merge(part, n, h, hd, out)
+        self._decode(attention.decode_qkv_name(hd, q8), args, part, n, h, hd, out)
 
     def flash(
         self,
