@@ -17,14 +17,14 @@ import argparse
 import tempfile
 from pathlib import Path
 
-import numpy as np
 from gguf.constants import GGMLQuantizationType as Q
 
 from strata.engine import Engine
 from strata.sampling.params import SamplingParams
 from strata.synth import write_synth
+from strata.synth.locality import measured_routes
 from strata.synth.shapes import QWEN3NEXT, Shape
-from strata.tiers import sim, trace
+from strata.tiers import sim
 
 TOKENIZER = Path.home() / ".cache/strata/fixtures/qwen3_tokenizer/package/models"
 
@@ -60,23 +60,6 @@ def shape(a: argparse.Namespace) -> Shape:
     return Shape("qwen3moe", "locality", rope_base=1e6, **common)
 
 
-def routes(path: Path, out: Path, tokens: int) -> np.ndarray:
-    eng = Engine.load(
-        path,
-        device="cpu",
-        backend="numpy",
-        expert_cache="off",
-        prefetch=0,
-        routing_profile="off",
-        record_routes=str(out),
-    )
-    ids, st = np.random.default_rng(0).integers(10, 150_000, tokens), eng.new_state()
-    for i in range(0, tokens, 256):
-        eng.model.forward(ids[i : i + 256], st, all_logits=False)
-    eng.expert_cache.recorder.save()
-    return trace.load(out)[0]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="qwen3moe")
@@ -98,7 +81,7 @@ def main() -> None:
         path = write_synth(
             root / f"{mode}.gguf", s, Q.Q8_0, Q.Q8_0, 0.0, TOKENIZER, seed=1, router_mode=mode
         ).path
-        ids = routes(path, root / f"{mode}.npz", a.tokens)
+        ids = measured_routes(path, root / f"{mode}.npz", a.tokens, 256)
         lru = [sim.simulate(ids, e, n, "lru") for n in (e // 8, e // 4)]
         static = sim.simulate(ids, e, e // 16, "static")
         print(

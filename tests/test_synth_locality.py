@@ -8,16 +8,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as Q
 
-from strata.engine import Engine
 from strata.gguf import GGUFFile
 from strata.synth import write_synth
+from strata.synth.locality import measured_routes
 from strata.synth.plan import KEY_MODE
 from strata.synth.shapes import Shape
-from strata.tiers import sim, trace
+from strata.tiers import sim
 
 E, TOKENS = 128, 600
 SHAPE = Shape(
@@ -44,22 +43,9 @@ def _lru(tmp_path: Path, tokenizer: Path, mode: str) -> list[float]:
         tmp_path / f"{mode}.gguf", SHAPE, Q.Q8_0, Q.Q8_0, 0.0, tokenizer, seed=1, router_mode=mode
     ).path
     assert GGUFFile(path).get(KEY_MODE) == (None if mode == "skew" else mode)
-    routes = tmp_path / f"{mode}.npz"
-    eng = Engine.load(
-        path,
-        device="cpu",
-        backend="numpy",
-        expert_cache="off",
-        prefetch=0,
-        routing_profile="off",
-        record_routes=str(routes),
-    )
-    ids, st = np.random.default_rng(0).integers(10, 150_000, TOKENS), eng.new_state()
-    for i in range(0, TOKENS, 300):
-        eng.model.forward(ids[i : i + 300], st, all_logits=False)
-    eng.expert_cache.recorder.save()
-    got, n_expert = trace.load(routes)
-    return sim.simulate(got, n_expert, E // 8, "lru").per_layer
+    return sim.simulate(
+        measured_routes(path, tmp_path / f"{mode}.npz", TOKENS, 300), E, E // 8, "lru"
+    ).per_layer
 
 
 def test_locality_mode_routes_with_more_lru_hits(tmp_path, qwen3_tokenizer_dir):

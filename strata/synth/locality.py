@@ -123,3 +123,28 @@ def patch(fd: int, s: Shape, plan: list[TensorSpec], offsets: list[int], skew: f
         rows *= (LOGIT_STD * scales / np.linalg.norm(rows, axis=1))[:, None] * math.sqrt(s.d_model / hd)
         _, off = at[tensor(T.FFN_GATE_INP, layer)]
         os.pwrite(fd, rows.astype(np.float32).tobytes(), off)
+
+
+def measured_routes(
+    path: os.PathLike[str] | str, out: os.PathLike[str] | str, tokens: int, chunk: int
+) -> np.ndarray:
+    """The routing [T, L, A] a synth file's own router gives `tokens` random token ids, fed in `chunk`-token
+    passes through the CPU engine with every expert resident and no routing profile; recorded to `out` (.npz)
+    with --record-routes, the trace `strata tiers simulate` replays. How local a router mode is, measured."""
+    from strata.engine import Engine
+    from strata.tiers import trace
+
+    eng = Engine.load(
+        path,
+        device="cpu",
+        backend="numpy",
+        expert_cache="off",
+        prefetch=0,
+        routing_profile="off",
+        record_routes=str(out),
+    )
+    ids, st = np.random.default_rng(0).integers(10, 150_000, tokens), eng.new_state()
+    for i in range(0, tokens, chunk):
+        eng.model.forward(ids[i : i + chunk], st, all_logits=False)
+    eng.expert_cache.recorder.save()
+    return trace.load(out)[0]
