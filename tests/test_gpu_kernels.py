@@ -295,43 +295,56 @@ def _cache(cp, k: np.ndarray, v: np.ndarray, layer: int, cap: int):
     return kc, vc
 
 
+def _cells(cp, k: np.ndarray, v: np.ndarray, layer: int, cap: int, q8: bool):
+    """One sequence's cache of k, v [S, KV, hd] at `layer`: fp16 cells, or int8 ones (_cache8). Returns the
+    arrays (kept alive by the caller), the table row at the last key, flash's k, v and head stride, and its
+    scales argument."""
+    s, kv, hd = k.shape
+    if q8:
+        kc, ks, vc, vs = _cache8(cp, k, v, layer, cap)
+        ng = hd // group_of(hd)
+        lb, sb = kv * cap * hd, kv * cap * ng * 4
+        flash = (kc.data.ptr + layer * lb, vc.data.ptr + layer * lb, cap * hd)
+        return (
+            (kc, ks, vc, vs),
+            _row8(kc, ks, vc, vs, cap, s - 1),
+            flash,
+            (ks.data.ptr + layer * sb, vs.data.ptr + layer * sb, cap * ng),
+        )
+    kc, vc = _cache(cp, k, v, layer, cap)
+    lb = kv * cap * hd * 2
+    flash = (kc.data.ptr + layer * lb, vc.data.ptr + layer * lb, cap * hd)
+    return (kc, vc), [kc.data.ptr, vc.data.ptr, cap, s - 1, 0, 0, 0, 0, 0], flash, None
+
+
+@pytest.mark.parametrize("q8", [False, True])
 @pytest.mark.parametrize("hd", HDS)
-def test_attention_decode_and_flash(cp, ops, hd):
-    rng = np.random.default_rng(hd)
+def test_attention_decode_and_flash(cp, ops, hd, q8):
+    """Decode attention and flash against the twins on the cached cells: fp16, or (q8, --kv-type int8) int8
+    codes with their scales, decoded in fp32 as code * scale by decode and to fp16 tiles by flash."""
+    rng = np.random.default_rng(hd + 70 * q8)
     h, kv, layer = 8, 2, 1
     for t, n_past in [(1, 0), (1, 300), (70, 0), (33, 100), (200, 900)]:
         s = n_past + t
         q = rng.standard_normal((t, h, hd)).astype(np.float32)
         k = rng.standard_normal((s, kv, hd)).astype(np.float32)
         v = rng.standard_normal((s, kv, hd)).astype(np.float32)
-        cap = s + 13
-        kc, vc = _cache(cp, k, v, layer, cap)
+        _keep, row, flash, scales = _cells(cp, k, v, layer, s + 13, q8)
         out = cp.full((t, h * hd), cp.nan, cp.float32)
         scale = 1 / np.sqrt(hd)
         if t == 1:
-            tab = cp.asarray(np.array([[kc.data.ptr, vc.data.ptr, cap, n_past, 0]], np.int64))
-            ops.attn_decode(cp.asarray(q.reshape(1, -1)), tab, 5, layer, 1, h, kv, hd, scale, out)
-            ref = attention.ref_attention(q, k, v, scale)
+            tab = cp.asarray(np.array([row], np.int64))
+            ops.attn_decode(cp.asarray(q.reshape(1, -1)), tab, 9, layer, 1, h, kv, hd, scale, out, q8)
+            ref = attention.ref_attention(q, k, v, scale, q8)
             np.testing.assert_allclose(out.get().reshape(t, h, hd), ref, rtol=1e-4, atol=1e-5)
             continue
-        lb = kv * cap * hd * 2
-        ops.flash(
-            cp.asarray(q),
-            kc.data.ptr + layer * lb,
-            vc.data.ptr + layer * lb,
-            cap * hd,
-            t,
-            n_past,
-            h,
-            kv,
-            hd,
-            scale,
-            out,
-        )
+        ops.flash(cp.asarray(q), *flash, t, n_past, h, kv, hd, scale, out, scales)
         got = out.get().reshape(t, h, hd)
-        np.testing.assert_allclose(got, attention.ref_flash(q, k, v, scale), rtol=1e-3, atol=2e-3)
-        ref = attention.ref_attention(q, k, v, scale)
-        assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3
+        want = attention.ref_flash(q, attention.ref_cells(k, q8), attention.ref_cells(v, q8), scale)
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=2e-3)
+        if not q8:
+            ref = attention.ref_attention(q, k, v, scale)
+            assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3
 
 
 @pytest.mark.parametrize("hd", HDS)
@@ -403,48 +416,6 @@ def _row8(kc, ks, vc, vs, cap: int, pos: int) -> list[int]:
 
 
 @pytest.mark.parametrize("hd", HDS)
-def test_attention_on_int8_cells(cp, ops, hd):
-    """--kv-type int8: decode attention (fp32 math on code * scale) and flash (tiles decoded to fp16) against
-    the twins on the same cells."""
-    rng = np.random.default_rng(70 + hd)
-    h, kv, layer = 8, 2, 1
-    ng = hd // group_of(hd)
-    for t, n_past in [(1, 0), (1, 300), (70, 0), (33, 100), (200, 900)]:
-        s = n_past + t
-        q = rng.standard_normal((t, h, hd)).astype(np.float32)
-        k = rng.standard_normal((s, kv, hd)).astype(np.float32)
-        v = rng.standard_normal((s, kv, hd)).astype(np.float32)
-        cap = s + 13
-        kc, ks, vc, vs = _cache8(cp, k, v, layer, cap)
-        out = cp.full((t, h * hd), cp.nan, cp.float32)
-        scale = 1 / np.sqrt(hd)
-        if t == 1:
-            tab = cp.asarray(np.array([_row8(kc, ks, vc, vs, cap, n_past)], np.int64))
-            ops.attn_decode(cp.asarray(q.reshape(1, -1)), tab, 9, layer, 1, h, kv, hd, scale, out, q8=True)
-            ref = attention.ref_attention(q, k, v, scale, q8=True)
-            np.testing.assert_allclose(out.get().reshape(t, h, hd), ref, rtol=1e-4, atol=1e-5)
-            continue
-        lb, sb = kv * cap * hd, kv * cap * ng * 4
-        ops.flash(
-            cp.asarray(q),
-            kc.data.ptr + layer * lb,
-            vc.data.ptr + layer * lb,
-            cap * hd,
-            t,
-            n_past,
-            h,
-            kv,
-            hd,
-            scale,
-            out,
-            (ks.data.ptr + layer * sb, vs.data.ptr + layer * sb, cap * ng),
-        )
-        got = out.get().reshape(t, h, hd)
-        want = attention.ref_flash(q, attention.ref_cells(k, True), attention.ref_cells(v, True), scale)
-        np.testing.assert_allclose(got, want, rtol=1e-3, atol=2e-3)
-
-
-@pytest.mark.parametrize("hd", HDS)
 def test_int8_cells_written_by_qkv_post_and_the_fused_decode(cp, ops, hd):
     """qkv_post and attn_decode_qkv write the same int8 cells as strata.runtime.kvcache.quantize_rows (within
     one code: the GPU's rotation differs from numpy's in the last fp32 bits), and the fused kernel's attention
@@ -504,13 +475,9 @@ def test_split_decode_equals_one_block(cp, ops, hd, q8):
     for s_ in lengths:
         k = rng.standard_normal((s_, kv, hd)).astype(np.float32)
         v = rng.standard_normal((s_, kv, hd)).astype(np.float32)
-        if q8:
-            kc, ks, vc, vs = _cache8(cp, k, v, layer, cap)
-            rows_.append(_row8(kc, ks, vc, vs, cap, s_ - 1))
-        else:
-            kc, vc = _cache(cp, k, v, layer, cap)
-            rows_.append([kc.data.ptr, vc.data.ptr, cap, s_ - 1, 0, 0, 0, 0, 0])
-        caches.append((kc, vc, k, v) + ((ks, vs) if q8 else ()))
+        keep, row, _, _ = _cells(cp, k, v, layer, cap, q8)
+        rows_.append(row)
+        caches.append((keep, k, v))
     tab = cp.asarray(np.array(rows_, np.int64))
     q = rng.standard_normal((n, h, hd)).astype(np.float32)
     scale = 1 / np.sqrt(hd)
@@ -520,8 +487,8 @@ def test_split_decode_equals_one_block(cp, ops, hd, q8):
     ops.attn_decode(cp.asarray(q.reshape(n, -1)), tab, 9, layer, n, h, kv, hd, scale, one, q8)
     ops.attn_decode(cp.asarray(q.reshape(n, -1)), tab, 9, layer, n, h, kv, hd, scale, split, q8, part)
     np.testing.assert_allclose(split.get(), one.get(), rtol=1e-4, atol=1e-5)
-    for r, c in enumerate(caches):
-        ref = attention.ref_attention(q[r][None], c[2], c[3], scale, q8)
+    for r, (_, k, v) in enumerate(caches):
+        ref = attention.ref_attention(q[r][None], k, v, scale, q8)
         np.testing.assert_allclose(split.get()[r].reshape(1, h, hd), ref, rtol=1e-4, atol=1e-5)
     # the fused kernel: each split computes the query; only the split with the new key makes and stores it
     rope = Rope(n_rot=hd, base=1e6, style=RopeStyle.NEOX)
