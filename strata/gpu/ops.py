@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from strata.gpu.kernels import attention, deltanet, gemm, gemv, mmvq, moe, rows, sample, tiers
+from strata.gpu.kernels import attention, deltanet, gemm, gemv, hyper, mmvq, moe, rows, sample, tiers
 from strata.gpu.kernels.common import GPU_QTYPES
 from strata.gpu.runtime import NULL, Kernels, cupy_module, dev_ptr, f32, i32, i64, launch, ptr
 from strata.gpu.weights import DevMatrix
@@ -101,6 +101,7 @@ class Ops:
         )
         self.sample = Kernels(sample.SOURCE, ["argmax_rows", "sample_rows", "advance"])
         self.tiers = Kernels(tiers.SOURCE, tiers.NAMES)
+        self.hyper = Kernels(hyper.SOURCE, hyper.NAMES)
         q8t = sorted(mmvq.MMVQ_TYPES)
         q8pairs = sorted({(q, q) for q in q8t} | {(g, u) for g, u, _ in moe_types if g in q8t and u in q8t})
         self.mmvq = Kernels(
@@ -808,6 +809,99 @@ class Ops:
         """tab[:n, POSITION] += 1: one thread per slot, so one block of up to 1024 slots."""
         assert 0 < n <= 1024, n
         launch(self.sample["advance"], (1,), 32 * -(-n // 32), (tab, i32(stride), i32(n)))
+
+    # ---- hyper-connections and PLE (qwen4exp) ----
+    def hc_norm(self, x: Any, w: Any, eps: float, n: int, s: int, d: int, out: Any) -> None:
+        """out[:n] = x[:n] with each of its s streams [d] RMS-normed on its own, times w [s*d] (out apart from
+        x)."""
+        launch(
+            self.hyper["hc_norm"],
+            (n, s),
+            256,
+            (dev_ptr(x), dev_ptr(w), f32(eps), i32(s), i32(d), dev_ptr(out)),
+        )
+
+    def silu_scale(self, x: Any, n: int, cols: int, scale: float) -> None:
+        """x[:n, :cols] = silu(x * scale), in place (contiguous rows of cols)."""
+        launch(self.hyper["silu_scale"], (-(-n * cols // 256),), 256, (dev_ptr(x), i64(n * cols), f32(scale)))
+
+    def hc_read(
+        self, mix: Any, normed: Any, n: int, s: int, d: int, h: Any, inj: Any = None, zero: Any = None
+    ) -> None:
+        """h[:n] [d] = mean over the s streams of sigmoid(mix) * normed ([n, s*d] both); if given, inj [n, s]
+        logits -> 2 sigmoid(logit / s) in place, and zero [n, d] cleared."""
+        assert s <= 256, s  # the row's first block turns the inject logits, a thread each
+        launch(
+            self.hyper["hc_read"],
+            (n, -(-d // 256)),
+            256,
+            (
+                dev_ptr(mix),
+                dev_ptr(normed),
+                i32(s),
+                i32(d),
+                dev_ptr(h),
+                NULL if inj is None else dev_ptr(inj),
+                NULL if zero is None else dev_ptr(zero),
+            ),
+        )
+
+    def hc_inject(self, streams: Any, y: Any, inj: Any, n: int, s: int, d: int) -> None:
+        """streams[:n, k*d + c] += inj[:n, k] * y[:n, c] for each of the s streams, in place."""
+        launch(
+            self.hyper["hc_inject"],
+            (n, -(-d // 256)),
+            256,
+            (dev_ptr(streams), dev_ptr(y), dev_ptr(inj), i32(s), i32(d)),
+        )
+
+    def ple_gate(self, key: Any, query: Any, value: Any, n: int, s: int, d: int, out: Any) -> None:
+        """out[:n] [s*d] = sigmoid(signed sqrt of <key, query> / sqrt(d) per stream) * value [n, d]."""
+        launch(
+            self.hyper["ple_gate"],
+            (n, s),
+            256,
+            (dev_ptr(key), dev_ptr(query), dev_ptr(value), i32(s), i32(d), dev_ptr(out)),
+        )
+
+    def ple_conv(
+        self,
+        width: int,
+        dilation: int,
+        x: Any,
+        c: int,
+        t: int,
+        segments: int,
+        tab: Any,
+        tab_stride: int,
+        tab_col: int,
+        weight: Any,
+        gated: Any,
+        streams: Any,
+        state_off: int = 0,
+    ) -> None:
+        """streams += gated + silu(dilated causal conv of x) over `segments` runs of t rows (rows of c), each
+        continuing the window at tab[run's first row, tab_col] (+ state_off floats) and advancing it."""
+        ct = hyper.conv_chunk(width, dilation)
+        launch(
+            self.hyper[hyper.conv_name(width)],
+            (-(-c // 128), -(-t // ct), segments),
+            128,
+            (
+                dev_ptr(x),
+                i32(c),
+                i32(t),
+                i32(dilation),
+                i32(ct),
+                dev_ptr(tab),
+                i32(tab_stride),
+                i32(tab_col),
+                i64(state_off),
+                dev_ptr(weight),
+                dev_ptr(gated),
+                dev_ptr(streams),
+            ),
+        )
 
 
 __all__ = ["Ops", "gemv_nt", "ptr"]
