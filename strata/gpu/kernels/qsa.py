@@ -62,8 +62,8 @@ def score_smem(hi: int, d: int) -> int:
 
 SOURCE = (
     attention.SOURCE
+    + f"#define QSA_COL {QSA_COL}\n"
     + r"""
-#define QSA_COL 9
 
 // ---- compressed keys ----
 // grid (rows), block 32. raw [rows, D]: this pass's index-key projections, a sequence's rows contiguous at
@@ -247,9 +247,14 @@ __global__ void __launch_bounds__(1024) qsa_pick(const float* __restrict__ score
     for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0u;
     __syncthreads();
     const u32 high = shift == 24 ? 0u : 0xFFFFFFFFu << (shift + 8);
-    for (int i = threadIdx.x; i < C; i += blockDim.x) {
-      const u32 u = score_bits(s[i]);
-      if ((u & high) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
+    // warp-uniform trips, so a warp's lanes of one bin add once: the first pass puts nearly every score in
+    // one or two bins (they share their top exponent bits), which per-lane atomics would serialize on
+    for (int b0 = 0; b0 < C; b0 += blockDim.x) {
+      const int i = b0 + threadIdx.x;
+      const u32 u = i < C ? score_bits(s[i]) : 0u;
+      const u32 bin = i < C && (u & high) == prefix ? (u >> shift) & 255u : 256u;  // 256: not a candidate
+      const u32 same = __match_any_sync(0xffffffffu, bin);
+      if (bin < 256u && (threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist[bin], (u32)__popc(same));
     }
     __syncthreads();
     if (threadIdx.x < 32) radix_bin(hist, kleft, found);
