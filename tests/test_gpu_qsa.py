@@ -41,8 +41,9 @@ def ops(cp):
 def _row(pos: int, state: int = 0, cells: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)) -> list[int]:
     """A table row: cells = (k, v, cap, k scales, v scales) of the KV cache, state = the QSA buffer."""
     k, v, cap, ks, vs = cells
-    assert qk.QSA_COL == 9
-    return [k, v, cap, pos, 0, 0, 0, ks, vs, state, 0]
+    row = [k, v, cap, pos, 0, 0, 0, ks, vs, 0, 0]
+    row[qk.QSA_COL] = state
+    return row
 
 
 @pytest.mark.parametrize("d", [16, 128])
