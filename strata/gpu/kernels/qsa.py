@@ -62,7 +62,7 @@ def score_smem(hi: int, d: int) -> int:
 
 SOURCE = (
     attention.SOURCE
-    + f"#define QSA_COL {QSA_COL}\n"
+    + f"#define QSA_COL {QSA_COL}\n#define QSA_KT {SCORE_KT}\n"
     + r"""
 
 // ---- compressed keys ----
@@ -129,14 +129,14 @@ __global__ void __launch_bounds__(32) qsa_query(float* __restrict__ q, int hi, c
 }
 
 // ---- block scores: rows row0 + blockIdx.y, into scores[blockIdx.y, b] (ld floats a row) ----
-// grid (splits, rows), block 256; dynamic smem score_smem(hi, D). A tile's 64 keys sit in shared memory
+// grid (splits, rows), block 256; dynamic smem score_smem(hi, D). A tile's KT = 64 keys sit in shared memory
 // (rows padded to D + 1 floats: the lanes of a warp read 32 keys' same dim from 32 banks); thread t scores
 // key t % 64 against heads t / 64, + 4, .. (one head per warp at a time: the query reads broadcast).
 template <int D>
 __global__ void __launch_bounds__(256) qsa_score(
     const float* __restrict__ q, int hi, const i64* __restrict__ tab, int tab_stride, int row0, int j,
     int stride, int ratio, float sqrt_d, float* __restrict__ scores, int ld) {
-  constexpr int KT = 64, LD = D + 1, GROUPS = 256 / KT;
+  constexpr int KT = QSA_KT, LD = D + 1, GROUPS = 256 / KT;
   extern __shared__ float ssm[];
   float* qs = ssm;            // [hi][D]
   float* ks = ssm + hi * D;   // [KT][LD]
