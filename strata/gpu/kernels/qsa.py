@@ -237,8 +237,8 @@ __global__ void __launch_bounds__(1024) qsa_pick(const float* __restrict__ score
   int* out = sel + (i64)row * top;
   if (threadIdx.x == 0) nsel[row] = K;
   for (int i = K + threadIdx.x; i < top; i += blockDim.x) out[i] = -1;
-  if (K == C) {  // every complete block is kept
-    for (int i = threadIdx.x; i < C; i += blockDim.x) out[i] = i;
+  if (K == C || K == 0) {  // every complete block is kept, or none
+    for (int i = threadIdx.x; i < K; i += blockDim.x) out[i] = i;
     return;
   }
   // the K-th largest score's bits, 8 at a time from the top; kleft: its rank among the candidates so far
