@@ -1,0 +1,553 @@
+"""QSA sparse attention (Qwen4-Exp, strata/blocks/qsa.py) on the GPU: the indexer's compressed block keys,
+block scoring and exact top-k selection, and attention over the selected keys.
+
+State: each sequence has one float32 buffer whose address is the table's column `QSA_COL`; QSA layer j's
+record starts at j * stride floats (`qsa_stride`): the compressed keys of complete blocks [max_blocks, d],
+then a ring of raw index keys [ratio, d], position p's at slot p % ratio (the incomplete block's keys, and
+the completed one's until this pass's rows overwrite them). After row r, (pos_r + 1) // ratio blocks are
+complete; positions must stay below max_blocks * ratio.
+
+- `qsa_compress` + `qsa_ring` (two launches, in that order, so a block's mean reads ring slots before this
+  pass overwrites them): a row whose position p ends a block averages the raw keys of p - ratio + 1 .. p
+  (this pass's rows, found by walking back in the row's own sequence, else the ring), RMSNorms and rotates
+  the mean at the block's first position (rows.py's head_post) and stores it as block (p + 1) / ratio - 1;
+  then every row's raw key goes to its ring slot.
+- `qsa_query`: the indexer query heads' RMSNorm and RoPE in place, a warp per (row, head).
+- `qsa_score` + `qsa_pick`: block scores sum_h relu(q_h . k_b) / sqrt(d) into a scratch row per query
+  (grid (splits, rows): each block a strided share of the row's 64-key tiles, so one decode row at 65k
+  blocks still fills the GPU), then one block of 1024 threads per row finds the k-th largest score exactly
+  (radix select on the float bits, 8 bits a pass: scores are >= 0, so the bits order them) and compacts, in
+  ascending block order, everything above it plus the lowest-index ties at it: the CPU's stable argsort.
+- `qsa_attend`: attention.py's decode structure (a block per (head, row, split), 4 warps, a lane per key,
+  online softmax, the attn_merge partials for split-K) over a gathered key list: the selected blocks'
+  positions, then the incomplete block's complete * ratio .. p. Serves prefill rows and decode rows alike;
+  K/V cells read as attention.py reads them (fp16, or int8 codes * scale).
+
+Numpy twins: `ref_qsa_keys` (runs blocks.qsa._compress itself), `ref_qsa_query`, `ref_qsa_scores`,
+`ref_qsa_pick`, `ref_qsa_select`, `ref_qsa_mask`, `ref_qsa_attend` (gated_attn.attend_masked).
+
+Legend: T = rows, B = complete blocks, Hi = indexer heads, d = indexer head dim, K = top_blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import cast
+
+import numpy as np
+
+from strata.blocks.gated_attn import attend_masked
+from strata.blocks.norms import rms_norm
+from strata.blocks.qsa import QSAParams, QSAState, _compress
+from strata.blocks.rope import Rope
+from strata.gpu.kernels import attention
+from strata.runtime.weights import WeightStore
+
+QSA_COL = 9  # the table column holding a row's QSA state address
+SCORE_KT = 64  # compressed keys a scoring tile
+# scoring blocks a launch aims for (2 per H200 SM); a row's share shrinks as more rows share the launch
+SCORE_BLOCKS = 264
+PICK_THREADS = 1024
+
+
+def qsa_stride(max_blocks: int, ratio: int, d: int) -> int:
+    """Floats of one layer's record: compressed keys [max_blocks, d], then the raw-key ring [ratio, d]."""
+    return max_blocks * d + ratio * d
+
+
+def score_smem(hi: int, d: int) -> int:
+    """qsa_score's dynamic shared memory: the row's queries [hi, d] and one key tile [SCORE_KT, d + 1]."""
+    return 4 * (hi * d + SCORE_KT * (d + 1))
+
+
+SOURCE = (
+    attention.SOURCE
+    + f"#define QSA_COL {QSA_COL}\n#define QSA_KT {SCORE_KT}\n"
+    + r"""
+
+// ---- compressed keys ----
+// grid (rows), block 32. raw [rows, D]: this pass's index-key projections, a sequence's rows contiguous at
+// consecutive positions.
+template <int D>
+__global__ void __launch_bounds__(32) qsa_compress(
+    const float* __restrict__ raw, const i64* __restrict__ tab, int tab_stride, int j, int stride, int ratio,
+    const float* __restrict__ kn, float eps, const float* __restrict__ inv_freq, int n_rot, int neox,
+    float pos_scale) {
+  constexpr int PER = D >= 32 ? D / 32 : 1;
+  __shared__ float mean[D], xs[D];
+  const int row = blockIdx.x, lane = threadIdx.x;
+  const i64* tr = tab + (i64)row * tab_stride;
+  const i64 p = tr[3];
+  if ((p + 1) % ratio != 0) return;
+  float* rec = (float*)tr[QSA_COL] + (i64)j * stride;
+  const float* ring = rec + stride - ratio * D;
+  const i64 first = p - ratio + 1;
+#pragma unroll
+  for (int i = 0; i < PER; i++) {
+    const int d = lane + 32 * i;
+    if (d >= D) continue;
+    float sum = 0.f;  // in position order, as numpy's mean over the block axis adds
+    for (int k = 0; k < ratio; k++) {
+      const int r = row - (ratio - 1 - k);  // position first + k is row r's, if r is of this sequence
+      const i64* t2 = tab + (i64)r * tab_stride;
+      const bool here = r >= 0 && t2[QSA_COL] == tr[QSA_COL] && t2[3] == first + k;
+      sum += here ? raw[(i64)r * D + d] : ring[((first + k) % ratio) * D + d];
+    }
+    mean[d] = sum / (float)ratio;
+  }
+  __syncwarp();
+  float v[PER];
+  head_post<D>(mean, 1, kn, eps, inv_freq, n_rot, neox, pos_scale, first, xs, v);
+  float* out = rec + ((p + 1) / ratio - 1) * D;
+#pragma unroll
+  for (int i = 0; i < PER; i++) { const int d = lane + 32 * i; if (d < D) out[d] = v[i]; }
+}
+
+// grid (rows), block 32: every row's raw key to ring slot p % ratio (after qsa_compress has read the ring)
+__global__ void __launch_bounds__(32) qsa_ring(const float* __restrict__ raw, int D,
+                                               const i64* __restrict__ tab, int tab_stride, int j, int stride,
+                                               int ratio) {
+  const i64* tr = tab + (i64)blockIdx.x * tab_stride;
+  float* slot = (float*)tr[QSA_COL] + (i64)j * stride + stride - ratio * D + (tr[3] % ratio) * D;
+  for (int d = threadIdx.x; d < D; d += blockDim.x) slot[d] = raw[(i64)blockIdx.x * D + d];
+}
+
+// ---- indexer queries: q [rows, Hi * D] in place; grid (rows, Hi), block 32 ----
+template <int D>
+__global__ void __launch_bounds__(32) qsa_query(float* __restrict__ q, int hi, const float* __restrict__ qn,
+                                                float eps, const float* __restrict__ inv_freq, int n_rot,
+                                                int neox, float pos_scale, const i64* __restrict__ tab,
+                                                int tab_stride) {
+  constexpr int PER = D >= 32 ? D / 32 : 1;
+  __shared__ float xs[D];
+  const int row = blockIdx.x, lane = threadIdx.x;
+  float* head = q + ((i64)row * hi + blockIdx.y) * D;
+  float v[PER];
+  head_post<D>(head, 0, qn, eps, inv_freq, n_rot, neox, pos_scale, tab[(i64)row * tab_stride + 3], xs, v);
+#pragma unroll
+  for (int i = 0; i < PER; i++) { const int d = lane + 32 * i; if (d < D) head[d] = v[i]; }
+}
+
+// ---- block scores: rows row0 + blockIdx.y, into scores[blockIdx.y, b] (ld floats a row) ----
+// grid (splits, rows), block 256; dynamic smem score_smem(hi, D). A tile's KT = 64 keys sit in shared memory
+// (rows padded to D + 1 floats: the lanes of a warp read 32 keys' same dim from 32 banks); thread t scores
+// key t % 64 against heads t / 64, + 4, .. (one head per warp at a time: the query reads broadcast).
+template <int D>
+__global__ void __launch_bounds__(256) qsa_score(
+    const float* __restrict__ q, int hi, const i64* __restrict__ tab, int tab_stride, int row0, int j,
+    int stride, int ratio, float sqrt_d, float* __restrict__ scores, int ld) {
+  constexpr int KT = QSA_KT, LD = D + 1, GROUPS = 256 / KT;
+  extern __shared__ float ssm[];
+  float* qs = ssm;            // [hi][D]
+  float* ks = ssm + hi * D;   // [KT][LD]
+  __shared__ float red[GROUPS][KT];
+  const int row = row0 + blockIdx.y;
+  const i64* tr = tab + (i64)row * tab_stride;
+  const int C = (int)((tr[3] + 1) / ratio), tiles = (C + KT - 1) / KT;
+  if ((int)blockIdx.x >= tiles) return;
+  const float* blocks = (const float*)tr[QSA_COL] + (i64)j * stride;
+  for (int i = threadIdx.x; i < hi * D; i += blockDim.x) qs[i] = q[(i64)row * hi * D + i];
+  const int kk = threadIdx.x % KT, g = threadIdx.x / KT;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int b0 = tile * KT, nk = min(KT, C - b0);
+    __syncthreads();  // the last tile's keys and sums are read; the queries are in
+    for (int i = threadIdx.x; i < nk * D; i += blockDim.x) ks[(i / D) * LD + i % D] = blocks[(i64)b0 * D + i];
+    __syncthreads();
+    float part = 0.f;
+    if (kk < nk) {
+      for (int h = g; h < hi; h += GROUPS) {
+        float dot = 0.f;
+#pragma unroll 16
+        for (int d = 0; d < D; d++) dot = fmaf(qs[h * D + d], ks[kk * LD + d], dot);
+        part += fmaxf(dot, 0.f);
+      }
+    }
+    red[g][kk] = part;
+    __syncthreads();
+    if (threadIdx.x < nk) {
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < GROUPS; i++) s += red[i][threadIdx.x];
+      scores[(i64)blockIdx.y * ld + b0 + threadIdx.x] = s / sqrt_d;
+    }
+  }
+}
+
+// ---- top-k: sel [rows, top] the kept blocks ascending (-1 past nsel), nsel [rows] ----
+// A score's bits with the sign cleared (-0 is 0): for scores >= 0 their order is the scores' order.
+__device__ __forceinline__ u32 score_bits(float s) { return __float_as_uint(s) & 0x7FFFFFFFu; }
+
+// Warp 0: the bin d of hist[256] holding the kleft-th largest candidate, counting from bin 255 down, into
+// out[0], and kleft less the candidates above bin d into out[1]. Lane l holds bins 255 - 8l .. 248 - 8l.
+__device__ __forceinline__ void radix_bin(const u32* hist, u32 kleft, u32* out) {
+  const int lane = threadIdx.x & 31;
+  u32 c[8], sum = 0u;
+#pragma unroll
+  for (int i = 0; i < 8; i++) { c[i] = hist[255 - 8 * lane - i]; sum += c[i]; }
+  u32 incl = sum;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const u32 t = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += t;
+  }
+  u32 run = incl - sum;
+  if (run < kleft && kleft <= incl) {  // one lane: kleft never exceeds the candidates
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      if (run + c[i] >= kleft) { out[0] = 255 - 8 * lane - i; out[1] = kleft - run; break; }
+      run += c[i];
+    }
+  }
+}
+
+// This thread's rank among the block's threads with flag set (in thread order), and their count in *total.
+// Every thread calls it; tot: 32 ints of shared memory.
+__device__ __forceinline__ int block_rank(bool flag, int* tot, int* total) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+  const u32 b = __ballot_sync(0xffffffffu, flag);
+  if (lane == 0) tot[warp] = __popc(b);
+  __syncthreads();
+  if (warp == 0) {
+    int v = lane < nw ? tot[lane] : 0;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int t = __shfl_up_sync(0xffffffffu, v, o);
+      if (lane >= o) v += t;
+    }
+    if (lane < nw) tot[lane] = v;  // inclusive
+  }
+  __syncthreads();
+  const int rank = (warp > 0 ? tot[warp - 1] : 0) + __popc(b & ((1u << lane) - 1u));
+  *total = tot[nw - 1];
+  __syncthreads();  // tot is rewritten by the next call
+  return rank;
+}
+
+// grid (rows), block 1024: row row0 + blockIdx.x, its scores in scores[blockIdx.x] (ld floats a row)
+__global__ void __launch_bounds__(1024) qsa_pick(const float* __restrict__ scores, int ld,
+                                                 const i64* __restrict__ tab, int tab_stride, int row0,
+                                                 int ratio, int top, int* __restrict__ sel,
+                                                 int* __restrict__ nsel) {
+  __shared__ u32 hist[256];
+  __shared__ u32 found[2];
+  __shared__ int tot[32];
+  const int row = row0 + blockIdx.x;
+  const int C = (int)((tab[(i64)row * tab_stride + 3] + 1) / ratio), K = min(C, top);
+  const float* s = scores + (i64)blockIdx.x * ld;
+  int* out = sel + (i64)row * top;
+  if (threadIdx.x == 0) nsel[row] = K;
+  for (int i = K + threadIdx.x; i < top; i += blockDim.x) out[i] = -1;
+  if (K == C || K == 0) {  // every complete block is kept, or none
+    for (int i = threadIdx.x; i < K; i += blockDim.x) out[i] = i;
+    return;
+  }
+  // the K-th largest score's bits, 8 at a time from the top; kleft: its rank among the candidates so far
+  u32 prefix = 0u, kleft = (u32)K;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0u;
+    __syncthreads();
+    const u32 high = shift == 24 ? 0u : 0xFFFFFFFFu << (shift + 8);
+    // warp-uniform trips, so a warp's lanes of one bin add once: the first pass puts nearly every score in
+    // one or two bins (they share their top exponent bits), which per-lane atomics would serialize on
+    for (int b0 = 0; b0 < C; b0 += blockDim.x) {
+      const int i = b0 + threadIdx.x;
+      const u32 u = i < C ? score_bits(s[i]) : 0u;
+      const u32 bin = i < C && (u & high) == prefix ? (u >> shift) & 255u : 256u;  // 256: not a candidate
+      const u32 same = __match_any_sync(0xffffffffu, bin);
+      if (bin < 256u && (threadIdx.x & 31) == __ffs(same) - 1) atomicAdd(&hist[bin], (u32)__popc(same));
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) radix_bin(hist, kleft, found);
+    __syncthreads();
+    prefix |= found[0] << shift;
+    kleft = found[1];
+  }
+  // everything above the threshold, and its first kleft ties by block index, in ascending order
+  int taken = 0, ties = 0;
+  for (int b0 = 0; b0 < C; b0 += blockDim.x) {
+    const int i = b0 + threadIdx.x;
+    const u32 u = i < C ? score_bits(s[i]) : 0u;
+    const bool eq = i < C && u == prefix;
+    int n_eq, n_take;
+    const int tie = ties + block_rank(eq, tot, &n_eq);
+    const bool take = i < C && (u > prefix || (eq && tie < (int)kleft));
+    const int at = taken + block_rank(take, tot, &n_take);
+    if (take) out[at] = i;
+    ties += n_eq;
+    taken += n_take;
+  }
+}
+
+// ---- attention over the selected keys: q, out [rows, H * HD] ----
+// Key i of a row's list: the nb = nsel * ratio positions of its selected blocks in order, then the
+// incomplete block's from tail0.
+__device__ __forceinline__ int qsa_key(const int* sel, int nb, int ratio, int tail0, int i) {
+  return i < nb ? sel[i / ratio] * ratio + i % ratio : tail0 + i - nb;
+}
+
+// attention.py's decode_core with the keys gathered through qsa_key: keys lo..hi-1 of the list.
+template <int HD, int Q8>
+__device__ __forceinline__ void qsa_core(const float* qs, const Cells<HD, Q8>& c, const int* sel, int nb,
+                                         int ratio, int tail0, int lo, int hi, float scale,
+                                         float* __restrict__ o_out, float* __restrict__ ml) {
+  constexpr int PER = HD >= 32 ? HD / 32 : 1;  // head dims per lane
+  constexpr int G = Q8_GROUP(HD), NG = Q8_GROUPS(HD);
+  __shared__ float pm[4], pl[4];
+  __shared__ float pacc[4][HD];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float m = -INFINITY, l = 0.0f, acc[PER];
+#pragma unroll
+  for (int i = 0; i < PER; i++) acc[i] = 0.0f;
+  for (int base = lo + warp * 32; base < hi; base += 128) {
+    const int key = base + lane;
+    int kp = 0;  // the key's position
+    float s = -INFINITY;
+    if (key < hi) {
+      kp = qsa_key(sel, nb, ratio, tail0, key);
+      float dot = 0.0f;
+      const uint4* kr = (const uint4*)c.kat(kp);
+      if (Q8) {
+        const float* sc = c.ksat(kp);
+#pragma unroll
+        for (int g = 0; g < NG; g++) {
+          float part = 0.0f;
+#pragma unroll
+          for (int cc = 0; cc < G / 16; cc++) {
+            const uint4 w = kr[g * (G / 16) + cc];
+            const signed char* b = (const signed char*)&w;
+#pragma unroll
+            for (int i = 0; i < 16; i++) part = fmaf(qs[g * G + 16 * cc + i], (float)b[i], part);
+          }
+          dot = fmaf(part, sc[g], dot);
+        }
+      } else {
+#pragma unroll
+        for (int cc = 0; cc < HD / 8; cc++) {
+          const uint4 w = kr[cc];
+          const u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            dot = fmaf(qs[8 * cc + 2 * i], h2f(ws[i] & 0xFFFF), dot);
+            dot = fmaf(qs[8 * cc + 2 * i + 1], h2f(ws[i] >> 16), dot);
+          }
+        }
+      }
+      s = dot * scale;
+    }
+    const float mnew = fmaxf(m, warp_max(s));  // lane 0's key is live: mnew is finite
+    const float alpha = expf(m - mnew);
+    const float p = key < hi ? expf(s - mnew) : 0.0f;
+    l = l * alpha + p;
+#pragma unroll
+    for (int i = 0; i < PER; i++) acc[i] *= alpha;
+    const int nk = min(32, hi - base);
+#pragma unroll 8
+    for (int jj = 0; jj < nk; jj++) {
+      const float pj = __shfl_sync(0xffffffffu, p, jj);
+      const int at = __shfl_sync(0xffffffffu, kp, jj);
+      if (PER * lane >= HD) continue;
+      if (Q8) {
+        const signed char* vr = (const signed char*)c.vat(at) + PER * lane;
+        const float sv = c.vsat(at)[(PER * lane) / G];
+#pragma unroll
+        for (int i = 0; i < PER; i++) acc[i] = fmaf(pj, (float)vr[i] * sv, acc[i]);
+      } else {
+        const u16* vr = (const u16*)c.vat(at) + PER * lane;
+        float vv[PER];
+        if (PER == 4) {
+          const uint2 w = *(const uint2*)vr;
+          vv[0] = h2f(w.x & 0xFFFF); vv[1 % PER] = h2f(w.x >> 16);
+          vv[2 % PER] = h2f(w.y & 0xFFFF); vv[3 % PER] = h2f(w.y >> 16);
+        } else if (PER == 2) {
+          const u32 w = *(const u32*)vr;
+          vv[0] = h2f(w & 0xFFFF); vv[1 % PER] = h2f(w >> 16);
+        } else {
+#pragma unroll
+          for (int i = 0; i < PER; i++) vv[i] = h2f(vr[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < PER; i++) acc[i] = fmaf(pj, vv[i], acc[i]);
+      }
+    }
+    m = mnew;
+  }
+  l = warp_sum(l);
+  if (lane == 0) { pm[warp] = m; pl[warp] = l; }
+#pragma unroll
+  for (int i = 0; i < PER; i++) {
+    const int d = PER * lane + i;
+    if (d < HD) pacc[warp][d] = acc[i];
+  }
+  __syncthreads();
+  const float M = fmaxf(fmaxf(pm[0], pm[1]), fmaxf(pm[2], pm[3]));
+  float w[4], L = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; i++) { w[i] = pm[i] == -INFINITY ? 0.0f : expf(pm[i] - M); L += pl[i] * w[i]; }
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+    float o = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) o += pacc[i][d] * w[i];
+    o_out[d] = ml == nullptr ? o / L : o;
+  }
+  if (ml != nullptr && threadIdx.x == 0) { ml[0] = M; ml[1] = L; }
+}
+
+// grid (H, rows, splits), block 128; with splits > 1, part as attn_decode's (attn_merge writes out)
+template <int HD, int Q8>
+__global__ void __launch_bounds__(128) qsa_attend(
+    const float* __restrict__ q, const i64* __restrict__ tab, int tab_stride, int layer, int H, int KV,
+    float scale, const int* __restrict__ sel, const int* __restrict__ nsel, int top, int ratio,
+    float* __restrict__ out, float* __restrict__ part, int splits) {
+  __shared__ float qs[HD];
+  const int h = blockIdx.x, row = blockIdx.y, kvh = h / (H / KV);
+  const i64* tr = tab + (i64)row * tab_stride;
+  const int pos = (int)tr[3], tail0 = (pos + 1) / ratio * ratio;
+  const int nb = nsel[row] * ratio, S = nb + pos - tail0 + 1;  // the keys this row sees
+  int lo, hi;
+  float* partial = splits > 1 ? part_of<HD>(part, H, splits) : nullptr;
+  if (!split_range(S, splits, lo, hi)) { if (threadIdx.x == 0) partial[HD + 1] = 0.f; return; }
+  const Cells<HD, Q8> c(tr, layer, KV, kvh);
+  for (int d = threadIdx.x; d < HD; d += blockDim.x) qs[d] = q[(i64)row * H * HD + h * HD + d];
+  __syncthreads();
+  qsa_core<HD, Q8>(qs, c, sel + (i64)row * top, nb, ratio, tail0, lo, hi, scale,
+                   partial != nullptr ? partial : out + (i64)row * H * HD + h * HD,
+                   partial != nullptr ? partial + HD : nullptr);
+}
+"""
+)
+
+
+def compress_name(d: int) -> str:
+    return f"qsa_compress<{d}>"
+
+
+def query_name(d: int) -> str:
+    return f"qsa_query<{d}>"
+
+
+def score_name(d: int) -> str:
+    return f"qsa_score<{d}>"
+
+
+def attend_name(hd: int, q8: bool = False) -> str:
+    return f"qsa_attend<{hd}, {int(q8)}>"
+
+
+def kernel_names(head_dims: Iterable[int]) -> list[str]:
+    """Every instance for these head dims (the indexer's and attention's alike), both KV cell types."""
+    dims = list(head_dims)
+    return (
+        ["qsa_ring", "qsa_pick"]
+        + [f(d) for f in (compress_name, query_name, score_name) for d in dims]
+        + [attend_name(d, q8) for d in dims for q8 in (False, True)]
+    )
+
+
+# ---- numpy twins ----
+def record_views(record: np.ndarray, max_blocks: int, ratio: int, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """One layer's record [stride] as (compressed keys [max_blocks, d], ring [ratio, d]), views."""
+    n = max_blocks * d
+    return record[:n].reshape(max_blocks, d), record[n : n + ratio * d].reshape(ratio, d)
+
+
+class _GivenKeys:
+    """The two weight calls _compress makes, answered with the kernel's inputs (the index-key projection's
+    output itself, and the key norm), so the twin runs the CPU's code unchanged."""
+
+    def __init__(self, k_norm: np.ndarray) -> None:
+        self.k_norm = k_norm
+
+    def matmul(self, x: np.ndarray, name: str) -> np.ndarray:
+        return x
+
+    def vector(self, name: str) -> np.ndarray:
+        return self.k_norm
+
+
+def ref_qsa_keys(
+    raw: np.ndarray,
+    positions: np.ndarray,
+    record: np.ndarray,
+    max_blocks: int,
+    ratio: int,
+    k_norm: np.ndarray,
+    eps: float,
+    rope: Rope,
+) -> np.ndarray:
+    """One sequence's record of one layer after a pass of raw keys [T, d] at consecutive positions: the
+    blocks they complete (blocks.qsa._compress on the state the record holds), each row's key in its ring
+    slot."""
+    d = raw.shape[1]
+    out = record.copy()
+    blocks, ring = record_views(out, max_blocks, ratio, d)
+    s0 = int(positions[0])
+    done = s0 // ratio
+    tail = np.stack([ring[q % ratio] for q in range(done * ratio, s0)]) if s0 > done * ratio else blocks[:0]
+    st = QSAState(blocks[:done].copy(), tail.copy())
+    p = QSAParams(n_heads=1, head_dim=d, budget=ratio, ratio=ratio, eps=eps)
+    _compress(raw, cast(WeightStore, _GivenKeys(k_norm)), 0, p, rope, rope.tables, st)
+    blocks[: st.blocks.shape[0]] = st.blocks
+    for r, q in enumerate(positions):
+        ring[int(q) % ratio] = raw[r]
+    return out
+
+
+def ref_qsa_query(
+    q: np.ndarray, positions: np.ndarray, q_norm: np.ndarray, eps: float, rope: Rope
+) -> np.ndarray:
+    """Indexer queries [T, Hi, d] normed and rotated at their positions, as qsa_select makes them."""
+    return rope.apply(rms_norm(q, q_norm, eps), *rope.tables(positions))
+
+
+def ref_qsa_scores(q: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """Block scores [T, B] of queries [T, Hi, d] against compressed keys [B, d], qsa_select's lines."""
+    scores = np.matmul(q, blocks.T)  # [T, Hi, B]
+    return np.maximum(scores, np.float32(0)).sum(axis=1) / np.float32(np.sqrt(q.shape[-1]))
+
+
+def ref_qsa_pick(scores: np.ndarray, complete: np.ndarray, top_blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    """sel [T, top_blocks] int32 (the kept blocks ascending, -1 past nsel) and nsel [T]: each row's
+    min(complete, top_blocks) best visible blocks, ties to the earlier block (qsa_select's stable argsort)."""
+    t, n_blocks = scores.shape
+    visible = np.arange(n_blocks)[None, :] < complete[:, None]  # [T, B]
+    ranked = np.argsort(np.where(visible, -scores, np.inf), axis=1, kind="stable")  # best first
+    nsel = np.minimum(complete, top_blocks).astype(np.int32)
+    sel = np.full((t, top_blocks), -1, np.int32)
+    for r in range(t):
+        sel[r, : nsel[r]] = np.sort(ranked[r, : nsel[r]])
+    return sel, nsel
+
+
+def ref_qsa_select(
+    q: np.ndarray, blocks: np.ndarray, positions: np.ndarray, ratio: int, top_blocks: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """sel, nsel (ref_qsa_pick) for normed, rotated queries [T, Hi, d] at `positions` against one sequence's
+    compressed keys [B, d] (B: at least the blocks complete by the last row)."""
+    return ref_qsa_pick(ref_qsa_scores(q, blocks), (positions + 1) // ratio, top_blocks)
+
+
+def ref_qsa_mask(sel: np.ndarray, nsel: np.ndarray, positions: np.ndarray, ratio: int, s: int) -> np.ndarray:
+    """The keys [T, S] each row attends to: its selected blocks' positions and the incomplete block's."""
+    mask = np.zeros((sel.shape[0], s), dtype=bool)
+    for r in range(sel.shape[0]):
+        for b in sel[r, : nsel[r]]:
+            mask[r, b * ratio : (b + 1) * ratio] = True
+        mask[r, (positions[r] + 1) // ratio * ratio : positions[r] + 1] = True
+    return mask
+
+
+def ref_qsa_attend(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    positions: np.ndarray,
+    sel: np.ndarray,
+    nsel: np.ndarray,
+    ratio: int,
+    scale: float,
+    q8: bool = False,
+) -> np.ndarray:
+    """q [T, H, hd] of one sequence's rows against its keys and values [S, KV, hd] as cached (fp16 or int8
+    cells, attention.ref_cells), restricted to the selection: attend_masked."""
+    mask = ref_qsa_mask(sel, nsel, positions, ratio, k.shape[0])
+    return attend_masked(q, attention.ref_cells(k, q8), attention.ref_cells(v, q8), scale, mask)
