@@ -53,7 +53,7 @@ def _run(m, prompt: np.ndarray, steps: int):
     return out, st
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next", "qwen4exp"])
 def test_any_cache_size_equals_all_resident(tmp_path, arch):
     path = tiny_file(tmp_path, arch)
     prompt = np.random.default_rng(1).integers(0, 900, 40)  # chunks of 16, 16 (borrowing) and 8 (zero-copy)

@@ -103,10 +103,10 @@ def run_plan(args: argparse.Namespace) -> int:
         out = {**pred.json(), **ctx}
         lines.append(table(pred))
         lines.append(_context_text(ctx))
-    else:  # no GPU path yet (qwen4exp: issue 16): only the tiers that do not depend on it
+    else:  # no GPU path: only the tiers that do not depend on it
         out["gpu"] = None
         lines.append(
-            f"{g.architecture}: no GPU path yet, so no VRAM placement (the GPU runs {', '.join(GPU_ARCHS)})"
+            f"{g.architecture}: no GPU path, so no VRAM placement (the GPU runs {', '.join(GPU_ARCHS)})"
         )
     if TABLE in g.tensors:  # the PLE table's tier: from --ram-gib when given, else this machine's free RAM
         size = g.tensors[TABLE].nbytes
@@ -145,6 +145,7 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
     budget, trained, vocab = int(args.vram_gib * GIB), cpu.params.n_ctx_train, cpu.params.vocab
     choice = None if args.ctx_size else choose_context(g, dims, linear, trained, vocab, opts, budget)
     n_ctx = args.ctx_size or choice.n_ctx  # type: ignore[union-attr]
+    dims = dataclasses.replace(shape_of(cpu, n_ctx)[0], kv8=kind is KVType.INT8)  # qwen4exp's QSA records
     per, allowed = {}, {}
     for k in (
         KVType.F16,

@@ -1,4 +1,5 @@
-"""The GPU engine (cupy): quantized kernels, a GPU decoder for llama/qwen3moe/qwen3next, CUDA-graph decode.
+"""The GPU engine (cupy): quantized kernels, a GPU decoder for llama/qwen3moe/qwen3next/qwen4exp, CUDA-graph
+decode.
 
 Importing this package needs no cupy; `resolve_device` decides whether the GPU path runs, and
 `gpu_model` builds it from the numpy model (same parameters, same GGUF).
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     from strata.models.base import Model
 
 DEVICES = ("auto", "cuda", "cpu")
-GPU_ARCHS = ("llama", "qwen3moe", "qwen3next")
+GPU_ARCHS = ("llama", "qwen3moe", "qwen3next", "qwen4exp")
 
 
 def resolve_device(device: str, arch: str) -> str:

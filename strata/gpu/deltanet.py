@@ -121,6 +121,10 @@ class RecurrentState:
     def table_cols(self) -> list[int]:
         return [self.conv.data.ptr, self.ssm.data.ptr]
 
+    def device_buffers(self) -> list[Any]:
+        """What a pass advances (a graph's warm-up run puts them back)."""
+        return [self.conv, self.ssm]
+
     def copy(self) -> RecurrentState:
         out = RecurrentState(self.ledger, self.dims, self.n_layer)
         out.conv[...] = self.conv
@@ -171,16 +175,19 @@ def run_deltanet(
     small: bool,
     before_write: Callable[[], None] | None = None,
 ) -> None:
-    """x[:n] += DeltaNet_j(rmsnorm(x)) for DeltaNet layer j (its index among DeltaNet layers). segments:
-    (start, length) per sequence, or None when every row is one sequence's single decode token. before_write:
-    called before the launch that adds into x (the lookahead's branch reads x until then)."""
+    """x[:n] += DeltaNet_j(rmsnorm(x)) (norm None: of act.h as it stands) for DeltaNet layer j (its index
+    among DeltaNet layers). segments: (start, length) per sequence, or None when every row is one sequence's
+    single decode token. before_write: called before the launch that adds into x (the lookahead's branch reads
+    x until then)."""
     mix, ld, c = act.dn_mix, dn.mix_cols, dn.conv_channels
+    src = act.h if norm is None else act.x  # no norm: act.h holds the input (hyper-connections)
     if small:
         _grouped(
-            w.proj, lambda ms, col: ops.matvec(ms, act.x, n, ptr(mix, 4 * col), ldy=ld, norm=norm, eps=eps)
+            w.proj, lambda ms, col: ops.matvec(ms, src, n, ptr(mix, 4 * col), ldy=ld, norm=norm, eps=eps)
         )
     else:
-        ops.rmsnorm(act.x, norm, eps, n, act.x.shape[1], act.h)
+        if norm is not None:
+            ops.rmsnorm(act.x, norm, eps, n, act.x.shape[1], act.h)
         _grouped(w.proj, lambda ms, col: ops.matmul(ms, act.h, n, ptr(mix, 4 * col), ldc=ld))
     nc, ns = dn.state_floats()
     runs = [(0, 1, n)] if segments is None else [(s, t, 1) for s, t in segments]

@@ -20,9 +20,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from strata.gpu.deltanet import RECURRENT
-from strata.gpu.layers import TAB, Activations, run_layer
-from strata.gpu.runtime import cupy_module, ptr
+from strata.gpu.layers import TAB, Activations
+from strata.gpu.runtime import cupy_module
 from strata.runtime.state import SequenceState
 from strata.sampling.sampler import DRAW_COLS
 
@@ -33,14 +32,19 @@ class GraphModel(Protocol):
     ops: Any  # strata.gpu.ops.Ops
     dims: Any
     params: Any
-    embd: Any
-    inv_freq: Any
     stream: Any  # the cupy stream every launch goes on
     tiers: Any  # strata.gpu.tiers.GpuTiers or None
+    host_inputs: bool  # each step needs the host to know its tokens first (qwen4exp's PLE rows)
 
     def layers_for(self, n: int) -> list[Any]: ...
 
-    def head_logits(self, x: Any, n: int, out: Any = None) -> Any: ...
+    def prepare(self, tokens: list[np.ndarray], states: list[SequenceState], act: Activations) -> None: ...
+
+    def embed(self, act: Activations, n: int, tab: Any) -> None: ...
+
+    def run_layer(self, i: int, layer: Any, act: Activations, n: int, tab: Any, segs: Any) -> None: ...
+
+    def head_logits(self, act: Activations, n: int, out: Any = None) -> Any: ...
 
     def table_row(self, state: SequenceState, pos: int, token: int) -> list[int]: ...
 
@@ -78,10 +82,10 @@ class DecodeGraphs:
         """The whole step for slots 0..b-1, reading `tab` and writing logits and the next tokens."""
         m, act = self.model, self._act
         assert act is not None
-        m.ops.embed(m.embd, ptr(self.tab, 32), b, act.x, id_stride=TAB)
+        m.embed(act, b, self.tab)
         for i, layer in enumerate(m.layers_for(b)):
-            run_layer(m.ops, i, layer, m.dims, act, b, self.tab, None, m.inv_freq)
-        m.head_logits(act.x, b, act.logits)
+            m.run_layer(i, layer, act, b, self.tab, None)
+        m.head_logits(act, b, act.logits)
         m.ops.sample_rows(act.logits, b, m.params.vocab, self.draws, self.tab, TAB, self.chosen)
         m.ops.advance(self.tab, TAB, b)
 
@@ -97,7 +101,7 @@ class DecodeGraphs:
             # DeltaNet states are not rewritten but advanced, so they are put back too.
             saved = self.tab[:b].copy()
             live = [r for r in (ref() for ref in self._recurrent) if r is not None]
-            recurrent = [(r, r.conv.copy(), r.ssm.copy()) for r in live]
+            recurrent = [(buf, buf.copy()) for r in live for buf in r.device_buffers()]
             self._kernels(b)
             self.tab[:b] = saved
             tiers = self.model.tiers
@@ -111,8 +115,8 @@ class DecodeGraphs:
                     self.model.stream.synchronize()
                     tiers.share.take_calls(b)
                     tiers.share.take_mapped(b)
-            for r, conv, ssm in recurrent:
-                r.conv[...], r.ssm[...] = conv, ssm
+            for buf, kept in recurrent:
+                buf[...] = kept
             s = self.model.stream
             s.begin_capture()
             try:
@@ -124,7 +128,9 @@ class DecodeGraphs:
 
     def _load(self, tokens: list[int], states: list[SequenceState], extra: int = 1) -> None:
         rows = []
-        self._recurrent = [weakref.ref(s.layers[RECURRENT]) for s in states if RECURRENT in s.layers]
+        self._recurrent = [
+            weakref.ref(st) for s in states for st in s.layers.values() if hasattr(st, "device_buffers")
+        ]
         for t, s in zip(tokens, states):
             s.kv.reserve(s.n_past + extra)  # type: ignore[attr-defined]
             rows.append(self.model.table_row(s, s.n_past, t))
@@ -137,6 +143,7 @@ class DecodeGraphs:
         with self.model.stream:
             act = self._buffers()
             self._load(tokens, states)
+            self.model.prepare([np.asarray([t]) for t in tokens], states, act)
             if tiers is not None:
                 tiers.publish()
             self._launch(b)
@@ -157,9 +164,10 @@ class DecodeGraphs:
         b = len(tokens)
         cp = cupy_module()
         with self.model.stream:
-            self._buffers()
+            act = self._buffers()
             self.greedy(b)
             self._load(tokens, states, extra=steps)
+            self.model.prepare([np.asarray([t]) for t in tokens], states, act)
             out = cp.empty((steps, b), cp.int64)
             tiers = self.model.tiers
             # a cache that learns sees every pass (a round trip each); a static one counts once at the end
@@ -169,6 +177,9 @@ class DecodeGraphs:
                     tiers.publish()
                 self._launch(b)
                 out[k] = self.tab[:b, 4]
+                if self.model.host_inputs and k + 1 < steps:  # the next step's inputs, from the drawn tokens
+                    drawn = self.tab[:b, 4].get(stream=self.model.stream)
+                    self.model.prepare([np.asarray([t]) for t in drawn], states, act)
                 if learning:
                     tiers.overlap()
                     tiers.cache.settle(tiers.take_counts(b), 0, [s.experts for s in states], [1] * b)

@@ -25,15 +25,17 @@ from typing import Any
 from strata.gpu.deltanet import DeltaNetWeights, DNDims, run_deltanet
 from strata.gpu.kernels import attention, moe
 from strata.gpu.ops import Ops
+from strata.gpu.qwen4exp import HCBuffers, HCDims
 from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.tiers import COLLECT_TIMEOUT_NS, TierHook
 from strata.gpu.weights import DevMatrix
 
 GEMV_ROWS = 8  # up to this many rows, projections read weights once through gemv
 # int64 columns per row of the table kernels read: k ptr, v ptr, cap, position, token, the DeltaNet
-# state's conv and ssm addresses (0 for models without it), and int8 KV cells' k and v scale addresses (0 for
-# fp16 cells)
-TAB = 9
+# state's conv and ssm addresses (0 for models without it), int8 KV cells' k and v scale addresses (0 for
+# fp16 cells), and qwen4exp's QSA and PLE state address (twice: kernels/qsa.py and kernels/hyper.py each read
+# their own column; 0 for other models)
+TAB = 11
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,7 @@ class Dims:
     shared_ff: int = 0  # shared expert width, 0: none
     dn: DNDims | None = None  # DeltaNet layers' shape, None: attention only
     kv8: bool = False  # the KV cache holds int8 cells (--kv-type int8)
+    hc: HCDims | None = None  # hyper-connection streams and what they carry (qwen4exp), None: one residual
 
     @property
     def qkv_cols(self) -> int:
@@ -86,6 +89,9 @@ class LayerWeights:
     kv_layer: int = 0  # this attention layer's index in the KV cache
     dn_layer: int = 0  # this DeltaNet layer's index in the recurrent state
     tier: TierHook | None = None  # set: the experts live in the tiers; count each routed lookup
+    # set: attention over the keys this object selects per query (qwen4exp's QSA, strata.gpu.qwen4exp), which
+    # reads the layer's normed input from act.h; it writes act.att as _attention would
+    sparse: Any = None
 
 
 class Activations:
@@ -139,6 +145,7 @@ class Activations:
             self.dn_mix = cp.empty((n, dims.dn.mix_cols), f32)
             self.dn_y = cp.empty((n, dims.dn.conv_channels), f32)
             self.dn_o = cp.empty((n, dims.dn.inner), f32)
+        self.hc = None if dims.hc is None else HCBuffers(dims.hc, n)
 
     @staticmethod
     def part_floats(dims: Dims) -> int:
@@ -154,6 +161,8 @@ class Activations:
             per += 4 * (2 * dims.shared_ff + dims.d + 1)
         if dims.dn is not None:
             per += 4 * (dims.dn.mix_cols + dims.dn.conv_channels + dims.dn.inner)
+        if dims.hc is not None:
+            per += dims.hc.bytes_per_row()
         if dims.n_expert:
             return (
                 per + 4 * (dims.n_expert + a * (2 * dims.ffn + dims.d + 6)) + dims.d + a * dims.ffn
@@ -191,6 +200,24 @@ def run_layer(
         assert w.router is not None and w.tier is not None
         ahead.fork(ops, w.tier.layer, w.router, w.ffn_norm, dm.eps, act.x, n, dm.norm_topk)
         before_write = ahead.read_done
+    run_mixer(ops, w, dm, act, n, tab, segments, inv_freq, before_write)
+    run_ffn(ops, w, dm, act, n)
+
+
+def run_mixer(
+    ops: Ops,
+    w: LayerWeights,
+    dm: Dims,
+    act: Activations,
+    n: int,
+    tab: Any,
+    segments: list[Segment] | None,
+    inv_freq: Any,
+    before_write: Callable[[], None] | None = None,
+) -> None:
+    """x[:n] += mixer(its input): DeltaNet or attention. The input is norm(x) (fused into the first products)
+    or, for a layer without attn_norm (hyper-connections), act.h as it stands."""
+    small = n <= GEMV_ROWS
     if w.dn is not None:
         assert dm.dn is not None
         runs = (
@@ -203,6 +230,11 @@ def run_layer(
         )
     else:
         _attention_block(ops, w, dm, act, n, tab, segments, inv_freq, small, before_write)
+
+
+def run_ffn(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
+    """x[:n] += ffn(its input): norm(x), or act.h for a layer without ffn_norm (as run_mixer)."""
+    small = n <= GEMV_ROWS
     if dm.n_expert:
         _moe(ops, w, dm, act, n)
     else:
@@ -226,13 +258,15 @@ def _attention_block(
     before_write: Callable[[], None] | None = None,
 ) -> None:
     x, h, layer = act.x, act.h, w.kv_layer
+    src = h if w.attn_norm is None else x  # no norm: act.h holds the input (hyper-connections)
     assert w.o is not None
     if small and _same_kind(w.qkv):
-        ops.matvec(w.qkv, x, n, act.qkv, norm=w.attn_norm, eps=dm.eps)
+        ops.matvec(w.qkv, src, n, act.qkv, norm=w.attn_norm, eps=dm.eps)
         if w.attn_gate is not None:
-            ops.matvec([w.attn_gate], x, n, act.gate, norm=w.attn_norm, eps=dm.eps)
+            ops.matvec([w.attn_gate], src, n, act.gate, norm=w.attn_norm, eps=dm.eps)
     else:  # normalise once, then q|k|v as one product where their types agree, else one each
-        ops.rmsnorm(x, w.attn_norm, dm.eps, n, dm.d, h)
+        if w.attn_norm is not None:
+            ops.rmsnorm(x, w.attn_norm, dm.eps, n, dm.d, h)
         groups = [w.qkv] if _same_kind(w.qkv) else [[m] for m in w.qkv]
         col = 0
         for ms in groups:
@@ -247,7 +281,7 @@ def _attention_block(
                 ops.matvec([w.attn_gate], h, n, act.gate)
             else:
                 ops.matmul(w.attn_gate, h, n, act.gate)
-    if ops.split and (segments is None or all(s.n == 1 for s in segments)):  # decode rows only: one launch
+    if w.sparse is None and ops.split and (segments is None or all(s.n == 1 for s in segments)):  # one launch
         ops.attn_decode_qkv(
             act.qkv,
             tab,
@@ -289,7 +323,10 @@ def _attention_block(
             act.q,
             dm.kv8,
         )
-        _attention(ops, layer, dm, act, n, tab, segments)
+        if w.sparse is not None:  # each query attends to the keys the layer's own selection picks (QSA)
+            w.sparse.attend(ops, dm, act, n, tab, inv_freq)
+        else:
+            _attention(ops, layer, dm, act, n, tab, segments)
     if w.attn_gate is not None:
         ops.gate_mul(act.att, act.gate, n, dm.n_head * dm.hd)
     if before_write is not None:  # the lookahead's branch reads x until here
@@ -382,7 +419,16 @@ def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
     assert w.router is not None
     # the router stays a gemv at any n: fp32 logits, so expert choice matches the CPU path
     q8 = n <= GEMV_ROWS and ops.takes_q8(w.gate, w.up, w.down) and dm.ffn % 32 == 0
-    if ops.split and n <= GEMV_ROWS:  # routing in the router's own launch
+    if (
+        w.ffn_norm is None
+    ):  # act.h is the input as it stands (hyper-connections): no fused norm, no int8 codes
+        q8 = False
+        if n > GEMV_ROWS and w.router.qtype == 0:
+            ops.router_logits(h, n, w.router, act.router)
+        else:
+            ops.matvec([w.router], h, n, act.router)
+        ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
+    elif ops.split and n <= GEMV_ROWS:  # routing in the router's own launch
         ops.router_topk(
             w.router,
             x,

@@ -33,16 +33,20 @@ from strata.gpu.layers import (
     LayerWeights,
     Segment,
     SharedExpert,
+    run_ffn,
     run_layer,
+    run_mixer,
 )
 from strata.gpu.lookahead import Lookahead
 from strata.gpu.ops import HEAD_DIMS, Ops
+from strata.gpu.qwen4exp import Qwen4ExpParts, hc_dims
 from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.tiers import GpuTiers, TierOptions
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
 from strata.models.base import Model
 from strata.models.qwen3moe import Qwen3Moe
 from strata.models.qwen3next import Qwen3Next
+from strata.models.qwen4exp import Qwen4Exp
 from strata.runtime.kvcache import KVCache, KVType
 from strata.runtime.state import SequenceState
 from strata.tiers import context
@@ -71,17 +75,22 @@ class GpuOptions:
     kv_type: KVType = KVType.F16  # the KV cells: f16 or int8 (strata.runtime.kvcache)
 
 
-GROWING = ("KV cache", "DeltaNet state")  # plan parts that sequences take from the ledger as they come
+GROWING = (
+    "KV cache",
+    "DeltaNet state",
+    "QSA and PLE state",
+)  # plan parts that sequences take from the ledger as they come
 # VRAM the process holds outside the memory pool: kernel modules, captured graphs, driver allocations.
 # Measured on the H200 with the 80B shape at three budgets: 375-379 MiB beyond the pool's own total
 DRIVER_PART = "CUDA modules, graphs and driver"
 DRIVER_BYTES = 384 * MIB
 
 
-def shape_of(cpu: Model) -> tuple[Dims, list[bool]]:
-    """The kernels' dimensions of a llama / qwen3moe / qwen3next model, and which layers are DeltaNet."""
+def shape_of(cpu: Model, n_ctx: int = 0) -> tuple[Dims, list[bool]]:
+    """The kernels' dimensions of a llama / qwen3moe / qwen3next / qwen4exp model serving n_ctx positions, and
+    which layers are DeltaNet."""
     p, gguf = cpu.params, cpu.gguf  # type: ignore[attr-defined]
-    hybrid = isinstance(cpu, Qwen3Next)
+    hybrid = isinstance(cpu, (Qwen3Next, Qwen4Exp))
     moe = hybrid or isinstance(cpu, Qwen3Moe)
     linear = list(cpu.linear) if hybrid else [False] * p.n_layer  # type: ignore[attr-defined]
     gate = tensor(T.FFN_GATE_EXP if moe else T.FFN_GATE, 0)
@@ -103,7 +112,8 @@ def shape_of(cpu: Model) -> tuple[Dims, list[bool]]:
         norm_topk=getattr(routing, "norm_topk", True),
         gated=hybrid,
         shared_ff=gguf.tensors[shared].shape[-2] if shared in gguf.tensors else 0,
-        dn=DNDims.of(cpu.dn) if isinstance(cpu, Qwen3Next) else None,
+        dn=DNDims.of(cpu.dn) if hybrid else None,  # type: ignore[attr-defined]
+        hc=hc_dims(cpu, n_ctx) if isinstance(cpu, Qwen4Exp) else None,
     )
     return dims, linear
 
@@ -151,8 +161,11 @@ def vram_plan(
         plan.parts[f"DeltaNet state ({seqs} + 1 x)"] = (
             (seqs + 1) * 4 * (len(linear) - n_attn) * sum(d.dn.state_floats())
         )
+    if d.hc is not None and d.hc.extra_floats():
+        plan.parts[f"QSA and PLE state ({seqs} + 1 x)"] = (seqs + 1) * 4 * d.hc.extra_floats()
     rows = Activations.bytes_per_row(d)
-    part = 4 * Activations.part_floats(d)  # decode attention's split-K partials
+    # decode attention's split-K partials (and qwen4exp's block scores)
+    part = 4 * Activations.part_floats(d) + (d.hc.fixed_bytes() if d.hc is not None else 0)
     plan.parts[f"activations ({chunk}-token chunks)"] = rows * chunk + 4 * vocab * opts.max_batch + part
     plan.parts[f"decode graph buffers (up to {opts.max_batch} sequences)"] = (
         rows * opts.max_batch + 4 * vocab * opts.max_batch + part
@@ -183,7 +196,7 @@ class GpuModel(Model):
                 f"head_dim {p.attn.head_dim} has no GPU attention kernel "
                 f"(have {', '.join(map(str, HEAD_DIMS))}); use device=cpu",
             )
-        hybrid = isinstance(cpu, Qwen3Next)
+        hybrid = isinstance(cpu, (Qwen3Next, Qwen4Exp))
         moe = hybrid or isinstance(cpu, Qwen3Moe)
         dims, self.linear = shape_of(cpu)
         self.dims = dataclasses.replace(dims, kv8=opts.kv_type is KVType.INT8)
@@ -192,6 +205,11 @@ class GpuModel(Model):
         free = int(cp.cuda.runtime.memGetInfo()[0])
         budget = opts.budget_mib * MIB if opts.budget_mib else free - opts.reserve_mib * MIB
         self.n_ctx = opts.n_ctx or self._choose_context(gguf, p.n_ctx_train, budget)
+        if isinstance(cpu, Qwen4Exp):  # the QSA records are sized by the context
+            self.dims = dataclasses.replace(self.dims, hc=hc_dims(cpu, self.n_ctx))
+            # the lookahead's router reads a normed residual, which hyper-connections do not have
+            opts = dataclasses.replace(opts, tiers=dataclasses.replace(opts.tiers, prefetch=0))
+            self.opts = opts
         plan = vram_plan(gguf, self.dims, self.linear, self.n_ctx, self.chunk, p.vocab, opts, budget)
         if plan.slot_bytes:
             note(plan.cache_line(free, 0 if opts.budget_mib else opts.reserve_mib * MIB))
@@ -217,6 +235,8 @@ class GpuModel(Model):
                 if tiered
                 else None
             )
+            self.hc = Qwen4ExpParts(cpu, self.w, self.dims.hc) if self.dims.hc is not None else None
+            self.host_inputs = self.hc is not None and self.hc.dims.ple is not None
             self.layers: list[LayerWeights] = []
             for i in range(p.n_layer):
                 self.layers.append(self._layer(i, moe, hybrid))
@@ -224,7 +244,7 @@ class GpuModel(Model):
             out = tensor(T.OUTPUT)
             self.embd = self.w.matrix(tensor(T.TOKEN_EMBD))
             self.head = self.w.matrix(out) if self.w.has(out) else self.embd  # tied embeddings
-            self.out_norm = self.w.vector(tensor(T.OUTPUT_NORM))
+            self.out_norm = None if self.hc is not None else self.w.vector(tensor(T.OUTPUT_NORM))
             self.inv_freq = cp.asarray(inv_freq(p.rope))
             self.stream.synchronize()
         upload(self.w.nbytes(), self.w.nbytes())  # what went up, where the estimate differs (a tied head)
@@ -272,6 +292,11 @@ class GpuModel(Model):
             self.tiers.close()
 
     @property
+    def ple_stats(self) -> Any:
+        """qwen4exp's PLE table traffic (the host gathers its rows), for the timings; None for others."""
+        return None if self.hc is None else self.hc.cpu.ple_stats
+
+    @property
     def expert_cache(self) -> ExpertCache | None:
         return None if self.tiers is None else self.tiers.cache
 
@@ -296,11 +321,14 @@ class GpuModel(Model):
                 w.matrix(tensor(T.FFN_DOWN_SHEXP, i)),
                 w.matrix(tensor(T.FFN_GATE_INP_SHEXP, i)),
             )
-        ffn_norm = w.vector(tensor(T.ATTN_POST_NORM if hybrid else T.FFN_NORM, i))
+        # hyper-connections (qwen4exp) have no norms: the sublayers read the mixed input in act.h
+        streams = self.hc is not None
+        ffn_norm = None if streams else w.vector(tensor(T.ATTN_POST_NORM if hybrid else T.FFN_NORM, i))
+        attn_norm = None if streams else w.vector(tensor(T.ATTN_NORM, i))
         router = w.matrix(tensor(T.FFN_GATE_INP, i)) if moe else None
         if self.linear[i]:
             return LayerWeights(
-                attn_norm=w.vector(tensor(T.ATTN_NORM, i)),
+                attn_norm=attn_norm,
                 qkv=[],
                 o=None,
                 q_norm=None,
@@ -320,7 +348,7 @@ class GpuModel(Model):
         else:
             q, attn_gate = w.matrix(tensor(T.ATTN_Q, i)), None
         return LayerWeights(
-            attn_norm=w.vector(tensor(T.ATTN_NORM, i)),
+            attn_norm=attn_norm,
             qkv=[q] + [w.matrix(tensor(k, i)) for k in (T.ATTN_K, T.ATTN_V)],
             o=w.matrix(tensor(T.ATTN_OUT, i)),
             q_norm=opt(T.ATTN_Q_NORM),
@@ -334,13 +362,18 @@ class GpuModel(Model):
             shared=shared,
             kv_layer=self.linear[:i].count(False),
             tier=hook,
+            sparse=None if self.hc is None else self.hc.sparse(i),
         )
 
     # ---- Model interface ----
     def decode_ahead(self) -> GraphAhead | None:
         """The scheduler's decode pipeline inside the graph; None (the host's pipeline) while the CPU takes a
         share of the misses, whose calls are counted pass by pass in sync."""
-        if not self.graphs.max_batch or (self.tiers is not None and self.tiers.share is not None):
+        if (
+            not self.graphs.max_batch
+            or self.host_inputs  # the PLE rows of a drawn token are hashed and gathered on the host
+            or (self.tiers is not None and self.tiers.share is not None)
+        ):
             return None
         return GraphAhead(self)
 
@@ -350,6 +383,8 @@ class GpuModel(Model):
         st = SequenceState(GpuKV(self.ledger, self.n_attn, d.n_kv, d.hd, self.n_ctx, kind))  # type: ignore[arg-type]
         if d.dn is not None:
             st.layers[RECURRENT] = RecurrentState(self.ledger, d.dn, len(self.linear) - self.n_attn)
+        if self.hc is not None:
+            st.layers.update(self.hc.new_state(self.ledger))
         return st
 
     @staticmethod
@@ -357,7 +392,10 @@ class GpuModel(Model):
         """The kernels' row (layers.TAB columns) for `state` at position pos."""
         rec = state.layers.get(RECURRENT)
         cols = rec.table_cols() if isinstance(rec, RecurrentState) else [0, 0]
-        return state.kv.table_row(pos) + [token] + cols + state.kv.scale_cols()  # type: ignore[attr-defined]
+        extra = Qwen4ExpParts.table_col(state)  # qwen4exp's QSA records, then PLE windows (0: none)
+        return (
+            state.kv.table_row(pos) + [token] + cols + state.kv.scale_cols() + [extra, extra]  # type: ignore[attr-defined]
+        )
 
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
@@ -398,15 +436,16 @@ class GpuModel(Model):
                 start += len(t)
             tab = cp.asarray(np.asarray(tab_rows, np.int64))
             act = Activations(self.dims, n, 0, 0)
-            self.ops.embed(self.embd, ptr(tab, 32), n, act.x, id_stride=TAB)
+            self.prepare(tokens, states, act)
+            self.embed(act, n, tab)
             for i, layer in enumerate(self.layers_for(n)):
                 if staging is None:
-                    run_layer(self.ops, i, layer, self.dims, act, n, tab, segs, self.inv_freq)
+                    self.run_layer(i, layer, act, n, tab, segs)
                     continue
                 assert tiers is not None
                 li = tiers.cache.layer_of[i]
                 tiers.before_layer(li)
-                run_layer(self.ops, i, self._prefill_layers[i], self.dims, act, n, tab, segs, self.inv_freq)
+                self.run_layer(i, self._prefill_layers[i], act, n, tab, segs)
                 tiers.after_layer(staging, li)
             staged_bytes = tiers.end_staging(staging) if tiers is not None and staging is not None else 0
             if tiers is not None:
@@ -423,15 +462,49 @@ class GpuModel(Model):
             if want == "none":
                 self.stream.synchronize()
                 return np.empty((0, self.params.vocab), np.float32)
-            rows = act.x if want == "all" else act.x[cp.asarray([g.start + g.n - 1 for g in segs])]
-            logits = self.head_logits(rows, rows.shape[0])
+            rows = n
+            if want != "all":  # each sequence's last row moves to the front for the head
+                rows = len(segs)
+                idx = cp.asarray([g.start + g.n - 1 for g in segs])
+                if self.hc is not None:
+                    self.hc.keep_rows(act, idx)
+                else:
+                    act.x[:rows] = act.x[idx]
+            logits = self.head_logits(act, rows)
             return logits.get(stream=self.stream)
 
-    def head_logits(self, x: Any, n: int, out: Any = None) -> Any:
-        """Final norm and the output projection for n rows of x: logits [n, vocab] (gemv, fp32)."""
+    # ---- the steps of a pass (this eager one and the decode graphs') ----
+    def prepare(self, tokens: list[np.ndarray], states: list[SequenceState], act: Activations) -> None:
+        """Host inputs of a pass beside the row table: qwen4exp's PLE rows."""
+        if self.hc is not None:
+            self.hc.prepare(tokens, states, act)
+
+    def embed(self, act: Activations, n: int, tab: Any) -> None:
+        """The rows' tokens (column 4 of tab) -> act.x, or the hyper-connection streams."""
+        self.ops.embed(self.embd, ptr(tab, 32), n, act.x, id_stride=TAB)
+        if self.hc is not None:
+            self.hc.embed(self.ops, act, n)
+
+    def run_layer(
+        self, i: int, layer: LayerWeights, act: Activations, n: int, tab: Any, segs: list[Segment] | None
+    ) -> None:
+        if self.hc is not None:
+            self.hc.run_layer(
+                self.ops, i, layer, self.dims, act, n, tab, segs, self.inv_freq, run_mixer, run_ffn
+            )
+            return
+        run_layer(self.ops, i, layer, self.dims, act, n, tab, segs, self.inv_freq)
+
+    def head_logits(self, act: Activations, n: int, out: Any = None) -> Any:
+        """Final norm (or mixer) and the output projection for the first n rows: logits [n, vocab] (gemv,
+        fp32)."""
         cp = cupy_module()
         if out is None:
             out = cp.empty((n, self.params.vocab), cp.float32)
+        x = act.x
+        if self.hc is not None:
+            self.hc.final(self.ops, act, n, self.dims.eps)
+            x = act.h
         for r in range(0, n, 64):  # bounded blocks of rows: each gemv pass reads the head once per 8 rows
             m = min(64, n - r)
             self.ops.matvec(

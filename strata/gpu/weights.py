@@ -62,18 +62,32 @@ def role(name: str) -> str:
 
 
 def weight_bytes(gguf: GGUFFile) -> dict[str, int]:
-    """Bytes per component, as they will sit in VRAM."""
+    """Bytes per component, as they will sit in VRAM (the PLE's n-gram table stays on the host: --ple-io)."""
     out: dict[str, int] = {}
     for t in gguf.tensors.values():
+        if t.name.startswith("per_layer_token_embd"):
+            continue
         n = int(np.prod(t.shape)) * 4 if len(t.shape) == 1 else t.nbytes
         out[role(t.name)] = out.get(role(t.name), 0) + n
     return out
 
 
+# Read otherwise than by the product kernels: conv kernels [C, W] as float vectors (DeltaNet, PLE), the PLE's
+# n-gram table on the host (--ple-io), the hyper-connection mixers' low-rank matrices as zero-padded floats
+_NOT_MATRICES = (
+    ".ssm_conv1d",
+    ".ple_conv1d",
+    "per_layer_token_embd",
+    "hc_attn_up",
+    "hc_ffn_up",
+    "output_hc_up",
+)
+
+
 def check_gpu_types(gguf: GGUFFile) -> None:
     """Refuse at load, naming the tensor, a type the GPU kernels cannot read."""
     for t in gguf.tensors.values():
-        if ".ssm_conv1d" in t.name:  # DeltaNet's conv kernel [C, W] is read as a float vector, not a matrix
+        if any(k in t.name for k in _NOT_MATRICES):
             continue
         if len(t.shape) > 1 and t.qtype not in GPU_QTYPES:
             names = ", ".join(sorted(GGMLQuantizationType(q).name for q in GPU_QTYPES))
@@ -136,6 +150,20 @@ class GpuWeights:
         )
         self._mats[q.name], self._mats[g.name] = q, g
         return q, g
+
+    def float_matrix(self, name: str, rows: int = 0, cols: int = 0) -> DevMatrix:
+        """A small matrix as float32, zero-padded to `rows` x `cols` (0: its own): the products read rows in
+        multiples of 32 values, and a zero row or column leaves them exact (hyper-connections' low rank)."""
+        info = self.gguf.tensors[name]
+        r, c = info.shape[-2], info.shape[-1]
+        host = np.zeros((max(rows, r), max(cols, c)), np.float32)
+        host[:r, :c] = dequantize(self.gguf.raw(name), info.qtype).reshape(r, c)
+        m = DevMatrix(
+            name, int(GGMLQuantizationType.F32), host.shape[0], host.shape[1], 1, 4 * host.shape[1],
+            cupy_module().asarray(host.reshape(-1).view(np.uint8)),
+        )  # fmt: skip
+        self._mats[name] = m
+        return m
 
     def vector(self, name: str) -> Any:
         """A 1-D tensor (norm weights; DeltaNet's small conv kernel, flattened) as float32 on the device."""

@@ -11,7 +11,7 @@ complete; positions must stay below max_blocks * ratio.
   pass overwrites them): a row whose position p ends a block averages the raw keys of p - ratio + 1 .. p
   (this pass's rows, found by walking back in the row's own sequence, else the ring), RMSNorms and rotates
   the mean at the block's first position (rows.py's head_post) and stores it as block (p + 1) / ratio - 1;
-  then every row's raw key goes to its ring slot.
+  then every row's raw key goes to its ring slot (the last of a sequence's rows that share a slot).
 - `qsa_query`: the indexer query heads' RMSNorm and RoPE in place, a warp per (row, head).
 - `qsa_score` + `qsa_pick`: block scores sum_h relu(q_h . k_b) / sqrt(d) into a scratch row per query
   (grid (splits, rows): each block a strided share of the row's 64-key tiles, so one decode row at 65k
@@ -103,11 +103,17 @@ __global__ void __launch_bounds__(32) qsa_compress(
   for (int i = 0; i < PER; i++) { const int d = lane + 32 * i; if (d < D) out[d] = v[i]; }
 }
 
-// grid (rows), block 32: every row's raw key to ring slot p % ratio (after qsa_compress has read the ring)
+// grid (rows), block 32: every row's raw key to ring slot p % ratio (after qsa_compress has read the ring).
+// A row whose sequence has a row ratio positions later in this pass leaves the slot to it: blocks run in no
+// set order, so two writers of one slot would race (a sequence's rows are contiguous, positions consecutive).
 __global__ void __launch_bounds__(32) qsa_ring(const float* __restrict__ raw, int D,
                                                const i64* __restrict__ tab, int tab_stride, int j, int stride,
                                                int ratio) {
   const i64* tr = tab + (i64)blockIdx.x * tab_stride;
+  if (blockIdx.x + ratio < gridDim.x) {
+    const i64* later = tab + (i64)(blockIdx.x + ratio) * tab_stride;
+    if (later[QSA_COL] == tr[QSA_COL] && later[3] == tr[3] + ratio) return;
+  }
   float* slot = (float*)tr[QSA_COL] + (i64)j * stride + stride - ratio * D + (tr[3] % ratio) * D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) slot[d] = raw[(i64)blockIdx.x * D + d];
 }
