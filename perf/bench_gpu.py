@@ -63,6 +63,13 @@ def step_bytes(gpu: Any, b: int) -> float:
             total += experts * sum(m.expert_stride for m in (L.gate, L.up, L.down))
         else:
             total += sum(m.data.nbytes for m in (L.gate, L.up, L.down))
+    if gpu.hc is not None:  # qwen4exp: the hyper-connection mixers, QSA indexers and PLE projections
+        hc = gpu.hc
+        mixers = [*hc.attn, *hc.ffn, hc.head]
+        mats = [m for x in mixers for m in (x.down, x.up, x.inject) if m is not None]
+        mats += [m for q in hc.qsa.values() for m in (q.q, q.k)]
+        mats += [m for p in hc.ple.values() for m in (p.key, p.value)]
+        total += sum(m.data.nbytes for m in mats)
     return total
 
 
@@ -327,10 +334,15 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
         r0, s0 = (share.requests, share.busy_s) if share is not None else (0, 0.0)
         w0 = (cache.swaps, cache.swap_bytes) if cache is not None else (0, 0)
         pf0 = dataclasses.replace(cache.prefetch) if cache is not None else None
+        host0 = gpu.hc.host_s if gpu.hc is not None else 0.0
         t = time.perf_counter()
         gpu.graphs.greedy_loop(list(range(1, b + 1)), states, a.gen)
         dt = time.perf_counter() - t
         res[f"tg{a.gen}_b{b}"] = b * a.gen / dt
+        if gpu.hc is not None and gpu.hc.dims.ple is not None:  # the PLE rows' hash, gather and upload
+            host = gpu.hc.host_s - host0
+            res[f"ple_host_share_b{b}"] = host / dt
+            print(f"  PLE rows on the host: {host / a.gen * 1e3:.3f} ms a step, {host / dt:.1%} of decode")
         if cache is not None and cache.policy is not None:
             res[f"swaps_b{b}"] = {"swaps": cache.swaps - w0[0], "bytes": cache.swap_bytes - w0[1]}
             print(

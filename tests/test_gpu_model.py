@@ -469,7 +469,12 @@ def test_oracle_fixture_engine_matches_cpu(tmp_path, arch, kind):
         f"\noracle fixture {arch} {kind}: {len(ids)}-token prompt logits rel {e:.2e}, max |dlogit| "
         f"{e_max:.3f}; greedy gpu {tg} cpu {tc}; identical for {same} of {len(tc)}"
     )
-    assert e < 2e-2
+    bound = 2e-2
+    if kv == "int8":  # the cells' codes are rounded from each engine's own fp32 keys: some differ by a step
+        own = rel(lc, Engine.load(path, device="cpu").logits(ids))  # what int8 cells change on the CPU alone
+        bound = max(bound, own / 2)
+        print(f"int8 cells themselves, on the CPU: {own:.2e} (bound {bound:.2e})")
+    assert e < bound
     if same < len(tc):
         gap = float(
             steps[same][tc[same]] - steps[same][tg[same]]

@@ -22,6 +22,7 @@ P = the PLE embedding width, Hi / d = indexer heads / head dim.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -318,6 +319,7 @@ class Qwen4ExpParts:
     def __init__(self, cpu: Any, w: GpuWeights, dims: HCDims) -> None:
         p = cpu.params
         self.cpu, self.dims = cpu, dims
+        self.host_s = 0.0  # time the host spent on the PLE rows (prepare), for benchmarks
         qsa, ple, rank = dims.qsa, dims.ple, dims.rank
         self.attn = [self._mixer(w, names, rank) for names in cpu.hc_attn]
         self.ffn = [self._mixer(w, names, rank) for names in cpu.hc_ffn]
@@ -380,6 +382,7 @@ class Qwen4ExpParts:
         """Before a pass: gather the PLE rows of every row's token into hc.e (and advance the histories)."""
         if self.cpu.ple is None:
             return
+        t0 = time.perf_counter()
         pp, table = self.cpu.ple, self.cpu.ple_table
         rows = []
         for t, s in zip(tokens, states):
@@ -389,6 +392,7 @@ class Qwen4ExpParts:
         flat = np.concatenate(rows)
         e = embeddings(table, table.gather(flat, len(flat)), len(flat))
         act.hc.e[: len(flat)].set(np.ascontiguousarray(e, np.float32))
+        self.host_s += time.perf_counter() - t0
 
     def embed(self, ops: Any, act: Any, n: int) -> None:
         """streams = the embedding (in act.x) in every stream."""
