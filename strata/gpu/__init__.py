@@ -11,13 +11,15 @@ from typing import TYPE_CHECKING
 
 from strata.errors import ConfigError
 from strata.gpu.runtime import available
+from strata.models import registry
 
 if TYPE_CHECKING:
     from strata.gpu.model import GpuModel, GpuOptions
     from strata.models.base import Model
 
 DEVICES = ("auto", "cuda", "cpu")
-GPU_ARCHS = ("llama", "qwen3moe", "qwen3next", "qwen4exp")
+# the architectures whose model file declares its Structure (strata.models.base): the GPU path builds those
+GPU_ARCHS = tuple(arch for arch, cls in registry().items() if cls.structure is not None)
 
 
 def resolve_device(device: str, arch: str) -> str:

@@ -1,5 +1,5 @@
-"""GpuModel: the llama / qwen3moe / qwen3next decoder with weights, KV cache, recurrent state and every
-kernel on the GPU.
+"""GpuModel: the llama / qwen3moe / qwen3next / qwen4exp decoder with weights, KV cache, recurrent state and
+every kernel on the GPU, built from what the model file declares (its `Structure`) and the GGUF's tensors.
 
 It implements the same Model interface as the numpy DecoderLM it is built from (same params, same
 tensor names), so the engine and the scheduler drive it unchanged. forward() runs eagerly (prefill
@@ -43,10 +43,7 @@ from strata.gpu.qwen4exp import Qwen4ExpParts, hc_dims
 from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.tiers import GpuTiers, TierOptions
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
-from strata.models.base import Model
-from strata.models.qwen3moe import Qwen3Moe
-from strata.models.qwen3next import Qwen3Next
-from strata.models.qwen4exp import Qwen4Exp
+from strata.models.base import Model, Structure
 from strata.runtime.kvcache import KVCache, KVType
 from strata.runtime.state import SequenceState
 from strata.tiers import context
@@ -86,12 +83,19 @@ DRIVER_PART = "CUDA modules, graphs and driver"
 DRIVER_BYTES = 384 * MIB
 
 
+def structure_of(cpu: Model) -> Structure:
+    st = type(cpu).structure
+    if st is None:
+        raise ConfigError("device", "cuda", f"{cpu.arch} has no GPU path; use device=cpu")
+    return st
+
+
 def shape_of(cpu: Model, n_ctx: int = 0) -> tuple[Dims, list[bool]]:
     """The kernels' dimensions of a llama / qwen3moe / qwen3next / qwen4exp model serving n_ctx positions, and
     which layers are DeltaNet."""
     p, gguf = cpu.params, cpu.gguf  # type: ignore[attr-defined]
-    hybrid = isinstance(cpu, (Qwen3Next, Qwen4Exp))
-    moe = hybrid or isinstance(cpu, Qwen3Moe)
+    st = structure_of(cpu)
+    hybrid, moe = st.hybrid, st.moe
     linear = list(cpu.linear) if hybrid else [False] * p.n_layer  # type: ignore[attr-defined]
     gate = tensor(T.FFN_GATE_EXP if moe else T.FFN_GATE, 0)
     shared = tensor(T.FFN_GATE_SHEXP, 0)
@@ -113,7 +117,7 @@ def shape_of(cpu: Model, n_ctx: int = 0) -> tuple[Dims, list[bool]]:
         gated=hybrid,
         shared_ff=gguf.tensors[shared].shape[-2] if shared in gguf.tensors else 0,
         dn=DNDims.of(cpu.dn) if hybrid else None,  # type: ignore[attr-defined]
-        hc=hc_dims(cpu, n_ctx) if isinstance(cpu, Qwen4Exp) else None,
+        hc=hc_dims(cpu, n_ctx) if st.streams else None,
     )
     return dims, linear
 
@@ -196,8 +200,7 @@ class GpuModel(Model):
                 f"head_dim {p.attn.head_dim} has no GPU attention kernel "
                 f"(have {', '.join(map(str, HEAD_DIMS))}); use device=cpu",
             )
-        hybrid = isinstance(cpu, (Qwen3Next, Qwen4Exp))
-        moe = hybrid or isinstance(cpu, Qwen3Moe)
+        st = structure_of(cpu)
         dims, self.linear = shape_of(cpu)
         self.dims = dataclasses.replace(dims, kv8=opts.kv_type is KVType.INT8)
         self.chunk = max(1, opts.chunk)
@@ -205,7 +208,7 @@ class GpuModel(Model):
         free = int(cp.cuda.runtime.memGetInfo()[0])
         budget = opts.budget_mib * MIB if opts.budget_mib else free - opts.reserve_mib * MIB
         self.n_ctx = opts.n_ctx or self._choose_context(gguf, p.n_ctx_train, budget)
-        if isinstance(cpu, Qwen4Exp):  # the QSA records are sized by the context
+        if st.streams:  # the QSA records are sized by the context
             self.dims = dataclasses.replace(self.dims, hc=hc_dims(cpu, self.n_ctx))
             # the lookahead's router reads a normed residual, which hyper-connections do not have
             opts = dataclasses.replace(opts, tiers=dataclasses.replace(opts.tiers, prefetch=0))
@@ -239,7 +242,7 @@ class GpuModel(Model):
             self.host_inputs = self.hc is not None and self.hc.dims.ple is not None
             self.layers: list[LayerWeights] = []
             for i in range(p.n_layer):
-                self.layers.append(self._layer(i, moe, hybrid))
+                self.layers.append(self._layer(i, st.moe, st.hybrid))
                 upload(self.w.nbytes())
             out = tensor(T.OUTPUT)
             self.embd = self.w.matrix(tensor(T.TOKEN_EMBD))
@@ -249,7 +252,7 @@ class GpuModel(Model):
             self.stream.synchronize()
         upload(self.w.nbytes(), self.w.nbytes())  # what went up, where the estimate differs (a tied head)
         self.ops = Ops(
-            {(L.gate.qtype, L.up.qtype, L.down.qtype) for L in self.layers} if moe else set(),
+            {(L.gate.qtype, L.up.qtype, L.down.qtype) for L in self.layers} if st.moe else set(),
             opts.split,
             opts.q8,
         )

@@ -106,10 +106,22 @@ class LayerNames:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Structure:
+    """What an architecture's layers are made of, declared once in its model file: the GPU path
+    (strata.gpu) builds its layers from this and the file's tensors, and a model without one has no GPU path.
+    """
+
+    moe: bool = False  # routed experts (else a dense SwiGLU FFN)
+    hybrid: bool = False  # Gated DeltaNet layers beside gated attention, a shared expert, attn_post_norm
+    streams: bool = False  # hyper-connection streams in place of the residual and its norms (QSA, PLE)
+
+
 class Model(ABC):
     """Interface the engine drives: fresh per-sequence state and a forward over new tokens."""
 
     arch: ClassVar[str]
+    structure: ClassVar[Structure | None] = None
     params: DecoderParams
     kv_type: KVType = KVType.F32  # how new states store attention KV; Engine.load sets it from --kv-type
 

@@ -9,11 +9,12 @@ import numpy as np
 
 from strata.blocks.norms import silu
 from strata.blocks.rope import RopeStyle
-from strata.models.base import DecoderLM, register
+from strata.models.base import DecoderLM, Structure, register
 
 
 @register("llama")
 class Llama(DecoderLM):
+    structure = Structure()
     rope_style = RopeStyle.NORM
     qk_norm = False
 

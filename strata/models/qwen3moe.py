@@ -13,12 +13,13 @@ from strata.blocks.moe import lookahead, route_softmax_topk, swiglu_experts
 from strata.blocks.rope import RopeStyle
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, tensor
-from strata.models.base import DecoderLM, register, require
+from strata.models.base import DecoderLM, Structure, register, require
 from strata.runtime.weights import WeightStore
 
 
 @register("qwen3moe")
 class Qwen3Moe(DecoderLM):
+    structure = Structure(moe=True)
     rope_style = RopeStyle.NEOX
     qk_norm = True
 

@@ -21,7 +21,7 @@ from strata.blocks.shared_moe import moe_shared
 from strata.errors import GGUFError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, tensor
-from strata.models.base import DecoderParams, Model, register, require
+from strata.models.base import DecoderParams, Model, Structure, register, require
 from strata.runtime.state import LayerState, SequenceState
 from strata.runtime.weights import WeightStore
 
@@ -47,6 +47,8 @@ def recurrent_layers(g: GGUFFile, n_layer: int) -> list[bool]:
 
 @register("qwen3next")
 class Qwen3Next(Model):
+    structure = Structure(moe=True, hybrid=True)
+
     def __init__(self, gguf: GGUFFile, weights: WeightStore) -> None:
         self.gguf, self.w = gguf, weights
         self.params = p = DecoderParams.from_gguf(gguf, RopeStyle.NEOX, qk_norm=True)

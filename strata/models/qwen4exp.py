@@ -31,7 +31,7 @@ from strata.blocks.shared_moe import moe_shared
 from strata.errors import GGUFError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, X, tensor
-from strata.models.base import DecoderParams, Model, register
+from strata.models.base import DecoderParams, Model, Structure, register
 from strata.models.qwen3next import recurrent_layers, require_int
 from strata.runtime.state import LayerState, SequenceState
 from strata.runtime.weights import WeightStore
@@ -49,6 +49,8 @@ def _hc(layer: int | None, norm: X, down: X, up: X, inject: X | None) -> HCNames
 
 @register("qwen4exp")
 class Qwen4Exp(Model):
+    structure = Structure(moe=True, hybrid=True, streams=True)
+
     def __init__(self, gguf: GGUFFile, weights: WeightStore) -> None:
         self.gguf, self.w = gguf, weights
         self.params = p = DecoderParams.from_gguf(gguf, RopeStyle.NEOX, qk_norm=True)
