@@ -138,7 +138,10 @@ class TableReader:
         return out
 
     def gather(self, rows: np.ndarray, n_tokens: int) -> np.ndarray:
-        return self.take(self.prefetch(rows), n_tokens)
+        """The rows now, read on this thread (a hop to the helper thread would only add its wake-up)."""
+        done: Future[np.ndarray] = Future()
+        done.set_result(self._gather(np.asarray(rows, np.int64).reshape(-1)))
+        return self.take(done, n_tokens)
 
     def _gather(self, flat: np.ndarray) -> np.ndarray:
         if self.mode != "direct":

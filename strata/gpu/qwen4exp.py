@@ -358,10 +358,11 @@ class Qwen4ExpParts:
 
     @staticmethod
     def _mixer(w: GpuWeights, names: Any, rank: int) -> Mixer:
+        padded = w.gguf.tensors[names.down].shape[-2] != rank  # a rank the products cannot read as it is
         return Mixer(
             w.vector(names.norm),
-            w.float_matrix(names.down, rows=rank),
-            w.float_matrix(names.up, cols=rank),
+            w.float_matrix(names.down, rows=rank) if padded else w.matrix(names.down),
+            w.float_matrix(names.up, cols=rank) if padded else w.matrix(names.up),
             None if names.inject is None else w.matrix(names.inject),
         )
 
