@@ -596,6 +596,19 @@ def _q8_rows(cp, h: np.ndarray):
     return cp.asarray(q), cp.asarray(np.stack([d, s], -1).reshape(q.shape[0], -1).astype(np.float32))
 
 
+def test_q8_rows_are_the_twin_codes(cp, ops):
+    """The experts' int8 inputs of a layer without a norm to fuse (hyper-connections): codes and scales
+    exactly as mmvq.quantize_q8 rounds them, for K up to mmvq.MAX_K."""
+    rng = np.random.default_rng(61)
+    for n, k in ((1, 2048), (3, 64), (8, 8192)):
+        h = (rng.standard_normal((n, k)) * rng.uniform(0.1, 10, (n, 1))).astype(np.float32)
+        hq, hds = cp.zeros((n, k), cp.int8), cp.zeros((n, k // 16), cp.float32)
+        ops.q8_rows(cp.asarray(h), n, k, hq, hds)
+        want_q, want_ds = _q8_rows(cp, h)
+        np.testing.assert_array_equal(hq.get(), want_q.get())
+        np.testing.assert_array_equal(hds.get(), want_ds.get())
+
+
 @pytest.mark.parametrize("qt", [Q.F32, Q.Q8_0, Q.Q4_K], ids=lambda q: q.name)
 def test_router_topk_equals_matvec_then_topk(cp, ops, qt):
     """The fused decode router (norm-fused gemv, then the last block routes) against matvec + topk, bit for

@@ -419,15 +419,14 @@ def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
     assert w.router is not None
     # the router stays a gemv at any n: fp32 logits, so expert choice matches the CPU path
     q8 = n <= GEMV_ROWS and ops.takes_q8(w.gate, w.up, w.down) and dm.ffn % 32 == 0
-    if (
-        w.ffn_norm is None
-    ):  # act.h is the input as it stands (hyper-connections): no fused norm, no int8 codes
-        q8 = False
+    if w.ffn_norm is None:  # act.h is the input as it stands (hyper-connections): no norm to fuse
         if n > GEMV_ROWS and w.router.qtype == 0:
             ops.router_logits(h, n, w.router, act.router)
         else:
             ops.matvec([w.router], h, n, act.router)
         ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
+        if q8:
+            ops.q8_rows(h, n, dm.d, act.hq, act.hds)
     elif ops.split and n <= GEMV_ROWS:  # routing in the router's own launch
         ops.router_topk(
             w.router,

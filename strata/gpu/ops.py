@@ -108,7 +108,8 @@ class Ops:
         q8pairs = sorted({(q, q) for q in q8t} | {(g, u) for g, u, _ in moe_types if g in q8t and u in q8t})
         self.mmvq = Kernels(
             mmvq.SOURCE,
-            [mmvq.mmvq_name(q, nt, p) for q in q8t for nt in GEMV_NT for p in (0, 1, 2)]
+            ["q8_rows"]
+            + [mmvq.mmvq_name(q, nt, p) for q in q8t for nt in GEMV_NT for p in (0, 1, 2)]
             + [mmvq.gate_up_q8_name(g, u) for g, u in q8pairs]
             + [mmvq.down_q8_name(q) for q in q8t],
         )
@@ -702,6 +703,10 @@ class Ops:
             256,
             (dw.table, i64(dw.row_bytes), ids, wts, i32(a), aq, ads, i32(dw.rows), i32(f), x),
         )
+
+    def q8_rows(self, x: Any, n: int, k: int, hq: Any, hds: Any) -> None:
+        """hq [n, k] int8 codes and hds [n, k / 16] (d, d * sum) pairs of x [n, k], as mmvq.quantize_q8."""
+        launch(self.mmvq["q8_rows"], (n,), 256, (dev_ptr(x), i32(k), i32(k), hq, hds))
 
     def tier_count(
         self,

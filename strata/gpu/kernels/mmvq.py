@@ -91,6 +91,15 @@ __device__ __forceinline__ void stage_row_q8(i8* xq, float2* xds, const float* r
   }
 }
 
+// Rows x [n, K] as the experts' int8 inputs (hq [n, K], hds [n, K / 32]) where no fused router launch
+// wrote them: hyper-connection layers have no norm for router_topk to fuse. Grid (n), block 256.
+__global__ void __launch_bounds__(256) q8_rows(const float* __restrict__ x, int ldx, int K,
+                                               i8* __restrict__ xq, float2* __restrict__ xds) {
+  __shared__ float red[8];
+  const int t = blockIdx.x;
+  stage_row_q8<0>(xq + (i64)t * K, xds + (i64)t * (K >> 5), x + (i64)t * ldx, K, nullptr, 0.f, red);
+}
+
 // 32 weights of a row (unit u) against the inputs' codes: acc[t] += sum over the unit for t < n.
 template <int QT> struct V;
 
