@@ -7,7 +7,6 @@ between slots, lost token or re-read prompt shows up as a wrong token.
 from __future__ import annotations
 
 import asyncio
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -284,39 +283,56 @@ def test_every_finish_reason_maps_to_both_protocols() -> None:
         assert reason in OPENAI_FINISH and reason in ANTHROPIC_STOP
 
 
-def _simulate(d: float, a: float, b: float, chunk: int, prompt: int) -> tuple[float, float, float]:
+def _simulate(
+    d: float, a: float, b: float, chunk: int, prompt: int, floor: float = 0.0, taught: bool = True
+) -> tuple[float, float, float]:
     """A newcomer's prompt read beside running streams under the cost model decode-only = d, mixed =
-    a + b n (the pacer sees only the times, after one earlier prompt read alone taught it b). Returns (the
-    streams' pace / solo pace until the prompt's first token, as `strata bench`'s prefill scenario measures
-    it; TTFT / solo TTFT; the longest window in d)."""
+    max(floor, a + b n) (the floor: the GPU's eager pass, launch-bound at few tokens). The pacer sees only
+    the times, after one earlier prompt read alone taught it b (taught), or after short prompts beside the
+    streams only (as `strata bench` runs). Returns (the streams' pace / solo pace until the prompt's first
+    token, as `strata bench`'s prefill scenario measures it; TTFT / solo TTFT; the longest window in d)."""
     from strata.sched.pacer import PrefillPacer
 
+    def cost(n: int, rows: float = a) -> float:
+        return max(floor, rows + b * n)
+
     p = PrefillPacer()
-    p.observe(a - d + b * chunk, chunk, streams=False)  # an earlier prompt, alone
+    if taught:
+        p.observe(cost(chunk, a - d), chunk, streams=False)  # an earlier prompt, alone
     for _ in range(3):
         p.observe(d, 0)
+    if not taught:
+        for n in (15, 13, 12, 13):
+            p.observe(cost(n), n)
+            p.observe(d, 0)
     left, elapsed, tokens, longest = prompt, 0.0, 0, 0.0
     while left > 0:
         n = p.chunk(chunk, left)
-        t = d if n == 0 else a + b * n
+        t = d if n == 0 else cost(n)
         p.observe(t, n)
         left, elapsed, tokens, longest = left - n, elapsed + t, tokens + 1, max(longest, t)
-    solo = math.ceil(prompt / chunk) * (a - d) + b * prompt  # alone: no decode rows in its windows
+    # alone: no decode rows in its windows
+    solo = sum(cost(min(chunk, prompt - s), a - d) for s in range(0, prompt, chunk))
     return tokens * d / elapsed, elapsed / solo, longest / d
 
 
 @pytest.mark.parametrize(
-    "kind, d, a, b, chunk, prompt",
+    "kind, d, a, b, chunk, prompt, floor, taught",
     [
-        ("gpu", 0.004, 0.008, 0.00012, 2048, 16384),  # 80B shape: ~4 ms decode, ~8.4k tok/s prefill
-        ("gpu small fixed part", 0.004, 0.0045, 0.00012, 2048, 4096),
-        ("cpu", 0.1, 0.11, 0.002, 512, 3000),
+        ("gpu", 0.004, 0.008, 0.00012, 2048, 16384, 0.0, True),  # 80B: ~4 ms decode, ~8.4k tok/s prefill
+        ("gpu small fixed part", 0.004, 0.0045, 0.00012, 2048, 4096, 0.0, True),
+        ("cpu", 0.1, 0.11, 0.002, 512, 3000, 0.0, True),
+        # the H200 bench (issue 15): 3 streams at 11 ms, eager passes >= 36 ms, only short prompts before
+        ("h200 bench", 0.011, 0.012, 0.00012, 2048, 4118, 0.036, False),
+        ("h200 bench, taught", 0.011, 0.012, 0.00012, 2048, 4118, 0.036, True),
     ],
 )
-def test_pacer_keeps_both_promises(kind: str, d: float, a: float, b: float, chunk: int, prompt: int) -> None:
+def test_pacer_keeps_both_promises(
+    kind: str, d: float, a: float, b: float, chunk: int, prompt: int, floor: float, taught: bool
+) -> None:
     from strata.sched.pacer import KEEP
 
-    pace, ttft, longest = _simulate(d, a, b, chunk, prompt)
+    pace, ttft, longest = _simulate(d, a, b, chunk, prompt, floor, taught)
     print(
         f"{kind}: streams keep {pace:.0%} of their pace, TTFT {ttft:.2f}x solo, "
         f"longest window {longest:.0f} d"
@@ -328,8 +344,9 @@ def test_pacer_keeps_both_promises(kind: str, d: float, a: float, b: float, chun
 def test_pacer_fits_the_fixed_and_per_token_costs() -> None:
     from strata.sched.pacer import PrefillPacer
 
-    p = PrefillPacer(first_guess=64)
-    assert p.chunk(512, 1000) == 64 and p.chunk(512, 20) == 20
+    fresh = PrefillPacer(probe=64)
+    assert fresh.chunk(512, 1000) == 64 and fresh.chunk(512, 20) == 20  # b unknown: the probe, or the rest
+    p = PrefillPacer()
     p.observe(0.004, 0)
     for n in (64, 200, 32, 512):
         p.observe(0.008 + 0.00012 * n, n)
@@ -348,6 +365,29 @@ def test_pacer_fits_the_fixed_and_per_token_costs() -> None:
     assert p.owed == 0 and p.chunk(512, 4488) == 512
     p.observe(0.090, 512)  # it took 90 ms, not 69: the 5 windows that makes beyond the 16 paid come after
     assert p.owed == 5
+
+
+def test_pacer_probes_before_it_predicts_from_small_windows() -> None:
+    """The H200's bench: small prompts beside streams (~42 ms windows, nearly all fixed part), then a 4k
+    prompt. The pacer used to take b from the small windows (2.3 ms a token, 0.12 really) and have the
+    streams owed 425 decode windows (~5 s) before a 2048-token chunk that took 0.26 s. It reads a probe of
+    BIG tokens instead, and pays the streams back what the probe took."""
+    from strata.sched.pacer import BIG, PrefillPacer
+
+    p = PrefillPacer()
+    p.observe(0.0047, 0)
+    for n, t in ((15, 0.0431), (13, 0.043), (12, 0.0425), (13, 0.0413)):
+        p.observe(t, n)
+        p.observe(0.008, 0)
+    assert p.cost() is None
+    assert p.chunk(2048, 4118) == BIG and p.owed == 0
+    p.observe(0.012 + 0.00012 * BIG + 0.035, BIG)  # the probe, with the eager pass's launch floor
+    assert p.owed == 9  # paid back after it: 78 ms beside ~7.2 ms windows
+    _, b = p.cost()
+    assert b < 0.0002  # near the truth, not 2.3 ms
+    for _ in range(9):
+        p.observe(0.008, 0)
+    assert p.chunk(2048, 4118 - BIG) == 0 and p.owed < 50  # a full chunk next, ~0.3 s of windows first
 
 
 def test_pacer_learns_the_per_token_cost_from_large_windows() -> None:
