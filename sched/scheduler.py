@@ -10,9 +10,12 @@ SequenceState moves with it, so no prompt is ever re-read. A window that raises 
 requests in it (each gets the reason), bumps the epoch, and the queue carries on.
 
 Decode-only windows run through a pipeline (sched/ahead.py): the next step is queued before the
-host takes the last one's tokens, so sampling, detokenising and SSE never leave the model idle. It
-is drained (its last step's tokens taken) before the set of sequences changes: a request ends or
-leaves, another is admitted, or the server stops.
+host takes the last one's tokens, so sampling, detokenising and SSE never leave the model idle. The
+decode-only windows the pacer gives running streams while a newcomer's prompt waits are pipelined
+too (on the H200 those windows took 11.3 ms with host sampling, against 7.2 ms pipelined, and the
+streams kept 35% of their pace instead of half). It is drained (its last step's tokens taken) before
+the set of sequences changes: a request ends or leaves, another is admitted, a prompt chunk is due,
+or the server stops.
 
 The loop cannot die on a request: an error while admitting or committing one request fails that
 request alone (slot freed, an ErrorEvent with the reason) and any other error inside a step fails
@@ -205,21 +208,27 @@ class Scheduler:
         mark, self._decode_mark = self._decode_mark, now
         return now - mark if mark is not None else seconds
 
+    def _decoding(self) -> list[Slot]:
+        return [s for s in self._slots if s.req.state is not RequestState.ADMITTING]
+
     def _may_continue(self) -> bool:
-        """The pipeline's next launch would serve the same slots: nobody left, nobody waits for a slot."""
+        """The pipeline's next launch would serve the same slots: nobody left, nobody waits for a slot, and a
+        newcomer's prompt, if any, still sits out (the streams are owed decode-only windows)."""
         live = self._live
         assert live is not None
+        admitting = any(s.req.state is RequestState.ADMITTING for s in self._slots)
         return (
-            live == self._slots
-            and not any(s.req.cancelled for s in live)
-            and not (self._queue and len(self._slots) < self.parallel)
+            live == self._decoding()
+            and not any(s.req.cancelled for s in self._slots)
+            and not (self._queue and len(self._slots) < self.parallel and not admitting)
+            and (not admitting or self.pacer.owed > 0)
         )
 
     def _pipelined(self, window: list[tuple[Slot, np.ndarray]]) -> bool:
         ahead = self._ahead
         return (
             self.decode_ahead
-            and 0 < len(window) == len(self._slots) <= ahead.max_batch
+            and 0 < len(window) == len(self._decoding()) <= ahead.max_batch
             and all(
                 s.req.state is not RequestState.ADMITTING
                 and not s.seq.constraints

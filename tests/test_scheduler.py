@@ -441,6 +441,57 @@ def test_decode_pipeline_runs_ahead_and_equals_plain_windows() -> None:
     assert threads == {"strata-engine", "strata-ahead"}  # prompts in plain windows, decode ahead
 
 
+class _Owing:
+    """A pacer that owes the streams 3 decode-only windows after each 16-token chunk."""
+
+    decode_s = None
+
+    def __init__(self) -> None:
+        self.owed = 0
+
+    def cost(self) -> None:
+        return None
+
+    def observe(self, seconds: float, n_prefill: int, streams: bool = True) -> None:
+        self.owed = 3 if n_prefill else max(0, self.owed - 1)
+
+    def chunk(self, max_chunk: int, remaining: int) -> int:
+        return 0 if self.owed else min(16, remaining)
+
+
+def test_decode_windows_beside_a_waiting_prompt_are_pipelined() -> None:
+    """While a newcomer's prompt sits out the windows the pacer owes the streams, those windows go through the
+    pipeline (not plain windows sampled on the host), and every request gets the tokens it gets alone."""
+    import threading
+
+    async def go() -> None:
+        eng = FakeEngine()
+        eng.options.prefill_chunk = 1000
+        forward = eng.model.forward_batch
+        beside: list[str] = []  # the thread of each decode-only window while the long prompt waits
+
+        def traced(tokens, states):  # type: ignore[no-untyped-def]
+            if long.state is RequestState.ADMITTING and len(tokens) == 1:
+                beside.append(threading.current_thread().name.split("_")[0])
+            return forward(tokens, states)
+
+        eng.model.forward_batch = traced  # type: ignore[method-assign]
+        sch = Scheduler(eng, parallel=2)  # type: ignore[arg-type]
+        sch.pacer = _Owing()  # type: ignore[assignment]
+        sch.start()
+        runner, long = make([3, 4, 5], 60), make(list(range(1, 40)) * 2, 4)
+        sch.submit(runner)
+        while runner.state is not RequestState.SOLO:
+            await asyncio.sleep(0)
+        sch.submit(long)
+        (tr, _), (tl, _) = await asyncio.gather(drain(runner), drain(long))
+        sch.stop()
+        assert tr == solo([3, 4, 5], 60) and tl == solo(list(range(1, 40)) * 2, 4)
+        assert len(beside) >= 3 * (78 // 16) and set(beside) == {"strata-ahead"}  # 3 owed after each chunk
+
+    run(go())
+
+
 def test_a_failing_pipelined_step_fails_its_requests_only() -> None:
     async def go() -> None:
         eng = FakeEngine()
