@@ -1,9 +1,13 @@
 """The window scheduler: one asyncio task plans a window, awaits its forward pass, commits it.
 
-A window is one engine step for every active request: one decode token per running slot plus,
-for at most one newcomer, a chunk of its prompt. The forward pass runs in the engine thread as an
-awaited future, so the loop keeps serving HTTP, and the model sees every slot at once: dense
-weights are read once per window and MoE tokens are grouped across slots.
+A window is one engine step for every active request: one decode token per running slot plus a
+chunk of the newcomers' prompts. Newcomers are admitted one at a time, or several together while
+their prompts fit one chunk: requests that arrive together (a burst, or the queue when slots free
+up) then pay one prompt window, not one each (on the H200 an eager pass costs ~36 ms however few
+tokens it reads, and each admission also waited for the decode windows the pacer owed the streams).
+The forward pass runs in the engine thread as an awaited future, so the loop keeps serving HTTP,
+and the model sees every slot at once: dense weights are read once per window and MoE tokens are
+grouped across slots.
 
 A request that runs alone is SOLO; when others join it becomes BATCHED in place: its
 SequenceState moves with it, so no prompt is ever re-read. A window that raises fails only the
@@ -211,17 +215,19 @@ class Scheduler:
     def _decoding(self) -> list[Slot]:
         return [s for s in self._slots if s.req.state is not RequestState.ADMITTING]
 
+    def _admitting(self) -> list[Slot]:
+        return [s for s in self._slots if s.req.state is RequestState.ADMITTING]
+
     def _may_continue(self) -> bool:
         """The pipeline's next launch would serve the same slots: nobody left, nobody waits for a slot, and a
         newcomer's prompt, if any, still sits out (the streams are owed decode-only windows)."""
         live = self._live
         assert live is not None
-        admitting = any(s.req.state is RequestState.ADMITTING for s in self._slots)
         return (
             live == self._decoding()
             and not any(s.req.cancelled for s in self._slots)
-            and not (self._queue and len(self._slots) < self.parallel and not admitting)
-            and (not admitting or self.pacer.owed > 0)
+            and self._next_admission() is None
+            and (not self._admitting() or self.pacer.owed > 0)
         )
 
     def _pipelined(self, window: list[tuple[Slot, np.ndarray]]) -> bool:
@@ -307,14 +313,23 @@ class Scheduler:
         self.faults.check()
         return self.engine.model.forward_batch([t for _, t in window], [s.seq.state for s, _ in window])
 
+    def _next_admission(self) -> Request | None:
+        """The queued request `_admit` would take now: a slot is free, and no prompt is being read, or the
+        prompts being read and this one fit one chunk together (clients that left are dropped)."""
+        while self._queue and self._queue[0].cancelled:
+            self._queue.popleft()
+        if not self._queue or len(self._slots) >= self.parallel:
+            return None
+        req = self._queue[0]
+        left = sum(len(s.seq.prompt) - s.seq.state.n_past for s in self._admitting())
+        if left and left + len(req.prompt_ids) > self.engine.options.prefill_chunk:
+            return None
+        return req
+
     def _admit(self) -> None:
-        """Take queued requests into free slots; only one may be prefilling at a time."""
-        while self._queue and len(self._slots) < self.parallel:
-            if any(s.req.state is RequestState.ADMITTING for s in self._slots):
-                return
-            req = self._queue.popleft()
-            if req.cancelled:
-                continue
+        """Take queued requests into free slots, while `_next_admission` allows."""
+        while (req := self._next_admission()) is not None:
+            self._queue.popleft()
             try:
                 slot = self._new_slot(req)
             except Exception as e:  # this request cannot start (a bad schema, ...): it alone fails
@@ -343,24 +358,33 @@ class Scheduler:
         return Slot(req, seq, cached)
 
     def _plan(self) -> list[tuple[Slot, np.ndarray]]:
-        decoding = [s for s in self._slots if s.req.state is not RequestState.ADMITTING]
         running = RequestState.SOLO if len(self._slots) == 1 else RequestState.BATCHED
+        share = self._prompt_share(beside_streams=bool(self._decoding()))
         window = []
         for s in self._slots:
             if s.req.state is RequestState.ADMITTING:
-                full = self.engine.options.prefill_chunk
-                left = len(s.seq.prompt) - s.seq.state.n_past
-                chunk = self.pacer.chunk(full, left) if decoding else full
-                if chunk == 0:  # the streams are owed a decode-only window after a full chunk
-                    continue
-                if self.prefix_cache is not None:  # a hybrid model's chunk ends where its state is kept
-                    st = s.seq.state
-                    chunk = min(chunk, self.prefix_cache.next_stop(st, len(s.seq.prompt)) - st.n_past)
-                window.append((s, s.seq.next_input(chunk)))
+                if share[s]:  # 0: the streams are owed a decode-only window
+                    window.append((s, s.seq.next_input(share[s])))
             else:
                 s.req.state = running
                 window.append((s, s.seq.next_input(1)))
         return window
+
+    def _prompt_share(self, beside_streams: bool) -> dict[Slot, int]:
+        """Prompt tokens each newcomer feeds in the next window: the pacer's chunk beside running streams (a
+        full chunk without them), shared out in the order they came."""
+        admitting = self._admitting()
+        left = [len(s.seq.prompt) - s.seq.state.n_past for s in admitting]
+        full = self.engine.options.prefill_chunk
+        budget = self.pacer.chunk(full, sum(left)) if admitting and beside_streams else full
+        share = {}
+        for s, n in zip(admitting, left):
+            n = min(n, budget)
+            if self.prefix_cache is not None:  # a hybrid model's chunk ends where its state is kept
+                st = s.seq.state
+                n = min(n, self.prefix_cache.next_stop(st, len(s.seq.prompt)) - st.n_past)
+            share[s], budget = n, budget - n
+        return share
 
     def _commit(
         self, window: list[tuple[Slot, np.ndarray]], logits: list[np.ndarray], seconds: float
@@ -369,7 +393,8 @@ class Scheduler:
         self.counters.add_window(seconds, n_prefill, len(window))
         self.metrics.window_done(seconds, n_prefill)
         if n_prefill:  # a prompt read beside streams, or alone (large ones still teach the per-token cost)
-            self.pacer.observe(seconds, n_prefill, streams=len(window) > 1)
+            streams = any(s.req.state is not RequestState.ADMITTING for s, _ in window)
+            self.pacer.observe(seconds, n_prefill, streams=streams)
         elif window:
             self.pacer.observe(self._cadence(seconds), 0)
         if n_prefill:

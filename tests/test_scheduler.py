@@ -143,8 +143,38 @@ def test_concurrent_requests_equal_solo_and_never_exceed_slots() -> None:
             assert toks == solo(p, 8)
             assert isinstance(done, DoneEvent)
         assert max(len(w) for w in eng.model.windows) <= 4
-        prefilling = [sum(1 for n in w if n > 1) for w in eng.model.windows]
-        assert max(prefilling) <= 1  # newcomers are admitted one at a time
+        # newcomers read their prompts together only while those fit one chunk (8 tokens)
+        assert max(sum(n for n in w if n > 1) for w in eng.model.windows) <= 8
+
+    run(go())
+
+
+def test_requests_that_come_together_share_one_prompt_window() -> None:
+    """A burst of short prompts is read in one window, not one window (and its fixed cost) each; prompts
+    that do not fit one chunk beside the prompt being read wait for the next window."""
+
+    async def go() -> None:
+        eng = FakeEngine()
+        eng.options.prefill_chunk = 16
+        sch = Scheduler(eng, parallel=4)  # type: ignore[arg-type]
+        prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[3], PROMPTS[4]]  # 3 + 1 + 2 + 3 tokens
+        reqs = [make(p, 8) for p in prompts]
+        for r in reqs:
+            sch.submit(r)
+        sch.start()
+        results = await asyncio.gather(*(drain(r) for r in reqs))
+        long = make(PROMPTS[1], 8)  # 13 tokens
+        shorts = [make(PROMPTS[5], 8), make(PROMPTS[0], 8)]  # 4 + 3: the second no longer fits beside it
+        for r in (long, *shorts):
+            sch.submit(r)
+        later = await asyncio.gather(*(drain(r) for r in (long, *shorts)))
+        sch.stop()
+        for p, (toks, done) in zip([*prompts, PROMPTS[1], PROMPTS[5], PROMPTS[0]], results + later):
+            assert toks == solo(p, 8) and isinstance(done, DoneEvent)
+        assert eng.model.windows[0] == [3, 1, 2, 3]
+        # 13 + 4 > 16: the shorts wait for the long prompt's window, then share the next one
+        i = eng.model.windows.index([13])
+        assert eng.model.windows[i + 1] == [1, 4, 3]
 
     run(go())
 
@@ -243,7 +273,7 @@ def test_window_fault_fails_in_flight_only_and_bumps_epoch() -> None:
         eng = FakeEngine()
         sch = Scheduler(eng, parallel=2)  # type: ignore[arg-type]
         sch.faults.arm()
-        a, b, c = make(PROMPTS[0], 5), make(PROMPTS[2], 5), make(PROMPTS[3], 5)
+        a, b, c = make(PROMPTS[0], 5), make(PROMPTS[1], 5), make(PROMPTS[3], 5)
         for r in (a, b, c):
             sch.submit(r)
         sch.start()
@@ -251,7 +281,7 @@ def test_window_fault_fails_in_flight_only_and_bumps_epoch() -> None:
         sch.stop()
         assert isinstance(ea, ErrorEvent) and "injected" in ea.reason
         assert a.finish is FinishReason.ERROR and sch.epoch == 1
-        # b was still queued (a was admitting alone), so it and c are served normally
+        # b was still queued (its prompt does not fit one chunk beside a's), so it and c are served normally
         assert isinstance(eb, DoneEvent) and isinstance(ec, DoneEvent)
         assert tc == solo(PROMPTS[3], 5)
 
