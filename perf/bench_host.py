@@ -39,6 +39,8 @@ CONTEXT = 262_144  # what the stand-in claims to be trained for: any --ctx-size 
 
 def _stub_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", choices=("h200", "zero"), default="h200", help="the stand-in's forward times")
+    p.add_argument("--pcie-gb-s", type=float, default=None, help="snapshot and restore copies (h200: 10)")
+    p.add_argument("--eager-host-ms", type=float, default=None, help="an eager pass's launches (h200: 35)")
     p.add_argument("--profile", type=Path, default=None, help="the event loop's cProfile, written at exit")
 
 
@@ -83,6 +85,8 @@ def serve_main(argv: list[str]) -> int:
     args.override_kv = [*args.override_kv, f"{arch}.context_length=int:{CONTEXT}"]
     cfg = server_config(args)
     times = GpuTimes() if args.gpu == "h200" else GpuTimes.zero()
+    given = {"pcie_gb_s": args.pcie_gb_s, "eager_host_ms": args.eager_host_ms}
+    times = dataclasses.replace(times, **{k: v for k, v in given.items() if v is not None})
     from strata.api.server import serve
 
     if args.profile is None:
@@ -111,6 +115,8 @@ def bench_main(argv: list[str]) -> int:
     args.serve_args = ""
     cfg = bench_config(args)
     child = [str(Path(__file__).resolve()), "serve", "--gpu", args.gpu]
+    for flag, value in (("--pcie-gb-s", args.pcie_gb_s), ("--eager-host-ms", args.eager_host_ms)):
+        child += [flag, str(value)] if value is not None else []
     if args.profile is not None:
         child += ["--profile", str(args.profile.resolve())]
     if args.server_log is not None:
