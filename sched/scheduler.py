@@ -34,6 +34,7 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +56,7 @@ from strata.sched.request import (
     TokenEvent,
 )
 from strata.sched.slots import Counters, QueueFullError, Slot
+from strata.sched.snapshots import Snapshots
 from strata.tiers.telemetry import hit_rate_line, note
 
 __all__ = ["QueueFullError", "Scheduler", "ShuttingDownError"]
@@ -83,6 +85,7 @@ class Scheduler:
         self.draining = False  # SIGTERM: finish what is in flight, admit nothing new
         self.heartbeat = time.monotonic()  # when the loop last finished a step
         self.prefix_cache = prefix_cache
+        self._snapshots = Snapshots(prefix_cache) if prefix_cache is not None else None
         self.counters = Counters()
         self.metrics = Metrics(self)
         self.epoch = 0
@@ -118,6 +121,8 @@ class Scheduler:
             self._task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._masks.shutdown(wait=False, cancel_futures=True)
+        if self._snapshots is not None:
+            self._snapshots.close()
 
     def abort(self, reason: str) -> None:
         """Fail every queued and running request with `reason` (shutdown after its grace period)."""
@@ -185,9 +190,13 @@ class Scheduler:
         self._admit()
         if not self._slots:
             self._wake.clear()
-            await self._wake.wait()
+            copies = self._copies_for_next()
+            await (asyncio.wait(copies) if copies else self._wake.wait())
             return
         window = self._plan()
+        if not window:  # every slot is a prompt waiting for its checkpoint's copy
+            await asyncio.wait([s.copy for s in self._slots if s.copy is not None and s.copying])
+            return
         if self._live is not None or self._pipelined(window):
             await self._ahead_window(window)
             return
@@ -218,6 +227,10 @@ class Scheduler:
     def _admitting(self) -> list[Slot]:
         return [s for s in self._slots if s.req.state is RequestState.ADMITTING]
 
+    def _reading(self) -> list[Slot]:
+        """The newcomers that may read their prompts in the next window: none waits for a copy."""
+        return [s for s in self._admitting() if not s.copying]
+
     def _may_continue(self) -> bool:
         """The pipeline's next launch would serve the same slots: nobody left, nobody waits for a slot, and a
         newcomer's prompt, if any, still sits out (the streams are owed decode-only windows)."""
@@ -227,7 +240,7 @@ class Scheduler:
             live == self._decoding()
             and not any(s.req.cancelled for s in self._slots)
             and self._next_admission() is None
-            and (not self._admitting() or self.pacer.owed > 0)
+            and (not self._reading() or self.pacer.owed > 0)
         )
 
     def _pipelined(self, window: list[tuple[Slot, np.ndarray]]) -> bool:
@@ -315,7 +328,8 @@ class Scheduler:
 
     def _next_admission(self) -> Request | None:
         """The queued request `_admit` would take now: a slot is free, and no prompt is being read, or the
-        prompts being read and this one fit one chunk together (clients that left are dropped)."""
+        prompts being read and this one fit one chunk together, and no snapshot still being copied could
+        serve it (clients that left are dropped)."""
         while self._queue and self._queue[0].cancelled:
             self._queue.popleft()
         if not self._queue or len(self._slots) >= self.parallel:
@@ -324,10 +338,18 @@ class Scheduler:
         left = sum(len(s.seq.prompt) - s.seq.state.n_past for s in self._admitting())
         if left and left + len(req.prompt_ids) > self.engine.options.prefill_chunk:
             return None
-        return req
+        return None if self._copies_for_next() else req
+
+    def _copies_for_next(self) -> list[asyncio.Future[Any]]:
+        """The snapshots being copied that could serve the next request in the queue: it waits for them."""
+        if self._snapshots is None or not self._queue:
+            return []
+        return self._snapshots.serving(self._queue[0].prompt_ids)
 
     def _admit(self) -> None:
         """Take queued requests into free slots, while `_next_admission` allows."""
+        if self._snapshots is not None:
+            self._snapshots.settle()
         while (req := self._next_admission()) is not None:
             self._queue.popleft()
             try:
@@ -363,7 +385,7 @@ class Scheduler:
         window = []
         for s in self._slots:
             if s.req.state is RequestState.ADMITTING:
-                if share[s]:  # 0: the streams are owed a decode-only window
+                if share.get(s):  # 0: the streams are owed a decode-only window; none: it is copying
                     window.append((s, s.seq.next_input(share[s])))
             else:
                 s.req.state = running
@@ -373,7 +395,7 @@ class Scheduler:
     def _prompt_share(self, beside_streams: bool) -> dict[Slot, int]:
         """Prompt tokens each newcomer feeds in the next window: the pacer's chunk beside running streams (a
         full chunk without them), shared out in the order they came."""
-        admitting = self._admitting()
+        admitting = self._reading()
         left = [len(s.seq.prompt) - s.seq.state.n_past for s in admitting]
         full = self.engine.options.prefill_chunk
         budget = self.pacer.chunk(full, sum(left)) if admitting and beside_streams else full
@@ -420,10 +442,10 @@ class Scheduler:
         req, seq = slot.req, slot.seq
         if (
             req.state is RequestState.ADMITTING
-            and self.prefix_cache is not None
-            and self.prefix_cache.wants(seq.state, len(seq.prompt))
+            and self._snapshots is not None
+            and self._snapshots.cache.wants(seq.state, len(seq.prompt))
         ):
-            self.prefix_cache.store(seq.state)
+            slot.copy = self._snapshots.take(seq.state)  # it sits out until the copy is done
         self._emit(slot, seq.accept(row))
         if req.state is RequestState.ADMITTING and seq.state.n_past >= len(seq.prompt):
             req.state = RequestState.SOLO
@@ -446,8 +468,8 @@ class Scheduler:
         cache = self.engine.expert_cache
         if cache is not None and r.timings.experts is not None:  # the seeds' line, per request
             note(hit_rate_line(r.timings.experts.decode))
-        if self.prefix_cache is not None and reason is not FinishReason.CANCELLED:
-            self.prefix_cache.store(slot.seq.state)
+        if self._snapshots is not None and reason is not FinishReason.CANCELLED:
+            self._snapshots.take(slot.seq.state)
         req.events.put_nowait(
             DoneEvent(
                 reason, r.stop_string, len(req.prompt_ids), slot.cached, len(r.tokens), r.timings.to_dict()

@@ -7,6 +7,7 @@ between slots, lost token or re-read prompt shows up as a wrong token.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -304,6 +305,51 @@ def test_prefix_cache_reuses_and_reports_cached_tokens() -> None:
         # kept holds the whole answer
         assert isinstance(d2, DoneEvent) and d2.cached_tokens == len(PROMPTS[1]) + len(t1)
         assert t2 == solo(PROMPTS[1] + t1 + [4, 4], 3)
+
+    run(go())
+
+
+def test_snapshots_are_copied_off_the_loop_and_a_next_turn_waits_for_its_own(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A snapshot (a state's copy to host RAM, ~10-20 ms on the GPU) is taken on a worker thread: streams keep
+    flowing meanwhile. The next turn, which the copy of the last answer's state serves, waits for it."""
+    import threading
+    import time
+
+    threads: set[str] = set()
+    real = SequenceState.snapshot
+
+    def slow(self: SequenceState) -> SequenceState:
+        threads.add(threading.current_thread().name.split("_")[0])
+        time.sleep(0.2)
+        return real(self)
+
+    monkeypatch.setattr(SequenceState, "snapshot", slow)
+
+    async def go() -> None:
+        eng = FakeEngine()
+        sch = Scheduler(eng, parallel=2, prefix_cache=PrefixCache(1 << 20))  # type: ignore[arg-type]
+        sch.start()
+        runner, first = make(PROMPTS[0], 120), make(PROMPTS[1], 3)
+        sch.submit(runner)
+        stamps: list[float] = []
+
+        async def watch() -> None:
+            while not isinstance(await runner.events.get(), DoneEvent):
+                stamps.append(time.perf_counter())
+                await asyncio.sleep(0.005)  # a client's pace: the runner outlives the copies
+
+        watching = asyncio.create_task(watch())
+        sch.submit(first)
+        t1, _ = await drain(first)
+        again = make(PROMPTS[1] + t1 + [4, 4], 3)
+        sch.submit(again)  # at once: the first's snapshot is still being copied
+        t2, d2 = await drain(again)
+        await watching
+        sch.stop()
+        assert isinstance(d2, DoneEvent) and d2.cached_tokens == len(PROMPTS[1]) + len(t1)
+        assert t2 == solo(PROMPTS[1] + t1 + [4, 4], 3)
+        assert threads == {"strata-snapshot"}
+        assert max(b - a for a, b in itertools.pairwise(stamps)) < 0.1  # no copy stopped the runner
 
     run(go())
 
