@@ -240,8 +240,14 @@ class Scheduler:
             live == self._decoding()
             and not any(s.req.cancelled for s in self._slots)
             and self._next_admission() is None
-            and (not self._reading() or self.pacer.owed > 0)
+            and not self._prompt_due()
         )
+
+    def _prompt_due(self) -> bool:
+        """Whether the next window reads prompt tokens: the streams are owed no decode-only window, or every
+        prompt being read has one token left, which rides along as a decode row does."""
+        reading = self._reading()
+        return bool(reading) and (self.pacer.owed == 0 or all(_left(s) == 1 for s in reading))
 
     def _pipelined(self, window: list[tuple[Slot, np.ndarray]]) -> bool:
         ahead = self._ahead
@@ -335,7 +341,7 @@ class Scheduler:
         if not self._queue or len(self._slots) >= self.parallel:
             return None
         req = self._queue[0]
-        left = sum(len(s.seq.prompt) - s.seq.state.n_past for s in self._admitting())
+        left = sum(_left(s) for s in self._admitting())
         if left and left + len(req.prompt_ids) > self.engine.options.prefill_chunk:
             return None
         return None if self._copies_for_next() else req
@@ -396,9 +402,11 @@ class Scheduler:
         """Prompt tokens each newcomer feeds in the next window: the pacer's chunk beside running streams (a
         full chunk without them), shared out in the order they came."""
         admitting = self._reading()
-        left = [len(s.seq.prompt) - s.seq.state.n_past for s in admitting]
+        left = [_left(s) for s in admitting]
         full = self.engine.options.prefill_chunk
-        budget = self.pacer.chunk(full, sum(left)) if admitting and beside_streams else full
+        # a last prompt token costs what a decode row does (it is one): it never waits for owed windows
+        paced = beside_streams and any(n > 1 for n in left)
+        budget = self.pacer.chunk(full, sum(left)) if paced else full
         share = {}
         for s, n in zip(admitting, left):
             n = min(n, budget)
@@ -414,13 +422,15 @@ class Scheduler:
         n_prefill = sum(len(t) for s, t in window if s.req.state is RequestState.ADMITTING)
         self.counters.add_window(seconds, n_prefill, len(window))
         self.metrics.window_done(seconds, n_prefill)
-        if n_prefill:  # a prompt read beside streams, or alone (large ones still teach the per-token cost)
+        # a prompt read beside streams, or alone (large ones still teach the per-token cost); single tokens,
+        # of prompts or not, run as a decode step does
+        if n_prefill and any(len(t) > 1 for _, t in window):
             streams = any(s.req.state is not RequestState.ADMITTING for s, _ in window)
             self.pacer.observe(seconds, n_prefill, streams=streams)
+            self._decode_mark = None
         elif window:
             self.pacer.observe(self._cadence(seconds), 0)
         if n_prefill:
-            self._decode_mark = None
             log.debug(
                 "window: %d rows, %d prompt tokens, %.1f ms; pacer fit %s, decode %s, owed %d",
                 len(window),
@@ -495,6 +505,11 @@ class Scheduler:
         req.state, req.finish = RequestState.FINISHED, FinishReason.ERROR
         req.events.put_nowait(ErrorEvent(reason))
         self.counters.ended(FinishReason.ERROR)
+
+
+def _left(slot: Slot) -> int:
+    """Prompt tokens the slot has still to feed."""
+    return len(slot.seq.prompt) - slot.seq.state.n_past
 
 
 def _describe(e: BaseException) -> str:

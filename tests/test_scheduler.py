@@ -568,6 +568,31 @@ def test_decode_windows_beside_a_waiting_prompt_are_pipelined() -> None:
     run(go())
 
 
+def test_a_last_prompt_token_does_not_wait_for_owed_windows() -> None:
+    """One prompt token left costs what a decode row costs (the window stays a decode step): it joins the next
+    window, even while the streams are owed decode-only windows, and pays one of them back."""
+
+    async def go() -> list[list[int]]:
+        eng = FakeEngine()
+        eng.options.prefill_chunk = 1000
+        sch = Scheduler(eng, parallel=2)  # type: ignore[arg-type]
+        sch.pacer = _Owing()  # type: ignore[assignment]
+        sch.start()
+        runner, late = make([3, 4, 5], 40), make(list(range(1, 18)), 2)  # 17 tokens: 16, then 1
+        sch.submit(runner)
+        while runner.state is not RequestState.SOLO:
+            await asyncio.sleep(0)
+        sch.submit(late)
+        (tr, _), (tl, _) = await asyncio.gather(drain(runner), drain(late))
+        sch.stop()
+        assert tr == solo([3, 4, 5], 40) and tl == solo(list(range(1, 18)), 2)
+        return eng.model.windows
+
+    windows = run(go())
+    i = windows.index([1, 16])
+    assert windows[i + 1] == [1, 1]
+
+
 def test_a_failing_pipelined_step_fails_its_requests_only() -> None:
     async def go() -> None:
         eng = FakeEngine()
