@@ -39,7 +39,7 @@ CONTEXT = 262_144  # what the stand-in claims to be trained for: any --ctx-size 
 
 def _stub_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", choices=("h200", "zero"), default="h200", help="the stand-in's forward times")
-    p.add_argument("--pcie-gb-s", type=float, default=None, help="snapshot and restore copies (h200: 10)")
+    p.add_argument("--pcie-gb-s", type=float, default=None, help="snapshot and restore copies (h200: 3)")
     p.add_argument("--eager-host-ms", type=float, default=None, help="an eager pass's launches (h200: 35)")
     p.add_argument("--profile", type=Path, default=None, help="the event loop's cProfile, written at exit")
 
