@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -48,7 +50,11 @@ def load_state(cfg: ServerConfig, path: Path, n_ctx: int) -> AppState:
     engine = Engine.load(
         path, n_ctx=n_ctx, weight_cache_mib=cfg.weight_cache_mib, n_seq=cfg.parallel, **cfg.engine
     )
-    alias = cfg.alias or path.stem
+    return app_state(cfg, engine, cfg.alias or path.stem)
+
+
+def app_state(cfg: ServerConfig, engine: Engine, alias: str) -> AppState:
+    """The scheduler and prefix cache the flags ask for, in front of a loaded engine."""
     cache = PrefixCache(cfg.cache_ram_mib << 20) if cfg.prompt_cache else None
     return AppState(
         engine,
@@ -60,9 +66,13 @@ def load_state(cfg: ServerConfig, path: Path, n_ctx: int) -> AppState:
     )
 
 
-def serve(cfg: ServerConfig) -> int:
+Loader = Callable[[ServerConfig, Path, int], AppState]
+
+
+def serve(cfg: ServerConfig, load: Loader = load_state) -> int:
     """Open the socket at once, load and warm the model behind it (/health says loading), then serve.
-    A model that fails to load ends the process with one line and exit 1, as before the socket opened."""
+    A model that fails to load ends the process with one line and exit 1, as before the socket opened.
+    `load` builds the state (perf/bench_host.py puts a stand-in model behind the real server)."""
     json_logs = cfg.log_format == "json"
     # --verbose: the scheduler's debug lines (each window's cost and the pacer's model) too; in json uvicorn's
     # lines come through the same handler, in text they keep uvicorn's own format
@@ -91,7 +101,7 @@ def serve(cfg: ServerConfig) -> int:
         **({"log_config": None} if json_logs else {}),
         timeout_graceful_shutdown=int(cfg.shutdown_grace_s) + 2,
     )
-    server = DrainingServer(config, cfg, app, loading, (path, n_ctx))
+    server = DrainingServer(config, cfg, app, loading, (path, n_ctx), load)
     log.info("loading the model; %s/health answers 503 until it is ready", url)
     server.run()
     if loading.error is not None:
@@ -120,6 +130,15 @@ def _announce(cfg: ServerConfig, state: AppState, seconds: float) -> None:
     )
 
 
+def settle_heap() -> None:
+    """Collect the loading's garbage, then keep what is left out of every later collection: the model, the
+    tokenizer and the GGUF metadata live as long as the process, and a full collection walked their ~240k
+    objects (Qwen3's vocabulary) while serving, 150 ms on the 2-core dev box with the event loop and the
+    engine thread (the GIL) stopped, the GPU idle behind them (perf/bench_host.py)."""
+    gc.collect()
+    gc.freeze()
+
+
 class DrainingServer(uvicorn.Server):
     """SIGTERM / SIGINT: stop admitting (new requests get 503, /health turns 503), let in-flight
     requests finish for --shutdown-grace-s, fail the rest with a reason, exit. A second signal exits
@@ -132,9 +151,10 @@ class DrainingServer(uvicorn.Server):
         app: Starlette,
         loading: Loading,
         model: tuple[Path, int],
+        load: Loader = load_state,
     ) -> None:
         super().__init__(config)
-        self.cfg, self.app, self.loading, self.model = cfg, app, loading, model
+        self.cfg, self.app, self.loading, self.model, self.load = cfg, app, loading, model, load
         # sse-starlette would cut every stream at the first signal; ours end through the scheduler
         AppStatus.disable_automatic_graceful_drain()
 
@@ -147,9 +167,10 @@ class DrainingServer(uvicorn.Server):
         """On a thread, so the loop answers /health meanwhile: load, warm up, then hand over to the loop."""
         try:
             self.loading.phase = "loading the model"
-            state = load_state(self.cfg, *self.model)
+            state = self.load(self.cfg, *self.model)
             self.loading.phase = "warming up (kernels, decode graphs, a prefill pass)"
             state.engine.warm_up(self.cfg.parallel)
+            settle_heap()
         except Exception as e:
             self.loading.error = (
                 str(e) if isinstance(e, StrataError | OSError) else f"{type(e).__name__}: {e}"

@@ -5,7 +5,14 @@ share included, which is what their pace is); a window that also reads n prompt 
 a its fixed part (the decode rows, launches, weights read once) and b the per-token part. On a GPU a is
 large and b small (a model that charged everything to b fed the GPU 8-token slices that crawled), and b
 is only measurable on large windows: it is taken from windows of BIG or more prompt tokens (with or
-without streams beside them), a from the least-squares fit of the mixed windows, at least d.
+without streams beside them), a from the least-squares fit of the mixed windows, at least d, and at least
+what small windows (MIN_CHUNK to BIG tokens) show: on the H200 an eager pass takes ~36 ms however few
+tokens it reads (its launches), three times the line through the large windows, and mixed windows sized
+by that line kept the streams at a third of their pace.
+
+Until a large window has been seen the pacer predicts nothing: it reads a probe of BIG tokens. (b guessed
+from small windows was 2.3 ms a token on the H200, 0.12 really, and the streams were owed 425 decode
+windows, ~5 s, before a 2048-token chunk that took 0.26 s.)
 
 Two promises: running streams keep KEEP of their solo pace while a prompt is read, and a long prompt's
 TTFT stays within about 1 / KEEP of its solo TTFT. Two ways to keep them; the pacer takes the one that
@@ -16,14 +23,16 @@ reads the prompt faster:
   are paid before the chunk (predicted from the fit), so the promise holds up to the prompt's first
   token, and what the chunk took beyond the prediction is paid after it. Prompt throughput then tends to
   KEEP of the solo rate.
-A chunk is never larger than what is left of the prompt: a short prompt that fits the budget owes
-nothing. Any decode-only window pays one owed window back. `chunk()` returns 0 for a window that must
-stay decode-only.
+A chunk is never larger than what is left of the prompt. Whatever a window took beyond its prediction
+(the probe: all of it) is owed after it, so a wrong fit costs the prompt time, never the streams their
+pace. Any decode-only window pays one owed window back. `chunk()` returns 0 for a window that must stay
+decode-only.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 
 KEEP = 0.5  # fraction of the solo decode rate running streams keep while a prompt is read
@@ -39,14 +48,14 @@ def _owed(t: float, d: float) -> int:
 
 
 class PrefillPacer:
-    def __init__(self, first_guess: int = 64) -> None:
-        self.first_guess = first_guess
+    def __init__(self, probe: int = BIG) -> None:
+        self.probe = probe  # prompt tokens of a window read while b is unknown
         self.decode_s: float | None = None  # the streams' cadence in decode-only windows
         self._per_token: float | None = None  # b, from windows of BIG or more prompt tokens
         self._mixed: deque[tuple[int, float]] = deque(maxlen=_WINDOWS)  # (prompt tokens, seconds)
         self._owed = 0  # decode-only windows still owed to the streams
         self._prepaid: int | None = None  # windows paid ahead of the full chunk that comes next
-        self._charge: int | None = None  # the window planned reads a full chunk, this much paid ahead
+        self._charge: int | None = None  # windows paid ahead of the prompt window planned
 
     @property
     def owed(self) -> int:
@@ -74,24 +83,22 @@ class PrefillPacer:
         self._charge = None
 
     def cost(self) -> tuple[float, float] | None:
-        """(a, b) of a mixed window, a + b * n seconds; None until there is something to go on."""
-        if self.decode_s is None or (not self._mixed and self._per_token is None):
+        """(a, b) of a mixed window, a + b * n seconds; None until a window of BIG or more prompt tokens
+        has measured b."""
+        if self.decode_s is None or self._per_token is None:
             return None
         d = self.decode_s
         ns = [n for n, _ in self._mixed]
         ts = [t for _, t in self._mixed]
-        if (
-            len(set(ns)) >= 2 and max(ns) >= BIG
-        ):  # least squares over recent mixed windows, large ones among them
+        a, b = max(d, max((t - self._per_token * n for n, t in self._mixed), default=d)), self._per_token
+        # least squares over recent mixed windows, large ones among them
+        if len(set(ns)) >= 2 and max(ns) >= BIG:
             mn, mt = sum(ns) / len(ns), sum(ts) / len(ts)
-            b = sum((n - mn) * (t - mt) for n, t in zip(ns, ts)) / sum((n - mn) ** 2 for n in ns)
-            if b > 0 and mt - b * mn >= 0:
-                return mt - b * mn, b
-        if self._per_token is not None:  # the fixed part is at least a decode window
-            return max(d, max((t - self._per_token * n for n, t in self._mixed), default=d)), self._per_token
-        return d, max(
-            sum(t - d for t in ts) / sum(ns), 1e-9
-        )  # one size seen: beyond a decode window, per token
+            slope = sum((n - mn) * (t - mt) for n, t in zip(ns, ts)) / sum((n - mn) ** 2 for n in ns)
+            if slope > 0 and mt - slope * mn >= 0:
+                a, b = mt - slope * mn, slope
+        small = [t - b * n for n, t in self._mixed if MIN_CHUNK <= n < BIG]
+        return (max(a, statistics.median(small)) if small else a), b
 
     def chunk(self, max_chunk: int, remaining: int) -> int:
         """Prompt tokens for the next window beside running streams, of `remaining` still to read (0: this one
@@ -99,13 +106,18 @@ class PrefillPacer:
         self._charge = None
         if self._owed > 0:  # the decode-only window this plans pays one back (observe)
             return 0
-        full = max(1, min(max_chunk, remaining))
+        n = self._choose(max(1, min(max_chunk, remaining)))
+        if n and self._charge is None:  # nothing paid ahead: what it takes beyond d / KEEP is owed after it
+            self._charge = 0
+        return n
+
+    def _choose(self, full: int) -> int:
         if self._prepaid is not None:  # its windows were paid ahead: the chunk now
             self._charge, self._prepaid = self._prepaid, None
             return full
         fit = self.cost()
         if fit is None:
-            return min(self.first_guess, full)
+            return min(self.probe, full)
         a, b = fit
         d = self.decode_s
         assert d is not None
@@ -120,7 +132,6 @@ class PrefillPacer:
         if rate_mixed >= rate_full:
             return n_mixed
         if owed == 0:
-            self._charge = 0
             return full
         self._owed, self._prepaid = owed, owed
         return 0

@@ -45,14 +45,19 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def store(self, state: SequenceState) -> None:
-        """Keep a snapshot of `state` in host RAM (the caller may go on using its own). A cache never fails
-        a request: a snapshot that cannot be made is not kept."""
+    @staticmethod
+    def snapshot(state: SequenceState) -> SequenceState | None:
+        """A copy of `state` in host RAM to `keep`, None where one cannot be made (a cache never fails a
+        request). Any thread may take it, while nothing changes the state."""
         try:
-            snap = state.snapshot()
+            return state.snapshot()
         except Exception:
             log.exception("prefix cache: could not snapshot a state of %d tokens", state.n_past)
-            return
+            return None
+
+    def keep(self, snap: SequenceState) -> None:
+        """Keep a snapshot (from `snapshot`), dropping the entries it makes redundant and the least recently
+        used ones over the budget."""
         size = snap.nbytes()
         if size > self.budget or snap.n_past < MIN_REUSE:
             return
@@ -77,13 +82,10 @@ class PrefixCache:
         want = np.asarray(prompt, dtype=np.int64)
         best_key, best_len = None, 0
         for key, e in self._entries.items():
-            n = min(len(e.tokens), len(want) - 1)
-            same = int(np.argmin(np.append(e.tokens[:n] == want[:n], False)))  # common prefix length
-            if e.state.layers and same < len(e.tokens):
-                continue  # recurrent state cannot be rewound
+            same = reusable(e.tokens, bool(e.state.layers), want)
             if same > best_len:
                 best_key, best_len = key, same
-        if best_key is None or best_len < MIN_REUSE:
+        if best_key is None:
             return 0
         entry = self._entries[best_key]
         self._entries.move_to_end(best_key)
@@ -115,3 +117,13 @@ class PrefixCache:
 
     def _drop(self, key: int) -> None:
         self.used -= self._entries.pop(key).nbytes
+
+
+def reusable(tokens: np.ndarray, recurrent: bool, prompt: np.ndarray) -> int:
+    """Prompt tokens a state that consumed `tokens` can stand for (0: none), one prompt token always left to
+    feed: their common prefix, or nothing where recurrent state would have to be rewound."""
+    n = min(len(tokens), len(prompt) - 1)
+    same = int(np.argmin(np.append(tokens[:n] == prompt[:n], False)))  # common prefix length
+    if recurrent and same < len(tokens):
+        return 0
+    return same if same >= MIN_REUSE else 0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
+from typing import Any
 
 from strata.errors import StrataError
 from strata.runtime.finish import FinishReason
@@ -26,6 +28,11 @@ class Slot:
     seq: ActiveSequence
     cached: int  # prompt tokens restored from the prefix cache
     last_token: float = 0.0  # perf_counter of the stream's last token (0: none yet), for /metrics' latencies
+    copy: asyncio.Future[Any] | None = None  # its prompt checkpoint's copy to host RAM, while it sits out
+
+    @property
+    def copying(self) -> bool:
+        return self.copy is not None and not self.copy.done()
 
 
 @dataclass(slots=True)

@@ -59,7 +59,8 @@ def test_a_request_whose_commit_raises_fails_alone(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(ActiveSequence, "accept", accept)
 
     async def go() -> None:
-        sch = Scheduler(FakeEngine(), parallel=4)  # type: ignore[arg-type]
+        # plain windows: every token goes through accept (the pipeline's draws through accept_token)
+        sch = Scheduler(FakeEngine(), parallel=4, decode_ahead=False)  # type: ignore[arg-type]
         sch.start()
         reqs = [make(PROMPTS[0], 6), make(poison, 6), make(PROMPTS[3], 6)]
         for r in reqs:

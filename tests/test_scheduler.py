@@ -7,7 +7,7 @@ between slots, lost token or re-read prompt shows up as a wrong token.
 from __future__ import annotations
 
 import asyncio
-import math
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -144,8 +144,38 @@ def test_concurrent_requests_equal_solo_and_never_exceed_slots() -> None:
             assert toks == solo(p, 8)
             assert isinstance(done, DoneEvent)
         assert max(len(w) for w in eng.model.windows) <= 4
-        prefilling = [sum(1 for n in w if n > 1) for w in eng.model.windows]
-        assert max(prefilling) <= 1  # newcomers are admitted one at a time
+        # newcomers read their prompts together only while those fit one chunk (8 tokens)
+        assert max(sum(n for n in w if n > 1) for w in eng.model.windows) <= 8
+
+    run(go())
+
+
+def test_requests_that_come_together_share_one_prompt_window() -> None:
+    """A burst of short prompts is read in one window, not one window (and its fixed cost) each; prompts
+    that do not fit one chunk beside the prompt being read wait for the next window."""
+
+    async def go() -> None:
+        eng = FakeEngine()
+        eng.options.prefill_chunk = 16
+        sch = Scheduler(eng, parallel=4)  # type: ignore[arg-type]
+        prompts = [PROMPTS[0], PROMPTS[2], PROMPTS[3], PROMPTS[4]]  # 3 + 1 + 2 + 3 tokens
+        reqs = [make(p, 8) for p in prompts]
+        for r in reqs:
+            sch.submit(r)
+        sch.start()
+        results = await asyncio.gather(*(drain(r) for r in reqs))
+        long = make(PROMPTS[1], 8)  # 13 tokens
+        shorts = [make(PROMPTS[5], 8), make(PROMPTS[0], 8)]  # 4 + 3: the second no longer fits beside it
+        for r in (long, *shorts):
+            sch.submit(r)
+        later = await asyncio.gather(*(drain(r) for r in (long, *shorts)))
+        sch.stop()
+        for p, (toks, done) in zip([*prompts, PROMPTS[1], PROMPTS[5], PROMPTS[0]], results + later):
+            assert toks == solo(p, 8) and isinstance(done, DoneEvent)
+        assert eng.model.windows[0] == [3, 1, 2, 3]
+        # 13 + 4 > 16: the shorts wait for the long prompt's window, then share the next one
+        i = eng.model.windows.index([13])
+        assert eng.model.windows[i + 1] == [1, 4, 3]
 
     run(go())
 
@@ -244,7 +274,7 @@ def test_window_fault_fails_in_flight_only_and_bumps_epoch() -> None:
         eng = FakeEngine()
         sch = Scheduler(eng, parallel=2)  # type: ignore[arg-type]
         sch.faults.arm()
-        a, b, c = make(PROMPTS[0], 5), make(PROMPTS[2], 5), make(PROMPTS[3], 5)
+        a, b, c = make(PROMPTS[0], 5), make(PROMPTS[1], 5), make(PROMPTS[3], 5)
         for r in (a, b, c):
             sch.submit(r)
         sch.start()
@@ -252,7 +282,7 @@ def test_window_fault_fails_in_flight_only_and_bumps_epoch() -> None:
         sch.stop()
         assert isinstance(ea, ErrorEvent) and "injected" in ea.reason
         assert a.finish is FinishReason.ERROR and sch.epoch == 1
-        # b was still queued (a was admitting alone), so it and c are served normally
+        # b was still queued (its prompt does not fit one chunk beside a's), so it and c are served normally
         assert isinstance(eb, DoneEvent) and isinstance(ec, DoneEvent)
         assert tc == solo(PROMPTS[3], 5)
 
@@ -279,44 +309,106 @@ def test_prefix_cache_reuses_and_reports_cached_tokens() -> None:
     run(go())
 
 
+def test_snapshots_are_copied_off_the_loop_and_a_next_turn_waits_for_its_own(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A snapshot (a state's copy to host RAM, ~10-20 ms on the GPU) is taken on a worker thread: streams keep
+    flowing meanwhile. The next turn, which the copy of the last answer's state serves, waits for it."""
+    import threading
+    import time
+
+    threads: set[str] = set()
+    real = SequenceState.snapshot
+
+    def slow(self: SequenceState) -> SequenceState:
+        threads.add(threading.current_thread().name.split("_")[0])
+        time.sleep(0.2)
+        return real(self)
+
+    monkeypatch.setattr(SequenceState, "snapshot", slow)
+
+    async def go() -> None:
+        eng = FakeEngine()
+        sch = Scheduler(eng, parallel=2, prefix_cache=PrefixCache(1 << 20))  # type: ignore[arg-type]
+        sch.start()
+        runner, first = make(PROMPTS[0], 120), make(PROMPTS[1], 3)
+        sch.submit(runner)
+        stamps: list[float] = []
+
+        async def watch() -> None:
+            while not isinstance(await runner.events.get(), DoneEvent):
+                stamps.append(time.perf_counter())
+                await asyncio.sleep(0.005)  # a client's pace: the runner outlives the copies
+
+        watching = asyncio.create_task(watch())
+        sch.submit(first)
+        t1, _ = await drain(first)
+        again = make(PROMPTS[1] + t1 + [4, 4], 3)
+        sch.submit(again)  # at once: the first's snapshot is still being copied
+        t2, d2 = await drain(again)
+        await watching
+        sch.stop()
+        assert isinstance(d2, DoneEvent) and d2.cached_tokens == len(PROMPTS[1]) + len(t1)
+        assert t2 == solo(PROMPTS[1] + t1 + [4, 4], 3)
+        assert threads == {"strata-snapshot"}
+        assert max(b - a for a, b in itertools.pairwise(stamps)) < 0.1  # no copy stopped the runner
+
+    run(go())
+
+
 def test_every_finish_reason_maps_to_both_protocols() -> None:
     for reason in FinishReason:
         assert reason in OPENAI_FINISH and reason in ANTHROPIC_STOP
 
 
-def _simulate(d: float, a: float, b: float, chunk: int, prompt: int) -> tuple[float, float, float]:
+def _simulate(
+    d: float, a: float, b: float, chunk: int, prompt: int, floor: float = 0.0, taught: bool = True
+) -> tuple[float, float, float]:
     """A newcomer's prompt read beside running streams under the cost model decode-only = d, mixed =
-    a + b n (the pacer sees only the times, after one earlier prompt read alone taught it b). Returns (the
-    streams' pace / solo pace until the prompt's first token, as `strata bench`'s prefill scenario measures
-    it; TTFT / solo TTFT; the longest window in d)."""
+    max(floor, a + b n) (the floor: the GPU's eager pass, launch-bound at few tokens). The pacer sees only
+    the times, after one earlier prompt read alone taught it b (taught), or after short prompts beside the
+    streams only (as `strata bench` runs). Returns (the streams' pace / solo pace until the prompt's first
+    token, as `strata bench`'s prefill scenario measures it; TTFT / solo TTFT; the longest window in d)."""
     from strata.sched.pacer import PrefillPacer
 
+    def cost(n: int, rows: float = a) -> float:
+        return max(floor, rows + b * n)
+
     p = PrefillPacer()
-    p.observe(a - d + b * chunk, chunk, streams=False)  # an earlier prompt, alone
+    if taught:
+        p.observe(cost(chunk, a - d), chunk, streams=False)  # an earlier prompt, alone
     for _ in range(3):
         p.observe(d, 0)
+    if not taught:
+        for n in (15, 13, 12, 13):
+            p.observe(cost(n), n)
+            p.observe(d, 0)
     left, elapsed, tokens, longest = prompt, 0.0, 0, 0.0
     while left > 0:
         n = p.chunk(chunk, left)
-        t = d if n == 0 else a + b * n
+        t = d if n == 0 else cost(n)
         p.observe(t, n)
         left, elapsed, tokens, longest = left - n, elapsed + t, tokens + 1, max(longest, t)
-    solo = math.ceil(prompt / chunk) * (a - d) + b * prompt  # alone: no decode rows in its windows
+    # alone: no decode rows in its windows
+    solo = sum(cost(min(chunk, prompt - s), a - d) for s in range(0, prompt, chunk))
     return tokens * d / elapsed, elapsed / solo, longest / d
 
 
 @pytest.mark.parametrize(
-    "kind, d, a, b, chunk, prompt",
+    "kind, d, a, b, chunk, prompt, floor, taught",
     [
-        ("gpu", 0.004, 0.008, 0.00012, 2048, 16384),  # 80B shape: ~4 ms decode, ~8.4k tok/s prefill
-        ("gpu small fixed part", 0.004, 0.0045, 0.00012, 2048, 4096),
-        ("cpu", 0.1, 0.11, 0.002, 512, 3000),
+        ("gpu", 0.004, 0.008, 0.00012, 2048, 16384, 0.0, True),  # 80B: ~4 ms decode, ~8.4k tok/s prefill
+        ("gpu small fixed part", 0.004, 0.0045, 0.00012, 2048, 4096, 0.0, True),
+        ("cpu", 0.1, 0.11, 0.002, 512, 3000, 0.0, True),
+        # the H200 bench (issue 15): 3 streams at 11 ms, eager passes >= 36 ms, only short prompts before
+        ("h200 bench", 0.011, 0.012, 0.00012, 2048, 4118, 0.036, False),
+        ("h200 bench, taught", 0.011, 0.012, 0.00012, 2048, 4118, 0.036, True),
     ],
 )
-def test_pacer_keeps_both_promises(kind: str, d: float, a: float, b: float, chunk: int, prompt: int) -> None:
+def test_pacer_keeps_both_promises(
+    kind: str, d: float, a: float, b: float, chunk: int, prompt: int, floor: float, taught: bool
+) -> None:
     from strata.sched.pacer import KEEP
 
-    pace, ttft, longest = _simulate(d, a, b, chunk, prompt)
+    pace, ttft, longest = _simulate(d, a, b, chunk, prompt, floor, taught)
     print(
         f"{kind}: streams keep {pace:.0%} of their pace, TTFT {ttft:.2f}x solo, "
         f"longest window {longest:.0f} d"
@@ -328,8 +420,9 @@ def test_pacer_keeps_both_promises(kind: str, d: float, a: float, b: float, chun
 def test_pacer_fits_the_fixed_and_per_token_costs() -> None:
     from strata.sched.pacer import PrefillPacer
 
-    p = PrefillPacer(first_guess=64)
-    assert p.chunk(512, 1000) == 64 and p.chunk(512, 20) == 20
+    fresh = PrefillPacer(probe=64)
+    assert fresh.chunk(512, 1000) == 64 and fresh.chunk(512, 20) == 20  # b unknown: the probe, or the rest
+    p = PrefillPacer()
     p.observe(0.004, 0)
     for n in (64, 200, 32, 512):
         p.observe(0.008 + 0.00012 * n, n)
@@ -348,6 +441,29 @@ def test_pacer_fits_the_fixed_and_per_token_costs() -> None:
     assert p.owed == 0 and p.chunk(512, 4488) == 512
     p.observe(0.090, 512)  # it took 90 ms, not 69: the 5 windows that makes beyond the 16 paid come after
     assert p.owed == 5
+
+
+def test_pacer_probes_before_it_predicts_from_small_windows() -> None:
+    """The H200's bench: small prompts beside streams (~42 ms windows, nearly all fixed part), then a 4k
+    prompt. The pacer used to take b from the small windows (2.3 ms a token, 0.12 really) and have the
+    streams owed 425 decode windows (~5 s) before a 2048-token chunk that took 0.26 s. It reads a probe of
+    BIG tokens instead, and pays the streams back what the probe took."""
+    from strata.sched.pacer import BIG, PrefillPacer
+
+    p = PrefillPacer()
+    p.observe(0.0047, 0)
+    for n, t in ((15, 0.0431), (13, 0.043), (12, 0.0425), (13, 0.0413)):
+        p.observe(t, n)
+        p.observe(0.008, 0)
+    assert p.cost() is None
+    assert p.chunk(2048, 4118) == BIG and p.owed == 0
+    p.observe(0.012 + 0.00012 * BIG + 0.035, BIG)  # the probe, with the eager pass's launch floor
+    assert p.owed == 9  # paid back after it: 78 ms beside ~7.2 ms windows
+    _, b = p.cost()
+    assert b < 0.0002  # near the truth, not 2.3 ms
+    for _ in range(9):
+        p.observe(0.008, 0)
+    assert p.chunk(2048, 4118 - BIG) == 0 and p.owed < 50  # a full chunk next, ~0.3 s of windows first
 
 
 def test_pacer_learns_the_per_token_cost_from_large_windows() -> None:
@@ -399,6 +515,82 @@ def test_decode_pipeline_runs_ahead_and_equals_plain_windows() -> None:
     threads.clear()
     assert run(go(True)) == plain
     assert threads == {"strata-engine", "strata-ahead"}  # prompts in plain windows, decode ahead
+
+
+class _Owing:
+    """A pacer that owes the streams 3 decode-only windows after each 16-token chunk."""
+
+    decode_s = None
+
+    def __init__(self) -> None:
+        self.owed = 0
+
+    def cost(self) -> None:
+        return None
+
+    def observe(self, seconds: float, n_prefill: int, streams: bool = True) -> None:
+        self.owed = 3 if n_prefill else max(0, self.owed - 1)
+
+    def chunk(self, max_chunk: int, remaining: int) -> int:
+        return 0 if self.owed else min(16, remaining)
+
+
+def test_decode_windows_beside_a_waiting_prompt_are_pipelined() -> None:
+    """While a newcomer's prompt sits out the windows the pacer owes the streams, those windows go through the
+    pipeline (not plain windows sampled on the host), and every request gets the tokens it gets alone."""
+    import threading
+
+    async def go() -> None:
+        eng = FakeEngine()
+        eng.options.prefill_chunk = 1000
+        forward = eng.model.forward_batch
+        beside: list[str] = []  # the thread of each decode-only window while the long prompt waits
+
+        def traced(tokens, states):  # type: ignore[no-untyped-def]
+            if long.state is RequestState.ADMITTING and len(tokens) == 1:
+                beside.append(threading.current_thread().name.split("_")[0])
+            return forward(tokens, states)
+
+        eng.model.forward_batch = traced  # type: ignore[method-assign]
+        sch = Scheduler(eng, parallel=2)  # type: ignore[arg-type]
+        sch.pacer = _Owing()  # type: ignore[assignment]
+        sch.start()
+        runner, long = make([3, 4, 5], 60), make(list(range(1, 40)) * 2, 4)
+        sch.submit(runner)
+        while runner.state is not RequestState.SOLO:
+            await asyncio.sleep(0)
+        sch.submit(long)
+        (tr, _), (tl, _) = await asyncio.gather(drain(runner), drain(long))
+        sch.stop()
+        assert tr == solo([3, 4, 5], 60) and tl == solo(list(range(1, 40)) * 2, 4)
+        assert len(beside) >= 3 * (78 // 16) and set(beside) == {"strata-ahead"}  # 3 owed after each chunk
+
+    run(go())
+
+
+def test_a_last_prompt_token_does_not_wait_for_owed_windows() -> None:
+    """One prompt token left costs what a decode row costs (the window stays a decode step): it joins the next
+    window, even while the streams are owed decode-only windows, and pays one of them back."""
+
+    async def go() -> list[list[int]]:
+        eng = FakeEngine()
+        eng.options.prefill_chunk = 1000
+        sch = Scheduler(eng, parallel=2)  # type: ignore[arg-type]
+        sch.pacer = _Owing()  # type: ignore[assignment]
+        sch.start()
+        runner, late = make([3, 4, 5], 40), make(list(range(1, 18)), 2)  # 17 tokens: 16, then 1
+        sch.submit(runner)
+        while runner.state is not RequestState.SOLO:
+            await asyncio.sleep(0)
+        sch.submit(late)
+        (tr, _), (tl, _) = await asyncio.gather(drain(runner), drain(late))
+        sch.stop()
+        assert tr == solo([3, 4, 5], 40) and tl == solo(list(range(1, 18)), 2)
+        return eng.model.windows
+
+    windows = run(go())
+    i = windows.index([1, 16])
+    assert windows[i + 1] == [1, 1]
 
 
 def test_a_failing_pipelined_step_fails_its_requests_only() -> None:

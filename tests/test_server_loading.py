@@ -48,3 +48,18 @@ def test_warm_up_runs_every_batch_size_and_leaves_no_counts(tiny_qwen3moe):
     assert eng.expert_cache.use.decode.lookups == 0 and eng.expert_cache.use.prefill.lookups == 0
     ref = Engine.load(tiny_qwen3moe["q8_0"], device="cpu", backend="numpy")
     np.testing.assert_array_equal(eng.logits([5, 6, 7]), ref.logits([5, 6, 7]))  # the model is unchanged
+
+
+def test_what_loading_leaves_is_kept_out_of_later_collections():
+    """A full collection walked the tokenizer's and the GGUF metadata's objects each time, with the event loop
+    and the engine thread stopped: once loaded they are frozen (gc.freeze)."""
+    import gc
+
+    from strata.api.server import settle_heap
+
+    vocab = [[i] for i in range(10_000)]  # long-lived containers, as a tokenizer's
+    try:
+        settle_heap()
+        assert gc.get_freeze_count() >= len(vocab)
+    finally:
+        gc.unfreeze()

@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,7 +18,7 @@ from strata.bench.client import connect
 from strata.bench.report import run_meta
 from strata.bench.sampler import Sampler
 from strata.bench.scenarios import Bench, Row, Skipped, ask
-from strata.bench.server import BenchError, Target, target
+from strata.bench.server import SERVE, BenchError, Target, target
 from strata.conf.bench import SCENARIOS, BenchConfig
 
 RUNS: dict[str, Callable[[Bench], Awaitable[list[Row]]]] = {
@@ -107,10 +107,11 @@ def _shift(obj: Any, origin: float) -> Any:
     return obj
 
 
-def run_bench(cfg: BenchConfig) -> dict[str, Any]:
-    """The whole bench: a JSON-ready dict (report.py prints and plots it)."""
+def run_bench(cfg: BenchConfig, serve: Sequence[str] = SERVE) -> dict[str, Any]:
+    """The whole bench: a JSON-ready dict (report.py prints and plots it). `serve`: how to start the server
+    when there is no --url (strata.bench.server.target)."""
     started = datetime.now(UTC).isoformat(timespec="seconds")
-    with target(cfg) as t:
+    with target(cfg, serve) as t:
         sampler = Sampler(t.pid, cfg.sample_hz)
         origin = time.perf_counter()
         sampler.start()

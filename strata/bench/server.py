@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO
@@ -62,8 +62,13 @@ def listening_pid(url: str) -> int | None:
     )
 
 
+SERVE = ("-m", "strata", "serve")  # the child's arguments to the interpreter, before its port, key and flags
+
+
 @contextmanager
-def target(cfg: BenchConfig) -> Iterator[Target]:
+def target(cfg: BenchConfig, serve: Sequence[str] = SERVE) -> Iterator[Target]:
+    """The server at --url, or one started as `python <serve> --port P --api-key K [--model F] <serve_args>`
+    (perf/bench_host.py starts its stand-in model's server so)."""
     if cfg.url is not None:
         try:
             httpx.get(f"{cfg.url}/health", timeout=10).raise_for_status()
@@ -74,9 +79,7 @@ def target(cfg: BenchConfig) -> Iterator[Target]:
     port, key = _free_port(), "sk-bench-" + secrets.token_hex(8)
     cmd = [
         sys.executable,
-        "-m",
-        "strata",
-        "serve",
+        *serve,
         "--port",
         str(port),
         "--api-key",
