@@ -19,7 +19,7 @@ from strata.blocks.linear_attn import DeltaNetParams, HeadOrder
 from strata.errors import ConfigError
 from strata.gguf.names import T, tensor
 from strata.gpu.kernels import deltanet as dk
-from strata.gpu.runtime import cupy_module, ptr
+from strata.gpu.runtime import cupy_module, ptr, to_pinned
 from strata.gpu.weights import DevMatrix, GpuWeights
 from strata.tiers.budget import Ledger
 
@@ -137,7 +137,7 @@ class RecurrentState:
 
     def to_host(self) -> HostRecurrent:
         """A copy in host RAM (the prefix cache keeps these); its copy() comes back to the GPU."""
-        return HostRecurrent(self.ledger, self.dims, self.n_layer, self.conv.get(), self.ssm.get())
+        return HostRecurrent(self.ledger, self.dims, self.n_layer, to_pinned(self.conv), to_pinned(self.ssm))
 
     def __del__(self) -> None:
         self.ledger.give(self._bytes)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from strata.gpu.runtime import cupy_module
+from strata.gpu.runtime import cupy_module, to_pinned
 from strata.runtime.kvcache import KVCache, KVType, dequantize_rows, group_of
 from strata.tiers.budget import Ledger
 
@@ -117,7 +117,9 @@ class GpuKV:
     def to_host(self) -> HostKV:
         """A copy in host RAM (the prefix cache keeps these, not VRAM); its copy() comes back to the GPU."""
         arrays = (
-            {a: getattr(self, a)[:, :, : self.length].get() for a in self._arrays()} if self.length else {}
+            {a: to_pinned(getattr(self, a)[:, :, : self.length]) for a in self._arrays()}
+            if self.length
+            else {}
         )
         return HostKV(self.ledger, self.shape, self.max_len, self.length, self.kind, arrays)
 

@@ -33,7 +33,7 @@ from strata.errors import ConfigError
 from strata.gguf.names import X, tensor
 from strata.gpu.kernels import qsa as qk
 from strata.gpu.ops import Ops
-from strata.gpu.runtime import cupy_module, ptr
+from strata.gpu.runtime import cupy_module, ptr, to_pinned
 from strata.gpu.weights import DevMatrix, GpuWeights
 from strata.tiers.budget import Ledger
 
@@ -256,7 +256,7 @@ class ExtraState:
         return 4 * self.floats
 
     def to_host(self) -> HostExtra:
-        return HostExtra(self.ledger, self.floats, self.buf.get())
+        return HostExtra(self.ledger, self.floats, to_pinned(self.buf))
 
     def __del__(self) -> None:
         self.ledger.give(4 * self.floats)
