@@ -317,11 +317,14 @@ def test_mixed_window_and_checkpoint(tmp_path, arch):
     errs = [rel(x, y) for x, y in zip(got, want)]
     print(f"\n{arch} mixed window: {', '.join(f'{e:.2e}' for e in errs)}")
     assert max(errs) < 2e-2
-    snap = gs[1].checkpoint()  # the scheduler's prefix cache copies states like this
+    snap = gs[1].checkpoint()  # a copy on the device
+    held = gs[1].snapshot()  # the prefix cache's copy, in pinned host RAM
     after = gpu.forward(np.array([11]), gs[1], all_logits=False)
     gs[1].restore(snap)
     again = gpu.forward(np.array([11]), gs[1], all_logits=False)
     np.testing.assert_array_equal(after, again)
+    gs[1].restore(held)
+    np.testing.assert_array_equal(after, gpu.forward(np.array([11]), gs[1], all_logits=False))
 
 
 def pipelined_equals_plain(gpu, prompts, draws, steps: int) -> None:
