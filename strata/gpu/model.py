@@ -72,11 +72,8 @@ class GpuOptions:
     kv_type: KVType = KVType.F16  # the KV cells: f16 or int8 (strata.runtime.kvcache)
 
 
-GROWING = (
-    "KV cache",
-    "DeltaNet state",
-    "QSA and PLE state",
-)  # plan parts that sequences take from the ledger as they come
+# plan parts that sequences take from the ledger as they come
+GROWING = ("KV cache", "DeltaNet state", "QSA and PLE state")
 # VRAM the process holds outside the memory pool: kernel modules, captured graphs, driver allocations.
 # Measured on the H200 with the 80B shape at three budgets: 375-379 MiB beyond the pool's own total
 DRIVER_PART = "CUDA modules, graphs and driver"
