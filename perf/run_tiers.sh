@@ -2,7 +2,8 @@
 # The expert tiers on the GPU machine (the device tool's `run`): GPU tests of the tiers and the kernels
 # they changed, then Strata at VRAM caps on a synthetic file written there. Run from the repo root.
 #   perf/run_tiers.sh [tests] [bench]   (output under ${OUT:-/tmp/out})
-# ARCH / SHAPE pick the synth file (default qwen3next 80b-a3b, 42 GiB), SKEW its router skew (default 0, uniform);
+# ARCH / SHAPE pick the synth file (default qwen3next 80b-a3b, 42 GiB; ARCH=qwen4exp SHAPE=seeds the flagship of
+# perf/synth_qwen4exp.py, 45 GiB), SKEW its router skew (default 0, uniform);
 # CAPS the VRAM budgets in MiB (commas); the `policies` step runs bench_gpu.py at CAP (default 22528) once per
 # RUNS entry (policy:swap-budget[:out|:in], see below), after WARM (default 256) decode tokens;
 # the `prefetch` step runs bench_gpu.py at CAP once per --prefetch value in PREFETCHES (default 0,1,2,3);
