@@ -1,4 +1,5 @@
-"""The decoder layer as a sequence of kernel launches, for llama, qwen3moe and qwen3next.
+"""The decoder layer as a sequence of kernel launches, for llama, qwen3moe and qwen3next (and, as the
+sublayers strata/gpu/qwen4exp.py puts between its hyper-connection mixers, qwen4exp).
 
 `LayerWeights` holds one layer's device tensors; `Activations` the device buffers one forward
 pass writes. `run_layer` launches a layer over n rows: with few rows (decode, up to GEMV_ROWS)
