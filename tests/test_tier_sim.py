@@ -187,7 +187,9 @@ def test_simulate_predicts_decode_as_the_planner_does(tmp_path, capsys) -> None:
 
     from strata.cli import main
     from strata.engine import Engine
-    from strata.tiers.plan import pcie_decode_tok_s
+    from strata.gguf import GGUFFile
+    from strata.gguf.names import Keys
+    from strata.tiers.plan import LAYER_FLOOR_US, pcie_decode_tok_s
 
     path = _fixture("qwen3moe")
     out = tmp_path / "routes.npz"
@@ -222,7 +224,14 @@ def test_simulate_predicts_decode_as_the_planner_does(tmp_path, capsys) -> None:
         == 0
     )
     plan = json.loads(capsys.readouterr().out)
+    floor = GGUFFile(path).arch_get(Keys.BLOCK_COUNT) * plan["layer_floor_us"] * 1e-6
+    assert plan["layer_floor_us"] == LAYER_FLOOR_US["moe"]  # qwen3moe: measured on the H200
     want = pcie_decode_tok_s(
-        plan["dense_bytes_per_token"], plan["routed_bytes_per_token"], plan["hit_rate_uniform"], 900.0, 20.0
+        plan["dense_bytes_per_token"],
+        plan["routed_bytes_per_token"],
+        plan["hit_rate_uniform"],
+        900.0,
+        20.0,
+        floor_s=floor,
     )
     assert want == pytest.approx(plan["decode_tok_s"], rel=1e-9)

@@ -13,8 +13,14 @@ at --disk-gbps (default 3: an NVMe SSD; a warm page cache reads at RAM speed, so
 Misses on mapped-only experts are the CPU's in decode (the share they force, tiers/share.py), and prefill
 stages them through the bounce ring at the slower of PCIe and the mapping.
 
-`ZERO_COPY_EFFICIENCY` (tiers/share.py): in-graph zero-copy reads reach that share of the probed PCIe rate,
-so the prediction applies it. With a CPU rate (`--cpu-gbps`) the misses are split between PCIe and the CPU
+A decode token is serial: its all-resident step, then its misses. The step is launch-bound on the GPU, far
+from the weights' bandwidth (the H200: 4.4 ms for the 80B shape, whose bytes would take 0.4): `LAYER_FLOOR_US`
+a layer by the model file's Structure, measured there (`--layer-us` for another card), or the VRAM bytes at
+--hbm-gbps if longer. Beside it the misses are read at `MISS_EFFICIENCY` of the probed zero-copy rate. This
+fits every measurement in perf/README.md: the 80B at 24 / 12 / 8 GB and the qwen4exp flagship at 24 GB, within
+9%; the bandwidth-only model (misses at tiers/share.py's `ZERO_COPY_EFFICIENCY`, which absorbed the floor on
+the 80B) put the flagship 39% high. The CPU share's split keeps that model: it was measured with it. With a
+CPU rate (`--cpu-gbps`) the misses are split between PCIe and the CPU
 pool as start-up splits them (tiers/share.py), and the table says why. The JSON keys are stable;
 perf/README.md documents them.
 """
@@ -24,10 +30,29 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from strata.errors import ConfigError
+from strata.models.base import Structure
 from strata.tiers.budget import GIB, MIB, VramPlan
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.ram import arena_rows, ring_bytes
 from strata.tiers.share import ZERO_COPY_EFFICIENCY, choose
+
+# The all-resident decode step a layer on the H200 (perf/README.md, one sequence over 48 layers): qwen3moe
+# 30B 345.9 tok/s, qwen3next 80B 227.3, qwen4exp seeds 120.7; a dense model: none measured, bandwidth alone
+LAYER_FLOOR_US = {"dense": 0.0, "moe": 60.2, "hybrid": 91.7, "streams": 172.6}
+# the misses' in-graph zero-copy share of the probed PCIe rate beside that floor (80B at 24 GB: 462 MB a token
+# at 72.1 tok/s with a 4.40 ms step)
+MISS_EFFICIENCY = 0.96
+
+
+def layer_floor_us(structure: Structure | None) -> float:
+    """The measured step a layer for a model file's Structure (0: none measured)."""
+    if structure is None:
+        return 0.0
+    if structure.streams:
+        return LAYER_FLOOR_US["streams"]
+    if structure.hybrid:
+        return LAYER_FLOOR_US["hybrid"]
+    return LAYER_FLOOR_US["moe" if structure.moe else "dense"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +85,7 @@ class Prediction:
     disk_gbps: float = 0.0  # the mapping's rate the prediction assumed
     # vram / pinned / mmap: experts, bytes, bytes a token, rate (GB/s), ms a token
     tiers: dict[str, dict[str, float]] | None = None
+    layer_floor_us: float = 0.0  # the all-resident step a layer the prediction assumed
 
     def json(self) -> dict[str, object]:
         return asdict(self)
@@ -78,6 +104,7 @@ def predict(
     pcie_frac: float | None = None,
     disk_gbps: float = 3.0,
     ram_flag: str = "--ram-budget-mib",
+    floor_us: float = 0.0,
 ) -> Prediction:
     """What the plan allows under a RAM budget of ram_bytes for the arena (0: none); raises ConfigError naming
     ram_flag when the budget cannot hold even the bounce ring."""
@@ -116,7 +143,11 @@ def predict(
     )
     if sp.chosen != "auto" and cpu_gbps <= 0 and sp.pcie_frac < 1 - forced:
         raise ConfigError("--cpu-gbps", cpu_gbps, "a CPU share (--pcie-frac < 1) needs the CPU pool's rate")
-    decode = 1 / (vram_time + n_l * sp.layer_s)
+    step = max(vram_time, n_l * floor_us * 1e-6)  # the all-resident step: launch floor or bytes
+    if sp.pcie_frac >= 1 and not forced:  # every miss over PCIe, after the step
+        decode = 1 / (step + miss / (pcie * MISS_EFFICIENCY))
+    else:  # the split's own per-layer time (tiers/share.py's model)
+        decode = 1 / (step + n_l * sp.layer_s)
     why = sp.why(miss / n_l) if miss and cpu_gbps > 0 else ""
     if forced:
         why += (
@@ -128,7 +159,7 @@ def predict(
     mmap_bytes = n_mmap / n_total * total if n_total else 0.0
     stage_s = (missing_bytes - mmap_bytes) / pcie + mmap_bytes / min(pcie, disk)
     prefill = chunk / stage_s if missing_bytes else float("inf")
-    rates = {"vram": hbm, "pinned": pcie * ZERO_COPY_EFFICIENCY, "mmap": disk}
+    rates = {"vram": hbm, "pinned": pcie * MISS_EFFICIENCY, "mmap": disk}
     per_token = {"vram": dense_per_token + hit * routed, "pinned": miss - mapped, "mmap": mapped}
     counts = {"vram": plan.n_slots, "pinned": held if tiered else 0, "mmap": n_mmap}
     sizes = {"vram": plan.n_slots * plan.slot_bytes, "pinned": arena + ring, "mmap": int(mmap_bytes)}
@@ -170,17 +201,25 @@ def predict(
         mapped,
         disk_gbps,
         tiers,
+        floor_us,
     )
 
 
 def pcie_decode_tok_s(
-    dense_per_token: float, routed: float, hit: float, hbm_gbps: float, pcie_gbps: float, ahead: float = 0.0
+    dense_per_token: float,
+    routed: float,
+    hit: float,
+    hbm_gbps: float,
+    pcie_gbps: float,
+    ahead: float = 0.0,
+    floor_s: float = 0.0,
 ) -> float:
-    """Decode tok/s of one sequence when every miss is read over PCIe (the planner at --pcie-frac 1): dense
-    and hit bytes at the VRAM rate, the misses at the in-graph zero-copy rate; `ahead`: miss bytes a token
-    the lookahead copies beside the mixers (off the critical path)."""
-    vram = (dense_per_token + hit * routed) / (hbm_gbps * 1e9)
-    return 1 / (vram + max(0.0, (1 - hit) * routed - ahead) / (pcie_gbps * 1e9 * ZERO_COPY_EFFICIENCY))
+    """Decode tok/s of one sequence when every miss is read over PCIe (the planner at --pcie-frac 1): the
+    all-resident step (floor_s, or the dense and hit bytes at the VRAM rate if longer), then the misses at the
+    in-graph zero-copy rate; `ahead`: miss bytes a token the lookahead copies beside the mixers (off the
+    critical path)."""
+    step = max(floor_s, (dense_per_token + hit * routed) / (hbm_gbps * 1e9))
+    return 1 / (step + max(0.0, (1 - hit) * routed - ahead) / (pcie_gbps * 1e9 * MISS_EFFICIENCY))
 
 
 def borrowed_estimate(n_slots: int, layout: ExpertLayout) -> int:
@@ -253,8 +292,9 @@ def table(p: Prediction) -> str:
         )
     if p.split_why:
         out.append(p.split_why)
+    floor = f" after an all-resident step of {p.layer_floor_us:g} us a layer" if p.layer_floor_us else ""
     out.append(
-        f"decode (one sequence): predicted {p.decode_tok_s:,.1f} tok/s; bandwidth bound "
+        f"decode (one sequence): predicted {p.decode_tok_s:,.1f} tok/s{floor}; bandwidth bound "
         f"{p.decode_bound_tok_s:,.1f} tok/s"
     )
     if p.prefill_pcie_bound_tok_s != float("inf"):

@@ -22,7 +22,7 @@ from strata.runtime.kvcache import KVType
 from strata.runtime.weights import WeightStore
 from strata.tiers.budget import GIB, MIB, check_expert_cache
 from strata.tiers.layout import ExpertLayout
-from strata.tiers.plan import Prediction, predict, table
+from strata.tiers.plan import Prediction, layer_floor_us, predict, table
 from strata.tiers.share import parse_pcie_frac
 from strata.tiers.tables import available_ram, check_mode, choose
 
@@ -71,6 +71,13 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--hbm-gbps", type=float, default=900.0, help="VRAM bandwidth, GB/s (RTX 4090: ~1000, H200: 4,270)"
+    )
+    p.add_argument(
+        "--layer-us",
+        type=float,
+        default=None,
+        help="the all-resident decode step a layer, us (default: measured on the H200 for this architecture, "
+        "strata.tiers.plan.LAYER_FLOOR_US)",
     )
     p.add_argument(
         "--ctx-size",
@@ -185,5 +192,11 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
         parse_pcie_frac(args.pcie_frac),
         args.disk_gbps,
         flag,
+        layer_us(args, cpu),
     )
     return pred, ctx
+
+
+def layer_us(args: argparse.Namespace, cpu: object) -> float:
+    """--layer-us, else the floor measured for the model file's Structure."""
+    return args.layer_us if args.layer_us is not None else layer_floor_us(type(cpu).structure)

@@ -62,6 +62,12 @@ def add_tiers_flags(p: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--hbm-gbps", type=float, default=900.0, help="VRAM bandwidth, GB/s (with --model)")
     s.add_argument("--pcie-gbps", type=float, default=25.0, help="PCIe bandwidth, GB/s (with --model)")
+    s.add_argument(
+        "--layer-us",
+        type=float,
+        default=None,
+        help="the all-resident decode step a layer, us (with --model; default: as strata plan)",
+    )
     s.add_argument("--json", action="store_true")
 
 
@@ -125,8 +131,11 @@ def run_tiers(args: argparse.Namespace) -> int:
 
 def _predicted(args: argparse.Namespace, ids: object, n_expert: int, r: sim.Result) -> float:
     """The planner's decode tok/s at the simulated hit rate, from the model's header (strata.tiers.plan)."""
+    from strata.cli.plan import layer_us
     from strata.gguf import GGUFFile
     from strata.gpu.weights import weight_bytes
+    from strata.models import model_class
+    from strata.runtime.weights import WeightStore
     from strata.tiers.layout import ExpertLayout
     from strata.tiers.plan import pcie_decode_tok_s
 
@@ -147,8 +156,10 @@ def _predicted(args: argparse.Namespace, ids: object, n_expert: int, r: sim.Resu
     ahead = 0.0
     if r.prefetch is not None and shape[0]:  # bytes read ahead a scored token
         ahead = float(r.prefetch["saved_bytes"]) / (r.lookups / (shape[1] * shape[2]))
+    cpu = model_class(g)(g, WeightStore(g, 0))
+    floor = cpu.params.n_layer * layer_us(args, cpu) * 1e-6  # type: ignore[attr-defined]
     return pcie_decode_tok_s(
-        dense, layout.routed_bytes_per_token(), r.hit_rate, args.hbm_gbps, args.pcie_gbps, ahead
+        dense, layout.routed_bytes_per_token(), r.hit_rate, args.hbm_gbps, args.pcie_gbps, ahead, floor
     )
 
 
