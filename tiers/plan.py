@@ -105,9 +105,11 @@ def predict(
     disk_gbps: float = 3.0,
     ram_flag: str = "--ram-budget-mib",
     floor_us: float = 0.0,
+    n_layer: int = 0,
 ) -> Prediction:
-    """What the plan allows under a RAM budget of ram_bytes for the arena (0: none); raises ConfigError naming
-    ram_flag when the budget cannot hold even the bounce ring."""
+    """What the plan allows under a RAM budget of ram_bytes for the arena (0: none), with an all-resident
+    step of floor_us a layer over n_layer layers; raises ConfigError naming ram_flag when the budget cannot
+    hold even the bounce ring."""
     n_total = layout.n_total if layout is not None else 0
     tiered = layout is not None and plan.n_slots < n_total
     held, ring = n_total, 0  # arena rows
@@ -143,7 +145,7 @@ def predict(
     )
     if sp.chosen != "auto" and cpu_gbps <= 0 and sp.pcie_frac < 1 - forced:
         raise ConfigError("--cpu-gbps", cpu_gbps, "a CPU share (--pcie-frac < 1) needs the CPU pool's rate")
-    step = max(vram_time, n_l * floor_us * 1e-6)  # the all-resident step: launch floor or bytes
+    step = max(vram_time, n_layer * floor_us * 1e-6)  # the all-resident step: every layer's floor, or bytes
     if sp.pcie_frac >= 1 and not forced:  # every miss over PCIe, after the step
         decode = 1 / (step + miss / (pcie * MISS_EFFICIENCY))
     else:  # the split's own per-layer time (tiers/share.py's model)

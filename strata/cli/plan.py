@@ -193,6 +193,7 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
         args.disk_gbps,
         flag,
         layer_us(args, cpu),
+        cpu.params.n_layer,
     )
     return pred, ctx
 
