@@ -20,7 +20,7 @@ from strata.runtime.kvcache import group_of, quantize_rows
 
 pytestmark = pytest.mark.gpu
 
-TAB = 11  # layers.py's 9 columns, the QSA state address (qk.QSA_COL), one more
+TAB = 11  # a row stride past layers.TAB's 10 (the kernels take the stride), the state at qk.QSA_COL
 EPS = 1e-6
 
 

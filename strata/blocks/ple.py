@@ -95,10 +95,10 @@ class PLEState:
         return self.history.nbytes + self.conv.nbytes
 
 
-def ple_rows(tokens: np.ndarray, p: PLEParams, st: PLEState) -> np.ndarray:
-    """The table rows [T, H] the tokens read (st unchanged: `ple` advances it)."""
+def ple_rows(tokens: np.ndarray, p: PLEParams, history: np.ndarray) -> np.ndarray:
+    """The table rows [T, H] the tokens read after `history` (a PLEState's; `ple` advances it)."""
     return ngram_rows(
-        st.history,
+        history,
         np.asarray(tokens, np.int64),
         p.multipliers,
         p.vocab_sizes,

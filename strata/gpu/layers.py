@@ -25,18 +25,16 @@ from typing import Any
 
 from strata.gpu.deltanet import DeltaNetWeights, DNDims, run_deltanet
 from strata.gpu.kernels import attention, moe
-from strata.gpu.ops import Ops
+from strata.gpu.ops import GEMV_ROWS, Ops
 from strata.gpu.qwen4exp import HCBuffers, HCDims
 from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.tiers import COLLECT_TIMEOUT_NS, TierHook
 from strata.gpu.weights import DevMatrix
 
-GEMV_ROWS = 8  # up to this many rows, projections read weights once through gemv
 # int64 columns per row of the table kernels read: k ptr, v ptr, cap, position, token, the DeltaNet
 # state's conv and ssm addresses (0 for models without it), int8 KV cells' k and v scale addresses (0 for
-# fp16 cells), and qwen4exp's QSA and PLE state address (twice: kernels/qsa.py and kernels/hyper.py each read
-# their own column; 0 for other models)
-TAB = 11
+# fp16 cells), and qwen4exp's QSA and PLE state address (0 for other models)
+TAB = 10
 
 
 @dataclass(frozen=True, slots=True)

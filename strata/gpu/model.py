@@ -393,9 +393,7 @@ class GpuModel(Model):
         rec = state.layers.get(RECURRENT)
         cols = rec.table_cols() if isinstance(rec, RecurrentState) else [0, 0]
         extra = Qwen4ExpParts.table_col(state)  # qwen4exp's QSA records, then PLE windows (0: none)
-        return (
-            state.kv.table_row(pos) + [token] + cols + state.kv.scale_cols() + [extra, extra]  # type: ignore[attr-defined]
-        )
+        return state.kv.table_row(pos) + [token] + cols + state.kv.scale_cols() + [extra]  # type: ignore[attr-defined]
 
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)

@@ -19,6 +19,7 @@ from strata.gpu.runtime import NULL, Kernels, cupy_module, dev_ptr, f32, i32, i6
 from strata.gpu.weights import DevMatrix
 
 GEMV_NT = (1, 4, 8)
+GEMV_ROWS = GEMV_NT[-1]  # up to this many rows, projections read weights once through gemv
 MAX_GEMV_GRID = 2048  # row blocks; past this, warps loop over rows (and stage x fewer times)
 # mmvq blocks each quantize their inputs first, so past this many blocks warps loop over rows instead: decode
 # tok/s on the H200 (30b-a3b Q4_K, perf/bench_gpu.py --sweep) b=1 345.9 / 340.0 / 339.4 at 512 / 1024 / 2048

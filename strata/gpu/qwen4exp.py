@@ -32,15 +32,15 @@ from strata.blocks.ple import PLEParams, embeddings, ple_rows
 from strata.errors import ConfigError
 from strata.gguf.names import X, tensor
 from strata.gpu.kernels import qsa as qk
-from strata.gpu.ops import Ops
+from strata.gpu.ops import GEMV_ROWS, Ops
 from strata.gpu.runtime import cupy_module, ptr, to_pinned
 from strata.gpu.weights import DevMatrix, GpuWeights
 from strata.tiers.budget import Ledger
 
-GEMV_ROWS = 8  # layers.GEMV_ROWS (not imported: layers imports this module's dims)
 EXTRA = ("gpu_qwen4exp", 0)  # SequenceState.layers key of the ExtraState
 HISTORY = ("ple_history", 0)  # and of the PLEHistory
-PLE_COL = 10  # row table column of the ExtraState's address (layers.TAB)
+# the row table column of the ExtraState's address, which the QSA kernels read and the PLE conv is given
+STATE_COL = qk.QSA_COL
 _PAD = 32  # the product kernels read rows in multiples of 32 values
 SELECT_ROWS = 32  # queries whose block scores qsa_select keeps at once (its scratch: this many rows)
 
@@ -219,8 +219,8 @@ class PLELayer:
         for start, t, count in [(0, 1, n)] if runs is None else [(a, b, 1) for a, b in runs]:
             ops.ple_conv(
                 self.pd.conv, self.pd.ngram, ptr(hc.normed, 4 * c * start), c, t, count,
-                ptr(tab, 8 * tab_stride * start), tab_stride, PLE_COL, self.conv, ptr(hc.mix, 4 * c * start),
-                ptr(hc.streams, 4 * c * start), state_off=self.state_off,
+                ptr(tab, 8 * tab_stride * start), tab_stride, STATE_COL, self.conv,
+                ptr(hc.mix, 4 * c * start), ptr(hc.streams, 4 * c * start), state_off=self.state_off,
             )  # fmt: skip
 
     @property
@@ -230,7 +230,7 @@ class PLELayer:
 
 class ExtraState:
     """One sequence's QSA records and PLE windows in VRAM (float32, zero at the start); the row table carries
-    the address (column PLE_COL)."""
+    the address (column STATE_COL)."""
 
     def __init__(self, ledger: Ledger, floats: int) -> None:
         cp = cupy_module()
@@ -388,7 +388,7 @@ class Qwen4ExpParts:
         rows = []
         for t, s in zip(tokens, states):
             hist: PLEHistory = s.layers[HISTORY]
-            rows.append(ple_rows(t, pp, _AsState(hist.ids)))
+            rows.append(ple_rows(t, pp, hist.ids))
             hist.ids = np.concatenate([hist.ids, np.asarray(t, np.int64)])[-(pp.ngram - 1) :]
         flat = np.concatenate(rows)
         e = embeddings(table, table.gather(flat, len(flat)), len(flat))
@@ -439,10 +439,3 @@ class Qwen4ExpParts:
 
     def sparse(self, i: int) -> QSALayer | None:
         return self.qsa.get(i)
-
-
-@dataclass(slots=True)
-class _AsState:
-    """ple_rows reads only a state's history."""
-
-    history: np.ndarray

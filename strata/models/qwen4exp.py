@@ -131,7 +131,9 @@ class Qwen4Exp(Model):
         pending = {}  # the PLE layers' rows, gathered while the layers before them run
         for i in self.ple_layers:
             assert self.ple is not None and self.ple_table is not None
-            pending[i] = self.ple_table.prefetch(ple_rows(tokens, self.ple, state.layer("ple", i, PLEState)))
+            pending[i] = self.ple_table.prefetch(
+                ple_rows(tokens, self.ple, state.layer("ple", i, PLEState).history)
+            )
         with expert_pass(w, [state], [len(tokens)]):
             for i in range(p.n_layer):
                 if i in pending:
