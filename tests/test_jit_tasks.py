@@ -17,7 +17,7 @@ from llvmlite import ir
 from quant_blocks import random_blocks
 
 from strata.jit import tasks
-from strata.jit.irutil import I64, VOID, c64, loop
+from strata.jit.irutil import I32, I64, VOID, c64, loop
 from strata.jit.kernels import Kernels
 from strata.jit.matmul_ir import QMM_ARGS
 
@@ -154,9 +154,14 @@ def test_run_checks_the_table(kernels: Kernels) -> None:
         group.run(np.zeros((tasks.MAX_TASKS, tasks.TASK_COLS), np.int64))  # calloc'd: costs no memory
 
 
+MEET_NAP_US, MEET_NAPS = 100, 300_000  # a partner gets >= 30 s: a loaded 2-core CI box stalls seconds
+
+
 def meet_fn(kernels: Kernels) -> int:
     """A QMM_ARGS-shaped function for two tasks that must run at the same time: each adds 1 to
-    ((i64*)w)[r0], then waits (bounded) for the other's 1; one that gives up adds 1 to w[r1]."""
+    ((i64*)w)[r0], then waits for the other's 1, napping MEET_NAP_US (usleep's address is w[2])
+    between looks; one that gives up after MEET_NAPS naps adds 1 to w[r1]. The bound is wall time,
+    not a loop count: a tight loop of 2**32 looks ends in ~1 s, which a descheduled helper can miss."""
 
     def build() -> ir.Module:
         mod = ir.Module(name="meet")
@@ -165,6 +170,8 @@ def meet_fn(kernels: Kernels) -> int:
         b = ir.IRBuilder(blk["entry"])
         counts = b.bitcast(fn.args[0], I64.as_pointer())
         here, miss = b.gep(counts, [fn.args[7]]), b.gep(counts, [fn.args[8]])
+        usleep_type = ir.FunctionType(I32, (I32,)).as_pointer()
+        usleep = b.inttoptr(b.load(b.gep(counts, [c64(2)])), usleep_type)
         b.atomic_rmw("add", here, c64(1), "acq_rel")
         b.branch(blk["wait"])
         b.position_at_end(blk["wait"])
@@ -173,10 +180,9 @@ def meet_fn(kernels: Kernels) -> int:
         met = b.icmp_signed(">=", b.load_atomic(here, "acquire", 8), c64(2))
         b.cbranch(met, blk["met"], blk["again"])
         b.position_at_end(blk["again"])
+        b.call(usleep, [ir.Constant(I32, MEET_NAP_US)])
         i.add_incoming(b.add(i, c64(1)), blk["again"])
-        b.cbranch(
-            b.icmp_signed("<", i, c64(1 << 32)), blk["wait"], blk["gave_up"]
-        )  # seconds: a loaded CI box
+        b.cbranch(b.icmp_signed("<", i, c64(MEET_NAPS)), blk["wait"], blk["gave_up"])
         b.position_at_end(blk["gave_up"])
         b.atomic_rmw("add", miss, c64(1), "monotonic")
         b.branch(blk["met"])
@@ -184,21 +190,21 @@ def meet_fn(kernels: Kernels) -> int:
         b.ret_void()
         return mod
 
-    return kernels.compiler.symbols("meet", "", build, ("meet",))["meet"]
+    return kernels.compiler.symbols("meet_nap", "", build, ("meet",))["meet"]
 
 
 def test_helpers_run_tasks_beside_the_caller(kernels: Kernels) -> None:
     """Two tasks that can only finish together: the helper must have claimed one of them."""
-    fn, counts = meet_fn(kernels), np.zeros(2, np.int64)
+    fn, counts = meet_fn(kernels), np.zeros(3, np.int64)
     w = counts.view(np.uint8).reshape(1, -1)
     x, y = np.zeros((1, 32), np.float32), np.zeros((1, 1), np.float32)
     table = np.array([task(fn, w, x, y, 0, 0, 1)] * 2, np.int64)
     group = tasks.TaskGroup(kernels, 1)
     try:
         for _ in range(20):
-            counts[:] = 0
+            counts[:] = 0, 0, ctypes.cast(ctypes.CDLL(None).usleep, ctypes.c_void_p).value
             group.run(table)
-            assert counts.tolist() == [2, 0]
+            assert counts[:2].tolist() == [2, 0]
     finally:
         group.close()
 
