@@ -113,6 +113,7 @@ def _expert_cache(s: AppState) -> dict[str, object] | None:
     out["pcie_frac"], out["swaps"], out["swap_bytes"] = cache.pcie_frac, cache.swaps, cache.swap_bytes
     out["policy"] = type(cache.policy).__name__.lower() if cache.policy is not None else "static"
     out["swaps_per_s"] = round(cache.swaps / max(time.monotonic() - cache.started, 1e-9), 2)
+    out["kv_grow"] = cache.lender.status() if cache.lender is not None else None  # --kv-grow's lending
     out["prefetch"] = cache.prefetch.status()  # the lookahead (GPU, or the CPU stand-in): staged, used, bytes
     out["per_layer_hit_rate"] = [
         round(h / lk, 4) if lk else 0.0

@@ -66,6 +66,7 @@ class EngineOptions:
     kv_type: str = (
         "auto"  # attention KV cells: auto (f32 on the CPU, f16 on the GPU) | f32 (CPU) | f16 | int8
     )
+    kv_grow: bool = False  # the KV takes the expert cache's slots as contexts grow (strata.tiers.grow)
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> EngineOptions:
@@ -96,6 +97,8 @@ class EngineOptions:
         parse_pcie_frac(self.pcie_frac, "pcie_frac")
         check_table_mode(self.ple_io, "ple_io")
         check_kv_type(self.kv_type, "kv_type")
+        if not isinstance(self.kv_grow, bool):
+            raise ConfigError("kv_grow", self.kv_grow, "must be true or false")
         check_policy(self.cache_policy, "cache_policy")
         check_profile_mode(self.routing_profile, "routing_profile")
         if self.swap_budget_mib < 0:
@@ -310,6 +313,14 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
         "or int8 (a scale per token, head and 32 channels: 28%% of f32's bytes, 56%% of f16's); auto "
         "(default): f32 on the CPU, f16 on the GPU",
     )
+    p.add_argument(
+        "--kv-grow",
+        action="store_true",
+        help="the plan keeps KV room for each sequence's first prefill chunk and gives the rest to the "
+        "expert cache; a growing context takes slots back (the least used experts first) and a finished one "
+        "returns them. The worst case (every sequence at the whole context) must still fit beside the dense "
+        "part. On the CPU it lends the stand-in cache's slots (--expert-cache SIZE)",
+    )
     add_override_flag(p)
     p.add_argument(
         "--prefill",
@@ -341,6 +352,7 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
         "probe": args.probe,
         "ple_io": args.ple_io,
         "kv_type": args.kv_type,
+        "kv_grow": args.kv_grow,
         "record_routes": args.record_routes,
         "cache_policy": args.cache_policy,
         "swap_budget_mib": args.swap_budget_mib,

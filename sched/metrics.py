@@ -162,6 +162,17 @@ def _expert_cache(sch: Scheduler) -> Iterator[Metric]:
         "Bytes of the expert cache's slots",
         cache.n_slots * cache.layout.slot_bytes,
     )
+    if cache.lender is not None:  # --kv-grow
+        lent = cache.lender.status()
+        yield GaugeMetricFamily(
+            "strata_kv_grow_lent_bytes", "Expert cache bytes the KV has taken (--kv-grow)", lent["lent_bytes"]
+        )
+        yield CounterMetricFamily(
+            "strata_kv_grow_lends_total", "Times a growing KV took slots", lent["lends"]
+        )
+        yield CounterMetricFamily(
+            "strata_kv_grow_reclaims_total", "Times the cache took slots back from the KV", lent["reclaims"]
+        )
     pinned = getattr(cache.arena, "nbytes", None)  # a pinned arena; the file's mapping has no size of its own
     if pinned is not None:
         yield GaugeMetricFamily(

@@ -26,6 +26,8 @@ from strata.sampling.params import SamplingParams
 from strata.text.chat_template import ChatTemplate
 from strata.text.tokenizer import Tokenizer
 from strata.tiers import context
+from strata.tiers.budget import Ledger
+from strata.tiers.grow import SlotLender, floor_positions
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.lookahead import PrefetchCounts
 from strata.tiers.profile import Digests, Profile, cache_root
@@ -87,6 +89,18 @@ def _count_routing(cache: ExpertCache | None, keeper: ProfileKeeper | None) -> P
     keeper.start()
     atexit.register(keeper.save)
     return keeper
+
+
+def _stand_in_ledger(cache: ExpertCache, model: Model, opts: EngineOptions) -> Ledger:
+    """--kv-grow on the CPU: the stand-in VRAM is the GPU plan's share of it, the slots at start and the KV
+    room of each sequence's first chunk (tiers/grow.py); a KV growing past that takes slots."""
+    a = model.params.attn
+    per = KVCache.bytes_per_token(model.kv_type, len(model.new_state().kv.length), a.n_kv, a.head_dim)
+    floor = opts.n_seq * floor_positions(opts.n_ctx, opts.prefill_chunk) * per
+    held = cache.n_slots * cache.layout.slot_bytes
+    ledger = Ledger(held + floor, held)
+    SlotLender(cache, ledger)
+    return ledger
 
 
 def _cpu_context(model: Model, n_seq: int, asked: int) -> int:
@@ -161,6 +175,7 @@ class Engine:
                 profile=keeper.saved if keeper else None,
                 prefetch=opts.prefetch,
                 ram_budget_mib=opts.ram_budget_mib,
+                kv_grow=opts.kv_grow,
             )
             gpu_opts = GpuOptions(
                 opts.vram_budget_mib,
@@ -171,6 +186,7 @@ class Engine:
                 seqs=opts.n_seq,
                 tiers=share,
                 kv_type=KVType.INT8 if opts.kv_type == KVType.INT8 else KVType.F16,
+                kv_grow=opts.kv_grow,
             )
             if opts.kv_type == KVType.F32:
                 raise ConfigError(
@@ -186,11 +202,20 @@ class Engine:
         counted = None
         if opts.expert_cache != "auto":
             profile = keeper.saved if keeper else None
-            weights.tiers = cpu_tiers(gguf, opts.expert_cache, profile, opts.ram_budget_mib, opts.prefetch)
+            weights.tiers = cpu_tiers(
+                gguf, opts.expert_cache, profile, opts.ram_budget_mib, opts.prefetch, opts.kv_grow
+            )
             counted = _count_routing(weights.tiers, keeper)
             weights.tiers.use_policy(opts.cache_policy, opts.swap_budget_mib << 20)
             if opts.record_routes:
                 weights.tiers.record(Path(opts.record_routes))
+        elif opts.kv_grow:
+            raise ConfigError(
+                "kv_grow",
+                True,
+                "on the CPU the KV grows into the stand-in expert cache's slots: give expert_cache a size "
+                "(--expert-cache 50%, say)",
+            )
         if opts.backend == "jit":
             from strata.jit.backend import start
 
@@ -199,6 +224,8 @@ class Engine:
         model = model_cls(gguf, weights)
         model.kv_type = KVType.F32 if opts.kv_type == "auto" else KVType(opts.kv_type)
         opts = dataclasses.replace(opts, n_ctx=_cpu_context(model, opts.n_seq, opts.n_ctx))
+        if opts.kv_grow and weights.tiers is not None:
+            model.kv_ledger = _stand_in_ledger(weights.tiers, model, opts)
         engine = cls(gguf, model, Tokenizer.from_gguf(gguf), opts)
         engine.profile_keeper = counted
         return engine

@@ -103,6 +103,7 @@ def test_engine_flags_reach_the_engine_on_serve(smollm2_path: Path) -> None:
         "40%",
         "--prefill",
         "256",
+        "--kv-grow",
         "--decode-ahead",
         "off",
     ]
@@ -111,3 +112,4 @@ def test_engine_flags_reach_the_engine_on_serve(smollm2_path: Path) -> None:
     assert cfg.engine == backend_options(build_parser().parse_args(["generate", "--prompt", "x", *argv[:-2]]))
     assert cfg.engine["cache_policy"] == "adaptive" and cfg.engine["swap_budget_mib"] == 8
     assert cfg.engine["prefill_chunk"] == 256 and not cfg.decode_ahead
+    assert cfg.engine["kv_grow"] is True

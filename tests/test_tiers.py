@@ -240,6 +240,9 @@ def test_a_scattered_placement_still_double_buffers_its_staging():
     class Slots:
         bases = (0, 1 << 40, 2 << 40)
 
+        def addr(self, p, s):
+            return self.bases[p] + s * lay.strides[p]
+
         def copy_rows(self, rows):
             pass
 

@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from strata.errors import ConfigError, StrataError
 
 MIB = 1 << 20
 GIB = 1 << 30
 RESERVE_MIB = 700
+
+
+class Lender(Protocol):
+    def lend(self, need: int) -> int:
+        """Free at least `need` bytes of the budget if it can (counted off the ledger's `used`); the bytes
+        freed."""
 
 
 class VramBudgetError(StrataError):
@@ -59,6 +66,8 @@ class VramPlan:
     slot_bytes: int = 0  # one expert slot (0: the model has no routed experts)
     n_total: int = 0  # experts in the model
     n_slots: int = 0  # set by size_cache
+    worst_slots: int | None = None  # --kv-grow: the slots left when every sequence's KV is full
+    kv_full: int = 0  # --kv-grow: those KV bytes
 
     @property
     def dense(self) -> int:
@@ -74,9 +83,15 @@ class VramPlan:
             rows.append(
                 f"expert cache {self.n_slots:,} slots {self.n_slots * self.slot_bytes / MIB:,.0f} MiB"
             )
+        worst = ""
+        if self.worst_slots is not None:
+            worst = (
+                f"; with every KV full ({self.kv_full / MIB:,.0f} MiB) the cache keeps {self.worst_slots:,} "
+                "slots"
+            )
         return (
             f"{', '.join(rows)}; total {self.total / MIB:,.0f} MiB against a budget of "
-            f"{self.budget / MIB:,.0f} MiB"
+            f"{self.budget / MIB:,.0f} MiB{worst}"
         )
 
     def size_cache(self, request: str = "auto", flag: str = "vram_budget_mib") -> None:
@@ -120,13 +135,17 @@ class VramPlan:
 
 
 class Ledger:
-    """Bytes Strata holds on the GPU, against the budget; KV caches take and give back here."""
+    """Bytes Strata holds on the GPU, against the budget; KV caches take and give back here. With --kv-grow a
+    `lender` (tiers/grow.py) frees expert slots when a take would pass the budget."""
 
     def __init__(self, budget: int, reserved: int) -> None:
         self.budget = budget
         self.used = reserved  # weights, activations and graph buffers, fixed at start-up
+        self.lender: Lender | None = None
 
     def take(self, nbytes: int, what: str) -> None:
+        if self.used + nbytes > self.budget and self.lender is not None:
+            self.lender.lend(self.used + nbytes - self.budget)
         if self.used + nbytes > self.budget:
             raise VramBudgetError(
                 f"{what} needs {nbytes / MIB:,.1f} MiB more, but {self.used / MIB:,.0f} of the "

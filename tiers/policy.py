@@ -39,6 +39,9 @@ class Policy(Protocol):
 
     def update(self, ids: np.ndarray, budget: int | None = None) -> None: ...
 
+    def resized(self, resident: np.ndarray) -> None:
+        """The cache changed size (--kv-grow): it now holds `resident`, each layer as many as it holds."""
+
 
 def window_hits(p: Policy, ids: np.ndarray) -> np.ndarray:
     """Per layer [L], the lookups of a window's routed ids [T, L, A] that found their expert resident."""
@@ -104,8 +107,22 @@ class Static:
     def update(self, ids: np.ndarray, budget: int | None = None) -> None:
         pass
 
+    def resized(self, resident: np.ndarray) -> None:
+        self.resident = np.asarray(resident, bool).copy()
 
-class Lru:
+
+class _Sized:
+    """Lru's and Adaptive's per-layer slot counts follow the cache's size."""
+
+    slots: np.ndarray
+    resident: np.ndarray
+
+    def resized(self, resident: np.ndarray) -> None:
+        self.resident = np.asarray(resident, bool).copy()
+        self.slots = self.resident.sum(axis=1).astype(np.int64)
+
+
+class Lru(_Sized):
     """Recency as a stamp per (layer, expert): the i-th lookup of a window gets clock + i."""
 
     def __init__(self, slots: np.ndarray, start: np.ndarray) -> None:
@@ -133,7 +150,7 @@ class Lru:
         _admit(self.resident, self.stamp, used & ~self.resident, self.slots, 0.0, budget)
 
 
-class Adaptive:
+class Adaptive(_Sized):
     # decay 0.85 measured best of 0.8-0.9 on the calibrated synthetic trace (tests/test_tier_sim.py)
     def __init__(
         self, slots: np.ndarray, start: np.ndarray, decay: float = 0.85, margin: float = 0.25

@@ -30,11 +30,10 @@ Legend: L = MoE layers, E = experts per layer, P = 3 parts, S = slots.
 
 from __future__ import annotations
 
-import ctypes
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -45,9 +44,13 @@ from strata.tiers.layout import ExpertLayout
 from strata.tiers.lookahead import AHEAD_ROWS, PrefetchCounts, pick, score
 from strata.tiers.policy import Policy, check_policy, make
 from strata.tiers.profile import Profile
-from strata.tiers.ring import BounceRing, host_ring, ring_buffer_bytes, split_rows
+from strata.tiers.ring import host_ring, ring_buffer_bytes
+from strata.tiers.store import NumpyBytes, per_segment
 from strata.tiers.telemetry import TierUse, note
 from strata.tiers.trace import Recorder
+
+if TYPE_CHECKING:
+    from strata.tiers.grow import SlotLender
 
 # Prefill chunks of at least this many tokens stage their misses in borrowed slots. From 256 tokens of
 # top-10-of-512 routing nearly every expert is used, and one copy of each beats zero-copy reads from the
@@ -58,12 +61,18 @@ COLS = 6
 
 
 class Bytes(Protocol):
-    """The slot store: part-major rows, `bases[p] + s * layout.strides[p]` is slot s of part p."""
+    """The slot store (tiers/store.py): `addr(p, s)` is slot s of part p; `resize` holds room for n slots."""
 
-    bases: tuple[int, int, int]
+    def addr(self, p: int, s: int) -> int: ...
+
+    def resize(self, n_slots: int) -> None: ...
 
     def copy_rows(self, rows: np.ndarray) -> None:
-        """Copy rows [n, 3] of (source address, destination address, bytes), in order with the kernels."""
+        """Copy rows [n, 3] of (source address, destination address, bytes) from experts' homes, in order with
+        the kernels."""
+
+    def move_rows(self, rows: np.ndarray) -> None:
+        """Copy rows [n, 3] between slots, in order with the kernels."""
 
     def sync(self) -> None:
         """Wait until the copies issued so far are done."""
@@ -152,13 +161,15 @@ class ExpertCache:
         self._ahead_ns = 0
         self._pass_pred: list[np.ndarray | None] = []
         self.predicting = False  # this pass's layers predict their experts (decode rows, something missing)
+        self.fill_rank = np.zeros((n_l, n_e))  # [L, E] what resize keeps first without a policy (set by fill)
+        self.lender: SlotLender | None = None  # --kv-grow: lends slots to the KV (tiers/grow.py)
 
     # ---- addresses ----
     def _arena_row(self, li: int, p: int, e: np.ndarray | int) -> np.ndarray:
         return self.home[li, p, e]
 
     def _slot_addr(self, p: int, s: int) -> int:
-        return self.slots.bases[p] + s * self.layout.strides[p]
+        return self.slots.addr(p, s)
 
     def _copies(self, li: int, e: int, slot: int) -> list[tuple[int, int, int]]:
         """(source, destination, bytes) of expert e of layer li's three parts, arena -> slot."""
@@ -168,9 +179,8 @@ class ExpertCache:
         ]
 
     # ---- contents ----
-    def _release(self, slot: int, li: int, e: int) -> None:
-        """Book `slot` for expert e of MoE layer li: its old expert goes back to the arena now; e is read from
-        the arena until `_land` (the slot's bytes may still be in flight)."""
+    def _evict(self, slot: int) -> None:
+        """The slot's expert (if any) is read from the arena from now on; the slot is free."""
         old_l, old_e = (int(v) for v in self.owner[slot])
         if old_l >= 0:
             self.where[old_l, old_e] = self.booked[old_l, old_e] = -1
@@ -180,6 +190,13 @@ class ExpertCache:
                 self._to_cpu(old_l, old_e)
             if self.dirty is not None:
                 self.dirty.append((old_l, old_e))
+        self.owner[slot] = (-1, -1)
+        self.version += 1
+
+    def _release(self, slot: int, li: int, e: int) -> None:
+        """Book `slot` for expert e of MoE layer li: its old expert goes back to the arena now; e is read from
+        the arena until `_land` (the slot's bytes may still be in flight)."""
+        self._evict(slot)
         self.owner[slot] = (li, e)
         self.booked[li, e] = slot
         self.version += 1
@@ -226,10 +243,14 @@ class ExpertCache:
         often."""
         n_l, n_e = self.where.shape
         order = [(li, e) for e in range(n_e) for li in range(n_l)]  # expert-major: every layer gets its share
+        # what resize keeps first without a policy: the fill's order, or the profile's counts (equal over the
+        # layers: every token routes every layer), that order breaking ties
+        self.fill_rank = -(np.arange(n_e)[None, :] * n_l + np.arange(n_l)[:, None]) / float(n_l * n_e + 1)
         if profile is not None:
             per = np.bincount([li for li, _ in order[: self.n_slots]], minlength=n_l)
             keep = profile.top(per)
             order = [(li, e) for e in range(n_e) for li in range(n_l) if keep[li, e]]
+            self.fill_rank = self.fill_rank + profile.uses
         t = time.perf_counter()
         self.load([(s, li, e) for s, (li, e) in enumerate(order[: self.n_slots])])
         if profile is not None:
@@ -243,6 +264,60 @@ class ExpertCache:
 
     def resident(self) -> int:
         return int((self.where >= 0).sum())
+
+    # ---- resizing (--kv-grow, tiers/grow.py) ----
+    def keep_rank(self) -> np.ndarray:
+        """[L, E]: which experts deserve a slot most, higher first: the policy's decayed counts (adaptive) or
+        recency (lru), else the fill's rank."""
+        for name in ("score", "stamp"):
+            got = getattr(self.policy, name, None)
+            if got is not None:
+                return np.asarray(got, np.float64)
+        return self.fill_rank
+
+    def resize(self, n: int) -> None:
+        """Hold n slots. Shrinking drops the residents of lowest keep_rank, moves the kept ones out of the
+        slots past n (slot to slot) and lets the store free those; growing fills the new slots with the best
+        experts not resident. Between passes only: no chunk is borrowing, every slot's copy has landed."""
+        assert self._staging is None, "resize while a prefill chunk borrows slots"
+        n = max(0, min(int(n), self.layout.n_total))
+        held = np.flatnonzero(self.owner[:, 0] >= 0)
+        li, e = self.owner[held, 0], self.owner[held, 1]
+        assert (self.where[li, e] == held).all(), "resize before every slot's copy has landed"
+        if n < self.n_slots:
+            order = np.lexsort((held, -self.keep_rank()[li, e]))  # best first; ties: the lower slot
+            keep = held[order[:n]]
+            for s in held[order[n:]].tolist():
+                self._evict(s)
+            movers = keep[keep >= n].tolist()
+            targets = sorted(set(range(n)) - set(keep[keep < n].tolist()))[: len(movers)]
+            pairs = list(zip(movers, targets))
+            rows = [
+                (self._slot_addr(p, a), self._slot_addr(p, b), int(self.sizes[self.owner[a, 0], p]))
+                for a, b in pairs
+                for p in range(3)
+            ]
+            if rows:
+                self.slots.move_rows(np.asarray(rows, np.int64))
+            for a, b in pairs:
+                ml, me = (int(v) for v in self.owner[a])
+                self.owner[b], self.owner[a] = (ml, me), (-1, -1)
+                self.booked[ml, me] = b
+                self._land(b, ml, me)
+            self.owner = self.owner[:n].copy()
+            self.n_slots = n
+            self.slots.resize(n)
+        elif n > self.n_slots:
+            self.slots.resize(n)
+            self.owner = np.concatenate([self.owner, np.full((n - self.n_slots, 2), -1, np.int32)])
+            self.n_slots = n
+            free = np.flatnonzero(self.owner[:, 0] < 0)
+            away = np.flatnonzero(self.booked.reshape(-1) < 0)
+            best = away[np.argsort(-self.keep_rank().reshape(-1)[away], kind="stable")][: len(free)]
+            n_e = self.layout.n_expert
+            self.load([(int(s), int(k) // n_e, int(k) % n_e) for s, k in zip(free, best)])
+        if self.policy is not None:
+            self.policy.resized(self.booked >= 0)
 
     def use_policy(self, name: str, swap_budget: int | None = None) -> None:
         """Let `name` (tiers/policy.py) decide the residents between windows, starting from the fill; each
@@ -389,7 +464,7 @@ class ExpertCache:
         rows = []
         for k, e in enumerate(picked.tolist()):
             for p in range(3):
-                dst = self._ahead_store.bases[p] + k * self.layout.strides[p]
+                dst = self._ahead_store.addr(p, k)
                 rows.append((int(self._arena_row(li, p, e)), dst, int(self.sizes[li, p])))
                 table[p, e] = dst
         t = time.perf_counter_ns()
@@ -549,40 +624,20 @@ class ExpertCache:
         self.version += 1
 
 
-class NumpyBytes:
-    """Part-major rows in host memory: the CPU stand-in for VRAM slots. With a ring (the low-RAM mode), copies
-    from outside the RAM tier's `ranges` pass through it, as the GPU's do."""
-
-    def __init__(self, n_rows: int, strides: tuple[int, int, int]) -> None:
-        self.arrays = [np.zeros((n_rows, s), np.uint8) for s in strides]
-        self.bases = tuple(int(a.ctypes.data) for a in self.arrays)  # type: ignore[assignment]
-        self.ring: BounceRing | None = None
-        self.ring_buffers: list[np.ndarray] = []  # the ring's memory
-        self.ranges: list[tuple[int, int]] = []  # the RAM tier's row stores
-
-    def copy_rows(self, rows: np.ndarray) -> None:
-        if self.ring is not None:
-            rows, mapped = split_rows(rows, self.ranges)
-            self.ring.copy(mapped)
-        for src, dst, n in rows.tolist():
-            ctypes.memmove(dst, src, n)
-
-    def sync(self) -> None:
-        pass
-
-
 def cpu_tiers(
     gguf: GGUFFile,
     expert_cache: str,
     profile: Profile | None = None,
     ram_budget_mib: float = 0,
     prefetch: int = 0,
+    kv_grow: bool = False,
 ) -> ExpertCache:
     """The tier manager on the CPU: numpy slots stand in for VRAM, the file's mapping for pinned RAM, so
     the slot table, borrowing, lookahead (`prefetch` staging slots) and counters run (and are tested)
     without a GPU. Under a RAM budget that cannot hold every expert, the three tiers of the GPU: numpy copies
     of some experts stand in for the pinned arena, the rest are read from the mapping, and copies from it pass
-    through a bounce ring of numpy buffers (the lookahead is off there: its staging reads the arena)."""
+    through a bounce ring of numpy buffers (the lookahead is off there: its staging reads the arena). With
+    `kv_grow` the slots come in segments a KV ledger can take (tiers/grow.py)."""
     from strata.tiers.arena import MmapArena, RowArena
     from strata.tiers.ram import DECODE_ROWS, arena_rows, choose_held
 
@@ -591,8 +646,10 @@ def cpu_tiers(
         raise ConfigError("expert_cache", expert_cache, f"{gguf.architecture} has no routed experts to cache")
     n_slots = cache_request(expert_cache, layout.slot_bytes, layout.n_total)
     assert n_slots is not None, "auto keeps every expert resident on the CPU: no tiers"
+    per = per_segment(layout.slot_bytes, n_slots, layout.n_total, kv_grow)
+    n_slots -= n_slots % per  # --kv-grow lends whole segments: the ledger counts every slot it holds
     rows = arena_rows(layout, ram_budget_mib) if n_slots < layout.n_total else None
-    slots = NumpyBytes(n_slots, layout.strides)
+    slots = NumpyBytes(n_slots, layout.strides, per)
     cache = ExpertCache(layout, n_slots, slots, MmapArena(gguf, layout))
     if rows is not None:  # the fill reads the mapping through the ring, as the GPU's does
         slots.ring, slots.ring_buffers = host_ring(ring_buffer_bytes(layout.slot_bytes))

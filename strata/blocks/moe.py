@@ -81,6 +81,10 @@ def expert_pass(w: WeightStore, states: Sequence[SequenceState], lens: Sequence[
     if cache is None:
         yield
         return
+    if cache.lender is not None:  # --kv-grow: the KV's growth takes slots between passes, as on the GPU
+        for s, n in zip(states, lens):
+            s.kv.reserve(s.n_past + n)
+        cache.lender.reclaim()
     cache.begin_pass(sum(lens))
     try:
         yield

@@ -20,7 +20,7 @@ from strata.gpu.weights import weight_bytes
 from strata.models import model_class
 from strata.runtime.kvcache import KVType
 from strata.runtime.weights import WeightStore
-from strata.tiers.budget import GIB, MIB, check_expert_cache
+from strata.tiers.budget import GIB, MIB, VramPlan, check_expert_cache
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.plan import Prediction, layer_floor_us, predict, table
 from strata.tiers.share import parse_pcie_frac
@@ -92,6 +92,12 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
         choices=["auto", "f16", "int8"],
         help="as on serve (auto: f16 on the GPU)",
     )
+    p.add_argument(
+        "--kv-grow",
+        action="store_true",
+        help="as on serve: KV room for each sequence's first chunk, the rest to the expert cache; prints the "
+        "cache and decode speed when every sequence's KV is full (the worst case)",
+    )
     p.add_argument("--parallel", type=int, default=4, help="sequences at once (the server's --parallel)")
     p.add_argument("--prefill", type=int, default=2048, help="prefill chunk (the GPU's default 2048)")
     p.add_argument("--expert-cache", default="auto", help="as on serve: auto, off, 6GiB, 4096MiB, 40%%")
@@ -134,7 +140,15 @@ def _context_text(ctx: dict[str, object]) -> str:
     assert isinstance(per, dict) and isinstance(allowed, dict)
     line = ctx["context_line"] or f"context: {ctx['n_ctx']:,} tokens (--ctx-size)"
     kinds = " / ".join(f"{k} {per[k] / 1024:,.1f} KiB a token, {allowed[k]:,} tokens" for k in per)
-    return f"{line}\nKV in VRAM: {kinds} (what the budget allows with no --ctx-size)"
+    text = f"{line}\nKV in VRAM: {kinds} (what the budget allows with no --ctx-size)"
+    grown = ctx.get("kv_grow")
+    if isinstance(grown, dict):
+        text += (
+            f"\n--kv-grow: the cache starts at {grown['slots_start']:,} slots; with every sequence's KV full "
+            f"({grown['kv_full_bytes'] / MIB:,.0f} MiB) it keeps {grown['slots_worst']:,} (hit rate "
+            f"{grown['hit_rate_worst']:.1%} uniform), decode {grown['decode_tok_s_worst']:,.1f} tok/s"
+        )
+    return text
 
 
 def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[str, object]]:
@@ -148,6 +162,7 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
         expert_cache=args.expert_cache,
         seqs=args.parallel,
         kv_type=kind,
+        kv_grow=args.kv_grow,
     )
     budget, trained, vocab = int(args.vram_gib * GIB), cpu.params.n_ctx_train, cpu.params.vocab
     choice = None if args.ctx_size else choose_context(g, dims, linear, trained, vocab, opts, budget)
@@ -179,22 +194,35 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
         if args.ram_budget_mib
         else (int(args.ram_gib * GIB), "--ram-gib")
     )
-    pred = predict(
-        plan,
-        ExpertLayout.from_gguf(g),
-        dense,
-        args.hbm_gbps,
-        args.pcie_gbps,
-        ram,
-        args.prefill,
-        args.cpu_gbps,
-        args.cpu_fixed_us * 1e-6,
-        parse_pcie_frac(args.pcie_frac),
-        args.disk_gbps,
-        flag,
-        layer_us(args, cpu),
-        cpu.params.n_layer,
-    )
+
+    def at(p: VramPlan) -> Prediction:
+        return predict(
+            p,
+            ExpertLayout.from_gguf(g),
+            dense,
+            args.hbm_gbps,
+            args.pcie_gbps,
+            ram,
+            args.prefill,
+            args.cpu_gbps,
+            args.cpu_fixed_us * 1e-6,
+            parse_pcie_frac(args.pcie_frac),
+            args.disk_gbps,
+            flag,
+            layer_us(args, cpu),
+            cpu.params.n_layer,
+        )
+
+    pred = at(plan)
+    if plan.worst_slots is not None:  # --kv-grow: the same plan once every sequence's KV is full
+        worst = at(dataclasses.replace(plan, n_slots=plan.worst_slots))
+        ctx["kv_grow"] = {
+            "kv_full_bytes": plan.kv_full,
+            "slots_start": plan.n_slots,
+            "slots_worst": plan.worst_slots,
+            "hit_rate_worst": worst.hit_rate_uniform,
+            "decode_tok_s_worst": worst.decode_tok_s,
+        }
     return pred, ctx
 
 

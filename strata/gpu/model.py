@@ -46,7 +46,7 @@ from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
 from strata.models.base import Model, Structure
 from strata.runtime.kvcache import KVCache, KVType
 from strata.runtime.state import SequenceState
-from strata.tiers import context
+from strata.tiers import context, grow
 from strata.tiers.budget import MIB, RESERVE_MIB, Ledger, VramPlan
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.slots import ExpertCache
@@ -70,6 +70,7 @@ class GpuOptions:
         default_factory=TierOptions
     )  # the CPU share, the policy, the profile
     kv_type: KVType = KVType.F16  # the KV cells: f16 or int8 (strata.runtime.kvcache)
+    kv_grow: bool = False  # the plan keeps KV room for a first chunk; growth takes slots (strata.tiers.grow)
 
 
 # plan parts that sequences take from the ledger as they come
@@ -157,7 +158,14 @@ def vram_plan(
         )
     n_attn = linear.count(False)
     seqs = opts.seqs  # room for the sequences that run at once: the expert cache takes what the plan leaves
-    plan.parts[f"KV cache ({seqs} x {n_ctx:,} positions)"] = seqs * n_ctx * kv_bytes_per_token(d, n_attn)
+    kv_per = kv_bytes_per_token(d, n_attn)
+    if opts.kv_grow:  # room for each one's first chunk; the KV takes slots as it grows past that
+        floor = grow.floor_positions(n_ctx, chunk)
+        plan.parts[f"KV cache ({seqs} x {floor:,} positions, growing into the expert cache)"] = (
+            seqs * floor * kv_per
+        )
+    else:
+        plan.parts[f"KV cache ({seqs} x {n_ctx:,} positions)"] = seqs * n_ctx * kv_per
     if d.dn is not None:  # one more: a cached prefix is restored beside the fresh state it replaces
         plan.parts[f"DeltaNet state ({seqs} + 1 x)"] = (
             (seqs + 1) * 4 * (len(linear) - n_attn) * sum(d.dn.state_floats())
@@ -179,6 +187,8 @@ def vram_plan(
             layout, opts.tiers.prefetch, GEMV_ROWS
         )
         plan.size_cache(opts.expert_cache)
+    if opts.kv_grow and layout is not None:
+        grow.plan_worst_case(plan, seqs * n_ctx * kv_per, layout, "vram_budget_mib")
     return plan
 
 
@@ -222,7 +232,10 @@ class GpuModel(Model):
         )
         self.stream = cp.cuda.Stream(non_blocking=True)
         layout = ExpertLayout.from_gguf(gguf)
-        tiered = layout is not None and (opts.expert_cache != "auto" or plan.n_slots < plan.n_total)
+        # with --kv-grow a cache that holds every expert still lends its slots to a growing KV
+        tiered = layout is not None and (
+            opts.expert_cache != "auto" or plan.n_slots < plan.n_total or opts.kv_grow
+        )
         # the weights' upload, layer by layer (tiered experts go to the arena, which has its own bar)
         sizes = weight_bytes(gguf)
         upload = ProgressBar(
@@ -235,6 +248,8 @@ class GpuModel(Model):
                 if tiered
                 else None
             )
+            if opts.kv_grow and self.tiers is not None:
+                grow.SlotLender(self.tiers.cache, self.ledger, self.tiers.quiesce)
             self.hc = Qwen4ExpParts(cpu, self.w, self.dims.hc) if self.dims.hc is not None else None
             self.host_inputs = self.hc is not None and self.hc.dims.ple is not None
             self.layers: list[LayerWeights] = []
@@ -421,6 +436,8 @@ class GpuModel(Model):
         assert tiers is None or n <= len(tiers.counts), f"a pass of {n} rows outgrows the tier counters"
         staging = None
         with self.stream:
+            for t, s in zip(tokens, states):  # before the tables go up: growth may take slots (--kv-grow)
+                s.kv.reserve(s.n_past + len(t))  # type: ignore[attr-defined]
             if tiers is not None:
                 tiers.publish()
                 if n >= tiers.cache.borrow_min:
@@ -428,7 +445,6 @@ class GpuModel(Model):
             segs, tab_rows, start = [], [], 0
             for t, s in zip(tokens, states):
                 kv: GpuKV = s.kv  # type: ignore[assignment]
-                kv.reserve(s.n_past + len(t))
                 segs.append(Segment(start, len(t), s.n_past, kv))
                 tab_rows += [self.table_row(s, s.n_past + j, int(tok)) for j, tok in enumerate(t)]
                 start += len(t)

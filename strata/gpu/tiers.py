@@ -60,6 +60,7 @@ from strata.tiers.profile import Profile
 from strata.tiers.ram import arena_rows, choose_held
 from strata.tiers.ring import ring_buffer_bytes, split_rows
 from strata.tiers.slots import ExpertCache, Staging
+from strata.tiers.store import Segments, per_segment
 from strata.tiers.telemetry import note
 
 MAX_ROWS_PER_LAUNCH = 60000  # gridDim.y limit is 65535
@@ -133,11 +134,17 @@ class TierOptions:
     profile: Profile | None = None  # a saved routing profile: the fill takes each layer's most used experts
     prefetch: int = PREFETCH_DEFAULT  # --prefetch: experts a decode layer copies ahead of its router (0: off)
     ram_budget_mib: float = 0  # --ram-budget-mib: RAM for the arena and the bounce ring (0: all pinned)
+    kv_grow: bool = False  # --kv-grow: the slots come in segments the KV can take (tiers/grow.py)
 
 
-class DeviceSlots:
-    """The slot store in VRAM (part-major, like the arena); copies are gathers on the current stream, or, from
-    a pageable arena (which no kernel can read), the driver's copies."""
+def _device_bytes(nbytes: int) -> tuple[Any, int]:
+    a = cupy_module().empty(nbytes, cupy_module().uint8)
+    return a, int(a.data.ptr)
+
+
+class DeviceSlots(Segments):
+    """The slot store in VRAM (segments of part-major slots, tiers/store.py); copies are gathers on the
+    current stream, or, from a pageable arena (which no kernel can read), the driver's copies."""
 
     def __init__(
         self,
@@ -146,16 +153,14 @@ class DeviceSlots:
         kernels: Kernels,
         pageable: bool,
         ring: GpuRing | None = None,
+        per: int | None = None,
     ) -> None:
-        cp = cupy_module()
         self.ring = ring  # the low-RAM mode: copies from outside `ranges` (the pinned arena's) go through it
         self.ranges: list[tuple[int, int]] = []
-        self.arrays = [cp.empty(max(n_slots, 1) * s, cp.uint8) for s in strides]
-        self.bases = tuple(int(a.data.ptr) for a in self.arrays)  # type: ignore[assignment]
         self.kernels = kernels
-        self.strides = strides
         self.pageable = pageable
         self._keep: list[Any] = []  # row lists in flight, freed at the next sync
+        super().__init__(n_slots, strides, _device_bytes, per)
 
     def copy_rows(self, rows: np.ndarray) -> None:
         if self.ring is not None:
@@ -168,8 +173,9 @@ class DeviceSlots:
             return
         engine_copies(rows, self.strides, cupy_module().cuda.get_current_stream())
 
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.arrays)
+    def move_rows(self, rows: np.ndarray) -> None:
+        """Slot to slot: both ends in VRAM, so a gather whatever the arena is."""
+        gather(self.kernels, np.asarray(rows, np.int64).reshape(-1, 3), self._keep)
 
     def sync(self) -> None:
         cupy_module().cuda.get_current_stream().synchronize()
@@ -232,7 +238,7 @@ class GpuTiers:
         self.ring: GpuRing | None = None
         rows = arena_rows(layout, opts.ram_budget_mib) if n_slots < layout.n_total else None
         if rows is not None and opts.pin:
-            self._low_ram(gguf, layout, n_slots, rows, opts.profile, decode_rows)
+            self._low_ram(gguf, layout, n_slots, rows, opts.profile, decode_rows, opts.kv_grow)
         else:
             if opts.pin:
                 try:
@@ -242,7 +248,8 @@ class GpuTiers:
             else:
                 self.arena, self.pageable = MmapArena(gguf, layout), True
                 note("expert arena: not pinned (asked); decode misses run on the CPU, prefill stages them")
-            self.slots = DeviceSlots(n_slots, layout.strides, self.kernels, self.pageable)
+            per = per_segment(layout.slot_bytes, n_slots, layout.n_total, opts.kv_grow)
+            self.slots = DeviceSlots(n_slots, layout.strides, self.kernels, self.pageable, per=per)
             self.cache = ExpertCache(layout, n_slots, self.slots, self.arena)
             self.cache.fill(opts.profile)
         self.cache.use_policy(opts.cache_policy, LEARN_EVERY * opts.swap_budget)
@@ -299,6 +306,7 @@ class GpuTiers:
         rows: int,
         profile: Profile | None,
         decode_rows: int,
+        grow: bool,
     ) -> None:
         """The three tiers (tiers/ram.py): fill the slots from the mapping through the ring, then pin the
         arena's choice, `rows` experts at most, and read every other non-resident from the mapping."""
@@ -306,7 +314,8 @@ class GpuTiers:
             self.ring = GpuRing(ring_buffer_bytes(layout.slot_bytes))
         except ConfigError as err:  # as when the arena cannot be pinned: all from the pageable mapping
             self._unpinned(gguf, layout, err)
-        self.slots = DeviceSlots(n_slots, layout.strides, self.kernels, self.pageable, self.ring)
+        per = per_segment(layout.slot_bytes, n_slots, layout.n_total, grow)
+        self.slots = DeviceSlots(n_slots, layout.strides, self.kernels, self.pageable, self.ring, per)
         self.cache = ExpertCache(layout, n_slots, self.slots, MmapArena(gguf, layout))
         self.cache.fill(profile)
         self.slots.sync()
@@ -541,11 +550,20 @@ class GpuTiers:
         )
 
     # ---- between windows ----
+    def quiesce(self) -> None:
+        """Before the cache resizes (--kv-grow): every swap's copy done and landed."""
+        if self._swapping:
+            self.copy_stream.synchronize()
+            while self._swapping:
+                self.cache.land(self._swapping.pop(0)[0])
+
     def publish(self) -> None:
-        """Before a pass: land the swaps whose copies are done, and bring the device tables up to the cache's
-        bookkeeping, on the current stream."""
+        """Before a pass: land the swaps whose copies are done, take back slots a finished KV left
+        (--kv-grow), and bring the device tables up to the cache's bookkeeping, on the current stream."""
         while self._swapping and self._swapping[0][1].done:
             self.cache.land(self._swapping.pop(0)[0])
+        if self.cache.lender is not None:
+            self.cache.lender.reclaim()
         if self._version != self.cache.version:
             self._push()
         if self._snap != self.cache.version:  # what this pass's `where` holds, for the per-layer counts

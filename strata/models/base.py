@@ -24,6 +24,7 @@ from strata.runtime.state import SequenceState
 from strata.runtime.weights import WeightStore
 
 if TYPE_CHECKING:
+    from strata.tiers.budget import Ledger
     from strata.tiers.slots import ExpertCache
 
 _REGISTRY: dict[str, type[Model]] = {}
@@ -124,6 +125,7 @@ class Model(ABC):
     structure: ClassVar[Structure | None] = None
     params: DecoderParams
     kv_type: KVType = KVType.F32  # how new states store attention KV; Engine.load sets it from --kv-type
+    kv_ledger: Ledger | None = None  # --kv-grow on the CPU: the stand-in VRAM the KV takes from the slots
 
     @abstractmethod
     def new_state(self) -> SequenceState:
@@ -136,7 +138,7 @@ class Model(ABC):
     def new_kv(self, layers: list[int]) -> KVCache:
         """An empty KV cache for these attention layers, in the model's kv_type."""
         a = self.params.attn
-        return KVCache(layers, a.n_kv, a.head_dim, kind=self.kv_type)
+        return KVCache(layers, a.n_kv, a.head_dim, kind=self.kv_type, ledger=self.kv_ledger)
 
     @property
     def expert_cache(self) -> ExpertCache | None:

@@ -5,6 +5,10 @@ token, head and 32 channels (q8_0's block; symmetric, max |x| / 127, written onc
 appended, so a cell's error never compounds). Attention reads float32 either way: `append` returns the
 layer's keys and values decoded. int8 holds a long context in 28% of f32's RAM (56% of f16's: 32 codes
 and a 4-byte scale a block). tests/test_kv_types.py gives the fidelity measured against f32.
+
+With a `ledger` (the CPU stand-in of --kv-grow: tiers/grow.py) the cells' capacity is charged to it as
+the GPU's KV is to the VRAM ledger: growth takes, the cache's end gives back; `to_host` copies (the prefix
+cache's, snapshots) are not charged until a restore copies them back.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from enum import StrEnum
 import numpy as np
 
 from strata.errors import ConfigError
+from strata.tiers.budget import Ledger
 
 
 class KVType(StrEnum):
@@ -94,26 +99,51 @@ class _Cells:
     def nbytes(self, n: int) -> int:
         return self.data[:n].nbytes + (0 if self.scale is None else self.scale[:n].nbytes)
 
+    def cap_bytes(self) -> int:
+        return self.data.nbytes + (0 if self.scale is None else self.scale.nbytes)
+
 
 class KVCache:
     """Keys and values for the layers that attend; capacity doubles so appends are amortised O(1)."""
 
     def __init__(
-        self, layers: list[int], n_kv: int, head_dim: int, v_dim: int | None = None, kind: KVType = KVType.F32
+        self,
+        layers: list[int],
+        n_kv: int,
+        head_dim: int,
+        v_dim: int | None = None,
+        kind: KVType = KVType.F32,
+        ledger: Ledger | None = None,
     ) -> None:
         self.n_kv, self.head_dim, self.v_dim, self.kind = n_kv, head_dim, v_dim or head_dim, kind
         self._k = {i: _Cells(kind, n_kv, head_dim) for i in layers}
         self._v = {i: _Cells(kind, n_kv, self.v_dim) for i in layers}
         self.length = dict.fromkeys(layers, 0)
+        self.ledger, self.charged = ledger, ledger is not None
+
+    def _grow(self, layer: int, need: int) -> None:
+        keys, values = self._k[layer], self._v[layer]
+        cap, old = max(16, 2 * need), keys.data.shape[0]
+        if self.charged:
+            assert self.ledger is not None
+            per = self.bytes_per_token(self.kind, 1, self.n_kv, self.head_dim, self.v_dim)
+            self.ledger.take((cap - old) * per, f"KV cache for {cap:,} positions")
+        keys.grow(self.length[layer], cap)
+        values.grow(self.length[layer], cap)
+
+    def reserve(self, n: int) -> None:
+        """Room for n positions in every layer (a pass's rows, before it runs: growth takes from the ledger
+        between passes, as the GPU's does)."""
+        for i in self.length:
+            if n > self._k[i].data.shape[0]:
+                self._grow(i, n)
 
     def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Add k, v [T, n_kv, d] for `layer`; return all keys and values [S, n_kv, d] as float32."""
         n, t = self.length[layer], k.shape[0]
         keys, values = self._k[layer], self._v[layer]
         if n + t > keys.data.shape[0]:
-            cap = max(16, 2 * (n + t))
-            keys.grow(n, cap)
-            values.grow(n, cap)
+            self._grow(layer, n + t)
         keys.write(n, k)
         values.write(n, v)
         self.length[layer] = n + t
@@ -124,15 +154,34 @@ class KVCache:
         for i in self.length:
             self.length[i] = min(self.length[i], n)
 
-    def copy(self) -> KVCache:
+    def _copy(self, charged: bool) -> KVCache:
         out = KVCache([], self.n_kv, self.head_dim, self.v_dim, self.kind)
         for i, n in self.length.items():
             out._k[i], out._v[i] = self._k[i].copy(n), self._v[i].copy(n)
             out.length[i] = n
+        out.ledger = self.ledger
+        if charged and self.ledger is not None:
+            self.ledger.take(out.cap_bytes(), "a copy of a KV cache")
+            out.charged = True
         return out
+
+    def copy(self) -> KVCache:
+        """An independent copy, charged to the ledger like the original (a restore, a checkpoint)."""
+        return self._copy(True)
+
+    def to_host(self) -> KVCache:
+        """A copy the ledger does not count (the prefix cache's entries, snapshots); its copy() is counted."""
+        return self._copy(False)
+
+    def cap_bytes(self) -> int:
+        return sum(self._k[i].cap_bytes() + self._v[i].cap_bytes() for i in self.length)
 
     def nbytes(self) -> int:
         return sum(self._k[i].nbytes(n) + self._v[i].nbytes(n) for i, n in self.length.items())
+
+    def __del__(self) -> None:
+        if getattr(self, "charged", False) and self.ledger is not None:
+            self.ledger.give(self.cap_bytes())
 
     @staticmethod
     def bytes_per_token(

@@ -1,0 +1,129 @@
+"""--kv-grow: the KV takes VRAM from the expert cache as contexts grow, and the cache takes it back after.
+
+Without it the plan keeps room for every sequence's KV at the whole context before the cache gets the rest:
+a 24 GB card set up for 4 x 64k positions of the 80B shape (int8: 3 GiB) holds that room empty while requests
+are short, ~1,800 slots that could be serving hits. With it the plan keeps room for each sequence's first
+chunk (`floor_positions`) and the cache takes the rest, in whole segments (tiers/store.py). When a KV's
+growth finds the ledger full, `SlotLender.lend` shrinks the cache by enough segments (the residents of
+lowest keep_rank go first: tiers/slots.py `resize`) and the ledger counts their bytes as free; between
+passes `reclaim` grows it back where the ledger has had room beyond `slack` segments (a finished request's
+KV), up to its start size. The worst case, every sequence at the whole context, must still fit beside the
+dense part: the plan refuses it otherwise (`worst_case`), and `strata plan` shows the cache left then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from strata.errors import ConfigError
+from strata.tiers.budget import MIB, Ledger, VramPlan
+from strata.tiers.store import per_segment
+from strata.tiers.telemetry import note
+
+if TYPE_CHECKING:
+    from strata.tiers.layout import ExpertLayout
+    from strata.tiers.slots import ExpertCache
+
+SLACK_SEGMENTS = 1  # reclaim leaves this much free for the KV's next doubling
+
+
+def floor_positions(n_ctx: int, chunk: int) -> int:
+    """The KV room a sequence's plan keeps under --kv-grow: its first prefill chunk (the rest is lent)."""
+    return min(n_ctx, max(chunk, 1))
+
+
+def worst_case(budget: int, dense_without_kv: int, kv_full: int, slot_bytes: int, flag: str) -> int:
+    """Slots the cache keeps when every sequence's KV is full; ConfigError naming `flag` when even an empty
+    cache leaves too little room for it."""
+    room = budget - dense_without_kv - kv_full
+    if room < 0:
+        raise ConfigError(
+            flag,
+            budget // MIB,
+            f"--kv-grow: every sequence's KV at the whole context needs {kv_full / MIB:,.1f} MiB beside a "
+            f"dense part of {dense_without_kv / MIB:,.1f} MiB, {-room / MIB:,.1f} MiB more than the budget "
+            f"of {budget / MIB:,.1f} MiB even with no expert slot; shorten the context, serve fewer "
+            "sequences, or use int8 KV",
+        )
+    return room // max(slot_bytes, 1) if slot_bytes else 0
+
+
+def plan_worst_case(plan: VramPlan, kv_full: int, layout: ExpertLayout, flag: str) -> None:
+    """A --kv-grow plan: its cache in whole segments, and `worst_slots`, what it keeps when the KV is full
+    (kv_full bytes for every sequence at the whole context); refused (ConfigError) when that cannot fit."""
+    kv_floor = sum(v for k, v in plan.parts.items() if k.startswith("KV cache"))
+    plan.worst_slots = worst_case(plan.budget, plan.dense - kv_floor, kv_full, layout.slot_bytes, flag)
+    plan.kv_full = kv_full
+    per = per_segment(layout.slot_bytes, plan.n_slots, layout.n_total, True)
+    plan.n_slots -= plan.n_slots % per
+    plan.worst_slots = min(plan.worst_slots, plan.n_slots)
+
+
+class SlotLender:
+    """Lends the expert cache's memory to the ledger's KV. `quiesce` (the GPU: wait for in-flight swaps)
+    runs before every resize."""
+
+    def __init__(self, cache: ExpertCache, ledger: Ledger, quiesce: Callable[[], None] | None = None) -> None:
+        self.cache, self.ledger, self.quiesce = cache, ledger, quiesce
+        self.per = cache.slots.per  # type: ignore[attr-defined]
+        self.segment_bytes = self.per * cache.layout.slot_bytes
+        self.start_slots = cache.n_slots  # what reclaim grows back to
+        self.lent_segments = 0  # now
+        self.lends = self.reclaims = 0  # since start
+        ledger.lender = cache.lender = self
+
+    def _resize(self, n: int) -> None:
+        if self.quiesce is not None:
+            self.quiesce()
+        self.cache.resize(n)
+
+    def lend(self, need: int) -> int:
+        """Free at least `need` bytes from the cache (whole segments, the last ones); the bytes freed (fewer
+        once the cache is empty). The ledger counts them free."""
+        have = self.cache.n_slots
+        k = min(-(-need // self.segment_bytes), -(-have // self.per))
+        if k <= 0:
+            return 0
+        n = max(0, (-(-have // self.per) - k) * self.per)
+        freed = (have - n) * self.cache.layout.slot_bytes
+        self._resize(n)
+        self.ledger.used -= freed
+        self.lent_segments += k
+        self.lends += 1
+        note(
+            f"kv-grow: the KV took {k} segment(s) of the expert cache ({freed / MIB:,.0f} MiB); it holds "
+            f"{n:,} of {self.start_slots:,} slots"
+        )
+        return freed
+
+    def reclaim(self) -> int:
+        """Between passes: grow the cache back by the whole segments the ledger has room for beyond SLACK, up
+        to its start size; the slots added."""
+        if not self.lent_segments:
+            return 0
+        room = self.ledger.budget - self.ledger.used - SLACK_SEGMENTS * self.segment_bytes
+        k = min(int(room // self.segment_bytes), self.lent_segments)
+        if k <= 0:
+            return 0
+        have = self.cache.n_slots
+        n = min(self.start_slots, have + k * self.per)
+        self.ledger.used += (n - have) * self.cache.layout.slot_bytes
+        self._resize(n)
+        self.lent_segments -= k
+        self.reclaims += 1
+        note(
+            f"kv-grow: the expert cache took back {k} segment(s); it holds {n:,} of {self.start_slots:,} "
+            "slots"
+        )
+        return n - have
+
+    def status(self) -> dict[str, int]:
+        """/v1/status's `kv_grow`: slots at start and now, bytes lent to the KV, lends and reclaims so far."""
+        return {
+            "slots_start": self.start_slots,
+            "slots": self.cache.n_slots,
+            "lent_bytes": (self.start_slots - self.cache.n_slots) * self.cache.layout.slot_bytes,
+            "lends": self.lends,
+            "reclaims": self.reclaims,
+        }
