@@ -11,6 +11,7 @@ from typing import Any
 from strata.errors import ConfigError
 from strata.runtime.kvcache import KV_TYPES, check_kv_type
 from strata.tiers.budget import RESERVE_MIB, check_expert_cache
+from strata.tiers.kvwindow import BLOCK, check_resident
 from strata.tiers.lookahead import PREFETCH_DEFAULT, check_prefetch
 from strata.tiers.policy import POLICIES, check_policy
 from strata.tiers.profile import MODES as PROFILE_MODES
@@ -67,6 +68,7 @@ class EngineOptions:
         "auto"  # attention KV cells: auto (f32 on the CPU, f16 on the GPU) | f32 (CPU) | f16 | int8
     )
     kv_grow: bool = False  # the KV takes the expert cache's slots as contexts grow (strata.tiers.grow)
+    kv_resident: int = 0  # cells a sequence keeps on the device per attention layer, the rest in RAM; 0: all
 
     @classmethod
     def from_kwargs(cls, **kw: Any) -> EngineOptions:
@@ -99,6 +101,7 @@ class EngineOptions:
         check_kv_type(self.kv_type, "kv_type")
         if not isinstance(self.kv_grow, bool):
             raise ConfigError("kv_grow", self.kv_grow, "must be true or false")
+        check_resident(self.kv_resident, "kv_resident")
         check_policy(self.cache_policy, "cache_policy")
         check_profile_mode(self.routing_profile, "routing_profile")
         if self.swap_budget_mib < 0:
@@ -321,6 +324,15 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
         "returns them. The worst case (every sequence at the whole context) must still fit beside the dense "
         "part. On the CPU it lends the stand-in cache's slots (--expert-cache SIZE)",
     )
+    p.add_argument(
+        "--kv-resident",
+        type=int,
+        default=0,
+        metavar="N",
+        help="cells of each attention layer a sequence keeps on the device (its most recent, a multiple of "
+        f"{BLOCK}); older cells move to (pinned) RAM and attention reads them there. 0 (default): every cell "
+        "on the device",
+    )
     add_override_flag(p)
     p.add_argument(
         "--prefill",
@@ -346,6 +358,7 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
             "--swap-budget-mib", args.swap_budget_mib, "must be >= 0 (0: the cache never swaps)"
         )
     check_prefetch(args.prefetch)
+    check_resident(args.kv_resident)
     return {
         "prefetch": args.prefetch,
         "pcie_frac": args.pcie_frac,
@@ -353,6 +366,7 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
         "ple_io": args.ple_io,
         "kv_type": args.kv_type,
         "kv_grow": args.kv_grow,
+        "kv_resident": args.kv_resident,
         "record_routes": args.record_routes,
         "cache_policy": args.cache_policy,
         "swap_budget_mib": args.swap_budget_mib,

@@ -223,6 +223,7 @@ class Engine:
             weights.jit = start(gguf, cache, opts.pool_workers, opts.aux_cpus)
         model = model_cls(gguf, weights)
         model.kv_type = KVType.F32 if opts.kv_type == "auto" else KVType(opts.kv_type)
+        model.kv_resident, model.kv_chunk = opts.kv_resident, opts.prefill_chunk
         opts = dataclasses.replace(opts, n_ctx=_cpu_context(model, opts.n_seq, opts.n_ctx))
         if opts.kv_grow and weights.tiers is not None:
             model.kv_ledger = _stand_in_ledger(weights.tiers, model, opts)

@@ -7,8 +7,7 @@ Tokens are grouped by expert so each expert's weights are touched once per forwa
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -17,7 +16,6 @@ from strata.blocks.norms import rms_norm, silu, softmax
 from strata.gguf.names import T, tensor
 
 if TYPE_CHECKING:
-    from strata.runtime.state import SequenceState
     from strata.runtime.weights import WeightStore
     from strata.tiers.slots import ExpertCache
 
@@ -71,25 +69,6 @@ def swiglu_experts(
         return w.matmul(silu(w.matmul(xs, gate, e)) * w.matmul(xs, up, e), down, e)
 
     return dispatch(h, ids, weights, expert)
-
-
-@contextmanager
-def expert_pass(w: WeightStore, states: Sequence[SequenceState], lens: Sequence[int]) -> Iterator[None]:
-    """Brackets one forward pass over the states' tokens (lens[i] rows each, in order) when the experts
-    live in tiers: long passes borrow slots, and the pass's counters are credited to each sequence."""
-    cache = w.tiers
-    if cache is None:
-        yield
-        return
-    if cache.lender is not None:  # --kv-grow: the KV's growth takes slots between passes, as on the GPU
-        for s, n in zip(states, lens):
-            s.kv.reserve(s.n_past + n)
-        cache.lender.reclaim()
-    cache.begin_pass(sum(lens))
-    try:
-        yield
-    finally:
-        cache.end_pass([s.experts for s in states], list(lens))
 
 
 def lookahead(x: np.ndarray, w: WeightStore, layer: int, norm: str, eps: float, top_k: int) -> None:

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from strata.blocks.moe import expert_pass
 from strata.blocks.norms import rms_norm
 from strata.blocks.rope import Rope, RopeStyle
 from strata.blocks.self_attn import AttnNames, AttnParams, self_attention
@@ -20,8 +19,10 @@ from strata.errors import GGUFError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, tensor
 from strata.runtime.kvcache import KVCache, KVType
+from strata.runtime.passes import forward_pass
 from strata.runtime.state import SequenceState
 from strata.runtime.weights import WeightStore
+from strata.tiers.kvwindow import KVWindow
 
 if TYPE_CHECKING:
     from strata.tiers.budget import Ledger
@@ -126,6 +127,8 @@ class Model(ABC):
     params: DecoderParams
     kv_type: KVType = KVType.F32  # how new states store attention KV; Engine.load sets it from --kv-type
     kv_ledger: Ledger | None = None  # --kv-grow on the CPU: the stand-in VRAM the KV takes from the slots
+    kv_resident: int = 0  # --kv-resident: a window of cells per layer (tiers/kvwindow.py); 0: none
+    kv_chunk: int = 512  # the longest pass the window makes room for (the prefill chunk)
 
     @abstractmethod
     def new_state(self) -> SequenceState:
@@ -138,7 +141,8 @@ class Model(ABC):
     def new_kv(self, layers: list[int]) -> KVCache:
         """An empty KV cache for these attention layers, in the model's kv_type."""
         a = self.params.attn
-        return KVCache(layers, a.n_kv, a.head_dim, kind=self.kv_type, ledger=self.kv_ledger)
+        window = KVWindow(self.kv_resident, self.kv_chunk) if self.kv_resident else None
+        return KVCache(layers, a.n_kv, a.head_dim, kind=self.kv_type, ledger=self.kv_ledger, window=window)
 
     @property
     def expert_cache(self) -> ExpertCache | None:
@@ -204,7 +208,7 @@ class DecoderLM(Model):
         cos_sin = p.rope.tables(positions)
         bounds = np.cumsum([0] + [len(t) for t in tokens])
         segments = [(int(a), int(b), s.kv) for a, b, s in zip(bounds[:-1], bounds[1:], states)]
-        with expert_pass(w, states, [len(t) for t in tokens]):
+        with forward_pass(w, states, [len(t) for t in tokens]):
             for i, names in enumerate(self.names):
                 self.ahead(i, x)
                 h = rms_norm(x, w.vector(names.attn_norm), p.eps)

@@ -14,7 +14,7 @@ import numpy as np
 
 from strata.blocks.gated_attn import gated_attention
 from strata.blocks.linear_attn import DeltaNetParams, DeltaNetState, HeadOrder, deltanet
-from strata.blocks.moe import expert_pass, lookahead
+from strata.blocks.moe import lookahead
 from strata.blocks.norms import rms_norm
 from strata.blocks.rope import RopeStyle
 from strata.blocks.shared_moe import moe_shared
@@ -22,6 +22,7 @@ from strata.errors import GGUFError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, tensor
 from strata.models.base import DecoderParams, Model, Structure, register, require
+from strata.runtime.passes import forward_pass
 from strata.runtime.state import LayerState, SequenceState
 from strata.runtime.weights import WeightStore
 
@@ -72,7 +73,7 @@ class Qwen3Next(Model):
         tokens = np.asarray(tokens, dtype=np.int64)
         x = w.rows(tensor(T.TOKEN_EMBD), tokens)  # [T, D]
         cos_sin = p.rope.tables(np.arange(state.n_past, state.n_past + len(tokens)))
-        with expert_pass(w, [state], [len(tokens)]):
+        with forward_pass(w, [state], [len(tokens)]):
             for i in range(p.n_layer):
                 lookahead(x, w, i, tensor(T.ATTN_POST_NORM, i), p.eps, self.top_k)  # post-norm: the FFN's
                 h = rms_norm(x, w.vector(tensor(T.ATTN_NORM, i)), p.eps)

@@ -22,7 +22,6 @@ import numpy as np
 from strata.blocks.gated_attn import gated_attention
 from strata.blocks.hyper import HCNames, hc_final, hc_inject, hc_mix
 from strata.blocks.linear_attn import DeltaNetParams, DeltaNetState, HeadOrder, deltanet
-from strata.blocks.moe import expert_pass
 from strata.blocks.mrope import MRope
 from strata.blocks.ple import TABLE, PLEParams, PLEState, embeddings, ple, ple_rows
 from strata.blocks.qsa import QSAParams, QSAState, qsa_select
@@ -33,6 +32,7 @@ from strata.gguf import GGUFFile
 from strata.gguf.names import Keys, T, X, tensor
 from strata.models.base import DecoderParams, Model, Structure, register
 from strata.models.qwen3next import recurrent_layers, require_int
+from strata.runtime.passes import forward_pass
 from strata.runtime.state import LayerState, SequenceState
 from strata.runtime.weights import WeightStore
 from strata.tiers.tables import TableReader, TableStats
@@ -134,7 +134,7 @@ class Qwen4Exp(Model):
             pending[i] = self.ple_table.prefetch(
                 ple_rows(tokens, self.ple, state.layer("ple", i, PLEState).history)
             )
-        with expert_pass(w, [state], [len(tokens)]):
+        with forward_pass(w, [state], [len(tokens)]):
             for i in range(p.n_layer):
                 if i in pending:
                     assert self.ple is not None and self.ple_table is not None

@@ -19,6 +19,7 @@ import numpy as np
 
 from strata.errors import ConfigError
 from strata.tiers.budget import Ledger
+from strata.tiers.kvwindow import KVWindow
 
 
 class KVType(StrEnum):
@@ -84,11 +85,21 @@ class _Cells:
             grown[:n] = old[:n]
             setattr(self, name, grown)
 
-    def read(self, n: int) -> np.ndarray:
-        """The first n cells as float32 [n, n_kv, d] (a view for f32)."""
+    def read(self, n: int, lo: int = 0) -> np.ndarray:
+        """Cells lo..n-1 as float32 [n - lo, n_kv, d] (a view for f32)."""
         if self.scale is not None:
-            return dequantize_rows(self.data[:n], self.scale[:n])
-        return self.data[:n] if self.kind is KVType.F32 else self.data[:n].astype(np.float32)
+            return dequantize_rows(self.data[lo:n], self.scale[lo:n])
+        return self.data[lo:n] if self.kind is KVType.F32 else self.data[lo:n].astype(np.float32)
+
+    def take_rows(self, src: _Cells, s0: int, d0: int, n: int) -> None:
+        """Cells d0.. get src's cells s0.. as stored (n of them; room made by the caller)."""
+        self.data[d0 : d0 + n] = src.data[s0 : s0 + n]
+        if self.scale is not None and src.scale is not None:
+            self.scale[d0 : d0 + n] = src.scale[s0 : s0 + n]
+
+    @property
+    def cap(self) -> int:
+        return int(self.data.shape[0])
 
     def copy(self, n: int) -> _Cells:
         out = _Cells.__new__(_Cells)
@@ -104,7 +115,10 @@ class _Cells:
 
 
 class KVCache:
-    """Keys and values for the layers that attend; capacity doubles so appends are amortised O(1)."""
+    """Keys and values for the layers that attend; capacity doubles so appends are amortised O(1).
+
+    With a `window` (--kv-resident, tiers/kvwindow.py) `_k`/`_v` hold the window's cells [base, length) (the
+    device's, a numpy stand-in here) and `_hk`/`_hv` every older cell (the host's); attention reads both."""
 
     def __init__(
         self,
@@ -114,51 +128,102 @@ class KVCache:
         v_dim: int | None = None,
         kind: KVType = KVType.F32,
         ledger: Ledger | None = None,
+        window: KVWindow | None = None,
     ) -> None:
         self.n_kv, self.head_dim, self.v_dim, self.kind = n_kv, head_dim, v_dim or head_dim, kind
         self._k = {i: _Cells(kind, n_kv, head_dim) for i in layers}
         self._v = {i: _Cells(kind, n_kv, self.v_dim) for i in layers}
+        self._hk = {i: _Cells(kind, n_kv, head_dim) for i in layers} if window else {}
+        self._hv = {i: _Cells(kind, n_kv, self.v_dim) for i in layers} if window else {}
         self.length = dict.fromkeys(layers, 0)
         self.ledger, self.charged = ledger, ledger is not None
+        self.window = window
+
+    @property
+    def base(self) -> int:
+        return self.window.base if self.window is not None else 0
 
     def _grow(self, layer: int, need: int) -> None:
+        """Device room for `need` cells of `layer` (the window's rows past base)."""
         keys, values = self._k[layer], self._v[layer]
-        cap, old = max(16, 2 * need), keys.data.shape[0]
+        cap, old = max(16, 2 * need), keys.cap
+        if self.window is not None:
+            cap = max(need, min(cap, self.window.device_cells))
         if self.charged:
             assert self.ledger is not None
             per = self.bytes_per_token(self.kind, 1, self.n_kv, self.head_dim, self.v_dim)
             self.ledger.take((cap - old) * per, f"KV cache for {cap:,} positions")
-        keys.grow(self.length[layer], cap)
-        values.grow(self.length[layer], cap)
+        keys.grow(self.length[layer] - self.base, cap)
+        values.grow(self.length[layer] - self.base, cap)
 
     def reserve(self, n: int) -> None:
         """Room for n positions in every layer (a pass's rows, before it runs: growth takes from the ledger
         between passes, as the GPU's does)."""
         for i in self.length:
-            if n > self._k[i].data.shape[0]:
-                self._grow(i, n)
+            if n - self.base > self._k[i].cap:
+                self._grow(i, n - self.base)
+
+    def before_pass(self, rows: int) -> None:
+        """Before a pass appends `rows` cells to every layer: the window gives up its oldest blocks to the
+        host if it must, and every layer gets room."""
+        n = max(self.length.values(), default=0)
+        if self.window is not None:
+            ev = self.window.before_pass(n, rows)
+            if ev is not None:
+                for dev, host in ((self._k, self._hk), (self._v, self._hv)):
+                    for i, cells in dev.items():
+                        h = host[i]
+                        if h.cap < ev.hi:
+                            h.grow(ev.lo, max(16, 2 * ev.hi))
+                        h.take_rows(cells, 0, ev.lo, ev.hi - ev.lo)
+                        cells.take_rows(cells, ev.hi - ev.lo, 0, ev.kept)  # forward: no overlap hazard
+        self.reserve(n + rows)
 
     def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Add k, v [T, n_kv, d] for `layer`; return all keys and values [S, n_kv, d] as float32."""
         n, t = self.length[layer], k.shape[0]
         keys, values = self._k[layer], self._v[layer]
-        if n + t > keys.data.shape[0]:
-            self._grow(layer, n + t)
-        keys.write(n, k)
-        values.write(n, v)
+        row = n - self.base
+        if row + t > keys.cap:
+            if self.window is not None and row + t > self.window.device_cells:
+                raise ValueError(f"{t} cells past the window's room: call before_pass first")
+            self._grow(layer, row + t)
+        keys.write(row, k)
+        values.write(row, v)
         self.length[layer] = n + t
-        return keys.read(n + t), values.read(n + t)
+        return self._read(layer, n + t)
+
+    def _read(self, layer: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        b = self.base
+        if not b:
+            return self._k[layer].read(n), self._v[layer].read(n)
+        return tuple(  # type: ignore[return-value]
+            np.concatenate([host[layer].read(b), dev[layer].read(n - b)])
+            for dev, host in ((self._k, self._hk), (self._v, self._hv))
+        )
 
     def truncate(self, n: int) -> None:
         """Forget everything after the first n positions (rollback of rejected drafts, prefix reuse)."""
+        if self.window is not None:
+            back = self.window.truncate(n)
+            if back is not None:
+                for dev, host in ((self._k, self._hk), (self._v, self._hv)):
+                    for i, cells in dev.items():
+                        cells.take_rows(host[i], back.lo, 0, back.hi - back.lo)
         for i in self.length:
             self.length[i] = min(self.length[i], n)
 
     def _copy(self, charged: bool) -> KVCache:
         out = KVCache([], self.n_kv, self.head_dim, self.v_dim, self.kind)
+        b = self.base
         for i, n in self.length.items():
-            out._k[i], out._v[i] = self._k[i].copy(n), self._v[i].copy(n)
+            out._k[i], out._v[i] = self._k[i].copy(n - b), self._v[i].copy(n - b)
+            if self.window is not None:
+                out._hk[i], out._hv[i] = self._hk[i].copy(b), self._hv[i].copy(b)
             out.length[i] = n
+        if self.window is not None:
+            out.window = KVWindow(self.window.resident, self.window.device_cells - self.window.resident)
+            out.window.base = b
         out.ledger = self.ledger
         if charged and self.ledger is not None:
             self.ledger.take(out.cap_bytes(), "a copy of a KV cache")
@@ -174,10 +239,16 @@ class KVCache:
         return self._copy(False)
 
     def cap_bytes(self) -> int:
+        """The device cells' bytes (what the ledger counts; the window's host cells are RAM)."""
         return sum(self._k[i].cap_bytes() + self._v[i].cap_bytes() for i in self.length)
 
     def nbytes(self) -> int:
-        return sum(self._k[i].nbytes(n) + self._v[i].nbytes(n) for i, n in self.length.items())
+        b, hosted = self.base, 0
+        if self.window is not None:
+            hosted = sum(self._hk[i].nbytes(b) + self._hv[i].nbytes(b) for i in self.length)
+        return hosted + sum(
+            self._k[i].nbytes(n - b) + self._v[i].nbytes(n - b) for i, n in self.length.items()
+        )
 
     def __del__(self) -> None:
         if getattr(self, "charged", False) and self.ledger is not None:

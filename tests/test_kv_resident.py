@@ -1,0 +1,94 @@
+"""--kv-resident N: the window of recent cells on the device, the older ones in host RAM (tiers/kvwindow.py).
+
+The window only moves cells, so what attention reads must be exactly the plain cache's: a KVCache with a
+window returns bit-identical keys and values through appends, evictions, rollbacks behind the window's base,
+copies and host copies, in every cell type; an engine with --kv-resident gives the same greedy tokens and
+logits as one without, on the qwen3moe and qwen3next fixtures with prompts long enough to evict.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strata.engine import Engine
+from strata.errors import ConfigError
+from strata.runtime.kvcache import KVCache, KVType
+from strata.sampling.params import SamplingParams
+from strata.tiers.kvwindow import BLOCK, KVWindow, check_resident
+
+
+def _fixture(arch: str):
+    from flagship_checks import build
+    from oracle import assets, flagship
+
+    return build(assets.tiny_qwen3moe if arch == "qwen3moe" else flagship.tiny_qwen3next)["q8_0"]
+
+
+def _pass(kv: KVCache, layers: list[int], x: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    kv.before_pass(len(x))
+    return [kv.append(i, x, -x) for i in layers]
+
+
+@pytest.mark.parametrize("kind", list(KVType))
+def test_a_window_reads_what_the_plain_cache_reads(kind):
+    rng = np.random.default_rng(0)
+    layers = [0, 3]
+    plain, win = KVCache(layers, 2, 32, kind=kind), KVCache(layers, 2, 32, kind=kind, window=KVWindow(BLOCK, 300))
+    steps = [300, 300, 1, 1, 250, 7] + [1] * 40 + [300]
+    for k, n in enumerate(steps):
+        x = rng.standard_normal((n, 2, 32)).astype(np.float32)
+        for (a, b), (c, d) in zip(_pass(plain, layers, x), _pass(win, layers, x)):
+            assert np.array_equal(a, c) and np.array_equal(b, d), f"step {k}"
+        if k == 4:  # roll back behind the window's base: its cells come back from the host
+            assert win.base > 500
+            plain.truncate(400)
+            win.truncate(400)
+            assert win.base <= 400 and 400 - win.base <= BLOCK
+    assert win.base > 0 and win._k[0].cap <= win.window.device_cells
+    for copy in (win.copy(), win.to_host().copy()):
+        x = rng.standard_normal((3, 2, 32)).astype(np.float32)
+        ref = _pass(plain.copy(), layers, x)
+        for (a, b), (c, d) in zip(ref, _pass(copy, layers, x)):
+            assert np.array_equal(a, c) and np.array_equal(b, d)
+    assert win.nbytes() == plain.nbytes()
+
+
+def test_the_window_evicts_whole_blocks_and_keeps_room_for_a_pass():
+    w = KVWindow(300, 100)  # rounded up to whole blocks
+    assert w.resident == 2 * BLOCK and w.device_cells == 2 * BLOCK + 100
+    assert w.before_pass(2 * BLOCK, 100) is None
+    ev = w.before_pass(2 * BLOCK + 1, 1)
+    assert (ev.lo, ev.hi, ev.kept) == (0, BLOCK, BLOCK + 1) and w.base == BLOCK
+    with pytest.raises(ValueError, match="outgrows"):
+        w.before_pass(3 * BLOCK, 101)
+    back = w.truncate(BLOCK - 10)
+    assert back is not None and (back.lo, back.hi) == (0, BLOCK - 10) and w.base == 0
+
+
+def test_bad_windows_are_refused():
+    for bad in (-1, BLOCK - 1, 1.5):
+        with pytest.raises(ConfigError, match="kv_resident"):
+            check_resident(bad, "kv_resident")
+    with pytest.raises(ConfigError, match="kv_resident"):
+        Engine.load(_fixture("qwen3moe"), device="cpu", backend="numpy", kv_resident=7)
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
+def test_kv_resident_gives_the_same_tokens(arch):
+    path = _fixture(arch)
+    ids = [int(v) for v in np.random.default_rng(3).integers(10, 5000, 700)]  # 2 chunks of 512: evicts
+    params = SamplingParams(temperature=0.0)
+    out = []
+    for extra in ({}, {"kv_resident": BLOCK}):
+        eng = Engine.load(path, device="cpu", backend="numpy", **extra)
+        st = eng.new_state()
+        logits = [eng.model.forward(np.asarray(ids[:512]), st, all_logits=False)]
+        logits.append(eng.model.forward(np.asarray(ids[512:]), st, all_logits=False))
+        gen = eng.generate(ids, max_tokens=8, params=params, ignore_eos=True).run()
+        out.append((logits, gen.tokens, st.kv.base))
+    (ref, ref_tokens, _), (got, tokens, base) = out
+    assert base > 0, "the prompt never left the window"
+    assert tokens == ref_tokens
+    for a, b in zip(ref, got):
+        assert np.array_equal(a, b)

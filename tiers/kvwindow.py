@@ -1,0 +1,91 @@
+"""--kv-resident N: a sequence's recent KV cells stay on the device, the older ones move to host RAM.
+
+A long context's KV need not all sit in VRAM: each attention layer keeps its last N or so cells there (the
+window) and every older cell in (pinned) host memory, which the attention kernels read in place (zero-copy)
+for the keys before the window. The window is contiguous: the device holds cells [base, length), the host
+[0, base). Before a pass of t new rows (at most the prefill chunk), whole blocks of BLOCK cells leave the
+front of the window until length - base <= N: they are copied to the host and the rest moves down (so the
+device needs N + chunk cells, however long the context). Cell j is then `host[j]` for j < base, else
+`device[j - base]`: kernels that address cells from a base pointer take `device - base` as it, so the
+writes and every in-window read are unchanged, and only the keys before `base` take the host's pointer.
+
+A rollback (truncate) behind `base` moves the window back: the cells it needs again come from the host.
+
+`KVWindow` is the bookkeeping both KV stores share (strata/runtime/kvcache.py's cells on the CPU, where numpy
+stands in for VRAM, and strata/gpu/kv.py's); each applies the copies it plans with its own memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strata.errors import ConfigError
+
+BLOCK = 256  # cells a window gives up at once: one copy per (layer, head) every BLOCK tokens
+
+
+def check_resident(n: int, flag: str = "--kv-resident") -> None:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ConfigError(flag, n, f"must be 0 (every cell on the device) or a number of cells >= {BLOCK}")
+    if 0 < n < BLOCK:
+        raise ConfigError(flag, n, f"a window holds at least one block of {BLOCK} cells (0: no window)")
+
+
+@dataclass(frozen=True, slots=True)
+class Evict:
+    """Cells [lo, hi) go from device rows [lo - base, hi - base) to host rows [lo, hi); then device rows
+    [hi - base, length - base) move down to [0, length - hi)."""
+
+    lo: int
+    hi: int
+    length: int
+
+    @property
+    def kept(self) -> int:
+        return self.length - self.hi
+
+
+@dataclass(frozen=True, slots=True)
+class Reload:
+    """Cells [lo, hi) come back from host rows [lo, hi) to device rows [0, hi - lo) (a rollback's window)."""
+
+    lo: int
+    hi: int
+
+
+class KVWindow:
+    """Where a sequence's cells are: [0, base) on the host, [base, length) on the device."""
+
+    def __init__(self, resident: int, chunk: int) -> None:
+        check_resident(resident)
+        self.resident = -(-resident // BLOCK) * BLOCK
+        self.device_cells = self.resident + max(1, chunk)  # a full window and one pass's new rows
+        self.base = 0
+
+    def before_pass(self, length: int, rows: int) -> Evict | None:
+        """Before a pass of `rows` new cells at `length`: the blocks that must leave for the device to hold
+        the window and them, or None."""
+        if rows > self.device_cells - self.resident:
+            raise ValueError(
+                f"a pass of {rows} rows outgrows the window's room for {self.device_cells} cells"
+            )
+        over = length - self.base - self.resident
+        if over <= 0:
+            return None
+        hi = self.base + -(-over // BLOCK) * BLOCK
+        ev = Evict(self.base, min(hi, length), length)
+        self.base = ev.hi
+        return ev
+
+    def truncate(self, n: int) -> Reload | None:
+        """Rolled back to n cells: when n is behind `base`, the window moves back to end at n and its cells
+        come from the host."""
+        if n >= self.base:
+            return None
+        lo = max(0, -(-(n - self.resident) // BLOCK) * BLOCK)
+        self.base = lo
+        return Reload(lo, n) if n > lo else None
+
+    def where(self, j: int) -> tuple[str, int]:
+        """("host", row) or ("device", row) of cell j."""
+        return ("host", j) if j < self.base else ("device", j - self.base)
