@@ -187,6 +187,7 @@ class Engine:
                 tiers=share,
                 kv_type=KVType.INT8 if opts.kv_type == KVType.INT8 else KVType.F16,
                 kv_grow=opts.kv_grow,
+                kv_resident=opts.kv_resident,
             )
             if opts.kv_type == KVType.F32:
                 raise ConfigError(

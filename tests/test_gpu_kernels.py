@@ -21,6 +21,7 @@ from strata.blocks.attention import attend
 from strata.blocks.norms import rms_norm
 from strata.blocks.rope import Rope, RopeStyle
 from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
+from strata.gpu.layers import TAB
 from strata.gpu.weights import DevMatrix, resident
 from strata.quants import dequantize
 from strata.runtime.kvcache import dequantize_rows, group_of, quantize_rows
@@ -295,6 +296,12 @@ def _cache(cp, k: np.ndarray, v: np.ndarray, layer: int, cap: int):
     return kc, vc
 
 
+def _tab(cp, rows_: list[list[int]]):
+    """Table rows on the device, padded with zeros to layers.TAB columns (no --kv-resident window: the
+    attention kernels' cold columns 10-15 are 0)."""
+    return cp.asarray(np.array([list(r) + [0] * (TAB - len(r)) for r in rows_], np.int64))
+
+
 def _cells(cp, k: np.ndarray, v: np.ndarray, layer: int, cap: int, q8: bool):
     """One sequence's cache of k, v [S, KV, hd] at `layer`: fp16 cells, or int8 ones (_cache8). Returns the
     arrays (kept alive by the caller), the table row at the last key, flash's k, v and head stride, and its
@@ -333,8 +340,8 @@ def test_attention_decode_and_flash(cp, ops, hd, q8):
         out = cp.full((t, h * hd), cp.nan, cp.float32)
         scale = 1 / np.sqrt(hd)
         if t == 1:
-            tab = cp.asarray(np.array([row], np.int64))
-            ops.attn_decode(cp.asarray(q.reshape(1, -1)), tab, 9, layer, 1, h, kv, hd, scale, out, q8)
+            tab = _tab(cp, [row])
+            ops.attn_decode(cp.asarray(q.reshape(1, -1)), tab, TAB, layer, 1, h, kv, hd, scale, out, q8)
             ref = attention.ref_attention(q, k, v, scale, q8)
             np.testing.assert_allclose(out.get().reshape(t, h, hd), ref, rtol=1e-4, atol=1e-5)
             continue
@@ -367,7 +374,7 @@ def test_attention_decode_fused_with_qkv_post(cp, ops, hd):
             cs.append((kc, vc))
             rows_.append([kc.data.ptr, vc.data.ptr, p + 5, p, 0])
         caches.append(cs)
-        tabs.append(cp.asarray(np.array(rows_, np.int64)))
+        tabs.append(_tab(cp, rows_))
     for r in range(n):  # the same past keys in both copies
         caches[1][r][0][...] = caches[0][r][0]
         caches[1][r][1][...] = caches[0][r][1]
@@ -375,10 +382,10 @@ def test_attention_decode_fused_with_qkv_post(cp, ops, hd):
     scale = 1 / np.sqrt(hd)
     q = cp.empty((n, h * hd), cp.float32)
     want = cp.full((n, h * hd), cp.nan, cp.float32)
-    ops.qkv_post(cp.asarray(qkv), n, h, kv, hd, *args, tabs[0], 5, layer, q)
-    ops.attn_decode(q, tabs[0], 5, layer, n, h, kv, hd, scale, want)
+    ops.qkv_post(cp.asarray(qkv), n, h, kv, hd, *args, tabs[0], TAB, layer, q)
+    ops.attn_decode(q, tabs[0], TAB, layer, n, h, kv, hd, scale, want)
     got = cp.full((n, h * hd), cp.nan, cp.float32)
-    ops.attn_decode_qkv(cp.asarray(qkv), tabs[1], 5, layer, n, h, kv, hd, *args, scale, got)
+    ops.attn_decode_qkv(cp.asarray(qkv), tabs[1], TAB, layer, n, h, kv, hd, *args, scale, got)
     np.testing.assert_allclose(got.get(), want.get(), rtol=2e-4, atol=2e-4)  # an fp16 ulp of a key at most
     rq, rk, rv = rows.ref_qkv_post(qkv, h, kv, hd, rope, pos, qn, kn, 1e-6)
     for r, p in enumerate(pos):
@@ -437,14 +444,14 @@ def test_int8_cells_written_by_qkv_post_and_the_fused_decode(cp, ops, hd):
             c = _cache8(cp, past, past[::-1].copy(), layer, p + 5)
             caches.append((c, past))
             rows_.append(_row8(*c, p + 5, p))
-        tab = cp.asarray(np.array(rows_, np.int64))
+        tab = _tab(cp, rows_)
         got = cp.full((n, h * hd), cp.nan, cp.float32)
         if fused:
-            ops.attn_decode_qkv(cp.asarray(qkv), tab, 9, layer, n, h, kv, hd, *args, scale, got, q8=True)
+            ops.attn_decode_qkv(cp.asarray(qkv), tab, TAB, layer, n, h, kv, hd, *args, scale, got, q8=True)
         else:
             q = cp.empty((n, h * hd), cp.float32)
-            ops.qkv_post(cp.asarray(qkv), n, h, kv, hd, *args, tab, 9, layer, q, q8=True)
-            ops.attn_decode(q, tab, 9, layer, n, h, kv, hd, scale, got, q8=True)
+            ops.qkv_post(cp.asarray(qkv), n, h, kv, hd, *args, tab, TAB, layer, q, q8=True)
+            ops.attn_decode(q, tab, TAB, layer, n, h, kv, hd, scale, got, q8=True)
         for r, p in enumerate(pos):
             (kc, ks, vc, vs), past = caches[r]
             for codes, scales, rc, rs in ((kc, ks, rkc, rks), (vc, vs, rvc, rvs)):
@@ -478,14 +485,14 @@ def test_split_decode_equals_one_block(cp, ops, hd, q8):
         keep, row, _, _ = _cells(cp, k, v, layer, cap, q8)
         rows_.append(row)
         caches.append((keep, k, v))
-    tab = cp.asarray(np.array(rows_, np.int64))
+    tab = _tab(cp, rows_)
     q = rng.standard_normal((n, h, hd)).astype(np.float32)
     scale = 1 / np.sqrt(hd)
     part = cp.empty(n * h * attention.SPLITS * (hd + 2), cp.float32)
     one = cp.full((n, h * hd), cp.nan, cp.float32)
     split = cp.full((n, h * hd), cp.nan, cp.float32)
-    ops.attn_decode(cp.asarray(q.reshape(n, -1)), tab, 9, layer, n, h, kv, hd, scale, one, q8)
-    ops.attn_decode(cp.asarray(q.reshape(n, -1)), tab, 9, layer, n, h, kv, hd, scale, split, q8, part)
+    ops.attn_decode(cp.asarray(q.reshape(n, -1)), tab, TAB, layer, n, h, kv, hd, scale, one, q8)
+    ops.attn_decode(cp.asarray(q.reshape(n, -1)), tab, TAB, layer, n, h, kv, hd, scale, split, q8, part)
     np.testing.assert_allclose(split.get(), one.get(), rtol=1e-4, atol=1e-5)
     for r, (_, k, v) in enumerate(caches):
         ref = attention.ref_attention(q[r][None], k, v, scale, q8)
@@ -495,11 +502,11 @@ def test_split_decode_equals_one_block(cp, ops, hd, q8):
     qkv = rng.standard_normal((n, (h + 2 * kv) * hd)).astype(np.float32)
     args = (None, None, 1e-6, cp.asarray(rows.inv_freq(rope)), hd, True, rope.scale)
     fused = cp.full((n, h * hd), cp.nan, cp.float32)
-    ops.attn_decode_qkv(cp.asarray(qkv), tab, 9, layer, n, h, kv, hd, *args, scale, fused, q8, part)
+    ops.attn_decode_qkv(cp.asarray(qkv), tab, TAB, layer, n, h, kv, hd, *args, scale, fused, q8, part)
     qq = cp.empty((n, h * hd), cp.float32)
-    ops.qkv_post(cp.asarray(qkv), n, h, kv, hd, *args, tab, 9, layer, qq, q8)  # rewrites the same cells
+    ops.qkv_post(cp.asarray(qkv), n, h, kv, hd, *args, tab, TAB, layer, qq, q8)  # rewrites the same cells
     again = cp.full((n, h * hd), cp.nan, cp.float32)
-    ops.attn_decode(qq, tab, 9, layer, n, h, kv, hd, scale, again, q8)
+    ops.attn_decode(qq, tab, TAB, layer, n, h, kv, hd, scale, again, q8)
     np.testing.assert_allclose(fused.get(), again.get(), rtol=2e-4, atol=2e-4)
 
 
@@ -688,7 +695,6 @@ def test_argmax_and_sampler(cp, ops):
 
 def test_advance(cp, ops):
     """Positions of slots :n one later, every other column and slot as it was; past one warp of slots too."""
-    from strata.gpu.layers import TAB
 
     rng = np.random.default_rng(11)
     for rows_, n in ((1, 1), (8, 5), (40, 33), (64, 64)):

@@ -20,7 +20,7 @@ from strata.runtime.kvcache import group_of, quantize_rows
 
 pytestmark = pytest.mark.gpu
 
-TAB = 11  # a row stride past layers.TAB's 10 (the kernels take the stride), the state at qk.QSA_COL
+TAB = 17  # a row stride past layers.TAB's 16 (the kernels take the stride), the state at qk.QSA_COL
 EPS = 1e-6
 
 
@@ -41,7 +41,7 @@ def ops(cp):
 def _row(pos: int, state: int = 0, cells: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)) -> list[int]:
     """A table row: cells = (k, v, cap, k scales, v scales) of the KV cache, state = the QSA buffer."""
     k, v, cap, ks, vs = cells
-    row = [k, v, cap, pos, 0, 0, 0, ks, vs, 0, 0]
+    row = [k, v, cap, pos, 0, 0, 0, ks, vs, 0] + [0] * 7  # no --kv-resident window: cold columns 10-15 zero
     row[qk.QSA_COL] = state
     return row
 

@@ -234,6 +234,9 @@ class _TableKV:
     def scale_cols(self) -> list[int]:
         return [0, 0]
 
+    def cold_cols(self) -> list[int]:
+        return [0] * 6
+
 
 def test_draw_and_advance_twins_leave_the_table_the_host_would_write():
     """Graph replays never go back to the host (DecodeGraphs.greedy_loop): after sample_rows and advance, the

@@ -34,7 +34,10 @@ def _pass(kv: KVCache, layers: list[int], x: np.ndarray) -> list[tuple[np.ndarra
 def test_a_window_reads_what_the_plain_cache_reads(kind):
     rng = np.random.default_rng(0)
     layers = [0, 3]
-    plain, win = KVCache(layers, 2, 32, kind=kind), KVCache(layers, 2, 32, kind=kind, window=KVWindow(BLOCK, 300))
+    plain, win = (
+        KVCache(layers, 2, 32, kind=kind),
+        KVCache(layers, 2, 32, kind=kind, window=KVWindow(BLOCK, 300)),
+    )
     steps = [300, 300, 1, 1, 250, 7] + [1] * 40 + [300]
     for k, n in enumerate(steps):
         x = rng.standard_normal((n, 2, 32)).astype(np.float32)
@@ -92,3 +95,23 @@ def test_kv_resident_gives_the_same_tokens(arch):
     assert tokens == ref_tokens
     for a, b in zip(ref, got):
         assert np.array_equal(a, b)
+
+
+def test_the_planner_keeps_only_the_window_in_vram(capsys):
+    import json
+
+    from strata.cli import main
+
+    path, args = _fixture("qwen3moe"), ["--vram-gib", "0.45", "--parallel", "4", "--ctx-size", "1024", "--json"]
+    assert main(["plan", str(path), *args]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert main(["plan", str(path), *args, "--kv-resident", str(BLOCK), "--prefill", "64"]) == 0
+    win = json.loads(capsys.readouterr().out)
+    kv = {k: v for k, v in win["parts"].items() if k.startswith("KV cache")}
+    cells = KVWindow(BLOCK, 64 + 64).device_cells  # the window, and room for one pass (the GPU's chunk + 64)
+    assert list(kv.values()) == [4 * cells * win["kv_bytes_per_token"]["f16"]]
+    assert sum(v for k, v in whole["parts"].items() if k.startswith("KV cache")) == 4 * 1024 * (
+        whole["kv_bytes_per_token"]["f16"]
+    )
+    assert main(["plan", str(path), *args, "--kv-resident", "7"]) == 1
+    assert "--kv-resident" in capsys.readouterr().err

@@ -87,3 +87,24 @@ def on_cpu(trained: int, kv_per_token: int, seqs: int, available: int) -> Contex
         f"at the trained context the KV would take {_size(need)}, more than {RAM_SHARE:.0%} of the "
         f"{_size(available)} of RAM available (--kv-type int8 holds a longer one; --ctx-size sets it)",
     )
+
+
+def on_window(trained: int, kv_per_token: int, seqs: int, window_cells: int, available: int) -> ContextChoice:
+    """--kv-resident: the window's cells stay in VRAM (a fixed part of the plan); the older ones fill pinned
+    host RAM as the context grows, within RAM_SHARE of what is available."""
+    need = seqs * kv_per_token * max(0, trained - window_cells)
+    allowance = int(RAM_SHARE * available)
+    vram = _size(seqs * kv_per_token * min(window_cells, trained))
+    if need <= allowance:
+        return _line(
+            trained, trained, kv_per_token, seqs, f"{vram} of window in VRAM, {_size(need)} in RAM when full"
+        )
+    n = min(trained, window_cells + _cut(trained, allowance, seqs * kv_per_token))
+    return _line(
+        n,
+        trained,
+        kv_per_token,
+        seqs,
+        f"{vram} of window in VRAM; at the trained context the rest would take {_size(need)} of RAM, more "
+        f"than {RAM_SHARE:.0%} of the {_size(available)} available (--ctx-size sets it)",
+    )

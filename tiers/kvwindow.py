@@ -77,13 +77,16 @@ class KVWindow:
         self.base = ev.hi
         return ev
 
+    def base_for(self, n: int) -> int:
+        """The lowest block boundary a window of n cells can start at (n - base <= resident)."""
+        return max(0, -(-(n - self.resident) // BLOCK) * BLOCK)
+
     def truncate(self, n: int) -> Reload | None:
         """Rolled back to n cells: when n is behind `base`, the window moves back to end at n and its cells
         come from the host."""
         if n >= self.base:
             return None
-        lo = max(0, -(-(n - self.resident) // BLOCK) * BLOCK)
-        self.base = lo
+        self.base = lo = self.base_for(n)
         return Reload(lo, n) if n > lo else None
 
     def where(self, j: int) -> tuple[str, int]:

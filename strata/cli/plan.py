@@ -21,6 +21,7 @@ from strata.models import model_class
 from strata.runtime.kvcache import KVType
 from strata.runtime.weights import WeightStore
 from strata.tiers.budget import GIB, MIB, VramPlan, check_expert_cache
+from strata.tiers.kvwindow import check_resident
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.plan import Prediction, layer_floor_us, predict, table
 from strata.tiers.share import parse_pcie_frac
@@ -98,6 +99,13 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
         help="as on serve: KV room for each sequence's first chunk, the rest to the expert cache; prints the "
         "cache and decode speed when every sequence's KV is full (the worst case)",
     )
+    p.add_argument(
+        "--kv-resident",
+        type=int,
+        default=0,
+        metavar="N",
+        help="as on serve: each attention layer keeps its last N cells in VRAM, the rest in pinned RAM",
+    )
     p.add_argument("--parallel", type=int, default=4, help="sequences at once (the server's --parallel)")
     p.add_argument("--prefill", type=int, default=2048, help="prefill chunk (the GPU's default 2048)")
     p.add_argument("--expert-cache", default="auto", help="as on serve: auto, off, 6GiB, 4096MiB, 40%%")
@@ -107,6 +115,7 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
 
 def run_plan(args: argparse.Namespace) -> int:
     check_expert_cache(args.expert_cache)
+    check_resident(args.kv_resident)
     check_mode(args.ple_io)
     g = GGUFFile(args.model)
     out: dict[str, object] = {}
@@ -163,6 +172,7 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
         seqs=args.parallel,
         kv_type=kind,
         kv_grow=args.kv_grow,
+        kv_resident=args.kv_resident,
     )
     budget, trained, vocab = int(args.vram_gib * GIB), cpu.params.n_ctx_train, cpu.params.vocab
     choice = None if args.ctx_size else choose_context(g, dims, linear, trained, vocab, opts, budget)

@@ -109,11 +109,13 @@ class GraphAhead:
         self._turn = (self._turn + 1) % RING
         with stream:
             for i, s in enumerate(states):
-                cap = s.kv.cap  # type: ignore[attr-defined]
-                s.kv.reserve(s.n_past + 2)  # type: ignore[attr-defined]
-                if s.kv.cap != cap:  # type: ignore[attr-defined]  # grown: the table points at the new buffers
-                    g.tab[i, :3] = cp.asarray(s.kv.table_row(0)[:3], cp.int64)  # type: ignore[attr-defined]
-                    g.tab[i, 7:9] = cp.asarray(s.kv.scale_cols(), cp.int64)  # type: ignore[attr-defined]
+                kv = s.kv
+                layout = kv.layout  # type: ignore[attr-defined]
+                kv.reserve(s.n_past + 2)  # type: ignore[attr-defined]
+                if kv.layout != layout:  # type: ignore[attr-defined]  # grown or the window moved: new addresses
+                    g.tab[i, :3] = cp.asarray(kv.table_row(0)[:3], cp.int64)  # type: ignore[attr-defined]
+                    g.tab[i, 7:9] = cp.asarray(kv.scale_cols(), cp.int64)  # type: ignore[attr-defined]
+                    g.tab[i, 10:16] = cp.asarray(kv.cold_cols(), cp.int64)  # type: ignore[attr-defined]
                 s.n_past += 1
                 s.kv.length = s.n_past  # type: ignore[attr-defined]
                 params, seed = self._draws[i]

@@ -5,6 +5,14 @@ It stands in for strata.runtime.kvcache.KVCache inside a SequenceState (copy, tr
 scheduler's prefix cache and checkpoints work unchanged. Capacity doubles as the sequence grows;
 growing happens between steps on the host side, never inside a captured graph, and kernels find
 the buffers through a per-row table (`table_row`), so a grown cache needs no new graph.
+
+With a window (`--kv-resident`, strata/tiers/kvwindow.py) the device arrays hold cells [base, length) and
+pinned host arrays [n_layer, n_kv, hcap, ...] every older one; `reserve` moves whole blocks there before a
+pass (a strided copy per array, then the window's rows move down). The table's k and v addresses are the
+window's minus `base` cells, so kernels address a cell at or past `base` as without a window; the cold
+columns (`cold_cols`) give the host's cells, which decode reads in place (zero-copy) and a prefill chunk of
+more than STAGE_ROWS rows reads from a staged device copy (every query block would read them again over
+PCIe otherwise). `layout` counts address changes, for tables kept on the device between steps.
 """
 
 from __future__ import annotations
@@ -16,13 +24,23 @@ import numpy as np
 from strata.gpu.runtime import cupy_module, to_pinned
 from strata.runtime.kvcache import KVCache, KVType, dequantize_rows, group_of
 from strata.tiers.budget import Ledger
+from strata.tiers.kvwindow import KVWindow
 
 MIN_CAP = 256
+MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction from the addresses (unified addressing)
+STAGE_ROWS = 64  # a pass of more rows (one flash query block) reads the cold cells from a staged copy
 
 
 class GpuKV:
     def __init__(
-        self, ledger: Ledger, n_layer: int, n_kv: int, head_dim: int, max_len: int, kind: KVType = KVType.F16
+        self,
+        ledger: Ledger,
+        n_layer: int,
+        n_kv: int,
+        head_dim: int,
+        max_len: int,
+        kind: KVType = KVType.F16,
+        window: KVWindow | None = None,
     ) -> None:
         if kind not in (KVType.F16, KVType.INT8):
             raise ValueError(f"the GPU's attention kernels read f16 or int8 cells, not {kind}")
@@ -34,10 +52,19 @@ class GpuKV:
         self.v: Any = None
         self.ks: Any = None  # int8: the scales, [n_layer, n_kv, cap, head_dim / 32] float32
         self.vs: Any = None
+        self.window = window
+        self.hcap = 0  # host cells a (layer, kv head), with a window
+        self.host_cells: dict[str, np.ndarray] = {}  # pinned, as the device arrays: the cells before `base`
+        self.layout = 0  # bumped whenever an address or the base a table row holds changes
+        self._staged: list[Any] = []  # this pass's staged cold cells (kept until the next reserve)
 
     @property
     def q8(self) -> bool:
         return self.kind is KVType.INT8
+
+    @property
+    def base(self) -> int:
+        return self.window.base if self.window is not None else 0
 
     def _bytes(self, cap: int) -> int:
         n_layer, n_kv, hd = self.shape
@@ -46,48 +73,129 @@ class GpuKV:
     def _arrays(self) -> list[str]:
         return ["k", "v", "ks", "vs"] if self.q8 else ["k", "v"]
 
+    def _width(self, name: str) -> tuple[int, Any]:
+        """Elements a cell of array `name` holds, and their dtype."""
+        hd = self.shape[2]
+        if name.endswith("s"):
+            return hd // group_of(hd), np.float32
+        return hd, np.int8 if self.q8 else np.float16
+
     def reserve(self, n: int) -> None:
-        """Make room for n positions (keeping the first `length`)."""
-        if n <= self.cap:
+        """Make room for n positions (keeping the first `length`); with a window, the cells past it go to the
+        host first."""
+        self._staged.clear()
+        if self.window is not None:
+            ev = self.window.before_pass(self.length, max(0, n - self.length))
+            if ev is not None:
+                self._evict(ev.lo, ev.hi, ev.kept)
+        self._device_room(n - self.base)
+
+    def _device_room(self, need: int) -> None:
+        """Device rows for `need` cells, keeping the first length - base."""
+        if need <= self.cap:
             return
-        cap = min(max(MIN_CAP, 2 * self.cap, n), max(n, self.max_len))
+        limit = self.window.device_cells if self.window is not None else self.max_len
+        cap = min(max(MIN_CAP, 2 * self.cap, need), max(need, limit))
         cp = cupy_module()
         old = self._bytes(self.cap)
         self.ledger.take(self._bytes(cap) - old, f"KV cache for {cap} positions")
         # a move on the device holds the old cells beside the new: when the budget has no room for both (a
         # long context, whose KV the plan holds once), the old cells wait in host RAM instead (2 PCIe copies,
         # once a doubling: ~70 ms for 1.8 GB)
-        kept = {}
-        if self.length:
+        kept, rows = {}, self.length - self.base
+        if rows:
             via_host = not self.ledger.fits(old)
             for name in self._arrays():
-                a = getattr(self, name)[:, :, : self.length]
+                a = getattr(self, name)[:, :, :rows]
                 kept[name] = a.get() if via_host else a
                 if via_host:
                     setattr(self, name, None)
-        n_layer, n_kv, hd = self.shape
+        n_layer, n_kv, _ = self.shape
         for name in self._arrays():
-            scales = name.endswith("s")
-            grown = cp.empty(
-                (n_layer, n_kv, cap, hd // group_of(hd) if scales else hd),
-                cp.float32 if scales else (cp.int8 if self.q8 else cp.float16),
-            )
+            width, dtype = self._width(name)
+            grown = cp.empty((n_layer, n_kv, cap, width), dtype)
             if name in kept:
-                grown[:, :, : self.length] = cp.asarray(kept[name])  # asarray: a no-op for device arrays
+                grown[:, :, :rows] = cp.asarray(kept[name])  # asarray: a no-op for device arrays
             setattr(self, name, grown)
         self.cap = cap
+        self.layout += 1
+
+    # ---- the window (--kv-resident) ----
+    def _copy2d(self, dst: int, dpitch: int, src: int, spitch: int, width: int, rows: int = 0) -> None:
+        """width bytes of each of `rows` rows (default: every (layer, kv head)), on the current stream."""
+        cp = cupy_module()
+        rows = rows or self.shape[0] * self.shape[1]
+        stream = cp.cuda.get_current_stream().ptr
+        cp.cuda.runtime.memcpy2DAsync(dst, dpitch, src, spitch, width, rows, MEMCPY_DEFAULT, stream)
+
+    def _host_room(self, n: int, keep: int) -> None:
+        """Host rows for n cells, keeping the first `keep` (a doubling waits for the copies in flight)."""
+        if n <= self.hcap:
+            return
+        import cupyx
+
+        hcap = min(max(2 * self.hcap, n, MIN_CAP), max(n, self.max_len))
+        cupy_module().cuda.get_current_stream().synchronize()  # in-flight copies write the old arrays
+        n_layer, n_kv, _ = self.shape
+        for name in self._arrays():
+            width, dtype = self._width(name)
+            grown = cupyx.empty_pinned((n_layer, n_kv, hcap, width), dtype)
+            if name in self.host_cells:
+                grown[:, :, :keep] = self.host_cells[name][:, :, :keep]
+            self.host_cells[name] = grown
+        self.hcap = hcap
+
+    def _evict(self, lo: int, hi: int, kept: int) -> None:
+        """Cells [lo, hi) (device rows [0, hi - lo)) to the host; the window's other `kept` rows move down."""
+        m = hi - lo
+        self._host_room(hi, lo)
+        for name in self._arrays():
+            dev, host = getattr(self, name), self.host_cells[name]
+            cell = dev.strides[2]  # bytes a cell
+            self._copy2d(
+                host.ctypes.data + lo * cell, self.hcap * cell, dev.data.ptr, self.cap * cell, m * cell
+            )
+            for start in range(0, kept, m):  # pieces no longer than m: source and destination never overlap
+                piece = min(m, kept - start)
+                src, dst = dev.data.ptr + (m + start) * cell, dev.data.ptr + start * cell
+                self._copy2d(dst, self.cap * cell, src, self.cap * cell, piece * cell)
+        self.layout += 1
+
+    def _reload(self, lo: int, hi: int) -> None:
+        """A rollback's window: cells [lo, hi) back from the host to device rows [0, hi - lo)."""
+        for name in self._arrays():
+            dev, host = getattr(self, name), self.host_cells[name]
+            cell = dev.strides[2]
+            src = host.ctypes.data + lo * cell
+            self._copy2d(dev.data.ptr, self.cap * cell, src, self.hcap * cell, (hi - lo) * cell)
+
+    # ---- what the kernels read ----
+    def _virtual(self, a: Any) -> int:
+        """The address of cell 0 as kernels compute cells: the window's minus `base` cells."""
+        return int(a.data.ptr) - self.base * int(a.strides[2])
 
     def table_row(self, pos: int) -> list[int]:
         """(k address, v address, capacity, position) as the kernels read it."""
-        return [self.k.data.ptr, self.v.data.ptr, self.cap, pos]
+        return [self._virtual(self.k), self._virtual(self.v), self.cap, pos]
 
     def scale_cols(self) -> list[int]:
         """The table's columns 7 and 8: the int8 cells' scale addresses (0 for fp16 cells)."""
-        return [self.ks.data.ptr, self.vs.data.ptr] if self.q8 else [0, 0]
+        return [self._virtual(self.ks), self._virtual(self.vs)] if self.q8 else [0, 0]
 
-    def flash_args(self, layer: int) -> tuple[int, int, int, tuple[int, int, int] | None]:
-        """The flash kernel's view of one layer: k and v addresses, elements a kv head, and the int8
-        scales'."""
+    def cold_cols(self) -> list[int]:
+        """The table's columns 10-15 (kernels/attention.py COLD): the host cells' k, v, k scale and v scale
+        addresses, their cells a kv head, and `base` (all 0 without cells on the host)."""
+        if not self.base:
+            return [0] * 6
+        h = self.host_cells
+        scales = [h["ks"].ctypes.data, h["vs"].ctypes.data] if self.q8 else [0, 0]
+        return [h["k"].ctypes.data, h["v"].ctypes.data, *scales, self.hcap, self.base]
+
+    def flash_args(
+        self, layer: int, rows: int = 0
+    ) -> tuple[int, int, int, tuple[int, int, int] | None, tuple[int, int, int, int, int, int] | None]:
+        """The flash kernel's view of one layer: k and v addresses, elements a kv head, the int8 scales', and
+        the cells before the window (for a pass of `rows` rows: staged on the device past STAGE_ROWS)."""
         _n_layer, n_kv, hd = self.shape
         es = 1 if self.q8 else 2
         off = layer * n_kv * self.cap * hd * es
@@ -95,13 +203,45 @@ class GpuKV:
         if self.q8:
             ng = hd // group_of(hd)
             soff = layer * n_kv * self.cap * ng * 4
-            scales = (self.ks.data.ptr + soff, self.vs.data.ptr + soff, self.cap * ng)
-        return self.k.data.ptr + off, self.v.data.ptr + off, self.cap * hd, scales
+            scales = (self._virtual(self.ks) + soff, self._virtual(self.vs) + soff, self.cap * ng)
+        cold = self._cold_layer(layer, rows) if self.base else None
+        return self._virtual(self.k) + off, self._virtual(self.v) + off, self.cap * hd, scales, cold
+
+    def _cold_layer(self, layer: int, rows: int) -> tuple[int, int, int, int, int, int]:
+        """(k, v, cells a kv head, k scales, v scales, base) of one layer's cells before the window: the
+        host's, or for a long pass a staged device copy when the budget has room for it."""
+        names = self._arrays()
+        b = self.base
+        need = sum(self.shape[1] * b * self.host_cells[n].strides[2] for n in names)
+        if rows > STAGE_ROWS and self.ledger.fits(need):
+            cp = cupy_module()
+            got = []
+            for name in names:
+                host = self.host_cells[name]
+                cell = host.strides[2]
+                staged = cp.empty((self.shape[1], b, host.shape[3]), host.dtype)
+                src = host.ctypes.data + layer * host.strides[0]
+                self._copy2d(staged.data.ptr, b * cell, src, self.hcap * cell, b * cell, self.shape[1])
+                self._staged.append(staged)
+                got.append(int(staged.data.ptr))
+            ks, vs = (got[2], got[3]) if self.q8 else (0, 0)
+            return got[0], got[1], b, ks, vs, b
+        h = {n: self.host_cells[n].ctypes.data + layer * self.host_cells[n].strides[0] for n in names}
+        return h["k"], h["v"], self.hcap, h.get("ks", 0), h.get("vs", 0), b
 
     def truncate(self, n: int) -> None:
+        if self.window is not None:
+            was = self.base
+            back = self.window.truncate(n)
+            if back is not None:
+                self._reload(back.lo, back.hi)
+            if self.base != was:
+                self.layout += 1
         self.length = min(self.length, n)
 
     def copy(self) -> GpuKV:
+        if self.window is not None:  # cells on both sides: through one logical copy on the host
+            return self.to_host().copy()
         return _filled(
             self.ledger,
             self.shape,
@@ -109,27 +249,44 @@ class GpuKV:
             self.length,
             self.kind,
             {a: getattr(self, a) for a in self._arrays()},
+            None,
         )
 
     def nbytes(self) -> int:
         return self._bytes(self.cap)
 
+    def host_nbytes(self) -> int:
+        """Pinned RAM of the window's host cells."""
+        return sum(a.nbytes for a in self.host_cells.values())
+
+    def _logical(self, name: str) -> np.ndarray:
+        """Array `name`'s first `length` cells [n_layer, n_kv, length, ...], from both sides, pinned."""
+        dev = getattr(self, name)
+        b, rows = self.base, self.length - self.base
+        if not b:
+            return to_pinned(dev[:, :, : self.length])
+        import cupyx
+
+        out = cupyx.empty_pinned((*dev.shape[:2], self.length, dev.shape[3]), dev.dtype)
+        cupy_module().cuda.get_current_stream().synchronize()  # the host cells' copies in flight
+        out[:, :, :b] = self.host_cells[name][:, :, :b]
+        if rows:
+            out[:, :, b:] = to_pinned(dev[:, :, :rows])
+        return out
+
     def to_host(self) -> HostKV:
         """A copy in host RAM (the prefix cache keeps these, not VRAM); its copy() comes back to the GPU."""
-        arrays = (
-            {a: to_pinned(getattr(self, a)[:, :, : self.length]) for a in self._arrays()}
-            if self.length
-            else {}
-        )
-        return HostKV(self.ledger, self.shape, self.max_len, self.length, self.kind, arrays)
+        arrays = {a: self._logical(a) for a in self._arrays()} if self.length else {}
+        window = None if self.window is None else (self.window.resident, self.window.device_cells)
+        return HostKV(self.ledger, self.shape, self.max_len, self.length, self.kind, arrays, window)
 
     def host(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """Keys and values of one layer as float32 [length, n_kv, hd], decoded (tests and debugging)."""
         out = []
         for name in ("k", "v"):
-            cells = getattr(self, name)[layer, :, : self.length].get().transpose(1, 0, 2)
+            cells = self._logical(name)[layer].transpose(1, 0, 2)
             if self.q8:
-                scales = getattr(self, name + "s")[layer, :, : self.length].get().transpose(1, 0, 2)
+                scales = self._logical(name + "s")[layer].transpose(1, 0, 2)
                 out.append(dequantize_rows(cells, scales))
             else:
                 out.append(cells.astype(np.float32))
@@ -142,7 +299,7 @@ class GpuKV:
 
 class HostKV:
     """A GpuKV's first `length` positions in host RAM: its arrays [n_layer, n_kv, length, ...] as on the
-    GPU."""
+    GPU, every cell in order whatever side it was on; `window` (resident, device cells) rebuilds one."""
 
     def __init__(
         self,
@@ -152,15 +309,18 @@ class HostKV:
         length: int,
         kind: KVType,
         arrays: dict[str, Any],
+        window: tuple[int, int] | None = None,
     ) -> None:
         self.ledger, self.shape, self.max_len, self.length = ledger, shape, max_len, length
-        self.kind, self.arrays = kind, arrays
+        self.kind, self.arrays, self.window = kind, arrays, window
 
     def truncate(self, n: int) -> None:
         self.length = min(self.length, n)
 
     def copy(self) -> GpuKV:
-        return _filled(self.ledger, self.shape, self.max_len, self.length, self.kind, self.arrays)
+        return _filled(
+            self.ledger, self.shape, self.max_len, self.length, self.kind, self.arrays, self.window
+        )
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
@@ -173,15 +333,27 @@ def _filled(
     length: int,
     kind: KVType,
     arrays: dict[str, Any],
+    window: tuple[int, int] | None,
 ) -> GpuKV:
-    """A new GpuKV holding the first `length` positions of the arrays (device or host)."""
-    out = GpuKV(ledger, *shape, max_len, kind)
-    if length:
-        cp = cupy_module()
-        out.reserve(length)
-        for name, a in arrays.items():
-            getattr(out, name)[:, :, :length] = cp.asarray(
-                a[:, :, :length]
-            )  # asarray: a no-op for device arrays
-        out.length = length
+    """A new GpuKV holding the first `length` positions of the arrays (device or host, every cell in order);
+    with a window, its cells split as a rollback to `length` would leave them."""
+    win = None if window is None else KVWindow(window[0], window[1] - window[0])
+    out = GpuKV(ledger, *shape, max_len, kind, win)
+    if not length:
+        return out
+    cp = cupy_module()
+    base = 0
+    if win is not None:  # the cells split as a rollback to `length` would leave them
+        win.base = base = win.base_for(length)
+        if base:
+            out._host_room(base, 0)
+            for name, a in arrays.items():
+                out.host_cells[name][:, :, :base] = np.asarray(a[:, :, :base])
+    out._device_room(length - base)
+    for name, a in arrays.items():
+        getattr(out, name)[:, :, : length - base] = cp.asarray(
+            a[:, :, base:length]
+        )  # asarray: no-op on the device
+    out.length = length
+    out.layout += 1
     return out

@@ -33,8 +33,9 @@ from strata.gpu.weights import DevMatrix
 
 # int64 columns per row of the table kernels read: k ptr, v ptr, cap, position, token, the DeltaNet
 # state's conv and ssm addresses (0 for models without it), int8 KV cells' k and v scale addresses (0 for
-# fp16 cells), and qwen4exp's QSA and PLE state address (0 for other models)
-TAB = 10
+# fp16 cells), qwen4exp's QSA and PLE state address (0 for other models), and the --kv-resident window's
+# host cells: k, v, k scales, v scales, cells a kv head, base (kernels/attention.py COLD; 0 without)
+TAB = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,7 +397,7 @@ def _attention(
                 act.att_part,
             )
             continue
-        k_layer, v_layer, head_stride, scales = s.kv.flash_args(i)
+        k_layer, v_layer, head_stride, scales, cold = s.kv.flash_args(i, s.n)
         ops.flash(
             ptr(act.q, s.start * row_bytes),
             k_layer,
@@ -410,6 +411,7 @@ def _attention(
             dm.scale,
             ptr(act.att, s.start * row_bytes),
             scales,
+            cold,
         )
 
 

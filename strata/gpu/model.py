@@ -48,6 +48,7 @@ from strata.runtime.kvcache import KVCache, KVType
 from strata.runtime.state import SequenceState
 from strata.tiers import context, grow
 from strata.tiers.budget import MIB, RESERVE_MIB, Ledger, VramPlan
+from strata.tiers.kvwindow import KVWindow
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.slots import ExpertCache
 from strata.tiers.telemetry import note
@@ -71,6 +72,7 @@ class GpuOptions:
     )  # the CPU share, the policy, the profile
     kv_type: KVType = KVType.F16  # the KV cells: f16 or int8 (strata.runtime.kvcache)
     kv_grow: bool = False  # the plan keeps KV room for a first chunk; growth takes slots (strata.tiers.grow)
+    kv_resident: int = 0  # cells of each layer a sequence keeps in VRAM, the rest pinned (tiers/kvwindow.py)
 
 
 # plan parts that sequences take from the ledger as they come
@@ -134,6 +136,11 @@ def choose_context(
     layout = ExpertLayout.from_gguf(gguf)
     experts = 0 if layout is None else layout.n_total * layout.slot_bytes
     per = kv_bytes_per_token(d, linear.count(False))
+    if opts.kv_resident:  # the window is a fixed part of the plan: the context is the host RAM's to bound
+        import psutil
+
+        cells = KVWindow(opts.kv_resident, opts.chunk + 64).device_cells
+        return context.on_window(trained, per, opts.seqs, cells, psutil.virtual_memory().available)
     return context.on_gpu(trained, per, opts.seqs, budget - base.dense, experts)
 
 
@@ -159,13 +166,17 @@ def vram_plan(
     n_attn = linear.count(False)
     seqs = opts.seqs  # room for the sequences that run at once: the expert cache takes what the plan leaves
     kv_per = kv_bytes_per_token(d, n_attn)
+    cells, where = n_ctx, "positions"
+    if opts.kv_resident:  # a window of cells in VRAM (and room for one pass), the older ones pinned in RAM
+        cells = min(n_ctx, KVWindow(opts.kv_resident, chunk + 64).device_cells)
+        where = f"cells of {n_ctx:,} positions in VRAM, the rest in RAM"
     if opts.kv_grow:  # room for each one's first chunk; the KV takes slots as it grows past that
-        floor = grow.floor_positions(n_ctx, chunk)
-        plan.parts[f"KV cache ({seqs} x {floor:,} positions, growing into the expert cache)"] = (
+        floor = grow.floor_positions(cells, chunk)
+        plan.parts[f"KV cache ({seqs} x {floor:,} {where}, growing into the expert cache)"] = (
             seqs * floor * kv_per
         )
     else:
-        plan.parts[f"KV cache ({seqs} x {n_ctx:,} positions)"] = seqs * n_ctx * kv_per
+        plan.parts[f"KV cache ({seqs} x {cells:,} {where})"] = seqs * cells * kv_per
     if d.dn is not None:  # one more: a cached prefix is restored beside the fresh state it replaces
         plan.parts[f"DeltaNet state ({seqs} + 1 x)"] = (
             (seqs + 1) * 4 * (len(linear) - n_attn) * sum(d.dn.state_floats())
@@ -188,7 +199,7 @@ def vram_plan(
         )
         plan.size_cache(opts.expert_cache)
     if opts.kv_grow and layout is not None:
-        grow.plan_worst_case(plan, seqs * n_ctx * kv_per, layout, "vram_budget_mib")
+        grow.plan_worst_case(plan, seqs * cells * kv_per, layout, "vram_budget_mib")
     return plan
 
 
@@ -395,7 +406,8 @@ class GpuModel(Model):
     def new_state(self) -> SequenceState:
         d = self.dims
         kind = KVType.INT8 if d.kv8 else KVType.F16
-        st = SequenceState(GpuKV(self.ledger, self.n_attn, d.n_kv, d.hd, self.n_ctx, kind))  # type: ignore[arg-type]
+        window = KVWindow(self.opts.kv_resident, self.chunk + 64) if self.opts.kv_resident else None
+        st = SequenceState(GpuKV(self.ledger, self.n_attn, d.n_kv, d.hd, self.n_ctx, kind, window))  # type: ignore[arg-type]
         if d.dn is not None:
             st.layers[RECURRENT] = RecurrentState(self.ledger, d.dn, len(self.linear) - self.n_attn)
         if self.hc is not None:
@@ -408,7 +420,8 @@ class GpuModel(Model):
         rec = state.layers.get(RECURRENT)
         cols = rec.table_cols() if isinstance(rec, RecurrentState) else [0, 0]
         extra = Qwen4ExpParts.table_col(state)  # qwen4exp's QSA records, then PLE windows (0: none)
-        return state.kv.table_row(pos) + [token] + cols + state.kv.scale_cols() + [extra]  # type: ignore[attr-defined]
+        kv = state.kv
+        return kv.table_row(pos) + [token] + cols + kv.scale_cols() + [extra] + kv.cold_cols()  # type: ignore[attr-defined]
 
     def forward(self, tokens: np.ndarray, state: SequenceState, all_logits: bool = True) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)

@@ -601,9 +601,12 @@ class Ops(Qwen4ExpOps):
         scale: float,
         out: Any,
         scales: tuple[Any, Any, int] | None = None,
+        cold: tuple[int, int, int, int, int, int] | None = None,
     ) -> None:
-        """scales: int8 cells' (k scales, v scales of the layer, floats a kv head); None: fp16 cells."""
+        """scales: int8 cells' (k scales, v scales of the layer, floats a kv head); None: fp16 cells. cold
+        (--kv-resident): the cells before the window, (k, v, cells a kv head, k scales, v scales, base)."""
         ks, vs, sc_stride = (NULL, NULL, 0) if scales is None else scales
+        hk, hv, h_stride, hks, hvs, base = (NULL, NULL, 0, NULL, NULL, 0) if cold is None else cold
         launch(
             self.attn[attention.flash_name(hd, scales is not None)],
             (-(-t // 64), h),
@@ -622,6 +625,12 @@ class Ops(Qwen4ExpOps):
                 i32(kv),
                 f32(scale * 1.4426950408889634),
                 dev_ptr(out),
+                dev_ptr(hk),
+                dev_ptr(hv),
+                i64(h_stride),
+                dev_ptr(hks),
+                dev_ptr(hvs),
+                i32(base),
             ),
             smem=attention.flash_smem(hd),
         )

@@ -44,16 +44,50 @@ SOURCE = (
     HEADER
     + HEAD_POST
     + r"""
+// A row's cells of one kv head in the table's cache (columns 0, 1; with Q8 the scales at 7, 8), and key j's.
+// --kv-resident: cells before the window's `base` (column COLD + 5) live on the host, [n_layer, n_kv, hcap]
+// like the device's (columns COLD.. + 4: k, v, k scales, v scales, hcap), read in place (zero-copy); the
+// device pointers are the window's minus `base` cells, so cell j >= base is at the same arithmetic as without
+// a window (and base 0, the host columns 0, is the plain cache).
+#define COLD 10
+template <int HD, int Q8>
+struct Cells {
+  const char* k; const char* v; const float* ks; const float* vs;
+  const char* hk; const char* hv; const float* hks; const float* hvs;
+  int base;
+  __device__ Cells(const i64* tr, int layer, int KV, int kvh) {
+    constexpr int ES = Q8 ? 1 : 2;
+    const i64 head = (i64)layer * KV + kvh, cell0 = head * tr[2], hcell0 = head * tr[COLD + 4];
+    k = (const char*)tr[0] + cell0 * HD * ES;
+    v = (const char*)tr[1] + cell0 * HD * ES;
+    ks = Q8 ? (const float*)tr[7] + cell0 * Q8_GROUPS(HD) : nullptr;
+    vs = Q8 ? (const float*)tr[8] + cell0 * Q8_GROUPS(HD) : nullptr;
+    base = (int)tr[COLD + 5];
+    hk = (const char*)tr[COLD] + hcell0 * HD * ES;
+    hv = (const char*)tr[COLD + 1] + hcell0 * HD * ES;
+    hks = Q8 ? (const float*)tr[COLD + 2] + hcell0 * Q8_GROUPS(HD) : nullptr;
+    hvs = Q8 ? (const float*)tr[COLD + 3] + hcell0 * Q8_GROUPS(HD) : nullptr;
+  }
+  __device__ const char* kat(int j) const { return (j < base ? hk : k) + (i64)j * HD * (Q8 ? 1 : 2); }
+  __device__ const char* vat(int j) const { return (j < base ? hv : v) + (i64)j * HD * (Q8 ? 1 : 2); }
+  __device__ const float* ksat(int j) const {
+    return Q8 ? (j < base ? hks : ks) + (i64)j * Q8_GROUPS(HD) : nullptr;
+  }
+  __device__ const float* vsat(int j) const {
+    return Q8 ? (j < base ? hvs : vs) + (i64)j * Q8_GROUPS(HD) : nullptr;
+  }
+};
+
 // ---- decode: q [rows, H*HD] fp32, out [rows, H*HD] fp32 ----
-// One head of one row against keys lo..hi-1 of the S in its cache (kc, vc: [cap, HD] of its kv head); the
+// One head of one row against keys lo..hi-1 of the S in its cache (c: its kv head's cells); the
 // last key's K and V rows are read from klast, vlast (the cache itself, or shared memory when the fused
 // kernel below has just computed them). qs: the query, in shared memory; o: the head's HD outputs, divided by
 // the softmax sum, or with ml given (a split's partial) as they are, the running max and sum in ml[0..1].
-// Q8: the cells are int8 codes (kc, vc, klast, vlast as signed char) with per-row scales (ks, vs, klast_s,
+// Q8: the cells are int8 codes (c's, klast, vlast as signed char) with per-row scales (c's, klast_s,
 // vlast_s: Q8_GROUPS(HD) floats a key), each decoded as code * scale in fp32 as strata.runtime.kvcache does.
 template <int HD, int Q8>
-__device__ __forceinline__ void decode_core(const float* qs, const void* kc, const void* vc, const float* ks,
-                                            const float* vs, int lo, int hi, int S, const void* klast,
+__device__ __forceinline__ void decode_core(const float* qs, const Cells<HD, Q8>& c, int lo, int hi, int S,
+                                            const void* klast,
                                             const void* vlast, const float* klast_s, const float* vlast_s,
                                             float scale, float* __restrict__ o_out, float* __restrict__ ml) {
   constexpr int PER = HD >= 32 ? HD / 32 : 1;  // head dims per lane
@@ -71,8 +105,8 @@ __device__ __forceinline__ void decode_core(const float* qs, const void* kc, con
       float dot = 0.0f;
       if (Q8) {
         const uint4* kp =
-            (const uint4*)(key == S - 1 ? (const signed char*)klast : (const signed char*)kc + (i64)key * HD);
-        const float* sc = key == S - 1 ? klast_s : ks + (i64)key * NG;
+            (const uint4*)(key == S - 1 ? (const signed char*)klast : (const signed char*)c.kat(key));
+        const float* sc = key == S - 1 ? klast_s : c.ksat(key);
 #pragma unroll
         for (int g = 0; g < NG; g++) {
           float part = 0.0f;
@@ -86,7 +120,7 @@ __device__ __forceinline__ void decode_core(const float* qs, const void* kc, con
           dot = fmaf(part, sc[g], dot);
         }
       } else {
-        const uint4* kp = (const uint4*)(key == S - 1 ? (const u16*)klast : (const u16*)kc + (i64)key * HD);
+        const uint4* kp = (const uint4*)(key == S - 1 ? (const u16*)klast : (const u16*)c.kat(key));
 #pragma unroll
         for (int c = 0; c < HD / 8; c++) {
           const uint4 w = kp[c];
@@ -115,13 +149,13 @@ __device__ __forceinline__ void decode_core(const float* qs, const void* kc, con
       if (Q8 && PER * lane < HD) {
         const bool last = base + j == S - 1;
         const signed char* vr =
-            (last ? (const signed char*)vlast : (const signed char*)vc + (i64)(base + j) * HD) + PER * lane;
-        const float sv = (last ? vlast_s : vs + (i64)(base + j) * NG)[(PER * lane) / G];
+            (last ? (const signed char*)vlast : (const signed char*)c.vat(base + j)) + PER * lane;
+        const float sv = (last ? vlast_s : c.vsat(base + j))[(PER * lane) / G];
 #pragma unroll
         for (int i = 0; i < PER; i++) acc[i] = fmaf(pj, (float)vr[i] * sv, acc[i]);
       }
       const u16* vr =
-          (base + j == S - 1 ? (const u16*)vlast : (const u16*)vc + (i64)(base + j) * HD) + PER * lane;
+          (base + j == S - 1 ? (const u16*)vlast : (const u16*)c.vat(base + j)) + PER * lane;
       if (!Q8 && PER * lane < HD) {
         float vv[PER];
         if (PER == 4) {
@@ -198,24 +232,6 @@ __global__ void __launch_bounds__(256) attn_merge(const float* __restrict__ part
   if (d < HD) out[(i64)blockIdx.y * H * HD + blockIdx.x * HD + d] = o / L;
 }
 
-// A row's cells of one kv head in the table's cache (columns 0, 1; with Q8 the scales at 7, 8), and key j's
-template <int HD, int Q8>
-struct Cells {
-  const char* k; const char* v; const float* ks; const float* vs;
-  __device__ Cells(const i64* tr, int layer, int KV, int kvh) {
-    constexpr int ES = Q8 ? 1 : 2;
-    const i64 cell0 = ((i64)layer * KV + kvh) * tr[2];
-    k = (const char*)tr[0] + cell0 * HD * ES;
-    v = (const char*)tr[1] + cell0 * HD * ES;
-    ks = Q8 ? (const float*)tr[7] + cell0 * Q8_GROUPS(HD) : nullptr;
-    vs = Q8 ? (const float*)tr[8] + cell0 * Q8_GROUPS(HD) : nullptr;
-  }
-  __device__ const char* kat(int j) const { return k + (i64)j * HD * (Q8 ? 1 : 2); }
-  __device__ const char* vat(int j) const { return v + (i64)j * HD * (Q8 ? 1 : 2); }
-  __device__ const float* ksat(int j) const { return Q8 ? ks + (i64)j * Q8_GROUPS(HD) : nullptr; }
-  __device__ const float* vsat(int j) const { return Q8 ? vs + (i64)j * Q8_GROUPS(HD) : nullptr; }
-};
-
 // grid (H, rows, splits)
 template <int HD, int Q8>
 __global__ void __launch_bounds__(128) attn_decode(
@@ -231,7 +247,7 @@ __global__ void __launch_bounds__(128) attn_decode(
   const Cells<HD, Q8> c(tr, layer, KV, kvh);
   for (int d = threadIdx.x; d < HD; d += blockDim.x) qs[d] = q[(i64)row * H * HD + h * HD + d];
   __syncthreads();
-  decode_core<HD, Q8>(qs, c.k, c.v, c.ks, c.vs, lo, hi, S, c.kat(S - 1), c.vat(S - 1), c.ksat(S - 1),
+  decode_core<HD, Q8>(qs, c, lo, hi, S, c.kat(S - 1), c.vat(S - 1), c.ksat(S - 1),
                       c.vsat(S - 1), scale, partial != nullptr ? partial : out + (i64)row * H * HD + h * HD,
                       partial != nullptr ? partial + HD : nullptr);
 }
@@ -290,7 +306,7 @@ __global__ void __launch_bounds__(128) attn_decode_qkv(
     }
   }
   __syncthreads();
-  decode_core<HD, Q8>(qs, c.k, c.v, c.ks, c.vs, lo, hi, S, knew, vnew, knew_s, vnew_s, scale,
+  decode_core<HD, Q8>(qs, c, lo, hi, S, knew, vnew, knew_s, vnew_s, scale,
                       partial != nullptr ? partial : out + (i64)row * H * HD + h * HD,
                       partial != nullptr ? partial + HD : nullptr);
 }
@@ -326,11 +342,16 @@ __device__ __forceinline__ void ldsm_x2_trans(u32* r, const u16* p) {
 // fragments come through ldmatrix .trans.
 // Q8: kc, vc hold int8 codes and ksc, vsc their scales (sc_stride floats a kv head); a tile is decoded to
 // fp16 (code * scale, rounded) as it is loaded, with plain loads instead of cp.async.
+// Cells before `base` (--kv-resident) come from hkc, hvc (hksc, hvsc; h_stride cells a kv head): the
+// host's, read in place, or a staged copy of them; plain loads there too. kc, vc are then the window minus
+// base cells.
 template <int HD, int Q8>
 __global__ void __launch_bounds__(128) flash_attn(
     const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc, i64 head_stride,
     const float* __restrict__ ksc, const float* __restrict__ vsc, i64 sc_stride,
-    int T, int n_past, int H, int KV, float scale_log2, float* __restrict__ out) {
+    int T, int n_past, int H, int KV, float scale_log2, float* __restrict__ out,
+    const void* __restrict__ hkc, const void* __restrict__ hvc, i64 h_stride, const float* __restrict__ hksc,
+    const float* __restrict__ hvsc, int base) {
   constexpr int KT = 64, LK = HD + 8, TILE = KT * LK;
   extern __shared__ uint4 fsm[];
   u16* Ks = (u16*)fsm;        // [2][KT][LK]
@@ -344,6 +365,11 @@ __global__ void __launch_bounds__(128) flash_attn(
   const signed char* vb8 = (const signed char*)vc + (i64)kvh * head_stride;
   const float* ksb = Q8 ? ksc + (i64)kvh * sc_stride : nullptr;
   const float* vsb = Q8 ? vsc + (i64)kvh * sc_stride : nullptr;
+  constexpr int ES = Q8 ? 1 : 2;
+  const char* hkb = (const char*)hkc + (i64)kvh * h_stride * HD * ES;
+  const char* hvb = (const char*)hvc + (i64)kvh * h_stride * HD * ES;
+  const float* hksb = Q8 ? hksc + (i64)kvh * h_stride * Q8_GROUPS(HD) : nullptr;
+  const float* hvsb = Q8 ? hvsc + (i64)kvh * h_stride * Q8_GROUPS(HD) : nullptr;
   const int S = n_past + T;
   // Q fragments (pre-scaled by scale*log2(e): the softmax runs in base 2)
   u32 qa[HD / 16][4];
@@ -369,11 +395,14 @@ __global__ void __launch_bounds__(128) flash_attn(
       const int key = i / (HD / 8), d = (i % (HD / 8)) * 8;
       u16* kd = Ks + st * TILE + key * LK + d;
       u16* vd = Vs + st * TILE + key * LK + d;
+      const bool cold = j0 + key < base;
       if (j0 + key < S && Q8) {
         const i64 cell = j0 + key;
-        const uint2 kw = *(const uint2*)(kb8 + cell * HD + d), vw = *(const uint2*)(vb8 + cell * HD + d);
-        const float ks = ksb[cell * Q8_GROUPS(HD) + d / Q8_GROUP(HD)],
-                    vs = vsb[cell * Q8_GROUPS(HD) + d / Q8_GROUP(HD)];
+        const signed char* kr = (cold ? (const signed char*)hkb : kb8) + cell * HD + d;
+        const signed char* vr = (cold ? (const signed char*)hvb : vb8) + cell * HD + d;
+        const uint2 kw = *(const uint2*)kr, vw = *(const uint2*)vr;
+        const float ks = (cold ? hksb : ksb)[cell * Q8_GROUPS(HD) + d / Q8_GROUP(HD)],
+                    vs = (cold ? hvsb : vsb)[cell * Q8_GROUPS(HD) + d / Q8_GROUP(HD)];
         const signed char* kq = (const signed char*)&kw;
         const signed char* vq = (const signed char*)&vw;
         u32 kh[4], vh[4];
@@ -384,6 +413,9 @@ __global__ void __launch_bounds__(128) flash_attn(
         }
         *(uint4*)kd = make_uint4(kh[0], kh[1], kh[2], kh[3]);
         *(uint4*)vd = make_uint4(vh[0], vh[1], vh[2], vh[3]);
+      } else if (cold) {  // plain loads: cp.async is for device memory
+        *(uint4*)kd = *(const uint4*)((const u16*)hkb + (i64)(j0 + key) * HD + d);
+        *(uint4*)vd = *(const uint4*)((const u16*)hvb + (i64)(j0 + key) * HD + d);
       } else if (j0 + key < S) {
         cp_async16(kd, kb + (i64)(j0 + key) * HD + d);
         cp_async16(vd, vb + (i64)(j0 + key) * HD + d);
