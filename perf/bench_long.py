@@ -50,10 +50,14 @@ def run(path: Path, a: argparse.Namespace, splits: int) -> list[dict[str, Any]]:
             max_batch=1,
             budget_mib=a.vram_budget_mib,
             kv_type=KVType(a.kv_type),
-            tiers=TierOptions(parse_pcie_frac(a.pcie_frac)),
+            tiers=TierOptions(parse_pcie_frac(a.pcie_frac), kv_grow=a.kv_grow),
+            kv_resident=a.kv_resident,
+            kv_grow=a.kv_grow,
         ),
     )
-    print(f"  loaded in {time.perf_counter() - t0:.1f} s (splits {splits}, KV {a.kv_type})", flush=True)
+    grown = ", kv-grow" if a.kv_grow else ""
+    how = f"splits {splits}, KV {a.kv_type}, resident {a.kv_resident or 'all'}{grown}"
+    print(f"  loaded in {time.perf_counter() - t0:.1f} s ({how})", flush=True)
     rng = np.random.default_rng(0)
     vocab = gpu.params.vocab
     gpu.graphs.greedy_loop([1], [gpu.new_state()], 4)  # the b=1 graph, captured once
@@ -77,6 +81,9 @@ def run(path: Path, a: argparse.Namespace, splits: int) -> list[dict[str, Any]]:
             "context": n,
             "splits": splits,
             "kv_type": a.kv_type,
+            "kv_resident": a.kv_resident,
+            "kv_grow": a.kv_grow,
+            "expert_slots": None if gpu.expert_cache is None else gpu.expert_cache.n_slots,
             "ttft_s": ttft,
             "pp_tok_s": n / ttft,
             "tg_tok_s": tg,
@@ -119,6 +126,8 @@ def main() -> None:
         help="Strata's --pcie-frac (default 1: every miss over PCIe, so "
         "the lengths differ only in attention)",
     )
+    ap.add_argument("--kv-resident", type=int, default=0, help="Strata's --kv-resident (0: all in VRAM)")
+    ap.add_argument("--kv-grow", action="store_true", help="Strata's --kv-grow")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     configure_logging("text")
@@ -129,6 +138,8 @@ def main() -> None:
         vram_budget_mib=a.vram_budget_mib,
         gen=a.gen,
         kv_type=a.kv_type,
+        kv_resident=a.kv_resident,
+        kv_grow=a.kv_grow,
         n_ctx=a.n_ctx,
         pcie_frac=a.pcie_frac,
     )

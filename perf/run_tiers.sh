@@ -53,11 +53,14 @@ case " $STEPS " in *" prefetch "*)
   done ;; esac
 case " $STEPS " in *" long "*)
   wait $SYNTH_PID 2>/dev/null; tail -2 "$OUT/synth.log"
-  # LONG_RUNS: splits:kv-type:contexts each, every run on the same plan (N_CTX)
+  # LONG_RUNS: splits:kv-type:contexts[:resident[:grow]] each, every run on the same plan (N_CTX); resident: the
+  # --kv-resident cells (0: all in VRAM), grow: 1 for --kv-grow
   for spec in ${LONG_RUNS:-32:int8:4096,32768,131072,262144 1:int8:4096,131072 32:f16:4096,131072}; do
-    IFS=: read -r sp kv ctx <<<"$spec"
-    echo "== splits $sp, KV $kv"
+    IFS=: read -r sp kv ctx res grow <<<"$spec"
+    extra="--kv-resident ${res:-0}"; [ "${grow:-0}" = 1 ] && extra="$extra --kv-grow"
+    echo "== splits $sp, KV $kv, resident ${res:-all}, grow ${grow:-0}"
     timeout ${BENCH_TIMEOUT:-300} python3 $REPO/perf/bench_long.py --model $MODEL --vram-budget-mib ${CAP:-22528} \
-      --contexts $ctx --splits $sp --kv-type $kv --n-ctx ${N_CTX:-262272} --json "$OUT/long_${sp}_$kv.json" \
+      --contexts $ctx --splits $sp --kv-type $kv --n-ctx ${N_CTX:-262272} $extra \
+      --json "$OUT/long_${sp}_${kv}_${res:-0}_${grow:-0}.json" \
       2>&1 | grep -v "^WARNING" | grep -E "strata ctx|loaded|Error|error" | tail -12
   done ;; esac

@@ -102,7 +102,8 @@ def test_the_planner_keeps_only_the_window_in_vram(capsys):
 
     from strata.cli import main
 
-    path, args = _fixture("qwen3moe"), ["--vram-gib", "0.45", "--parallel", "4", "--ctx-size", "1024", "--json"]
+    path = _fixture("qwen3moe")
+    args = ["--vram-gib", "0.45", "--parallel", "4", "--ctx-size", "1024", "--json"]
     assert main(["plan", str(path), *args]) == 0
     whole = json.loads(capsys.readouterr().out)
     assert main(["plan", str(path), *args, "--kv-resident", str(BLOCK), "--prefill", "64"]) == 0
@@ -110,8 +111,9 @@ def test_the_planner_keeps_only_the_window_in_vram(capsys):
     kv = {k: v for k, v in win["parts"].items() if k.startswith("KV cache")}
     cells = KVWindow(BLOCK, 64 + 64).device_cells  # the window, and room for one pass (the GPU's chunk + 64)
     assert list(kv.values()) == [4 * cells * win["kv_bytes_per_token"]["f16"]]
-    assert sum(v for k, v in whole["parts"].items() if k.startswith("KV cache")) == 4 * 1024 * (
-        whole["kv_bytes_per_token"]["f16"]
+    assert (
+        sum(v for k, v in whole["parts"].items() if k.startswith("KV cache"))
+        == 4 * 1024 * (whole["kv_bytes_per_token"]["f16"])
     )
     assert main(["plan", str(path), *args, "--kv-resident", "7"]) == 1
     assert "--kv-resident" in capsys.readouterr().err
