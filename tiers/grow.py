@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from strata.errors import ConfigError
 from strata.tiers.budget import MIB, Ledger, VramPlan
 from strata.tiers.store import per_segment
@@ -58,6 +60,70 @@ def plan_worst_case(plan: VramPlan, kv_full: int, layout: ExpertLayout, flag: st
     per = per_segment(layout.slot_bytes, plan.n_slots, layout.n_total, True)
     plan.n_slots -= plan.n_slots % per
     plan.worst_slots = min(plan.worst_slots, plan.n_slots)
+
+
+class Resizing:
+    """ExpertCache's resizing: what it keeps when it gives slots up, what it brings back."""
+
+    policy: object
+    fill_rank: np.ndarray
+    owner: np.ndarray
+    where: np.ndarray
+    booked: np.ndarray
+    n_slots: int
+
+    def keep_rank(self) -> np.ndarray:
+        """[L, E]: which experts deserve a slot most, higher first: the policy's decayed counts (adaptive) or
+        recency (lru), else the fill's rank."""
+        for name in ("score", "stamp"):
+            got = getattr(self.policy, name, None)
+            if got is not None:
+                return np.asarray(got, np.float64)
+        return self.fill_rank
+
+    def resize(self, n: int) -> None:
+        """Hold n slots. Shrinking drops the residents of lowest keep_rank, moves the kept ones out of the
+        slots past n (slot to slot) and lets the store free those; growing fills the new slots with the best
+        experts not resident. Between passes only: no chunk is borrowing, every slot's copy has landed."""
+        assert self._staging is None, "resize while a prefill chunk borrows slots"
+        n = max(0, min(int(n), self.layout.n_total))
+        held = np.flatnonzero(self.owner[:, 0] >= 0)
+        li, e = self.owner[held, 0], self.owner[held, 1]
+        assert (self.where[li, e] == held).all(), "resize before every slot's copy has landed"
+        if n < self.n_slots:
+            order = np.lexsort((held, -self.keep_rank()[li, e]))  # best first; ties: the lower slot
+            keep = held[order[:n]]
+            for s in held[order[n:]].tolist():
+                self._evict(s)
+            movers = keep[keep >= n].tolist()
+            targets = sorted(set(range(n)) - set(keep[keep < n].tolist()))[: len(movers)]
+            pairs = list(zip(movers, targets))
+            rows = [
+                (self._slot_addr(p, a), self._slot_addr(p, b), int(self.sizes[self.owner[a, 0], p]))
+                for a, b in pairs
+                for p in range(3)
+            ]
+            if rows:
+                self.slots.move_rows(np.asarray(rows, np.int64))
+            for a, b in pairs:
+                ml, me = (int(v) for v in self.owner[a])
+                self.owner[b], self.owner[a] = (ml, me), (-1, -1)
+                self.booked[ml, me] = b
+                self._land(b, ml, me)
+            self.owner = self.owner[:n].copy()
+            self.n_slots = n
+            self.slots.resize(n)
+        elif n > self.n_slots:
+            self.slots.resize(n)
+            self.owner = np.concatenate([self.owner, np.full((n - self.n_slots, 2), -1, np.int32)])
+            self.n_slots = n
+            free = np.flatnonzero(self.owner[:, 0] < 0)
+            away = np.flatnonzero(self.booked.reshape(-1) < 0)
+            best = away[np.argsort(-self.keep_rank().reshape(-1)[away], kind="stable")][: len(free)]
+            n_e = self.layout.n_expert
+            self.load([(int(s), int(k) // n_e, int(k) % n_e) for s, k in zip(free, best)])
+        if self.policy is not None:
+            self.policy.resized(self.booked >= 0)
 
 
 class SlotLender:

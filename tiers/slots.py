@@ -19,11 +19,8 @@ GPU's graph cannot read pageable memory; the CPU stand-in reads them in place an
 pass of more rows stages its misses into borrowed slots (`borrow_min` drops to the first row count past
 decode), copies from the mapping passing through the bounce ring (tiers/ring.py).
 
-Long prefill chunks touch nearly every expert of every layer, and zero-copy reads from the GEMM's tiles
-are slow. Instead a chunk of `borrow_min` tokens or more borrows
-slots: each layer's misses are staged into borrowed slots before its experts run (double-buffered
-over layers, so the copy of layer l+1 overlaps layer l), read from there through a prefill table,
-and when the chunk ends the borrowed slots get their own experts back, byte for byte.
+Long prefill chunks borrow slots (tiers/borrow.py); under --kv-grow the cache changes size (tiers/grow.py):
+both are parts of ExpertCache kept in their own files.
 
 Legend: L = MoE layers, E = experts per layer, P = 3 parts, S = slots.
 """
@@ -31,7 +28,6 @@ Legend: L = MoE layers, E = experts per layer, P = 3 parts, S = slots.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -39,7 +35,9 @@ import numpy as np
 
 from strata.errors import ConfigError
 from strata.gguf import GGUFFile
+from strata.tiers.borrow import BORROW_MIN, Borrowing, Staging
 from strata.tiers.budget import cache_request
+from strata.tiers.grow import Resizing
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.lookahead import AHEAD_ROWS, PrefetchCounts, pick, score
 from strata.tiers.policy import Policy, check_policy, make
@@ -52,10 +50,6 @@ from strata.tiers.trace import Recorder
 if TYPE_CHECKING:
     from strata.tiers.grow import SlotLender
 
-# Prefill chunks of at least this many tokens stage their misses in borrowed slots. From 256 tokens of
-# top-10-of-512 routing nearly every expert is used, and one copy of each beats zero-copy reads from the
-# GEMM tiles: 80B shape on the H200, pp512 at a 24 GiB budget 458 tok/s zero-copy, 955 borrowing.
-BORROW_MIN = 256
 # per-row counts: lookups, hits, PCIe bytes, CPU expert calls, experts read from the mapping, their bytes
 COLS = 6
 
@@ -97,19 +91,7 @@ def homes(arena: Arena, n_e: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(addrs, np.int64), in_ram
 
 
-@dataclass(frozen=True, slots=True)
-class Staging:
-    """One borrowing prefill chunk: per MoE layer, which experts go to which borrowed slot."""
-
-    table: np.ndarray  # int64 [L, P, E]: the prefill table (staged and borrowed-out experts redirected)
-    per_layer: list[list[tuple[int, int]]]  # layer -> [(expert, slot)] to copy before its experts run
-    buffers: int  # 2: layer l's copies may start once layer l - 2 has run; 1: once l - 1 has
-    restore: list[tuple[int, int, int]]  # (slot, layer, expert): each borrowed slot's own expert
-    complete: bool  # every miss of every layer got a borrowed slot (else the rest are read from the arena)
-    staged: np.ndarray  # [L, E] bool: the experts staged (read from a borrowed slot this pass)
-
-
-class ExpertCache:
+class ExpertCache(Borrowing, Resizing):
     def __init__(
         self, layout: ExpertLayout, n_slots: int, slots: Bytes, arena: Arena, borrow_min: int = BORROW_MIN
     ) -> None:
@@ -264,60 +246,6 @@ class ExpertCache:
 
     def resident(self) -> int:
         return int((self.where >= 0).sum())
-
-    # ---- resizing (--kv-grow, tiers/grow.py) ----
-    def keep_rank(self) -> np.ndarray:
-        """[L, E]: which experts deserve a slot most, higher first: the policy's decayed counts (adaptive) or
-        recency (lru), else the fill's rank."""
-        for name in ("score", "stamp"):
-            got = getattr(self.policy, name, None)
-            if got is not None:
-                return np.asarray(got, np.float64)
-        return self.fill_rank
-
-    def resize(self, n: int) -> None:
-        """Hold n slots. Shrinking drops the residents of lowest keep_rank, moves the kept ones out of the
-        slots past n (slot to slot) and lets the store free those; growing fills the new slots with the best
-        experts not resident. Between passes only: no chunk is borrowing, every slot's copy has landed."""
-        assert self._staging is None, "resize while a prefill chunk borrows slots"
-        n = max(0, min(int(n), self.layout.n_total))
-        held = np.flatnonzero(self.owner[:, 0] >= 0)
-        li, e = self.owner[held, 0], self.owner[held, 1]
-        assert (self.where[li, e] == held).all(), "resize before every slot's copy has landed"
-        if n < self.n_slots:
-            order = np.lexsort((held, -self.keep_rank()[li, e]))  # best first; ties: the lower slot
-            keep = held[order[:n]]
-            for s in held[order[n:]].tolist():
-                self._evict(s)
-            movers = keep[keep >= n].tolist()
-            targets = sorted(set(range(n)) - set(keep[keep < n].tolist()))[: len(movers)]
-            pairs = list(zip(movers, targets))
-            rows = [
-                (self._slot_addr(p, a), self._slot_addr(p, b), int(self.sizes[self.owner[a, 0], p]))
-                for a, b in pairs
-                for p in range(3)
-            ]
-            if rows:
-                self.slots.move_rows(np.asarray(rows, np.int64))
-            for a, b in pairs:
-                ml, me = (int(v) for v in self.owner[a])
-                self.owner[b], self.owner[a] = (ml, me), (-1, -1)
-                self.booked[ml, me] = b
-                self._land(b, ml, me)
-            self.owner = self.owner[:n].copy()
-            self.n_slots = n
-            self.slots.resize(n)
-        elif n > self.n_slots:
-            self.slots.resize(n)
-            self.owner = np.concatenate([self.owner, np.full((n - self.n_slots, 2), -1, np.int32)])
-            self.n_slots = n
-            free = np.flatnonzero(self.owner[:, 0] < 0)
-            away = np.flatnonzero(self.booked.reshape(-1) < 0)
-            best = away[np.argsort(-self.keep_rank().reshape(-1)[away], kind="stable")][: len(free)]
-            n_e = self.layout.n_expert
-            self.load([(int(s), int(k) // n_e, int(k) % n_e) for s, k in zip(free, best)])
-        if self.policy is not None:
-            self.policy.resized(self.booked >= 0)
 
     def use_policy(self, name: str, swap_budget: int | None = None) -> None:
         """Let `name` (tiers/policy.py) decide the residents between windows, starting from the fill; each
@@ -517,78 +445,6 @@ class ExpertCache:
             for c in (use.of(prefill), self.use.of(prefill)):
                 c.add(lk, hits, nbytes, calls, mapped, mapped_bytes)
 
-    # ---- borrowing ----
-    def staging(self) -> Staging | None:
-        """Plan a borrowing prefill chunk: which slots to borrow and what to stage where; None when
-        every expert is resident or there is no slot to borrow."""
-        n_l, n_e = self.where.shape
-        missing = n_e - (self.where >= 0).sum(axis=1)  # [L]
-        if self.n_slots == 0 or missing.max() == 0:
-            return None
-        cap0 = int(missing.max())
-        cap = cap0 + -(-2 * cap0 // n_l) + 1  # borrowing takes residents away, adding misses
-        # a placement that is not the static fill (a profile's, a policy's) gives up residents unevenly over
-        # the layers: grow the buffers until every layer's misses fit (80B shape at 24 GiB with a profile's
-        # fill: the first guess fell back to one buffer that staged all 512 experts a layer, pp4096 2,209
-        # against 6,526)
-        while 2 * cap <= self.n_slots:
-            plan = self._staging_plan(cap, 2)
-            if plan.complete:
-                return plan
-            cap += max(1, cap // 16)
-        plan = self._staging_plan(min(cap, self.n_slots), 1)
-        if not plan.complete:  # one buffer of every slot: less overlap, but no miss left to read over PCIe
-            plan = self._staging_plan(self.n_slots, 1)
-        return plan
-
-    def _staging_plan(self, cap: int, buffers: int) -> Staging:
-        n_l, n_e = self.where.shape
-        borrowed = sorted(
-            self._borrow_order()[: buffers * cap]
-        )  # ascending: consecutive misses, consecutive slots
-        table = self.full.copy()  # long chunks never use the CPU's share
-        restore = []
-        gone = np.zeros((n_l, n_e), bool)
-        for s in borrowed:
-            li, e = (int(v) for v in self.owner[s])
-            if li >= 0:
-                restore.append((s, li, e))
-                gone[li, e] = True
-                for p in range(3):
-                    table[li, p, e] = self._arena_row(li, p, e)
-        per_layer = []
-        complete = True
-        staged = np.zeros((n_l, n_e), bool)
-        for li in range(n_l):
-            buf = borrowed[(li % buffers) * cap : (li % buffers + 1) * cap]
-            todo = np.flatnonzero((self.where[li] < 0) | gone[li])
-            if len(todo) > len(buf):  # short of slots: the ones only the mapping holds first
-                complete = False
-                todo = np.sort(todo[np.argsort(self.in_ram[li, todo], kind="stable")][: len(buf)])
-            pairs = [(int(e), int(s)) for e, s in zip(todo, buf)]
-            staged[li, todo] = True
-            for e, s in pairs:
-                for p in range(3):
-                    table[li, p, e] = self._slot_addr(p, s)
-            per_layer.append(pairs)
-        return Staging(table, per_layer, buffers, restore, complete, staged)
-
-    def _borrow_order(self) -> list[int]:
-        """Slots to borrow first: free ones, then the highest. The static fill is expert-major, so the top
-        slots hold every layer's highest resident experts: each layer gives up about as many as the others,
-        and those experts sit next to the layer's misses in the arena, so a layer's staging copies stay
-        contiguous (one copy per part on the GPU)."""
-        free = [int(s) for s in np.flatnonzero(self.owner[:, 0] < 0)]
-        return free + [s for s in range(self.n_slots - 1, -1, -1) if self.owner[s, 0] >= 0]
-
-    def stage_rows(self, staging: Staging, li: int) -> np.ndarray:
-        """The copies [n, 3] that put layer li's staged experts into their borrowed slots."""
-        return self._fill_rows([(s, li, e) for e, s in staging.per_layer[li]])
-
-    def restore_rows(self, staging: Staging) -> np.ndarray:
-        """The copies [n, 3] that give each borrowed slot its own expert back when the chunk is over."""
-        return self._fill_rows(staging.restore)
-
     # ---- the low-RAM mode (tiers/ram.py) ----
     @property
     def low_ram(self) -> bool:
@@ -599,15 +455,6 @@ class ExpertCache:
     def mapped_misses(self) -> bool:
         """Some expert not in a slot is read from the file's mapping (what the GPU's graph cannot read)."""
         return bool((~self.in_ram & (self.where < 0)).any())
-
-    def borrowed_residents(self) -> np.ndarray:
-        """[L, E] bool: the residents whose slots a long prefill chunk borrows (their bytes come back from
-        their home when the chunk ends)."""
-        out = np.zeros(self.where.shape, bool)
-        st = self.staging()
-        for _, li, e in st.restore if st is not None else []:
-            out[li, e] = True
-        return out
 
     def rehome(self, arena: Arena, decode_rows: int) -> None:
         """Read every non-resident expert from `arena` from now on (the low-RAM mode's, chosen after the

@@ -54,12 +54,13 @@ from strata.gpu.runtime import DEVICE_TO_HOST, HOST_TO_DEVICE, Kernels, cupy_mod
 from strata.gpu.weights import DevMatrix
 from strata.tiers import share as split
 from strata.tiers.arena import MmapArena, PinnedArena
+from strata.tiers.borrow import Staging
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.lookahead import PREFETCH_DEFAULT
 from strata.tiers.profile import Profile
 from strata.tiers.ram import arena_rows, choose_held
 from strata.tiers.ring import ring_buffer_bytes, split_rows
-from strata.tiers.slots import ExpertCache, Staging
+from strata.tiers.slots import ExpertCache
 from strata.tiers.store import Segments, per_segment
 from strata.tiers.telemetry import note
 
