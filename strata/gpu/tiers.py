@@ -10,11 +10,9 @@ A borrowing prefill chunk stages layer l's missing experts on a side stream with
 launch while earlier layers compute; the compute stream waits for layer l's copy before its experts
 run, and the copy into a buffer waits for the layer that used it last (events, no host waits).
 
-The CPU's share of the decode misses (`--pcie-frac`, tiers/share.py): decode rows read the CPU-owned
-experts from a slot of zeros (`table`), publish the layer to a pinned mailbox that jit/share.py serves, and
-add the CPU's answer after the shared expert (`ShareHook`); passes of more rows read every miss through
-`full`. The split comes from a probe of the zero-copy rate and the CPU pool's rate on this model's experts,
-kept in the cache dir.
+The CPU's share of the decode misses (`--pcie-frac`, tiers/share.py; its GPU side in strata/gpu/share.py):
+decode rows read the CPU-owned experts from a slot of zeros (`table`) and add the CPU's answer; passes of
+more rows read every miss through `full`. The slot store and its copies are strata/gpu/slots.py.
 
 With `--cache-policy lru|adaptive` the cache follows the routing (tiers/policy.py). `tier_count` leaves each
 pass's routed ids in `routes`; every LEARN_EVERY passes the policy learns from them and picks at most the swap
@@ -38,9 +36,7 @@ in place: every decode miss is then the CPU's and every longer pass stages its m
 
 from __future__ import annotations
 
-import platform
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -50,7 +46,9 @@ from strata.gguf import GGUFFile
 from strata.gpu.kernels import tiers as kt
 from strata.gpu.lookahead import Lookahead
 from strata.gpu.ring import GpuRing
-from strata.gpu.runtime import DEVICE_TO_HOST, HOST_TO_DEVICE, Kernels, cupy_module, launch, ptr
+from strata.gpu.runtime import DEVICE_TO_HOST, Kernels, cupy_module, ptr
+from strata.gpu.share import CpuShareSide, ShareHook
+from strata.gpu.slots import DeviceSlots, engine_copies
 from strata.gpu.weights import DevMatrix
 from strata.tiers import share as split
 from strata.tiers.arena import MmapArena, PinnedArena
@@ -61,12 +59,8 @@ from strata.tiers.profile import Profile
 from strata.tiers.ram import arena_rows, choose_held
 from strata.tiers.ring import ring_buffer_bytes, split_rows
 from strata.tiers.slots import ExpertCache
-from strata.tiers.store import Segments, per_segment
+from strata.tiers.store import per_segment
 from strata.tiers.telemetry import note
-
-MAX_ROWS_PER_LAUNCH = 60000  # gridDim.y limit is 65535
-BLOCKS_PER_ROW = 4  # an expert part is ~0.2-2 MB: a few blocks each keep enough reads in flight
-
 
 COLLECT_TIMEOUT_NS = 2_000_000_000  # a CPU answer later than this fails the pass instead of hanging the GPU
 # passes per policy window: a decode pass is ~10 ms at b=1, and an update of every layer's policy 1-4 ms of
@@ -76,20 +70,6 @@ LEARN_EVERY = 4
 PATCH_MAX = (
     4096  # (layer, expert) entries changed: up to this many, publish scatters them instead of whole tables
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ShareHook:
-    """What a decode layer's publish and collect launches need: the mailbox's parts and the ticket."""
-
-    layer: int  # the MoE layer
-    ctl: int  # host addresses (pinned, mapped) of the mailbox's parts
-    h: int
-    ids: int
-    wts: int
-    out: int
-    ticket: Any  # device int64 [1]
-    err: Any  # device int32 [1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,89 +118,7 @@ class TierOptions:
     kv_grow: bool = False  # --kv-grow: the slots come in segments the KV can take (tiers/grow.py)
 
 
-def _device_bytes(nbytes: int) -> tuple[Any, int]:
-    a = cupy_module().empty(nbytes, cupy_module().uint8)
-    return a, int(a.data.ptr)
-
-
-class DeviceSlots(Segments):
-    """The slot store in VRAM (segments of part-major slots, tiers/store.py); copies are gathers on the
-    current stream, or, from a pageable arena (which no kernel can read), the driver's copies."""
-
-    def __init__(
-        self,
-        n_slots: int,
-        strides: tuple[int, int, int],
-        kernels: Kernels,
-        pageable: bool,
-        ring: GpuRing | None = None,
-        per: int | None = None,
-    ) -> None:
-        self.ring = ring  # the low-RAM mode: copies from outside `ranges` (the pinned arena's) go through it
-        self.ranges: list[tuple[int, int]] = []
-        self.kernels = kernels
-        self.pageable = pageable
-        self._keep: list[Any] = []  # row lists in flight, freed at the next sync
-        super().__init__(n_slots, strides, _device_bytes, per)
-
-    def copy_rows(self, rows: np.ndarray) -> None:
-        if self.ring is not None:
-            rows, mapped = split_rows(rows, self.ranges)
-            self.ring.copy(mapped)
-            if not len(rows):
-                return
-        if not self.pageable:
-            gather(self.kernels, rows, self._keep)
-            return
-        engine_copies(rows, self.strides, cupy_module().cuda.get_current_stream())
-
-    def move_rows(self, rows: np.ndarray) -> None:
-        """Slot to slot: both ends in VRAM, so a gather whatever the arena is."""
-        gather(self.kernels, np.asarray(rows, np.int64).reshape(-1, 3), self._keep)
-
-    def sync(self) -> None:
-        cupy_module().cuda.get_current_stream().synchronize()
-
-
-def gather(kernels: Kernels, rows: np.ndarray, keep: list[Any]) -> None:
-    """Launch gather_rows over (source, destination, bytes) rows [n, 3] on the current stream."""
-    cp = cupy_module()
-    for r0 in range(0, len(rows), MAX_ROWS_PER_LAUNCH):
-        part = cp.asarray(
-            np.ascontiguousarray(rows[r0 : r0 + MAX_ROWS_PER_LAUNCH].T)
-        )  # [3, n]: src, dst, bytes
-        keep.append(part)
-        n = part.shape[1]
-        launch(kernels["gather_rows"], (BLOCKS_PER_ROW, n), 256, (part[0], part[1], part[2]))
-
-
-def engine_copies(rows: np.ndarray, strides: tuple[int, int, int], stream: Any) -> None:
-    """Copy rows [n, 3] (source, destination, bytes) host to device on the copy engines, queued on `stream`:
-    one `cudaMemcpyAsync` per contiguous run."""
-    rt = cupy_module().cuda.runtime
-    for src, dst, n in coalesce(rows, strides):
-        rt.memcpyAsync(dst, src, n, HOST_TO_DEVICE, stream.ptr)
-
-
-def coalesce(rows: np.ndarray, strides: tuple[int, int, int]) -> list[tuple[int, int, int]]:
-    """Merge copies [n, 3] (three parts per expert, in order) whose sources and destinations both step by
-    the part's stride into one copy each (the padding between rows is copied along, harmlessly)."""
-    out: list[tuple[int, int, int]] = []
-    for p, stride in enumerate(strides):
-        run: list[int] | None = None
-        for src, dst, n in rows[p::3].tolist():
-            if run is not None and src - run[3] == stride and dst - run[4] == stride:
-                run[2], run[3], run[4] = src + n - run[0], src, dst
-                continue
-            if run is not None:
-                out.append((run[0], run[1], run[2]))
-            run = [src, dst, n, src, dst]  # first src, first dst, length so far, last src, last dst
-        if run is not None:
-            out.append((run[0], run[1], run[2]))
-    return out
-
-
-class GpuTiers:
+class GpuTiers(CpuShareSide):
     def __init__(
         self,
         gguf: GGUFFile,
@@ -364,167 +262,6 @@ class GpuTiers:
                 "them; give the cache more VRAM (--expert-cache, --vram-budget-mib) or allow pinning "
                 "(ulimit -l)",
             )
-
-    def _start_share(self, gguf: GGUFFile, opts: TierOptions, rows: int) -> None:
-        """Start the CPU server, probe (or read) the rates, choose the split and mark the CPU's experts."""
-        from strata.jit.cpus import host_plan
-        from strata.jit.kernels import Kernels as CpuKernels
-        from strata.jit.share import CpuShare, ExpertBytes, Mailbox
-
-        c = self.cache
-        hit = c.resident() / c.where.size
-        miss = (
-            (1 - hit) * self.layout.top_k * float(np.mean(c.expert_bytes))
-        )  # bytes a layer, uniform routing
-        must = self.pageable or c.mapped_misses  # misses the graph cannot read: the CPU's, whatever the split
-        if miss == 0 or (opts.pcie_frac == 1.0 and not must):
-            return
-        if c.policy is not None:  # the CPU's experts would change under it between windows
-            if must:  # (ram_budget_mib refused the policy already: ExpertCache.use_policy)
-                raise ConfigError(
-                    "cache_policy",
-                    opts.cache_policy,
-                    "a pageable arena needs the CPU share of the "
-                    "misses, which runs with the static cache only",
-                )
-            note(
-                f"CPU share of the misses: off with --cache-policy {opts.cache_policy}; every miss is read "
-                "over PCIe"
-            )
-            return
-        if platform.machine() not in ("x86_64", "AMD64"):  # the mailbox's store order is x86's
-            if must:
-                raise ConfigError(
-                    "expert_cache",
-                    "auto",
-                    "some experts are only in pageable memory "
-                    "(an arena that could not be pinned, or ram_budget_mib), and the CPU "
-                    "share they need runs on x86-64 only",
-                )
-            note("CPU share of the misses: x86-64 only; every miss is read over PCIe")
-            return
-        cp = cupy_module()
-        a, d = self.layout.top_k, self.layout.layers[0].parts[0].cols
-        self._box_mem = cp.cuda.alloc_pinned_memory(Mailbox.nbytes(rows, a, d) + 64)
-        buf = np.frombuffer(self._box_mem, np.uint8)
-        buf = buf[-int(buf.ctypes.data) % 64 :]
-        buf[:] = 0
-        self.box = Mailbox.over(buf, rows, a, d)
-        lay = self.layout.layers
-        if c.low_ram:  # each expert where the cache's home says: a pinned row, or the file's mapping
-            bases = strides = np.zeros((len(lay), 3), np.int64)
-        else:
-            bases, strides = np.asarray(self.arena.bases, np.int64), np.asarray(self.arena.strides, np.int64)
-        experts = ExpertBytes(
-            bases,
-            strides,
-            np.array([[p.qtype for p in l.parts] for l in lay], np.int64),
-            np.array([[p.rows for p in l.parts] for l in lay], np.int64),
-            np.array([[p.row_bytes for p in l.parts] for l in lay], np.int64),
-            c.home if c.low_ram else None,
-        )
-        plan = host_plan(opts.workers, opts.aux_cpus)
-        jit_dir = Path(opts.cache_dir) if opts.cache_dir else None
-        from strata.jit.pool import _pin
-
-        # one CPU stays with the thread that drives the GPU (launches, syncs): a helper preempted while it
-        # holds a claimed task stalls the whole layer
-        threads = max(1, plan.workers - 1)
-        self.share = CpuShare(
-            CpuKernels(jit_dir), experts, c.cpu, self.box, threads, lambda: _pin(plan.worker_cpus)
-        )
-        if c.low_ram:
-            self.share.mapped = ~c.in_ram  # counted apart: experts read from the file's mapping
-        n_miss = int((c.where < 0).sum())
-        forced = int((~c.in_ram & (c.where < 0)).sum()) / n_miss if n_miss else 0.0  # the CPU's in any case
-        given = 0.0 if self.pageable else opts.pcie_frac
-        if given is not None:
-            frac = given
-            note(
-                f"CPU share of the decode misses: --pcie-frac {given:.2f} ({1 - given:.0%} on the CPU pool, "
-                f"{threads} threads){' (pageable arena)' if self.pageable else ''}"
-            )
-        else:
-            rates = self.rates = self._rates(opts, jit_dir, threads)
-            pcie = rates.zero_copy * split.ZERO_COPY_EFFICIENCY
-            self.split = split.choose(miss, pcie, rates.cpu, rates.cpu_fixed_s, forced=forced)
-            frac = self.split.pcie_frac
-            note(
-                f"probe: zero-copy {rates.zero_copy_alone / 1e9:,.1f} GB/s alone, "
-                f"{rates.zero_copy / 1e9:,.1f} beside the CPU (in graph ~{pcie / 1e9:,.1f}); CPU pool "
-                f"({threads} threads) {rates.cpu_alone / 1e9:,.1f} GB/s alone, {rates.cpu / 1e9:,.1f} beside "
-                f"the GPU, + {rates.cpu_fixed_s * 1e6:,.0f} us a layer; copy engine "
-                f"{rates.copy_engine / 1e9:,.1f} GB/s"
-            )
-            note(self.split.why(miss))
-        if forced:
-            note(f"CPU share: {forced:.0%} of the misses are only in the file's mapping and always the CPU's")
-        if frac >= 1.0 and not forced:
-            self.share.close()
-            self.share = None
-            return
-        c.share_with_cpu(1.0 - frac, tuple(int(z.data.ptr) for z in self.zero))
-
-    def _rates(self, opts: TierOptions, jit_dir: Path | None, workers: int) -> split.Rates:
-        cp = cupy_module()
-        lay = self.layout.layers
-        name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
-        shapes = ",".join(f"{p.qtype}:{p.rows}x{p.cols}" for p in lay[0].parts)
-        key = f"v2|{name}|{platform.processor() or platform.machine()}|{workers} threads|{shapes}"
-        store = split.ProbeCache(
-            (jit_dir.parent if jit_dir else Path.home() / ".cache/strata") / "probe.json"
-        )
-        got = None if opts.probe else store.get(key)
-        if got is not None:
-            return got
-        alone = self.probe(256 << 20)
-        cpu_alone, _ = self.share.probe()
-        zero_copy, (cpu, fixed) = self._probe_together()
-        rates = split.Rates(
-            zero_copy, alone["copy_engine"], cpu, fixed + kt.HANDOFF_S, alone["zero_copy"], cpu_alone
-        )
-        store.put(key, rates)
-        return rates
-
-    def _probe_together(self, nbytes: int = 256 << 20, reps: int = 12) -> tuple[float, tuple[float, float]]:
-        """Zero-copy reads on a side stream while the CPU pool runs experts: (GPU bytes/s, the CPU's rate and
-        fixed cost), both under the other's load."""
-        cp = cupy_module()
-        _, dst, rows = self._scratch(nbytes)
-        n = dst.nbytes
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        with self.copy_stream:
-            start.record()
-            for _ in range(reps):
-                gather(self.kernels, rows, self._keep)
-            end.record()
-        cpu = self.share.probe(until=lambda: end.done)
-        end.synchronize()
-        gpu = reps * n / (cp.cuda.get_elapsed_time(start, end) / 1e3)
-        self._keep.clear()
-        del dst
-        cp.get_default_memory_pool().free_all_blocks()
-        return gpu, cpu
-
-    def share_hook(self, li: int) -> ShareHook | None:
-        if self.share is None:
-            return None
-        b = self.box
-        return ShareHook(
-            li,
-            int(b.ctl.ctypes.data),
-            int(b.h.ctypes.data),
-            int(b.ids.ctypes.data),
-            int(b.wts.ctypes.data),
-            int(b.out.ctypes.data),
-            self.ticket,
-            self.err,
-        )
-
-    def close(self) -> None:
-        if self.share is not None:
-            self.share.close()
-            self.share = None
 
     # ---- what the layers read ----
     def matrices(self, li: int, table: Any = None) -> tuple[DevMatrix, DevMatrix, DevMatrix]:
@@ -760,62 +497,6 @@ class GpuTiers:
             (self.cache.staged_counts(staging, li, r) for li, r in enumerate(self._rows)),
             np.zeros(3, np.int64),
         )
-
-    def _scratch(self, nbytes: int) -> tuple[np.ndarray, Any, np.ndarray]:
-        """The probes' source (the arena's largest part store, flat), a VRAM scratch of up to nbytes (whole
-        MiB) and the gather rows [n, 3] that copy one into the other a MiB at a time."""
-        cp = cupy_module()
-        src = self.arena.arrays[int(np.argmax(self.layout.strides))].reshape(-1)  # type: ignore[union-attr]
-        if src.nbytes < nbytes:  # a low-RAM arena may be smaller than the probe: pinned scratch, freed after
-            import cupyx
-
-            src = cupyx.empty_pinned(nbytes, np.uint8)
-            self._keep.append(src)  # alive until the probe's copies are done (it clears _keep after its sync)
-        n = min(nbytes, src.nbytes) // (1 << 20) * (1 << 20)
-        dst = cp.empty(n, cp.uint8)
-        rows = np.array(
-            [[int(src.ctypes.data) + o, int(dst.data.ptr) + o, 1 << 20] for o in range(0, n, 1 << 20)],
-            np.int64,
-        )
-        return src, dst, rows
-
-    def probe(self, nbytes: int = 1 << 30) -> dict[str, float]:
-        """Host-to-GPU rates from the arena (bytes/s): zero-copy reads by `gather_rows` (the decode miss
-        path's kind of access) and copy-engine copies (the staging path). Syncs; between windows only."""
-        cp = cupy_module()
-        while True:  # a budget the cache fills leaves less than a GiB: a smaller copy still gives the rate
-            try:
-                src, dst, rows = self._scratch(nbytes)
-                break
-            except cp.cuda.memory.OutOfMemoryError:
-                if nbytes <= 64 << 20:
-                    raise
-                nbytes //= 2
-        n = dst.nbytes
-        out = {}
-        for name in ("zero_copy", "copy_engine"):
-            best = 0.0
-            for _ in range(3):
-                start, end = cp.cuda.Event(), cp.cuda.Event()
-                start.record()
-                if name == "zero_copy":
-                    gather(self.kernels, rows, self._keep)
-                else:
-                    cp.cuda.runtime.memcpyAsync(
-                        int(dst.data.ptr),
-                        int(src.ctypes.data),
-                        n,
-                        HOST_TO_DEVICE,
-                        cp.cuda.get_current_stream().ptr,
-                    )
-                end.record()
-                end.synchronize()
-                best = max(best, n / (cp.cuda.get_elapsed_time(start, end) / 1e3))
-            out[name] = best
-        self._keep.clear()
-        del dst  # the scratch goes back to the device, not to the pool: it is no part of the budget
-        cp.get_default_memory_pool().free_all_blocks()
-        return out
 
     def nbytes(self) -> int:
         """VRAM held: the slots, the zero slot, the three tables, `where`, the counters and the lookahead."""
