@@ -109,6 +109,66 @@ def test_ple_gate(cp, ops, d):
         _close(out.get(), want, f"ple_gate n={n} d={d}")
 
 
+def _matrix(cp, rng: np.random.Generator, qt: int, rows: int, cols: int):
+    """A DevMatrix of random weights in GGML type qt (F32, F16: small values; Q8_0: random valid blocks) and
+    its float32 values [rows, cols]."""
+    from gguf.constants import GGMLQuantizationType as Q
+    from quant_blocks import random_blocks
+
+    from strata.gpu.weights import DevMatrix
+    from strata.quants import dequantize
+
+    if qt in (Q.F32, Q.F16):
+        vals = (rng.standard_normal((rows, cols)) * 0.05).astype(np.float16 if qt == Q.F16 else np.float32)
+        raw = vals.view(np.uint8).reshape(rows, -1)
+    else:
+        raw = random_blocks(Q(qt), rows, cols, int(rng.integers(1 << 30)))
+    want = dequantize(raw.reshape(-1), Q(qt)).reshape(rows, cols).astype(np.float32)
+    return DevMatrix("t", int(qt), rows, cols, 1, raw.shape[-1], cp.asarray(raw.reshape(-1))), want
+
+
+@pytest.mark.parametrize("d", [64, 2048])
+@pytest.mark.parametrize("types", [(0, 0, 0), (1, 1, 1), (8, 8, 1)], ids=["f32", "f16", "q8_0-f16"])
+def test_fused_decode_mixer(cp, d, types):
+    """hc_mix_in + hc_mix_out (a mixer on decode rows in two launches) against ref_hc_mix and against the six
+    launches of longer passes (hc_norm, the products, silu_scale, hc_read), with an inject and without (the
+    final mixer); rank 32, the down and inject weights in any type."""
+    from strata.gpu.kernels.hyper import mix_names
+    from strata.gpu.ops import Ops
+
+    ops = Ops(mixer_types=[types])
+    rng = np.random.default_rng(50 + d + types[0])
+    r = 32
+    w = rng.uniform(0.5, 1.5, S * d).astype(np.float32)
+    down, down_f = _matrix(cp, rng, types[0], r, S * d)
+    inject, inject_f = _matrix(cp, rng, types[1], S, S * d)
+    up, up_f = _matrix(cp, rng, types[2], S * d, r)
+    assert len(mix_names([types])) == 2
+    for n in (1, 3, 8):
+        streams = _randn(rng, n, S * d, scale=3.0)
+        x = cp.asarray(streams)
+        for inj_m, inj_f in ((inject, inject_f), (None, None)):
+            want_h, want_inj = hk.ref_hc_mix(streams, w, EPS, S, down_f, up_f, inj_f)
+            low, inj, den = (cp.full(shape, cp.nan, cp.float32) for shape in ((n, r), (n, S), (n, S)))
+            h, zero = cp.full((n, d), cp.nan, cp.float32), cp.full((n, d), cp.nan, cp.float32)
+            ops.hc_mix_in(x, cp.asarray(w), EPS, n, S, d, down, inj_m, low, inj, den)
+            ops.hc_mix_out(x, cp.asarray(w), den, n, S, d, up, low, h, zero if inj_m is not None else None)
+            what = f"fused mixer {types} n={n} d={d} inject={inj_m is not None}"
+            _close(h.get(), want_h, what)
+            if inj_m is not None:
+                _close(inj.get(), want_inj, what + " inject weights")
+                np.testing.assert_array_equal(zero.get(), np.zeros((n, d), np.float32))
+            # the unfused launches on the same inputs
+            normed, mix = cp.empty((n, S * d), cp.float32), cp.empty((n, S * d), cp.float32)
+            ops.hc_norm(x, cp.asarray(w), EPS, n, S, d, normed)
+            ops.matvec([down], normed, n, low)
+            ops.silu_scale(low, n, r, 1.0 / S)
+            ops.matvec([up], low, n, mix)
+            h2 = cp.empty((n, d), cp.float32)
+            ops.hc_read(mix, normed, n, S, d, h2)
+            _close(h.get(), h2.get(), what + " vs unfused")
+
+
 TAB_STRIDE, TAB_COL, N_LAYER, LAYER = 10, 8, 2, 1  # the window of the second PLE layer, at column 8
 
 

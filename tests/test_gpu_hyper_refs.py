@@ -51,6 +51,13 @@ def test_mixer_twins_compose_to_hc_mix_and_hc_final() -> None:
     _close(final, hc_final(streams, w, HCNames("norm", "down", "up", None), S, EPS), "hc_read final")  # type: ignore[arg-type]
     y = rng.standard_normal((9, D)).astype(np.float32)
     _close(hk.ref_hc_inject(streams, y, inject), hc_inject(streams, y, want_inject), "hc_inject")
+    # the fused decode mixer's twin (hc_mix_in + hc_mix_out) gives the same
+    fused_h, fused_inject = hk.ref_hc_mix(streams, t["norm"], EPS, S, t["down"], t["up"], t["inject"])
+    assert fused_inject is not None
+    _close(fused_h, want_h, "ref_hc_mix h")
+    _close(fused_inject, want_inject, "ref_hc_mix inject weights")
+    fused_final, _ = hk.ref_hc_mix(streams, t["norm"], EPS, S, t["down"], t["up"], None)
+    _close(fused_final, final, "ref_hc_mix final")
 
 
 def _ple_setup(

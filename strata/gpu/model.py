@@ -278,6 +278,7 @@ class GpuModel(Model):
             {(L.gate.qtype, L.up.qtype, L.down.qtype) for L in self.layers} if st.moe else set(),
             opts.split,
             opts.q8,
+            self.hc.mixer_types() if self.hc is not None else (),
         )
         self.graphs = DecodeGraphs(self, opts.max_batch)
         # with tiers, passes of more than GEMV_ROWS rows read every miss through the full table (the CPU share

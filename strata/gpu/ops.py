@@ -51,7 +51,11 @@ class Ops(MixerOps, MoeOps, Qwen4ExpOps):
     """
 
     def __init__(
-        self, moe_types: Iterable[tuple[int, int, int]] = (), split: bool = True, q8: bool = True
+        self,
+        moe_types: Iterable[tuple[int, int, int]] = (),
+        split: bool = True,
+        q8: bool = True,
+        mixer_types: Iterable[tuple[int, int, int]] = (),
     ) -> None:
         self.split = split
         self.q8 = q8 and split
@@ -103,7 +107,8 @@ class Ops(MixerOps, MoeOps, Qwen4ExpOps):
         )
         self.sample = Kernels(sample.SOURCE, ["argmax_rows", "sample_rows", "advance"])
         self.tiers = Kernels(tiers.SOURCE, tiers.NAMES)
-        self.hyper = Kernels(hyper.SOURCE, hyper.NAMES)
+        # the fused decode mixers for the model's (down, inject, up) weight types (kernels/hyper.py)
+        self.hyper = Kernels(hyper.SOURCE, hyper.NAMES + hyper.mix_names(mixer_types))
         # QSA sparse attention (qwen4exp): the indexer's head dim and attention's, both from HEAD_DIMS
         self.qsa = Kernels(qsa.SOURCE, qsa.kernel_names(HEAD_DIMS))
         q8t = sorted(mmvq.MMVQ_TYPES)

@@ -11,6 +11,7 @@ import numpy as np
 
 from strata.gpu.kernels import attention, hyper, qsa
 from strata.gpu.runtime import NULL, dev_ptr, f32, i32, i64, launch
+from strata.gpu.weights import DevMatrix
 
 
 class Qwen4ExpOps:
@@ -50,6 +51,82 @@ class Qwen4ExpOps:
                 i32(d),
                 dev_ptr(h),
                 NULL if inj is None else dev_ptr(inj),
+                NULL if zero is None else dev_ptr(zero),
+            ),
+        )
+
+    def hc_mix_in(
+        self,
+        x: Any,
+        w: Any,
+        eps: float,
+        n: int,
+        s: int,
+        d: int,
+        down: DevMatrix,
+        inject: DevMatrix | None,
+        low: Any,
+        inj: Any,
+        den: Any,
+    ) -> None:
+        """A decode mixer's first half (kernels/hyper.py): low [n, R] = silu(normed @ down.T / s), inj [n,
+        s] = 2 sigmoid(normed @ inject.T / s) (inject given), den [n, s] the streams' RMS; normed is x's
+        grouped RMSNorm times w, never stored."""
+        assert s <= 8 and (s * d) % 8 == 0, (s, d)
+        qi = inject.qtype if inject is not None else down.qtype
+        launch(
+            self.hyper[hyper.mix_in_name(down.qtype, qi)],
+            (n, down.rows + (s if inject is not None else 0)),
+            256,
+            (
+                dev_ptr(x),
+                dev_ptr(w),
+                f32(eps),
+                i32(s),
+                i32(d),
+                down.data,
+                i64(down.row_bytes),
+                i32(down.rows),
+                NULL if inject is None else inject.data,
+                i64(0 if inject is None else inject.row_bytes),
+                f32(1.0 / s),
+                dev_ptr(low),
+                NULL if inj is None else dev_ptr(inj),
+                dev_ptr(den),
+            ),
+        )
+
+    def hc_mix_out(
+        self,
+        x: Any,
+        w: Any,
+        den: Any,
+        n: int,
+        s: int,
+        d: int,
+        up: DevMatrix,
+        low: Any,
+        h: Any,
+        zero: Any = None,
+    ) -> None:
+        """A decode mixer's second half: h [n, d] = mean over the s streams of sigmoid(low @ up.T) * normed;
+        zero [n, d] (given) cleared."""
+        assert up.cols % 8 == 0 and up.cols <= 256, up.cols
+        launch(
+            self.hyper[hyper.mix_out_name(up.qtype)],
+            (n, -(-d // 256)),
+            256,
+            (
+                dev_ptr(x),
+                dev_ptr(w),
+                dev_ptr(den),
+                i32(s),
+                i32(d),
+                up.data,
+                i64(up.row_bytes),
+                i32(up.cols),
+                dev_ptr(low),
+                dev_ptr(h),
                 NULL if zero is None else dev_ptr(zero),
             ),
         )

@@ -86,7 +86,7 @@ class HCDims:
         return q + (self.ple.n_layer * self.ple.window if self.ple else 0)
 
     def bytes_per_row(self) -> int:
-        f = 3 * self.cols + self.rank + self.streams
+        f = 3 * self.cols + self.rank + 2 * self.streams
         if self.qsa is not None:
             q = self.qsa
             f += q.hi * q.d + q.d + q.top_blocks + 1
@@ -110,6 +110,7 @@ class HCBuffers:
         self.mix = cp.empty((n, hd.cols), f32)
         self.low = cp.empty((n, hd.rank), f32)
         self.inj = cp.empty((n, hd.streams), f32)
+        self.den = cp.empty((n, hd.streams), f32)  # the fused decode mixer's per-stream RMS
         if hd.qsa is not None:
             q = hd.qsa
             self.iq = cp.empty((n, q.hi * q.d), f32)
@@ -139,9 +140,20 @@ class Mixer:
     up: DevMatrix  # [S * D, R]
     inject: DevMatrix | None  # [S, S * D]
 
+    def types(self) -> tuple[int, int, int]:
+        """(down, inject, up) weight types: the fused kernels' instance (inject: down's if there is none)."""
+        inject = self.inject.qtype if self.inject is not None else self.down.qtype
+        return self.down.qtype, inject, self.up.qtype
+
     def read(self, ops: Any, hd: HCDims, act: Any, n: int, eps: float) -> None:
-        """act.h = the mixed input of the sublayer; with an inject, hc.inj = its weights and act.x cleared."""
+        """act.h = the mixed input of the sublayer; with an inject, hc.inj = its weights and act.x cleared.
+        Decode rows take the two fused launches; longer passes the products' GEMMs between the row kernels."""
         hc, s, d = act.hc, hd.streams, hd.d
+        zero = act.x if self.inject is not None else None
+        if n <= GEMV_ROWS:
+            ops.hc_mix_in(hc.streams, self.norm, eps, n, s, d, self.down, self.inject, hc.low, hc.inj, hc.den)
+            ops.hc_mix_out(hc.streams, self.norm, hc.den, n, s, d, self.up, hc.low, act.h, zero)
+            return
         ops.hc_norm(hc.streams, self.norm, eps, n, s, d, hc.normed)
         product(ops, self.down, hc.normed, n, hc.low)
         ops.silu_scale(hc.low, n, hd.rank, 1.0 / s)
@@ -355,6 +367,10 @@ class Qwen4ExpParts:
                 p.eps,
                 base,
             )
+
+    def mixer_types(self) -> set[tuple[int, int, int]]:
+        """Every mixer's (down, inject, up) weight types: the fused decode mixers' instances to build."""
+        return {m.types() for m in (*self.attn, *self.ffn, self.head)}
 
     @staticmethod
     def _mixer(w: GpuWeights, names: Any, rank: int) -> Mixer:

@@ -11,18 +11,23 @@ per-row arithmetic between them:
   the injection logits [n, S] become their weights 2 sigmoid(logit / S) in place, and a [n, D] buffer the
   sublayer accumulates into is cleared, so a mixer costs no extra launches.
 - `hc_inject`: streams += inject[k] * y, one thread per column reading y once for every stream.
+- `hc_mix_in`, `hc_mix_out`: a whole mixer on decode rows in two launches (norm, down, silu, inject, up and
+  read), the weights in any GPU type; longer passes take the products' GEMMs and the kernels above.
 - `ple_gate`: per (row, stream) the signed-sqrt gate of <key, query> / sqrt(D), times the value row.
 - `ple_conv`: the PLE's dilated causal depthwise conv over its window (found through the row table like
   the DeltaNet state), fused with the add: streams += gated + silu(conv). Its window [(W-1)*dil, C] is the
   last (W-1)*dil conv inputs of the sequence, oldest first (PLEState.conv).
 
-Numpy twins: `ref_hc_norm`, `ref_silu_scale`, `ref_hc_read`, `ref_hc_inject`, `ref_ple_gate`, `ref_ple_conv`
+Numpy twins: `ref_hc_norm`, `ref_silu_scale`, `ref_hc_read`, `ref_hc_mix`, `ref_hc_inject`, `ref_ple_gate`,
+`ref_ple_conv`
 (built from strata.blocks.hyper, ple, deltanet and norms).
 
 Legend: n = rows, S = streams (hc_count), D = hidden size, C = S*D conv channels, W = conv width.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -117,6 +122,80 @@ __global__ void __launch_bounds__(256) ple_gate(const float* __restrict__ key,
   for (int i = threadIdx.x; i < D; i += blockDim.x) out[off + i] = gate * v[i];
 }
 
+// A mixer on decode rows in two launches (the products' inputs are too short for a GEMM to pay): hc_mix_in
+// is hc_norm, the down and inject products, silu_scale and the injection weights of hc_read; hc_mix_out the
+// up product and the rest of hc_read. The normed streams are never stored: each block recomputes the S
+// per-stream RMS (hc_norm's sums, in its order), hc_mix_in leaves them in den [n, S] for hc_mix_out.
+// hc_mix_in: grid (n, R + J), block 256, J = S with an inject matrix (0 without). Block (r, j < R) writes
+// low[r, j] = silu(<normed_r, down_j> * scale); block (r, R + k) writes inj[r, k] = 2 sigmoid(<normed_r,
+// inject_k> / S). Weight rows in any GPU type (Q<QT>::deq8 chunks of 8 over the S*D columns).
+template <int QD, int QI>
+__global__ void __launch_bounds__(256) hc_mix_in(const float* __restrict__ x, const float* __restrict__ w,
+                                                 float eps, int S, int D, const u8* __restrict__ down,
+                                                 i64 down_row_bytes, int R, const u8* __restrict__ inject,
+                                                 i64 inject_row_bytes, float scale, float* __restrict__ low,
+                                                 float* __restrict__ inj, float* __restrict__ den_out) {
+  __shared__ float den[8];
+  const int r = blockIdx.x, j = blockIdx.y;
+  const float* xr = x + (i64)r * S * D;
+  for (int k = 0; k < S; k++) {
+    float s = 0.f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) s += xr[(i64)k * D + i] * xr[(i64)k * D + i];
+    const float t = block_sum(s);
+    if (threadIdx.x == 0) den[k] = sqrtf(t / (float)D + eps);
+    __syncthreads();  // block_sum's scratch is reused by the next stream's sum
+  }
+  if (j == 0 && threadIdx.x < S) den_out[(i64)r * S + threadIdx.x] = den[threadIdx.x];
+  const bool is_inj = j >= R;
+  const u8* row = is_inj ? inject + (i64)(j - R) * inject_row_bytes : down + (i64)j * down_row_bytes;
+  float acc = 0.f;
+  for (int c = threadIdx.x; c < S * D / 8; c += blockDim.x) {
+    float v[8];
+    if (is_inj) Q<QI>::deq8(row, c, v); else Q<QD>::deq8(row, c, v);
+    const int e0 = 8 * c;
+    const float dk = den[e0 / D];
+#pragma unroll
+    for (int q = 0; q < 8; q++) acc += v[q] * ((xr[e0 + q] / dk) * w[e0 + q]);
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) {
+    if (is_inj) inj[(i64)r * S + (j - R)] = 2.0f * sigmoid(acc / (float)S);
+    else low[(i64)r * R + j] = silu(acc * scale);
+  }
+}
+
+// hc_mix_out: grid (n, ceil(D / 256)), block 256: h[r, c] = mean_k sigmoid(<up_{k*D+c}, low_r>) *
+// normed[r, k*D+c], the normed value rebuilt from x, w and den; zero (or null): [n, D], cleared. up rows [R]
+// in any GPU type; R a multiple of 8 (the padded rank), at most 256.
+template <int QU>
+__global__ void __launch_bounds__(256) hc_mix_out(const float* __restrict__ x, const float* __restrict__ w,
+                                                  const float* __restrict__ den, int S, int D,
+                                                  const u8* __restrict__ up, i64 up_row_bytes, int R,
+                                                  const float* __restrict__ low, float* __restrict__ h,
+                                                  float* __restrict__ zero) {
+  __shared__ float lw[256];
+  const int r = blockIdx.x, c = blockIdx.y * 256 + threadIdx.x;
+  for (int i = threadIdx.x; i < R; i += blockDim.x) lw[i] = low[(i64)r * R + i];
+  __syncthreads();
+  if (c >= D) return;
+  const float* xr = x + (i64)r * S * D;
+  float acc = 0.f;
+  for (int k = 0; k < S; k++) {
+    const i64 e = (i64)k * D + c;
+    const u8* row = up + e * up_row_bytes;
+    float m = 0.f;
+    for (int q = 0; q < R / 8; q++) {
+      float v[8];
+      Q<QU>::deq8(row, q, v);
+#pragma unroll
+      for (int i = 0; i < 8; i++) m += v[i] * lw[8 * q + i];
+    }
+    acc += sigmoid(m) * ((xr[e] / den[(i64)r * S + k]) * w[e]);
+  }
+  h[(i64)r * D + c] = acc / (float)S;
+  if (zero != nullptr) zero[(i64)r * D + c] = 0.f;
+}
+
 // grid (ceil(C / 128), ceil(T / ct), segments), block 128. Segment z is rows z*T .. z*T+T-1 of x, gated
 // and streams (rows of C); its window [P = (W-1)*dil, C] is at the float address in column tab_col of the
 // table row of its first row, plus state_off floats. w: the conv kernel [C, W], tap j on the input
@@ -166,6 +245,21 @@ def conv_name(width: int) -> str:
     return f"ple_conv<{width}>"
 
 
+def mix_in_name(down: int, inject: int) -> str:
+    return f"hc_mix_in<{down}, {inject}>"
+
+
+def mix_out_name(up: int) -> str:
+    return f"hc_mix_out<{up}>"
+
+
+def mix_names(types: Iterable[tuple[int, int, int]]) -> list[str]:
+    """The fused mixers' instances for (down, inject, up) weight types (inject: down's for the final
+    mixer)."""
+    t = sorted(set(types))
+    return sorted({mix_in_name(d, i) for d, i, _ in t} | {mix_out_name(u) for _, _, u in t})
+
+
 NAMES = ["hc_norm", "silu_scale", "hc_read", "hc_inject", "ple_gate"] + [conv_name(w) for w in CONV_WIDTHS]
 
 
@@ -190,6 +284,23 @@ def ref_hc_read(
     n, sd = normed.shape
     h = np.mean(sigmoid(mix).reshape(n, s, sd // s) * normed.reshape(n, s, sd // s), axis=1)  # [n, D]
     return h, None if inj is None else np.float32(2.0) * sigmoid(inj / np.float32(s))
+
+
+def ref_hc_mix(
+    streams: np.ndarray,
+    norm: np.ndarray,
+    eps: float,
+    s: int,
+    down: np.ndarray,
+    up: np.ndarray,
+    inject: np.ndarray | None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """`hc_mix_in` then `hc_mix_out` (a mixer on decode rows): streams [n, S*D], the float weights down [R,
+    S*D], up [S*D, R], inject [S, S*D] or None -> h [n, D] and the injection weights [n, S] (None without),
+    as hc_norm, the products, silu_scale and hc_read compute them."""
+    normed = ref_hc_norm(streams, norm, s, eps)
+    low = ref_silu_scale(normed @ down.T, 1.0 / s)
+    return ref_hc_read(low @ up.T, normed, s, None if inject is None else normed @ inject.T)
 
 
 def ref_hc_inject(streams: np.ndarray, y: np.ndarray, inj: np.ndarray) -> np.ndarray:
