@@ -38,16 +38,17 @@ def test_a_window_reads_what_the_plain_cache_reads(kind):
         KVCache(layers, 2, 32, kind=kind),
         KVCache(layers, 2, 32, kind=kind, window=KVWindow(BLOCK, 300)),
     )
-    steps = [300, 300, 1, 1, 250, 7] + [1] * 40 + [300]
+    steps = [300, 300, 1, 1, 250, 7] + [1] * 40 + [300, 1]
     for k, n in enumerate(steps):
         x = rng.standard_normal((n, 2, 32)).astype(np.float32)
         for (a, b), (c, d) in zip(_pass(plain, layers, x), _pass(win, layers, x)):
             assert np.array_equal(a, c) and np.array_equal(b, d), f"step {k}"
         if k == 4:  # roll back behind the window's base: its cells come back from the host
-            assert win.base > 500
-            plain.truncate(400)
-            win.truncate(400)
-            assert win.base <= 400 and 400 - win.base <= BLOCK
+            back = win.base - 10
+            assert back > 0
+            plain.truncate(back)
+            win.truncate(back)
+            assert win.base <= back < win.base + win.window.resident + BLOCK
     assert win.base > 0 and win._k[0].cap <= win.window.device_cells
     for copy in (win.copy(), win.to_host().copy()):
         x = rng.standard_normal((3, 2, 32)).astype(np.float32)
@@ -59,14 +60,19 @@ def test_a_window_reads_what_the_plain_cache_reads(kind):
 
 def test_the_window_evicts_whole_blocks_and_keeps_room_for_a_pass():
     w = KVWindow(300, 100)  # rounded up to whole blocks
-    assert w.resident == 2 * BLOCK and w.device_cells == 2 * BLOCK + 100
-    assert w.before_pass(2 * BLOCK, 100) is None
-    ev = w.before_pass(2 * BLOCK + 1, 1)
-    assert (ev.lo, ev.hi, ev.kept) == (0, BLOCK, BLOCK + 1) and w.base == BLOCK
+    assert w.resident == 2 * BLOCK and w.device_cells == 3 * BLOCK + 100
+    assert w.before_pass(3 * BLOCK - 1, 100) is None  # the last 2 blocks' worth and more: nothing leaves yet
+    ev = w.before_pass(3 * BLOCK, 1)
+    assert (ev.lo, ev.hi, ev.kept) == (0, BLOCK, 2 * BLOCK) and w.base == BLOCK
+    assert w.before_pass(4 * BLOCK - 1, 1) is None
     with pytest.raises(ValueError, match="outgrows"):
         w.before_pass(3 * BLOCK, 101)
     back = w.truncate(BLOCK - 10)
     assert back is not None and (back.lo, back.hi) == (0, BLOCK - 10) and w.base == 0
+    for n in range(0, 5 * BLOCK, 37):  # wherever it lands, a window holds the last `resident` cells
+        assert 0 <= n - w.base_for(n) < w.resident + BLOCK and (
+            n < w.resident or n - w.base_for(n) >= w.resident
+        )
 
 
 def test_bad_windows_are_refused():

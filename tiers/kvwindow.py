@@ -4,8 +4,9 @@ A long context's KV need not all sit in VRAM: each attention layer keeps its las
 window) and every older cell in (pinned) host memory, which the attention kernels read in place (zero-copy)
 for the keys before the window. The window is contiguous: the device holds cells [base, length), the host
 [0, base). Before a pass of t new rows (at most the prefill chunk), whole blocks of BLOCK cells leave the
-front of the window until length - base <= N: they are copied to the host and the rest moves down (so the
-device needs N + chunk cells, however long the context). Cell j is then `host[j]` for j < base, else
+front of the window while it would still hold N cells without them: they are copied to the host and the
+rest moves down. The window so holds the last N to N + BLOCK - 1 cells, and the device needs N + BLOCK +
+chunk, however long the context. Cell j is then `host[j]` for j < base, else
 `device[j - base]`: kernels that address cells from a base pointer take `device - base` as it, so the
 writes and every in-window read are unchanged, and only the keys before `base` take the host's pointer.
 
@@ -59,27 +60,25 @@ class KVWindow:
     def __init__(self, resident: int, chunk: int) -> None:
         check_resident(resident)
         self.resident = -(-resident // BLOCK) * BLOCK
-        self.device_cells = self.resident + max(1, chunk)  # a full window and one pass's new rows
+        self.chunk = max(1, chunk)
+        self.device_cells = self.resident + BLOCK + self.chunk  # a full window, a block more, one pass's rows
         self.base = 0
 
     def before_pass(self, length: int, rows: int) -> Evict | None:
-        """Before a pass of `rows` new cells at `length`: the blocks that must leave for the device to hold
-        the window and them, or None."""
-        if rows > self.device_cells - self.resident:
-            raise ValueError(
-                f"a pass of {rows} rows outgrows the window's room for {self.device_cells} cells"
-            )
-        over = length - self.base - self.resident
-        if over <= 0:
+        """Before a pass of `rows` new cells at `length`: the blocks that leave for the host (the window keeps
+        the last `resident` cells at least), or None."""
+        if rows > self.chunk:
+            raise ValueError(f"a pass of {rows} rows outgrows the window's room for {self.chunk} new cells")
+        hi = max(self.base, self.base_for(length))
+        if hi == self.base:
             return None
-        hi = self.base + -(-over // BLOCK) * BLOCK
-        ev = Evict(self.base, min(hi, length), length)
-        self.base = ev.hi
+        ev = Evict(self.base, hi, length)
+        self.base = hi
         return ev
 
     def base_for(self, n: int) -> int:
-        """The lowest block boundary a window of n cells can start at (n - base <= resident)."""
-        return max(0, -(-(n - self.resident) // BLOCK) * BLOCK)
+        """The highest block boundary a window of n cells can start at and still hold `resident` of them."""
+        return max(0, (n - self.resident) // BLOCK * BLOCK)
 
     def truncate(self, n: int) -> Reload | None:
         """Rolled back to n cells: when n is behind `base`, the window moves back to end at n and its cells

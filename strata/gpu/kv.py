@@ -349,6 +349,7 @@ def _filled(
             out._host_room(base, 0)
             for name, a in arrays.items():
                 out.host_cells[name][:, :, :base] = np.asarray(a[:, :, :base])
+    out.length = base  # the device holds none of its cells yet
     out._device_room(length - base)
     for name, a in arrays.items():
         getattr(out, name)[:, :, : length - base] = cp.asarray(

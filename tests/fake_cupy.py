@@ -1,0 +1,89 @@
+"""A host-memory stand-in for the part of cupy that strata/gpu/kv.py uses, so its bookkeeping (the
+--kv-resident window's copies, the addresses the kernels are given) runs in CI without a GPU.
+
+"Device" arrays are numpy arrays with cupy's `.data.ptr` and `.get()`; copies are memmoves at once (a single
+stream that is always done). Kernels are not emulated: a test reads and writes cells at the addresses the
+table gives, as the kernels would.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import types
+from typing import Any
+
+import numpy as np
+
+
+class _Ptr:
+    def __init__(self, a: np.ndarray) -> None:
+        self.ptr = int(a.__array_interface__["data"][0])
+
+
+class FakeArray(np.ndarray):
+    """A numpy array that answers `.data.ptr` and `.get()` as a cupy array does."""
+
+    @property
+    def data(self) -> _Ptr:  # type: ignore[override]
+        return _Ptr(self)
+
+    def get(self, out: np.ndarray | None = None, stream: Any = None) -> np.ndarray:
+        if out is None:
+            return np.array(self, copy=True).view(np.ndarray)
+        out[...] = self
+        return out
+
+
+def _empty(shape: Any, dtype: Any = np.float32) -> FakeArray:
+    return np.zeros(shape, dtype).view(FakeArray)
+
+
+def _asarray(a: Any, dtype: Any = None) -> FakeArray:
+    if isinstance(a, FakeArray):
+        return a
+    return np.array(a, dtype=dtype).view(FakeArray)
+
+
+class _Stream:
+    ptr = 0
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _memcpy2d(
+    dst: int, dpitch: int, src: int, spitch: int, width: int, height: int, kind: int, s: int
+) -> None:
+    for r in range(height):
+        ctypes.memmove(dst + r * dpitch, src + r * spitch, width)
+
+
+def module() -> types.ModuleType:
+    """The stand-in `cupy` module."""
+    cp = types.ModuleType("cupy")
+    cp.empty = _empty  # type: ignore[attr-defined]
+    cp.zeros = _empty  # type: ignore[attr-defined]
+    cp.asarray = _asarray  # type: ignore[attr-defined]
+    for name in ("float16", "float32", "int8", "int32", "int64", "uint8"):
+        setattr(cp, name, getattr(np, name))
+    cuda = types.SimpleNamespace(
+        get_current_stream=lambda: _Stream(),
+        runtime=types.SimpleNamespace(memcpy2DAsync=_memcpy2d),
+    )
+    cp.cuda = cuda  # type: ignore[attr-defined]
+    return cp
+
+
+def install(monkeypatch: Any) -> types.ModuleType:
+    """Point strata.gpu's cupy access (and `import cupyx`) at the stand-in for one test."""
+    import strata.gpu.kv as kv
+    import strata.gpu.runtime as runtime
+
+    cp = module()
+    cupyx = types.ModuleType("cupyx")
+    cupyx.empty_pinned = lambda shape, dtype: np.zeros(shape, dtype)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cupyx", cupyx)
+    monkeypatch.setattr(runtime, "cupy_module", lambda: cp)
+    monkeypatch.setattr(kv, "cupy_module", lambda: cp)
+    return cp
