@@ -79,17 +79,26 @@ struct Cells {
 };
 
 // ---- decode: q [rows, H*HD] fp32, out [rows, H*HD] fp32 ----
-// One head of one row against keys lo..hi-1 of the S in its cache (c: its kv head's cells); the
-// last key's K and V rows are read from klast, vlast (the cache itself, or shared memory when the fused
-// kernel below has just computed them). qs: the query, in shared memory; o: the head's HD outputs, divided by
-// the softmax sum, or with ml given (a split's partial) as they are, the running max and sum in ml[0..1].
+// Key lists: key i of a row's list is the cache position pos(i); in the V loop a lane's key jj of the
+// warp's step from `base` is at(base, jj, kp), kp each lane's own position (QSA's lists share them by
+// shuffle). AllKeys: positions 0..S-1 in order (attn_decode); kernels/qsa.py's QsaKeys: the selected blocks.
+struct AllKeys {
+  __device__ int pos(int i) const { return i; }
+  __device__ int at(int base, int jj, int) const { return base + jj; }
+};
+
+// One head of one row against keys lo..hi-1 of its list (c: its kv head's cells); the key at position
+// `last` (or none: -1) has its K and V rows read from klast, vlast (the cache itself, or shared memory when
+// the fused kernel below has just computed them). qs: the query, in shared memory; o: the head's HD outputs,
+// divided by the softmax sum, or with ml given (a split's partial) as they are, the running max and sum in
+// ml[0..1].
 // Q8: the cells are int8 codes (c's, klast, vlast as signed char) with per-row scales (c's, klast_s,
 // vlast_s: Q8_GROUPS(HD) floats a key), each decoded as code * scale in fp32 as strata.runtime.kvcache does.
-template <int HD, int Q8>
-__device__ __forceinline__ void decode_core(const float* qs, const Cells<HD, Q8>& c, int lo, int hi, int S,
-                                            const void* klast,
-                                            const void* vlast, const float* klast_s, const float* vlast_s,
-                                            float scale, float* __restrict__ o_out, float* __restrict__ ml) {
+template <int HD, int Q8, class Keys>
+__device__ __forceinline__ void decode_core(const float* qs, const Cells<HD, Q8>& c, const Keys& keys, int lo,
+                                            int hi, int last, const void* klast, const void* vlast,
+                                            const float* klast_s, const float* vlast_s, float scale,
+                                            float* __restrict__ o_out, float* __restrict__ ml) {
   constexpr int PER = HD >= 32 ? HD / 32 : 1;  // head dims per lane
   constexpr int G = Q8_GROUP(HD), NG = Q8_GROUPS(HD);
   __shared__ float pm[4], pl[4];
@@ -100,42 +109,43 @@ __device__ __forceinline__ void decode_core(const float* qs, const Cells<HD, Q8>
   for (int i = 0; i < PER; i++) acc[i] = 0.0f;
   for (int base = lo + warp * 32; base < hi; base += 128) {
     const int key = base + lane;
+    int kp = 0;  // the key's position
     float s = -INFINITY;
     if (key < hi) {
+      kp = keys.pos(key);
       float dot = 0.0f;
       if (Q8) {
-        const uint4* kp =
-            (const uint4*)(key == S - 1 ? (const signed char*)klast : (const signed char*)c.kat(key));
-        const float* sc = key == S - 1 ? klast_s : c.ksat(key);
+        const uint4* kr = (const uint4*)(kp == last ? klast : (const void*)c.kat(kp));
+        const float* sc = kp == last ? klast_s : c.ksat(kp);
 #pragma unroll
         for (int g = 0; g < NG; g++) {
           float part = 0.0f;
 #pragma unroll
-          for (int c = 0; c < G / 16; c++) {
-            const uint4 w = kp[g * (G / 16) + c];
+          for (int cc = 0; cc < G / 16; cc++) {
+            const uint4 w = kr[g * (G / 16) + cc];
             const signed char* b = (const signed char*)&w;
 #pragma unroll
-            for (int i = 0; i < 16; i++) part = fmaf(qs[g * G + 16 * c + i], (float)b[i], part);
+            for (int i = 0; i < 16; i++) part = fmaf(qs[g * G + 16 * cc + i], (float)b[i], part);
           }
           dot = fmaf(part, sc[g], dot);
         }
       } else {
-        const uint4* kp = (const uint4*)(key == S - 1 ? (const u16*)klast : (const u16*)c.kat(key));
+        const uint4* kr = (const uint4*)(kp == last ? klast : (const void*)c.kat(kp));
 #pragma unroll
-        for (int c = 0; c < HD / 8; c++) {
-          const uint4 w = kp[c];
+        for (int cc = 0; cc < HD / 8; cc++) {
+          const uint4 w = kr[cc];
           const u32 ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
           for (int i = 0; i < 4; i++) {
-            dot = fmaf(qs[8 * c + 2 * i], h2f(ws[i] & 0xFFFF), dot);
-            dot = fmaf(qs[8 * c + 2 * i + 1], h2f(ws[i] >> 16), dot);
+            dot = fmaf(qs[8 * cc + 2 * i], h2f(ws[i] & 0xFFFF), dot);
+            dot = fmaf(qs[8 * cc + 2 * i + 1], h2f(ws[i] >> 16), dot);
           }
         }
       }
       s = dot * scale;
     }
-    const float mnew = fmaxf(m, warp_max(s));
-    const float alpha = expf(m - mnew);  // m = -inf on the first chunk: alpha = 0, acc is 0 anyway
+    const float mnew = fmaxf(m, warp_max(s));  // lane 0's key is live: mnew is finite
+    const float alpha = expf(m - mnew);  // m = -inf on the first step: alpha = 0, acc is 0 anyway
     const float p = key < hi ? expf(s - mnew) : 0.0f;
     l = l * alpha + p;
 #pragma unroll
@@ -144,19 +154,18 @@ __device__ __forceinline__ void decode_core(const float* qs, const Cells<HD, Q8>
     // loads are in flight at once instead of one dependent L2 round trip per key
     const int nk = min(32, hi - base);
 #pragma unroll 8
-    for (int j = 0; j < nk; j++) {
-      const float pj = __shfl_sync(0xffffffffu, p, j);
-      if (Q8 && PER * lane < HD) {
-        const bool last = base + j == S - 1;
-        const signed char* vr =
-            (last ? (const signed char*)vlast : (const signed char*)c.vat(base + j)) + PER * lane;
-        const float sv = (last ? vlast_s : c.vsat(base + j))[(PER * lane) / G];
+    for (int jj = 0; jj < nk; jj++) {
+      const float pj = __shfl_sync(0xffffffffu, p, jj);
+      const int at = keys.at(base, jj, kp);
+      if (PER * lane >= HD) continue;
+      const bool is_last = at == last;
+      if (Q8) {
+        const signed char* vr = (const signed char*)(is_last ? vlast : (const void*)c.vat(at)) + PER * lane;
+        const float sv = (is_last ? vlast_s : c.vsat(at))[(PER * lane) / G];
 #pragma unroll
         for (int i = 0; i < PER; i++) acc[i] = fmaf(pj, (float)vr[i] * sv, acc[i]);
-      }
-      const u16* vr =
-          (base + j == S - 1 ? (const u16*)vlast : (const u16*)c.vat(base + j)) + PER * lane;
-      if (!Q8 && PER * lane < HD) {
+      } else {
+        const u16* vr = (const u16*)(is_last ? vlast : (const void*)c.vat(at)) + PER * lane;
         float vv[PER];
         if (PER == 4) {
           const uint2 w = *(const uint2*)vr;
@@ -247,7 +256,7 @@ __global__ void __launch_bounds__(128) attn_decode(
   const Cells<HD, Q8> c(tr, layer, KV, kvh);
   for (int d = threadIdx.x; d < HD; d += blockDim.x) qs[d] = q[(i64)row * H * HD + h * HD + d];
   __syncthreads();
-  decode_core<HD, Q8>(qs, c, lo, hi, S, c.kat(S - 1), c.vat(S - 1), c.ksat(S - 1),
+  decode_core<HD, Q8>(qs, c, AllKeys(), lo, hi, S - 1, c.kat(S - 1), c.vat(S - 1), c.ksat(S - 1),
                       c.vsat(S - 1), scale, partial != nullptr ? partial : out + (i64)row * H * HD + h * HD,
                       partial != nullptr ? partial + HD : nullptr);
 }
@@ -306,7 +315,7 @@ __global__ void __launch_bounds__(128) attn_decode_qkv(
     }
   }
   __syncthreads();
-  decode_core<HD, Q8>(qs, c, lo, hi, S, knew, vnew, knew_s, vnew_s, scale,
+  decode_core<HD, Q8>(qs, c, AllKeys(), lo, hi, S - 1, knew, vnew, knew_s, vnew_s, scale,
                       partial != nullptr ? partial : out + (i64)row * H * HD + h * HD,
                       partial != nullptr ? partial + HD : nullptr);
 }

@@ -18,10 +18,10 @@ complete; positions must stay below max_blocks * ratio.
   blocks still fills the GPU), then one block of 1024 threads per row finds the k-th largest score exactly
   (radix select on the float bits, 8 bits a pass: scores are >= 0, so the bits order them) and compacts, in
   ascending block order, everything above it plus the lowest-index ties at it: the CPU's stable argsort.
-- `qsa_attend`: attention.py's decode structure (a block per (head, row, split), 4 warps, a lane per key,
-  online softmax, the attn_merge partials for split-K) over a gathered key list: the selected blocks'
-  positions, then the incomplete block's complete * ratio .. p. Serves prefill rows and decode rows alike;
-  K/V cells read as attention.py reads them (fp16, or int8 codes * scale).
+- `qsa_attend`: attention.py's `decode_core` itself (a block per (head, row, split), 4 warps, a lane per
+  key, online softmax, the attn_merge partials for split-K) over the key list `QsaKeys`: the selected
+  blocks' positions, then the incomplete block's complete * ratio .. p. Serves prefill rows and decode rows
+  alike; K/V cells (fp16, or int8 codes * scale, host cells past a --kv-resident window) read through Cells.
 
 Numpy twins: `ref_qsa_keys` (runs blocks.qsa._compress itself), `ref_qsa_query`, `ref_qsa_scores`,
 `ref_qsa_pick`, `ref_qsa_select`, `ref_qsa_mask`, `ref_qsa_attend` (gated_attn.attend_masked).
@@ -286,117 +286,13 @@ __global__ void __launch_bounds__(1024) qsa_pick(const float* __restrict__ score
 
 // ---- attention over the selected keys: q, out [rows, H * HD] ----
 // Key i of a row's list: the nb = nsel * ratio positions of its selected blocks in order, then the
-// incomplete block's from tail0.
-__device__ __forceinline__ int qsa_key(const int* sel, int nb, int ratio, int tail0, int i) {
-  return i < nb ? sel[i / ratio] * ratio + i % ratio : tail0 + i - nb;
-}
-
-// attention.py's decode_core with the keys gathered through qsa_key: keys lo..hi-1 of the list.
-template <int HD, int Q8>
-__device__ __forceinline__ void qsa_core(const float* qs, const Cells<HD, Q8>& c, const int* sel, int nb,
-                                         int ratio, int tail0, int lo, int hi, float scale,
-                                         float* __restrict__ o_out, float* __restrict__ ml) {
-  constexpr int PER = HD >= 32 ? HD / 32 : 1;  // head dims per lane
-  constexpr int G = Q8_GROUP(HD), NG = Q8_GROUPS(HD);
-  __shared__ float pm[4], pl[4];
-  __shared__ float pacc[4][HD];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float m = -INFINITY, l = 0.0f, acc[PER];
-#pragma unroll
-  for (int i = 0; i < PER; i++) acc[i] = 0.0f;
-  for (int base = lo + warp * 32; base < hi; base += 128) {
-    const int key = base + lane;
-    int kp = 0;  // the key's position
-    float s = -INFINITY;
-    if (key < hi) {
-      kp = qsa_key(sel, nb, ratio, tail0, key);
-      float dot = 0.0f;
-      const uint4* kr = (const uint4*)c.kat(kp);
-      if (Q8) {
-        const float* sc = c.ksat(kp);
-#pragma unroll
-        for (int g = 0; g < NG; g++) {
-          float part = 0.0f;
-#pragma unroll
-          for (int cc = 0; cc < G / 16; cc++) {
-            const uint4 w = kr[g * (G / 16) + cc];
-            const signed char* b = (const signed char*)&w;
-#pragma unroll
-            for (int i = 0; i < 16; i++) part = fmaf(qs[g * G + 16 * cc + i], (float)b[i], part);
-          }
-          dot = fmaf(part, sc[g], dot);
-        }
-      } else {
-#pragma unroll
-        for (int cc = 0; cc < HD / 8; cc++) {
-          const uint4 w = kr[cc];
-          const u32 ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            dot = fmaf(qs[8 * cc + 2 * i], h2f(ws[i] & 0xFFFF), dot);
-            dot = fmaf(qs[8 * cc + 2 * i + 1], h2f(ws[i] >> 16), dot);
-          }
-        }
-      }
-      s = dot * scale;
-    }
-    const float mnew = fmaxf(m, warp_max(s));  // lane 0's key is live: mnew is finite
-    const float alpha = expf(m - mnew);
-    const float p = key < hi ? expf(s - mnew) : 0.0f;
-    l = l * alpha + p;
-#pragma unroll
-    for (int i = 0; i < PER; i++) acc[i] *= alpha;
-    const int nk = min(32, hi - base);
-#pragma unroll 8
-    for (int jj = 0; jj < nk; jj++) {
-      const float pj = __shfl_sync(0xffffffffu, p, jj);
-      const int at = __shfl_sync(0xffffffffu, kp, jj);
-      if (PER * lane >= HD) continue;
-      if (Q8) {
-        const signed char* vr = (const signed char*)c.vat(at) + PER * lane;
-        const float sv = c.vsat(at)[(PER * lane) / G];
-#pragma unroll
-        for (int i = 0; i < PER; i++) acc[i] = fmaf(pj, (float)vr[i] * sv, acc[i]);
-      } else {
-        const u16* vr = (const u16*)c.vat(at) + PER * lane;
-        float vv[PER];
-        if (PER == 4) {
-          const uint2 w = *(const uint2*)vr;
-          vv[0] = h2f(w.x & 0xFFFF); vv[1 % PER] = h2f(w.x >> 16);
-          vv[2 % PER] = h2f(w.y & 0xFFFF); vv[3 % PER] = h2f(w.y >> 16);
-        } else if (PER == 2) {
-          const u32 w = *(const u32*)vr;
-          vv[0] = h2f(w & 0xFFFF); vv[1 % PER] = h2f(w >> 16);
-        } else {
-#pragma unroll
-          for (int i = 0; i < PER; i++) vv[i] = h2f(vr[i]);
-        }
-#pragma unroll
-        for (int i = 0; i < PER; i++) acc[i] = fmaf(pj, vv[i], acc[i]);
-      }
-    }
-    m = mnew;
-  }
-  l = warp_sum(l);
-  if (lane == 0) { pm[warp] = m; pl[warp] = l; }
-#pragma unroll
-  for (int i = 0; i < PER; i++) {
-    const int d = PER * lane + i;
-    if (d < HD) pacc[warp][d] = acc[i];
-  }
-  __syncthreads();
-  const float M = fmaxf(fmaxf(pm[0], pm[1]), fmaxf(pm[2], pm[3]));
-  float w[4], L = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; i++) { w[i] = pm[i] == -INFINITY ? 0.0f : expf(pm[i] - M); L += pl[i] * w[i]; }
-  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-    float o = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) o += pacc[i][d] * w[i];
-    o_out[d] = ml == nullptr ? o / L : o;
-  }
-  if (ml != nullptr && threadIdx.x == 0) { ml[0] = M; ml[1] = L; }
-}
+// incomplete block's from tail0 (attention.py's decode_core runs over it; lanes share their positions).
+struct QsaKeys {
+  const int* sel;
+  int nb, ratio, tail0;
+  __device__ int pos(int i) const { return i < nb ? sel[i / ratio] * ratio + i % ratio : tail0 + i - nb; }
+  __device__ int at(int, int jj, int kp) const { return __shfl_sync(0xffffffffu, kp, jj); }
+};
 
 // grid (H, rows, splits), block 128; with splits > 1, part as attn_decode's (attn_merge writes out)
 template <int HD, int Q8>
@@ -415,9 +311,10 @@ __global__ void __launch_bounds__(128) qsa_attend(
   const Cells<HD, Q8> c(tr, layer, KV, kvh);
   for (int d = threadIdx.x; d < HD; d += blockDim.x) qs[d] = q[(i64)row * H * HD + h * HD + d];
   __syncthreads();
-  qsa_core<HD, Q8>(qs, c, sel + (i64)row * top, nb, ratio, tail0, lo, hi, scale,
-                   partial != nullptr ? partial : out + (i64)row * H * HD + h * HD,
-                   partial != nullptr ? partial + HD : nullptr);
+  const QsaKeys keys{sel + (i64)row * top, nb, ratio, tail0};
+  decode_core<HD, Q8>(qs, c, keys, lo, hi, -1, nullptr, nullptr, nullptr, nullptr, scale,
+                      partial != nullptr ? partial : out + (i64)row * H * HD + h * HD,
+                      partial != nullptr ? partial + HD : nullptr);
 }
 """
 )
