@@ -322,7 +322,9 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
         help="the plan keeps KV room for each sequence's first prefill chunk and gives the rest to the "
         "expert cache; a growing context takes slots back (the least used experts first) and a finished one "
         "returns them. The worst case (every sequence at the whole context) must still fit beside the dense "
-        "part. On the CPU it lends the stand-in cache's slots (--expert-cache SIZE)",
+        "part. Every expert then also lives in pinned RAM, where lent slots' experts are read from. A MoE "
+        "model's flag (dense models plan their KV whole); on the CPU it lends the stand-in cache's slots "
+        "(--expert-cache SIZE)",
     )
     p.add_argument(
         "--kv-resident",

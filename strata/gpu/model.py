@@ -170,7 +170,8 @@ def vram_plan(
     if opts.kv_resident:  # a window of cells in VRAM (and room for one pass), the older ones pinned in RAM
         cells = min(n_ctx, KVWindow(opts.kv_resident, chunk + 64).device_cells)
         where = f"cells of {n_ctx:,} positions in VRAM, the rest in RAM"
-    if opts.kv_grow:  # room for each one's first chunk; the KV takes slots as it grows past that
+    grows = opts.kv_grow and layout is not None  # a dense model has no slots to lend: its KV is planned whole
+    if grows:  # room for each one's first chunk; the KV takes slots as it grows past that
         floor = grow.floor_positions(cells, chunk)
         plan.parts[f"KV cache ({seqs} x {floor:,} {where}, growing into the expert cache)"] = (
             seqs * floor * kv_per
@@ -198,7 +199,8 @@ def vram_plan(
             layout, opts.tiers.prefetch, GEMV_ROWS
         )
         plan.size_cache(opts.expert_cache)
-    if opts.kv_grow and layout is not None:
+    if grows:
+        assert layout is not None
         grow.plan_worst_case(plan, seqs * cells * kv_per, layout, "vram_budget_mib")
     return plan
 
