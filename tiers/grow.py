@@ -70,6 +70,7 @@ class Resizing:
     owner: np.ndarray
     where: np.ndarray
     booked: np.ndarray
+    cpu: np.ndarray
     n_slots: int
 
     def keep_rank(self) -> np.ndarray:
@@ -118,7 +119,8 @@ class Resizing:
             self.owner = np.concatenate([self.owner, np.full((n - self.n_slots, 2), -1, np.int32)])
             self.n_slots = n
             free = np.flatnonzero(self.owner[:, 0] < 0)
-            away = np.flatnonzero(self.booked.reshape(-1) < 0)
+            # the CPU share's experts stay the CPU's (its set is fixed when the split is chosen)
+            away = np.flatnonzero(((self.booked < 0) & ~self.cpu).reshape(-1))
             best = away[np.argsort(-self.keep_rank().reshape(-1)[away], kind="stable")][: len(free)]
             n_e = self.layout.n_expert
             self.load([(int(s), int(k) // n_e, int(k) % n_e) for s, k in zip(free, best)])
