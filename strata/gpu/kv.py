@@ -215,6 +215,9 @@ class GpuKV:
         need = sum(self.shape[1] * b * self.host_cells[n].strides[2] for n in names)
         if rows > STAGE_ROWS and self.ledger.fits(need):
             cp = cupy_module()
+            # the layer before's copy goes back to the pool: its flash is queued on this stream ahead of
+            # anything that reuses the memory, so one layer's staging is alive at a time
+            self._staged.clear()
             got = []
             for name in names:
                 host = self.host_cells[name]
