@@ -121,5 +121,11 @@ def test_the_planner_keeps_only_the_window_in_vram(capsys):
         sum(v for k, v in whole["parts"].items() if k.startswith("KV cache"))
         == 4 * 1024 * (whole["kv_bytes_per_token"]["f16"])
     )
+    assert win["kv_tiers"] == {
+        "vram_cells": cells,
+        "vram_bytes": 4 * cells * win["kv_bytes_per_token"]["f16"],
+        "ram_bytes": 4 * (1024 - cells) * win["kv_bytes_per_token"]["f16"],
+    }
+    assert whole["kv_tiers"]["ram_bytes"] == 0
     assert main(["plan", str(path), *args, "--kv-resident", "7"]) == 1
     assert "--kv-resident" in capsys.readouterr().err

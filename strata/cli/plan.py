@@ -21,7 +21,7 @@ from strata.models import model_class
 from strata.runtime.kvcache import KVType
 from strata.runtime.weights import WeightStore
 from strata.tiers.budget import GIB, MIB, VramPlan, check_expert_cache
-from strata.tiers.kvwindow import check_resident
+from strata.tiers.kvwindow import KVWindow, check_resident
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.plan import Prediction, layer_floor_us, predict, table
 from strata.tiers.share import parse_pcie_frac
@@ -150,6 +150,13 @@ def _context_text(ctx: dict[str, object]) -> str:
     line = ctx["context_line"] or f"context: {ctx['n_ctx']:,} tokens (--ctx-size)"
     kinds = " / ".join(f"{k} {per[k] / 1024:,.1f} KiB a token, {allowed[k]:,} tokens" for k in per)
     text = f"{line}\nKV in VRAM: {kinds} (what the budget allows with no --ctx-size)"
+    tiers = ctx.get("kv_tiers")
+    if isinstance(tiers, dict) and tiers["ram_bytes"]:
+        text += (
+            f"\n--kv-resident: {tiers['vram_cells']:,} cells a layer in VRAM "
+            f"({tiers['vram_bytes'] / MIB:,.0f} MiB for every sequence), the rest in pinned RAM "
+            f"({tiers['ram_bytes'] / MIB:,.0f} MiB when full)"
+        )
     grown = ctx.get("kv_grow")
     if isinstance(grown, dict):
         text += (
@@ -193,6 +200,16 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
         "kv_bytes_per_token": per,
         "context_allowed": allowed,
         "context_line": None if choice is None else choice.line,
+    }
+    # where the KV lives, per tier, for every sequence at the whole context (--kv-resident: a window in VRAM)
+    kv_per, seqs = per[str(kind)], args.parallel
+    vram_cells = n_ctx
+    if args.kv_resident:
+        vram_cells = min(n_ctx, KVWindow(args.kv_resident, args.prefill + 64).device_cells)
+    ctx["kv_tiers"] = {
+        "vram_cells": vram_cells,
+        "vram_bytes": seqs * vram_cells * kv_per,
+        "ram_bytes": seqs * (n_ctx - vram_cells) * kv_per,
     }
     plan = vram_plan(g, dims, linear, n_ctx, args.prefill, vocab, opts, budget)
     w = weight_bytes(g)
