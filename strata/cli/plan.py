@@ -1,7 +1,7 @@
 """`strata plan MODEL --vram-gib X --ram-gib Y [--pcie-gbps B] [--json]`: where every tensor would live on
 that machine and the speed the placement allows, from the GGUF header alone (no GPU needed).
 
-It runs start-up's own VRAM plan (strata.gpu.model.vram_plan) against the given budget, so what it
+It runs start-up's own VRAM plan (strata.gpu.plan.vram_plan) against the given budget, so what it
 prints is what `serve` would do with `--vram-budget-mib`; the arithmetic is in strata.tiers.plan.
 """
 
@@ -15,7 +15,7 @@ from strata.cli.output import dump_json
 from strata.conf.engine import check_ram_budget
 from strata.gguf import GGUFFile
 from strata.gpu import GPU_ARCHS
-from strata.gpu.model import GpuOptions, choose_context, kv_bytes_per_token, shape_of, vram_plan
+from strata.gpu.plan import GpuOptions, choose_context, kv_bytes_per_token, shape_of, vram_plan
 from strata.gpu.weights import weight_bytes
 from strata.models import model_class
 from strata.runtime.kvcache import KVType
