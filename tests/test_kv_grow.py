@@ -147,3 +147,30 @@ def test_the_planner_shows_the_worst_case(capsys):
     assert 0 < got["hit_rate_worst"] <= 1 and got["decode_tok_s_worst"] > 0
     assert main(["plan", str(path), *args, "--ctx-size", "262144"]) == 1  # 4 x 256k of KV cannot fit
     assert "every sequence's KV at the whole context" in capsys.readouterr().err
+
+
+def test_four_sequences_grow_together():
+    """Four sequences' KVs grow in one batch until they take most of the stand-in cache: the batched logits
+    equal a fixed cache's, the ledger never passes its budget, and the slots come back when they end."""
+    path = _fixture()
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(10, 5000, 260 + 10 * i) for i in range(4)]  # past the plan's 4 x 512 together
+    outs = []
+    for extra in ({}, {"kv_grow": True}):
+        eng = Engine.load(path, device="cpu", backend="numpy", expert_cache="100%", n_seq=4, **extra)
+        states = [eng.new_state() for _ in prompts]
+        got = [eng.model.forward(p, s, all_logits=False)[-1] for p, s in zip(prompts, states)]
+        for step in range(3):
+            got += eng.model.forward_batch([np.array([7 + step])] * 4, states)
+        outs.append(got)
+        if extra:
+            cache, ledger = eng.expert_cache, eng.model.kv_ledger
+            assert cache.lender.lends >= 1 and ledger.used <= ledger.budget
+            lent = cache.lender.start_slots - cache.n_slots
+            assert lent > 0
+            del states
+            gc.collect()
+            eng.model.forward(prompts[0][:3], eng.new_state(), all_logits=False)  # a pass reclaims
+            assert cache.n_slots > cache.lender.start_slots - lent
+    for a, b in zip(*outs):
+        assert np.array_equal(a, b)
