@@ -130,6 +130,7 @@ def test_every_cell_reads_what_was_written(monkeypatch, kind):
             assert kv.base <= back
     assert kv.base >= BLOCK and len(layouts) > 3
     copy = kv.copy()  # through one host copy of every cell, and back
+    assert copy.window.device_cells == kv.window.device_cells
     for j in range(kv.length):
         got, want = _read_cells(copy, j), _read_cells(kv, j)
         assert all(np.array_equal(got[n], want[n]) for n in want), j

@@ -51,6 +51,7 @@ def test_a_window_reads_what_the_plain_cache_reads(kind):
             assert win.base <= back < win.base + win.window.resident + BLOCK
     assert win.base > 0 and win._k[0].cap <= win.window.device_cells
     for copy in (win.copy(), win.to_host().copy()):
+        assert copy.window.device_cells == win.window.device_cells and copy.base == win.base
         x = rng.standard_normal((3, 2, 32)).astype(np.float32)
         ref = _pass(plain.copy(), layers, x)
         for (a, b), (c, d) in zip(ref, _pass(copy, layers, x)):

@@ -280,7 +280,7 @@ class GpuKV:
     def to_host(self) -> HostKV:
         """A copy in host RAM (the prefix cache keeps these, not VRAM); its copy() comes back to the GPU."""
         arrays = {a: self._logical(a) for a in self._arrays()} if self.length else {}
-        window = None if self.window is None else (self.window.resident, self.window.device_cells)
+        window = None if self.window is None else (self.window.resident, self.window.chunk)
         return HostKV(self.ledger, self.shape, self.max_len, self.length, self.kind, arrays, window)
 
     def host(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
@@ -302,7 +302,7 @@ class GpuKV:
 
 class HostKV:
     """A GpuKV's first `length` positions in host RAM: its arrays [n_layer, n_kv, length, ...] as on the
-    GPU, every cell in order whatever side it was on; `window` (resident, device cells) rebuilds one."""
+    GPU, every cell in order whatever side it was on; `window` (resident, chunk) rebuilds one."""
 
     def __init__(
         self,
@@ -340,7 +340,7 @@ def _filled(
 ) -> GpuKV:
     """A new GpuKV holding the first `length` positions of the arrays (device or host, every cell in order);
     with a window, its cells split as a rollback to `length` would leave them."""
-    win = None if window is None else KVWindow(window[0], window[1] - window[0])
+    win = None if window is None else KVWindow(*window)
     out = GpuKV(ledger, *shape, max_len, kind, win)
     if not length:
         return out

@@ -222,7 +222,7 @@ class KVCache:
                 out._hk[i], out._hv[i] = self._hk[i].copy(b), self._hv[i].copy(b)
             out.length[i] = n
         if self.window is not None:
-            out.window = KVWindow(self.window.resident, self.window.device_cells - self.window.resident)
+            out.window = KVWindow(self.window.resident, self.window.chunk)
             out.window.base = b
         out.ledger = self.ledger
         if charged and self.ledger is not None:
