@@ -125,6 +125,21 @@ def test_kv_grow_needs_a_cache_on_the_cpu():
         Engine.load(_fixture(), device="cpu", backend="numpy", kv_grow=True)
 
 
+def test_kv_grow_needs_every_expert_in_ram():
+    """Under a RAM budget that keeps some experts only in the file's mapping, a lent slot's expert could land
+    where decode cannot read it on the GPU: refused, naming both settings (the seeds' engine turns the
+    combination off too)."""
+    from test_low_ram import _budget
+
+    path = _fixture()
+    kw = {"device": "cpu", "backend": "numpy", "expert_cache": "50%", "routing_profile": "off"}
+    with pytest.raises(ConfigError, match=r"kv_grow.*ram_budget_mib"):
+        Engine.load(path, ram_budget_mib=_budget(path, 2), kv_grow=True, **kw)
+    lay = ExpertLayout.from_gguf(GGUFFile(path))
+    eng = Engine.load(path, ram_budget_mib=lay.n_total * lay.slot_bytes / MIB, kv_grow=True, **kw)
+    assert eng.expert_cache.lender is not None  # a budget with room for every expert: lent as usual
+
+
 def test_a_worst_case_that_cannot_fit_is_refused():
     assert worst_case(100 * MIB, 40 * MIB, 50 * MIB, MIB, "vram_budget_mib") == 10
     with pytest.raises(ConfigError, match=r"vram_budget_mib.*70\.0 MiB.*10\.0 MiB more"):

@@ -133,6 +133,14 @@ class SlotLender:
     runs before every resize."""
 
     def __init__(self, cache: ExpertCache, ledger: Ledger, quiesce: Callable[[], None] | None = None) -> None:
+        if cache.low_ram:  # a lent slot's expert must stay readable where the misses are read from
+            raise ConfigError(
+                "kv_grow",
+                True,
+                "with some experts only in the file's mapping (ram_budget_mib) a slot lent to the KV could "
+                "leave its expert where the GPU cannot read it: --kv-grow needs every expert in RAM; give "
+                "ram_budget_mib room for all of them (0: no limit), or leave --kv-grow off",
+            )
         self.cache, self.ledger, self.quiesce = cache, ledger, quiesce
         self.per = cache.slots.per  # type: ignore[attr-defined]
         self.segment_bytes = self.per * cache.layout.slot_bytes
