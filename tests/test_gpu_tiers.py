@@ -253,7 +253,7 @@ def test_prefetch_kernels_match_twins():
     assert int(stop.get()[0]) == 0
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next", "qwen4exp"])
 def test_prefetch_equals_all_resident(tmp_path, arch):
     """Lookahead prefetch only moves bytes: any K gives the all-resident logits, graph-replayed decode
     included; every pass leaves the decode table as the host's bookkeeping has it, and the counters add up."""

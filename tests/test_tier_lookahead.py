@@ -1,11 +1,12 @@
 """Lookahead prefetch on the CPU stand-in (`--device cpu --expert-cache SIZE --prefetch K`,
 tiers/lookahead.py).
 
-Invariants: every K gives the all-resident greedy tokens (the staging only moves bytes) on qwen3moe and
-qwen3next; decode layers stage at most K predicted misses, whole, and their experts read the staged copies;
-the counters add up (used + wasted = copied, parts = 3 x experts); the host's pick is the GPU kernel's (its
-numpy twin); a trace recorded with prefetch on replays (`tiers simulate --recorded`) to the engine's hit and
-prefetch counters exactly, for static and lru.
+Invariants: every K gives the all-resident greedy tokens (the staging only moves bytes) on qwen3moe,
+qwen3next and qwen4exp (whose layers predict from the attention mixer's mixed input); decode layers stage at
+most K predicted misses, whole, and their experts read the staged copies; the counters add up (used + wasted
+= copied, parts = 3 x experts); the host's pick is the GPU kernel's (its numpy twin); a trace recorded with
+prefetch on replays (`tiers simulate --recorded`) to the engine's hit and prefetch counters exactly, for
+static and lru.
 """
 
 from __future__ import annotations
@@ -24,9 +25,18 @@ from strata.tiers.lookahead import pick
 PROMPT = list(range(30, 60))
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
+def _any_fixture(arch: str):
+    if arch != "qwen4exp":
+        return _fixture(arch)
+    from flagship_checks import build
+    from oracle import flagship
+
+    return build(flagship.tiny_qwen4exp)["f32"]
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next", "qwen4exp"])
 def test_every_k_gives_the_all_resident_tokens(arch):
-    path = _fixture(arch)
+    path = _any_fixture(arch)
     want = _greedy(Engine.load(path, device="cpu", backend="numpy"), PROMPT, 8).tokens
     for k in (0, 1, 4, 32):
         eng = Engine.load(path, device="cpu", backend="numpy", expert_cache="off", prefetch=k)

@@ -71,14 +71,15 @@ def swiglu_experts(
     return dispatch(h, ids, weights, expert)
 
 
-def lookahead(x: np.ndarray, w: WeightStore, layer: int, norm: str, eps: float, top_k: int) -> None:
+def lookahead(x: np.ndarray, w: WeightStore, layer: int, norm: str | None, eps: float, top_k: int) -> None:
     """At `layer`'s start, before its mixer (the expert tiers' --prefetch on the CPU, tiers/lookahead.py): its
-    router on the input x [T, D], normed with the layer's FFN norm, predicts its experts, and the cache stages
-    the predicted misses. A no-op unless the pass predicts (decode rows, tiers with misses, K > 0)."""
+    router on the input x [T, D], normed with the layer's FFN norm (norm None: hyper-connections, whose x is
+    the mixer's mixed input, a router input as it stands), predicts its experts, and the cache stages the
+    predicted misses. A no-op unless the pass predicts (decode rows, tiers with misses, K > 0)."""
     cache = w.tiers
     if cache is None or not cache.predicting or layer not in cache.layer_of:
         return
-    h = rms_norm(x, w.vector(norm), eps)
+    h = x if norm is None else rms_norm(x, w.vector(norm), eps)
     pred, _ = route_softmax_topk(w.matmul(h, tensor(T.FFN_GATE_INP, layer)), top_k, False)  # [T, A]
     cache.stage_ahead(cache.layer_of[layer], pred)
 

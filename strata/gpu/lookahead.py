@@ -61,8 +61,9 @@ class Lookahead:
         self, ops: Any, li: int, router: Any, norm: Any, eps: float, x: Any, n: int, norm_topk: bool
     ) -> None:
         """At decode layer li's start (on the current stream): on the side branch, route x[:n] with the
-        layer's router and copy predicted misses ahead until the layer's tier_count raises `stop`; the mixer
-        must call `read_done` before it writes x."""
+        layer's router (after norm; None: x is a router input as it stands, hyper-connections' mixed input)
+        and copy predicted misses ahead until the layer's tier_count raises `stop`; the mixer must call
+        `read_done` before it writes x."""
         cp = cupy_module()
         main = cp.cuda.get_current_stream()
         lay = self.layout
@@ -70,9 +71,13 @@ class Lookahead:
         self.forked.record(main)
         self.side.wait_event(self.forked)
         with self.side:
-            ops.router_topk(
-                router, x, n, self.logits, norm, eps, None, a, norm_topk, self.ids, self.wts, self.counter
-            )
+            if norm is None:  # the fused router launch takes a norm: the product, then the top-k
+                ops.matvec([router], x, n, self.logits)
+                ops.topk(self.logits, n, e, a, norm_topk, self.ids, self.wts)
+            else:
+                ops.router_topk(
+                    router, x, n, self.logits, norm, eps, None, a, norm_topk, self.ids, self.wts, self.counter
+                )
             self.routed.record(self.side)
             launch(
                 self.kernels["prefetch"],

@@ -84,9 +84,6 @@ class GpuModel(Model):
         self.n_ctx = opts.n_ctx or self._choose_context(gguf, p.n_ctx_train, budget)
         if st.streams:  # the QSA records are sized by the context
             self.dims = dataclasses.replace(self.dims, hc=hc_dims(cpu, self.n_ctx))
-            # the lookahead's router reads a normed residual, which hyper-connections do not have
-            opts = dataclasses.replace(opts, tiers=dataclasses.replace(opts.tiers, prefetch=0))
-            self.opts = opts
         plan = vram_plan(gguf, self.dims, self.linear, self.n_ctx, self.chunk, p.vocab, opts, budget)
         if plan.slot_bytes:
             note(plan.cache_line(free, 0 if opts.budget_mib else opts.reserve_mib * MIB))

@@ -439,6 +439,10 @@ class Qwen4ExpParts:
         if i in self.ple:
             self.ple[i].run(ops, hd, act, n, tab, runs)
         self.attn[i].read(ops, hd, act, n, dm.eps)
+        ahead = layer.tier.lookahead if n <= GEMV_ROWS and layer.tier is not None else None
+        if ahead is not None:  # the mixer's input predicts the layer's experts, copied while the mixer runs
+            ahead.fork(ops, layer.tier.layer, layer.router, None, dm.eps, act.h, n, dm.norm_topk)
+            ahead.read_done()  # the branch's router has read act.h before the mixer may use it as scratch
         run_mixer(ops, layer, dm, act, n, tab, segments, inv_freq)
         ops.hc_inject(hc.streams, act.x, hc.inj, n, hd.streams, hd.d)
         self.ffn[i].read(ops, hd, act, n, dm.eps)

@@ -22,6 +22,7 @@ import numpy as np
 from strata.blocks.gated_attn import gated_attention
 from strata.blocks.hyper import HCNames, hc_final, hc_inject, hc_mix
 from strata.blocks.linear_attn import DeltaNetParams, DeltaNetState, HeadOrder, deltanet
+from strata.blocks.moe import lookahead
 from strata.blocks.mrope import MRope
 from strata.blocks.ple import TABLE, PLEParams, PLEState, embeddings, ple, ple_rows
 from strata.blocks.qsa import QSAParams, QSAState, qsa_select
@@ -143,6 +144,9 @@ class Qwen4Exp(Model):
                         streams, tokens, w, i, self.ple, state.layer("ple", i, PLEState), e
                     )
                 h, inject = hc_mix(streams, w, self.hc_attn[i], n, p.eps)  # [T, D], [T, n]
+                # the mixer's input predicts the layer's experts (--prefetch): it is what the FFN's mixer
+                # will read but for this layer's own addition
+                lookahead(h, w, i, None, p.eps, self.top_k)
                 streams = hc_inject(streams, self._mixer(i, h, state, cos_sin), inject)
                 h, inject = hc_mix(streams, w, self.hc_ffn[i], n, p.eps)
                 streams = hc_inject(streams, moe_shared(h, w, i, self.top_k, self.norm_topk), inject)
