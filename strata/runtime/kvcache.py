@@ -85,11 +85,11 @@ class _Cells:
             grown[:n] = old[:n]
             setattr(self, name, grown)
 
-    def read(self, n: int, lo: int = 0) -> np.ndarray:
-        """Cells lo..n-1 as float32 [n - lo, n_kv, d] (a view for f32)."""
+    def read(self, n: int) -> np.ndarray:
+        """The first n cells as float32 [n, n_kv, d] (a view for f32)."""
         if self.scale is not None:
-            return dequantize_rows(self.data[lo:n], self.scale[lo:n])
-        return self.data[lo:n] if self.kind is KVType.F32 else self.data[lo:n].astype(np.float32)
+            return dequantize_rows(self.data[:n], self.scale[:n])
+        return self.data[:n] if self.kind is KVType.F32 else self.data[:n].astype(np.float32)
 
     def take_rows(self, src: _Cells, s0: int, d0: int, n: int) -> None:
         """Cells d0.. get src's cells s0.. as stored (n of them; room made by the caller)."""
@@ -176,7 +176,7 @@ class KVCache:
                         if h.cap < ev.hi:
                             h.grow(ev.lo, max(16, 2 * ev.hi))
                         h.take_rows(cells, 0, ev.lo, ev.hi - ev.lo)
-                        cells.take_rows(cells, ev.hi - ev.lo, 0, ev.kept)  # forward: no overlap hazard
+                        cells.take_rows(cells, ev.hi - ev.lo, 0, ev.kept)  # numpy copies overlaps right
         self.reserve(n + rows)
 
     def append(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
