@@ -87,7 +87,3 @@ class KVWindow:
             return None
         self.base = lo = self.base_for(n)
         return Reload(lo, n) if n > lo else None
-
-    def where(self, j: int) -> tuple[str, int]:
-        """("host", row) or ("device", row) of cell j."""
-        return ("host", j) if j < self.base else ("device", j - self.base)
