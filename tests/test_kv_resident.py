@@ -122,11 +122,13 @@ def test_the_planner_keeps_only_the_window_in_vram(capsys):
         sum(v for k, v in whole["parts"].items() if k.startswith("KV cache"))
         == 4 * 1024 * (whole["kv_bytes_per_token"]["f16"])
     )
-    assert win["kv_tiers"] == {
-        "vram_cells": cells,
-        "vram_bytes": 4 * cells * win["kv_bytes_per_token"]["f16"],
-        "ram_bytes": 4 * (1024 - cells) * win["kv_bytes_per_token"]["f16"],
-    }
+    per = win["kv_bytes_per_token"]["f16"]
+    tiers = win["kv_tiers"]
+    assert (tiers["vram_cells"], tiers["vram_bytes"]) == (cells, 4 * cells * per)
+    assert tiers["ram_bytes"] == 4 * (1024 - cells) * per
+    assert tiers["ram_bytes_per_token"] == (1024 - cells) * per  # full attention reads every host cell
+    assert 0 < tiers["decode_tok_s_full"] < win["decode_tok_s"]
     assert whole["kv_tiers"]["ram_bytes"] == 0
+    assert whole["kv_tiers"]["decode_tok_s_full"] == whole["decode_tok_s"]
     assert main(["plan", str(path), *args, "--kv-resident", "7"]) == 1
     assert "--kv-resident" in capsys.readouterr().err

@@ -23,7 +23,7 @@ from strata.runtime.weights import WeightStore
 from strata.tiers.budget import GIB, MIB, VramPlan, check_expert_cache
 from strata.tiers.kvwindow import KVWindow, check_resident
 from strata.tiers.layout import ExpertLayout
-from strata.tiers.plan import Prediction, layer_floor_us, predict, table
+from strata.tiers.plan import MISS_EFFICIENCY, Prediction, layer_floor_us, predict, table
 from strata.tiers.share import parse_pcie_frac
 from strata.tiers.tables import available_ram, check_mode, choose
 
@@ -155,7 +155,9 @@ def _context_text(ctx: dict[str, object]) -> str:
         text += (
             f"\n--kv-resident: {tiers['vram_cells']:,} cells a layer in VRAM "
             f"({tiers['vram_bytes'] / MIB:,.0f} MiB for every sequence), the rest in pinned RAM "
-            f"({tiers['ram_bytes'] / MIB:,.0f} MiB when full)"
+            f"({tiers['ram_bytes'] / MIB:,.0f} MiB when full); at the whole context a decode token reads "
+            f"{tiers['ram_bytes_per_token'] / 1e6:,.0f} MB of it over PCIe: "
+            f"{tiers['decode_tok_s_full']:,.1f} tok/s"
         )
     grown = ctx.get("kv_grow")
     if isinstance(grown, dict):
@@ -206,10 +208,18 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
     vram_cells = n_ctx
     if args.kv_resident:
         vram_cells = min(n_ctx, KVWindow(args.kv_resident, args.prefill + 64).device_cells)
+    # what a decode token at the whole context reads of the cells on the host: every one of them for a layer
+    # of full attention, at most its selected keys for a QSA layer (qwen4exp)
+    n_attn = linear.count(False)
+    cold = n_ctx - vram_cells
+    qsa = dims.hc.qsa if dims.hc is not None else None
+    n_qsa = qsa.n_layer if qsa is not None else 0
+    picked = min(cold, qsa.top_blocks * qsa.ratio) if qsa is not None else 0
     ctx["kv_tiers"] = {
         "vram_cells": vram_cells,
         "vram_bytes": seqs * vram_cells * kv_per,
-        "ram_bytes": seqs * (n_ctx - vram_cells) * kv_per,
+        "ram_bytes": seqs * cold * kv_per,
+        "ram_bytes_per_token": ((n_attn - n_qsa) * cold + n_qsa * picked) * kv_per // max(n_attn, 1),
     }
     plan = vram_plan(g, dims, linear, n_ctx, args.prefill, vocab, opts, budget)
     w = weight_bytes(g)
@@ -241,6 +251,10 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
         )
 
     pred = at(plan)
+    tiers = ctx["kv_tiers"]
+    assert isinstance(tiers, dict)
+    cold_s = tiers["ram_bytes_per_token"] / (args.pcie_gbps * 1e9 * MISS_EFFICIENCY)
+    tiers["decode_tok_s_full"] = 1 / (1 / pred.decode_tok_s + cold_s) if pred.decode_tok_s else 0.0
     if plan.worst_slots is not None:  # --kv-grow: the same plan once every sequence's KV is full
         worst = at(dataclasses.replace(plan, n_slots=plan.worst_slots))
         ctx["kv_grow"] = {
