@@ -51,6 +51,17 @@ def test_cpu_fits_the_full_context_in_half_the_free_ram() -> None:
     assert c.n_ctx == 16 * GIB // (4 * KV_80B) // 1024 * 1024 and "--kv-type int8" in c.line
 
 
+def test_a_kv_window_leaves_the_context_to_the_host_ram() -> None:
+    """--kv-resident: the window is a fixed part of the VRAM plan; the trained context is served when the rest
+    of its KV fits in half the RAM, else the window plus what does (whole 1,024s)."""
+    per, window = 12 * 1024, 34_112
+    full = context.on_window(262_144, per, 1, window, 64 * GIB)
+    assert full.n_ctx == 262_144 and "in RAM when full" in full.line
+    cut = context.on_window(262_144, per, 1, window, GIB)  # half a GiB for the host's cells: ~43k of them
+    assert window < cut.n_ctx < 262_144 and "of RAM" in cut.line
+    assert (cut.n_ctx - window) * per <= GIB // 2 + 1024 * per
+
+
 def test_engine_chooses_on_load(smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import psutil
 

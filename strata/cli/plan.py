@@ -184,7 +184,8 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
         kv_resident=args.kv_resident,
     )
     budget, trained, vocab = int(args.vram_gib * GIB), cpu.params.n_ctx_train, cpu.params.vocab
-    choice = None if args.ctx_size else choose_context(g, dims, linear, trained, vocab, opts, budget)
+    ram = int(args.ram_gib * GIB)  # the machine planned for (0: this one), for the --kv-resident context
+    choice = None if args.ctx_size else choose_context(g, dims, linear, trained, vocab, opts, budget, ram)
     n_ctx = args.ctx_size or choice.n_ctx  # type: ignore[union-attr]
     dims = dataclasses.replace(shape_of(cpu, n_ctx)[0], kv8=kind is KVType.INT8)  # qwen4exp's QSA records
     per, allowed = {}, {}
@@ -194,7 +195,7 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
     ):  # the KV's cost in each cell type, and the context each leaves room for
         d = dataclasses.replace(dims, kv8=k is KVType.INT8)
         per[str(k)] = kv_bytes_per_token(d, linear.count(False))
-        allowed[str(k)] = choose_context(g, d, linear, trained, vocab, opts, budget).n_ctx
+        allowed[str(k)] = choose_context(g, d, linear, trained, vocab, opts, budget, ram).n_ctx
     ctx: dict[str, object] = {
         "n_ctx": n_ctx,
         "n_ctx_trained": trained,

@@ -105,10 +105,18 @@ def kv_bytes_per_token(d: Dims, n_attn: int) -> int:
 
 
 def choose_context(
-    gguf: Any, d: Dims, linear: list[bool], trained: int, vocab: int, opts: GpuOptions, budget: int
+    gguf: Any,
+    d: Dims,
+    linear: list[bool],
+    trained: int,
+    vocab: int,
+    opts: GpuOptions,
+    budget: int,
+    ram: int = 0,
 ) -> context.ContextChoice:
     """The context start-up serves with no --ctx-size (strata.tiers.context.on_gpu): the plan without KV
-    says what the dense part leaves. Reads only the header, as vram_plan."""
+    says what the dense part leaves. Reads only the header, as vram_plan. With --kv-resident the host RAM
+    bounds it: `ram` bytes (0: what this machine has available)."""
     base = vram_plan(gguf, d, linear, 0, opts.chunk, vocab, opts, budget)
     layout = ExpertLayout.from_gguf(gguf)
     experts = 0 if layout is None else layout.n_total * layout.slot_bytes
@@ -117,7 +125,7 @@ def choose_context(
         import psutil
 
         cells = KVWindow(opts.kv_resident, opts.chunk + 64).device_cells
-        return context.on_window(trained, per, opts.seqs, cells, psutil.virtual_memory().available)
+        return context.on_window(trained, per, opts.seqs, cells, ram or psutil.virtual_memory().available)
     return context.on_gpu(trained, per, opts.seqs, budget - base.dense, experts)
 
 
