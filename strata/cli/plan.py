@@ -15,13 +15,13 @@ from strata.cli.output import dump_json
 from strata.conf.engine import check_ram_budget
 from strata.gguf import GGUFFile
 from strata.gpu import GPU_ARCHS
-from strata.gpu.plan import GpuOptions, choose_context, kv_bytes_per_token, shape_of, vram_plan
+from strata.gpu.plan import GpuOptions, choose_context, kv_bytes_per_token, kv_window, shape_of, vram_plan
 from strata.gpu.weights import weight_bytes
 from strata.models import model_class
 from strata.runtime.kvcache import KVType
 from strata.runtime.weights import WeightStore
 from strata.tiers.budget import GIB, MIB, VramPlan, check_expert_cache
-from strata.tiers.kvwindow import KVWindow, check_resident
+from strata.tiers.kvwindow import check_resident
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.plan import MISS_EFFICIENCY, Prediction, layer_floor_us, predict, table
 from strata.tiers.share import parse_pcie_frac
@@ -206,9 +206,8 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
     }
     # where the KV lives, per tier, for every sequence at the whole context (--kv-resident: a window in VRAM)
     kv_per, seqs = per[str(kind)], args.parallel
-    vram_cells = n_ctx
-    if args.kv_resident:
-        vram_cells = min(n_ctx, KVWindow(args.kv_resident, args.prefill + 64).device_cells)
+    window = kv_window(opts)
+    vram_cells = n_ctx if window is None else min(n_ctx, window.device_cells)
     # what a decode token at the whole context reads of the cells on the host: every one of them for a layer
     # of full attention, at most its selected keys for a QSA layer (qwen4exp)
     n_attn = linear.count(False)

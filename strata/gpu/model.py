@@ -40,6 +40,7 @@ from strata.gpu.plan import (
     GROWING,
     GpuOptions,
     choose_context,
+    kv_window,
     shape_of,
     structure_of,
     vram_plan,
@@ -53,7 +54,6 @@ from strata.runtime.kvcache import KVType
 from strata.runtime.state import SequenceState
 from strata.tiers import grow
 from strata.tiers.budget import MIB, Ledger
-from strata.tiers.kvwindow import KVWindow
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.slots import ExpertCache
 from strata.tiers.telemetry import note
@@ -260,7 +260,7 @@ class GpuModel(Model):
     def new_state(self) -> SequenceState:
         d = self.dims
         kind = KVType.INT8 if d.kv8 else KVType.F16
-        window = KVWindow(self.opts.kv_resident, self.chunk + 64) if self.opts.kv_resident else None
+        window = kv_window(self.opts)
         st = SequenceState(GpuKV(self.ledger, self.n_attn, d.n_kv, d.hd, self.n_ctx, kind, window))  # type: ignore[arg-type]
         if d.dn is not None:
             st.layers[RECURRENT] = RecurrentState(self.ledger, d.dn, len(self.linear) - self.n_attn)

@@ -104,6 +104,12 @@ def kv_bytes_per_token(d: Dims, n_attn: int) -> int:
     return KVCache.bytes_per_token(KVType.INT8 if d.kv8 else KVType.F16, n_attn, d.n_kv, d.hd)
 
 
+def kv_window(opts: GpuOptions) -> KVWindow | None:
+    """--kv-resident's window for one sequence, with room for a pass of the chunk's rows and the 64 a decode
+    window may add (the tiers' counters are sized alike); None: the whole KV in VRAM."""
+    return KVWindow(opts.kv_resident, max(1, opts.chunk) + 64) if opts.kv_resident else None
+
+
 def choose_context(
     gguf: Any,
     d: Dims,
@@ -124,8 +130,10 @@ def choose_context(
     if opts.kv_resident:  # the window is a fixed part of the plan: the context is the host RAM's to bound
         import psutil
 
-        cells = KVWindow(opts.kv_resident, opts.chunk + 64).device_cells
-        return context.on_window(trained, per, opts.seqs, cells, ram or psutil.virtual_memory().available)
+        window = kv_window(opts)
+        assert window is not None
+        available = ram or psutil.virtual_memory().available
+        return context.on_window(trained, per, opts.seqs, window.device_cells, available)
     return context.on_gpu(trained, per, opts.seqs, budget - base.dense, experts)
 
 
@@ -152,8 +160,9 @@ def vram_plan(
     seqs = opts.seqs  # room for the sequences that run at once: the expert cache takes what the plan leaves
     kv_per = kv_bytes_per_token(d, n_attn)
     cells, where = n_ctx, "positions"
-    if opts.kv_resident:  # a window of cells in VRAM (and room for one pass), the older ones pinned in RAM
-        cells = min(n_ctx, KVWindow(opts.kv_resident, chunk + 64).device_cells)
+    window = kv_window(opts)
+    if window is not None:  # a window of cells in VRAM (and room for one pass), the older ones pinned in RAM
+        cells = min(n_ctx, window.device_cells)
         where = f"cells of {n_ctx:,} positions in VRAM, the rest in RAM"
     grows = opts.kv_grow and layout is not None  # a dense model has no slots to lend: its KV is planned whole
     if grows:  # room for each one's first chunk; the KV takes slots as it grows past that
