@@ -91,11 +91,17 @@ def _count_routing(cache: ExpertCache | None, keeper: ProfileKeeper | None) -> P
     return keeper
 
 
+def _kv_bytes_per_token(model: Model, kind: KVType | None = None) -> int:
+    """One position's KV over the model's attention layers, in `kind` cells (default: the model's)."""
+    a = model.params.attn
+    n_attn = len(model.new_state().kv.length)
+    return KVCache.bytes_per_token(kind or model.kv_type, n_attn, a.n_kv, a.head_dim)
+
+
 def _stand_in_ledger(cache: ExpertCache, model: Model, opts: EngineOptions) -> Ledger:
     """--kv-grow on the CPU: the stand-in VRAM is the GPU plan's share of it, the slots at start and the KV
     room of each sequence's first chunk (tiers/grow.py); a KV growing past that takes slots."""
-    a = model.params.attn
-    per = KVCache.bytes_per_token(model.kv_type, len(model.new_state().kv.length), a.n_kv, a.head_dim)
+    per = _kv_bytes_per_token(model)
     floor = opts.n_seq * floor_positions(opts.n_ctx, opts.prefill_chunk) * per
     held = cache.n_slots * cache.layout.slot_bytes
     ledger = Ledger(held + floor, held)
@@ -108,12 +114,11 @@ def _cpu_context(model: Model, n_seq: int, asked: int) -> int:
     KV grows into RAM as the context fills), else chosen (strata.tiers.context.on_cpu) and logged."""
     import psutil
 
-    a, available = model.params.attn, psutil.virtual_memory().available
-    n_attn = len(model.new_state().kv.length)
-    per = KVCache.bytes_per_token(model.kv_type, n_attn, a.n_kv, a.head_dim)
+    available = psutil.virtual_memory().available
+    per = _kv_bytes_per_token(model)
     if asked:
         if n_seq * per * asked > available:
-            int8 = n_seq * asked * KVCache.bytes_per_token(KVType.INT8, n_attn, a.n_kv, a.head_dim)
+            int8 = n_seq * asked * _kv_bytes_per_token(model, KVType.INT8)
             raise ConfigError(
                 "n_ctx",
                 asked,
