@@ -47,7 +47,7 @@ def test_every_k_gives_the_all_resident_tokens(arch):
         def spy(li, real=real, cache=cache, read=read, k=k):  # the staged entries it reads
             table = real(li)
             if cache._ahead is not None:
-                base = cache._ahead_store.bases[0]
+                base = cache._ahead_store.addr(0, 0)
                 read.extend(
                     e
                     for e in cache._ahead[1].tolist()

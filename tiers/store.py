@@ -54,12 +54,6 @@ class Segments:
     def capacity(self) -> int:
         return len(self.segments) * self.per
 
-    @property
-    def bases(self) -> tuple[int, int, int]:
-        """The first segment's part addresses (a store of one segment: slot s of part p at bases[p] + s *
-        strides[p])."""
-        return self.segments[0]
-
     def addr(self, p: int, s: int) -> int:
         return self.segments[s // self.per][p] + (s % self.per) * self.strides[p]
 
