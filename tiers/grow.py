@@ -145,9 +145,13 @@ class SlotLender:
         self.per = cache.slots.per  # type: ignore[attr-defined]
         self.segment_bytes = self.per * cache.layout.slot_bytes
         self.start_slots = cache.n_slots  # what reclaim grows back to
-        self.lent_segments = 0  # now
         self.lends = self.reclaims = 0  # since start
         ledger.lender = cache.lender = self
+
+    @property
+    def lent_segments(self) -> int:
+        """Segments the KV holds now: the cache's shortfall from its start size."""
+        return -(-(self.start_slots - self.cache.n_slots) // self.per)
 
     def _resize(self, n: int) -> None:
         if self.quiesce is not None:
@@ -165,7 +169,6 @@ class SlotLender:
         freed = (have - n) * self.cache.layout.slot_bytes
         self._resize(n)
         self.ledger.used -= freed
-        self.lent_segments += k
         self.lends += 1
         note(
             f"kv-grow: the KV took {k} segment(s) of the expert cache ({freed / MIB:,.0f} MiB); it holds "
@@ -186,7 +189,6 @@ class SlotLender:
         n = min(self.start_slots, have + k * self.per)
         self.ledger.used += (n - have) * self.cache.layout.slot_bytes
         self._resize(n)
-        self.lent_segments -= k
         self.reclaims += 1
         note(
             f"kv-grow: the expert cache took back {k} segment(s); it holds {n:,} of {self.start_slots:,} "
