@@ -30,6 +30,10 @@ from strata.bench.report import engine_result, engine_tables, run_meta, write_js
 
 HERE = Path(__file__).resolve().parent
 LLAMA_FLAGS = ([], ["-lm", "none"], ["-lm", "none", "-ub", "2048", "-b", "4096"])
+# --llama-quick: only each column's winner of the full sweep on the 80B file (../shared/peer/README.md,
+# 2026-12-02): decode with the default mmap, prefill with -lm none -ub 2048 -b 4096 (its default-flag prefill
+# runs at ~150 tok/s offloaded, minutes a run at 4k)
+LLAMA_QUICK = (([], "decode"), (["-lm", "none", "-ub", "2048", "-b", "4096"], "prefill"))
 
 
 def strata_at(a: argparse.Namespace, cap: int, frac: str, out: Path) -> dict[str, Any]:
@@ -99,8 +103,9 @@ def llama_at(
     """llama.cpp's best per column at this cap: -ncmoe from the fewest layers that fit, and two more."""
     fit = next(n for n in range(n_layer + 1) if dense_bytes + (n_layer - n) * layer_bytes <= cap * 2**20)
     best: dict[str, Any] = {}
+    sweep = LLAMA_QUICK if a.llama_quick else [(f, "both") for f in LLAMA_FLAGS]
     for n in (fit, min(n_layer, fit + 2)):
-        for flags in LLAMA_FLAGS:
+        for flags, part in sweep:
             cmd = [
                 str(Path(a.llama_bin) / "llama-bench"),
                 "-m",
@@ -110,9 +115,9 @@ def llama_at(
                 "-ncmoe",
                 str(n),
                 "-p",
-                ",".join(map(str, a.prompts)),
+                ",".join(map(str, a.prompts)) if part != "decode" else "0",
                 "-n",
-                str(a.gen),
+                str(a.gen) if part != "prefill" else "0",
                 "-r",
                 "2",
                 "-o",
@@ -120,9 +125,13 @@ def llama_at(
                 *flags,
             ]
             run = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if run.returncode != 0:  # out of memory at this cap: not a candidate
+            if run.returncode != 0:  # out of memory at this cap (or a file it cannot read): not a candidate
+                tail = " | ".join(run.stderr.strip().splitlines()[-3:])
+                print(f"llama.cpp -ncmoe {n} {' '.join(flags)}: exit {run.returncode}: {tail}", flush=True)
                 continue
             for r in json.loads(run.stdout):
+                if r["n_prompt"] == 0 and r["n_gen"] == 0:
+                    continue
                 key = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}_b1"
                 if float(r["avg_ts"]) > best.get(key, 0.0):
                     best[key], best[key + "_flags"] = (
@@ -248,6 +257,9 @@ def main() -> None:
     ap.add_argument("--batches", type=lambda s: [int(v) for v in s.split(",")], default=[1, 4])
     ap.add_argument("--chunk", type=int, default=4096)
     ap.add_argument("--llama-bin", default=None, help="llama.cpp CUDA build's bin folder: sweep it here")
+    ap.add_argument(
+        "--llama-quick", action="store_true", help="run llama.cpp only with each column's known-best flags"
+    )
     ap.add_argument(
         "--llama-json", type=Path, default=None, help="{cap MiB: {pp512: .., tg64_b1: ..}} measured before"
     )

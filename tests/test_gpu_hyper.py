@@ -33,10 +33,10 @@ def ops(cp):
     return Ops()
 
 
-def _close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+def _close(got: np.ndarray, want: np.ndarray, what: str, tol: float = 1e-5) -> None:
     err = np.abs(got - want).max() / (np.abs(want).max() + 1e-30)
     worst = np.unravel_index(np.abs(got - want).argmax(), want.shape)
-    assert err < 1e-5, f"{what}: worst {err:.2e} at {worst} (got {got[worst]}, want {want[worst]})"
+    assert err < tol, f"{what}: worst {err:.2e} at {worst} (got {got[worst]}, want {want[worst]})"
 
 
 def _randn(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
@@ -132,13 +132,20 @@ def _matrix(cp, rng: np.random.Generator, qt: int, rows: int, cols: int):
 def test_fused_decode_mixer(cp, d, types):
     """hc_mix_in + hc_mix_out (a mixer on decode rows in two launches) against ref_hc_mix and against the six
     launches of longer passes (hc_norm, the products, silu_scale, hc_read), with an inject and without (the
-    final mixer); rank 32, the down and inject weights in any type."""
+    final mixer); rank 32 at d 64, the seeds' 320 at d 2048; the down and inject weights in any type.
+    Quantized down weights: random Q8_0 blocks are large and their 8,192-term products cancel, so the fused
+    sums' order alone moved the result 5.2e-5 of its largest value (measured on the H200; float weights stay
+    under 1e-5). The unfused launches are compared for float weights only: on Q8_0 the matvec rounds its
+    input to int8 codes first, another computation (1.0e-2 to 0.44 of the largest value measured on these
+    random blocks), and the twin is the oracle there."""
     from strata.gpu.kernels.hyper import mix_names
     from strata.gpu.ops import Ops
 
     ops = Ops(mixer_types=[types])
     rng = np.random.default_rng(50 + d + types[0])
-    r = 32
+    r = 32 if d == 64 else 320
+    quantized = types[0] not in (0, 1)
+    tol = 2e-4 if quantized else 1e-5
     w = rng.uniform(0.5, 1.5, S * d).astype(np.float32)
     down, down_f = _matrix(cp, rng, types[0], r, S * d)
     inject, inject_f = _matrix(cp, rng, types[1], S, S * d)
@@ -154,10 +161,12 @@ def test_fused_decode_mixer(cp, d, types):
             ops.hc_mix_in(x, cp.asarray(w), EPS, n, S, d, down, inj_m, low, inj, den)
             ops.hc_mix_out(x, cp.asarray(w), den, n, S, d, up, low, h, zero if inj_m is not None else None)
             what = f"fused mixer {types} n={n} d={d} inject={inj_m is not None}"
-            _close(h.get(), want_h, what)
+            _close(h.get(), want_h, what, tol)
             if inj_m is not None:
-                _close(inj.get(), want_inj, what + " inject weights")
+                _close(inj.get(), want_inj, what + " inject weights", tol)
                 np.testing.assert_array_equal(zero.get(), np.zeros((n, d), np.float32))
+            if quantized:
+                continue
             # the unfused launches on the same inputs
             normed, mix = cp.empty((n, S * d), cp.float32), cp.empty((n, S * d), cp.float32)
             ops.hc_norm(x, cp.asarray(w), EPS, n, S, d, normed)

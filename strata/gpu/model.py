@@ -36,7 +36,7 @@ from strata.gpu.layers import (
 )
 from strata.gpu.ops import HEAD_DIMS, Ops
 from strata.gpu.plan import (
-    DRIVER_BYTES,
+    DRIVER_PART,
     GROWING,
     GpuOptions,
     choose_context,
@@ -89,7 +89,7 @@ class GpuModel(Model):
             note(plan.cache_line(free, 0 if opts.budget_mib else opts.reserve_mib * MIB))
         # the budget is a hard limit on the process's VRAM: the pool may hold what the plan gives everything
         # but the modules and graphs; past that it frees its cached blocks before it asks the driver for more
-        cp.get_default_memory_pool().set_limit(size=max(0, plan.budget - DRIVER_BYTES))
+        cp.get_default_memory_pool().set_limit(size=max(0, plan.budget - plan.parts[DRIVER_PART]))
         # sequences' KV and recurrent state are taken from the ledger as they grow: the plan only keeps room
         self.ledger = Ledger(
             plan.budget, plan.total - sum(v for k, v in plan.parts.items() if k.startswith(GROWING))

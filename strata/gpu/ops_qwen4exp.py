@@ -111,10 +111,10 @@ class Qwen4ExpOps:
     ) -> None:
         """A decode mixer's second half: h [n, d] = mean over the s streams of sigmoid(low @ up.T) * normed;
         zero [n, d] (given) cleared."""
-        assert up.cols % 8 == 0 and up.cols <= 256, up.cols
+        assert up.cols % 8 == 0 and up.cols <= 512, up.cols
         launch(
             self.hyper[hyper.mix_out_name(up.qtype)],
-            (n, -(-d // 256)),
+            (n, -(-d // 8)),
             256,
             (
                 dev_ptr(x),

@@ -55,9 +55,16 @@ class GpuOptions:
 # plan parts that sequences take from the ledger as they come
 GROWING = ("KV cache", "DeltaNet state", "QSA and PLE state")
 # VRAM the process holds outside the memory pool: kernel modules, captured graphs, driver allocations.
-# Measured on the H200 with the 80B shape at three budgets: 375-379 MiB beyond the pool's own total
+# Measured on the H200: the 80B shape at three budgets 375-379 MiB beyond the pool's own total; the qwen4exp
+# flagship synth at 22,528 MiB 601 (its hyper-connection, QSA and PLE modules, and a graph's more launches)
 DRIVER_PART = "CUDA modules, graphs and driver"
 DRIVER_BYTES = 384 * MIB
+DRIVER_BYTES_STREAMS = 640 * MIB
+
+
+def driver_bytes(d: Dims) -> int:
+    """What the process holds outside the pool, by the model's shape (hyper-connection streams or not)."""
+    return DRIVER_BYTES_STREAMS if d.hc is not None else DRIVER_BYTES
 
 
 def structure_of(cpu: Model) -> Structure:
@@ -144,7 +151,7 @@ def vram_plan(
     cache gets what is left (ConfigError with the plan when the dense part does not fit). Reads only the
     header, so `strata plan` runs the same code without a GPU."""
     plan = VramPlan(budget, {f"weights: {k}": v for k, v in weight_bytes(gguf).items() if k != "experts"})
-    plan.parts[DRIVER_PART] = DRIVER_BYTES
+    plan.parts[DRIVER_PART] = driver_bytes(d)
     layout = ExpertLayout.from_gguf(gguf)
     if layout is not None:
         plan.slot_bytes, plan.n_total = layout.slot_bytes, layout.n_total

@@ -164,17 +164,19 @@ __global__ void __launch_bounds__(256) hc_mix_in(const float* __restrict__ x, co
   }
 }
 
-// hc_mix_out: grid (n, ceil(D / 256)), block 256: h[r, c] = mean_k sigmoid(<up_{k*D+c}, low_r>) *
+// hc_mix_out: grid (n, ceil(D / 8)), block 256: h[r, c] = mean_k sigmoid(<up_{k*D+c}, low_r>) *
 // normed[r, k*D+c], the normed value rebuilt from x, w and den; zero (or null): [n, D], cleared. up rows [R]
-// in any GPU type; R a multiple of 8 (the padded rank), at most 256.
+// in any GPU type; R a multiple of 8 (the padded rank), at most 512 (the seeds' rank is 320). A warp takes
+// one column c and its lanes share each up row, 8 values a lane a step, so a row is read by adjacent lanes
+// (a thread a column gave the flagship's D = 2048 eight blocks, each thread reading a row of its own).
 template <int QU>
 __global__ void __launch_bounds__(256) hc_mix_out(const float* __restrict__ x, const float* __restrict__ w,
                                                   const float* __restrict__ den, int S, int D,
                                                   const u8* __restrict__ up, i64 up_row_bytes, int R,
                                                   const float* __restrict__ low, float* __restrict__ h,
                                                   float* __restrict__ zero) {
-  __shared__ float lw[256];
-  const int r = blockIdx.x, c = blockIdx.y * 256 + threadIdx.x;
+  __shared__ float lw[512];
+  const int r = blockIdx.x, lane = threadIdx.x & 31, c = blockIdx.y * 8 + (threadIdx.x >> 5);
   for (int i = threadIdx.x; i < R; i += blockDim.x) lw[i] = low[(i64)r * R + i];
   __syncthreads();
   if (c >= D) return;
@@ -184,14 +186,16 @@ __global__ void __launch_bounds__(256) hc_mix_out(const float* __restrict__ x, c
     const i64 e = (i64)k * D + c;
     const u8* row = up + e * up_row_bytes;
     float m = 0.f;
-    for (int q = 0; q < R / 8; q++) {
+    for (int q = lane; q < R / 8; q += 32) {
       float v[8];
       Q<QU>::deq8(row, q, v);
 #pragma unroll
       for (int i = 0; i < 8; i++) m += v[i] * lw[8 * q + i];
     }
+    m = warp_sum(m);
     acc += sigmoid(m) * ((xr[e] / den[(i64)r * S + k]) * w[e]);
   }
+  if (lane != 0) return;
   h[(i64)r * D + c] = acc / (float)S;
   if (zero != nullptr) zero[(i64)r * D + c] = 0.f;
 }
