@@ -93,12 +93,12 @@ def _random_cells(rng: np.random.Generator, kind: KVType) -> dict[str, np.ndarra
 
 @pytest.mark.parametrize("kind", [KVType.F16, KVType.INT8])
 def test_every_cell_reads_what_was_written(monkeypatch, kind):
-    from strata.gpu.kv import STAGE_ROWS, GpuKV
+    from strata.gpu.kv import STAGE_ROWS, GpuKV, StageRoom
 
     fake_cupy.install(monkeypatch)
     rng = np.random.default_rng(0)
     ledger = Ledger(1 << 30, 0)
-    kv = GpuKV(ledger, N_LAYER, N_KV, HD, 4096, kind, KVWindow(BLOCK, 128))
+    kv = GpuKV(ledger, N_LAYER, N_KV, HD, 4096, kind, KVWindow(BLOCK, 128), StageRoom(1 << 24))
     written: list[dict[str, np.ndarray]] = []
     layouts = set()
     for k, rows in enumerate([100, 128, 128, 1, 1, 120, *([1] * 30), 128, 128, 2, 128, 128, 128, 128]):
@@ -119,6 +119,9 @@ def test_every_cell_reads_what_was_written(monkeypatch, kind):
             for name, want in written[j].items():
                 assert np.array_equal(got[name], want), f"pass {k}: cell {j} {name} (base {kv.base})"
         for rows_ in (1, STAGE_ROWS + 1):  # in place, and staged
+            cold = kv.flash_args(1, rows_)[4]
+            if cold is not None:  # a staged copy holds just the base's cells a kv head; the host, hcap
+                assert cold[2] == (kv.base if rows_ > STAGE_ROWS else kv.hcap)
             for j in (0, kv.base - 1, kv.base, kv.length - 1):
                 if 0 <= j < kv.length:
                     assert np.array_equal(_flash_reads(kv, 1, rows_, j), written[j]["k"][1]), (k, rows_, j)
@@ -129,6 +132,9 @@ def test_every_cell_reads_what_was_written(monkeypatch, kind):
             del written[back:]
             assert kv.base <= back
     assert kv.base >= BLOCK and len(layouts) > 3
+    kv.stage = StageRoom(0)  # no room: a long pass reads the host's cells in place
+    assert kv.flash_args(1, STAGE_ROWS + 1)[4][2] == kv.hcap
+    assert np.array_equal(_flash_reads(kv, 1, STAGE_ROWS + 1, 0), written[0]["k"][1])
     copy = kv.copy()  # through one host copy of every cell, and back
     assert copy.window.device_cells == kv.window.device_cells
     for j in range(kv.length):

@@ -130,5 +130,13 @@ def test_the_planner_keeps_only_the_window_in_vram(capsys):
     assert 0 < tiers["decode_tok_s_full"] < win["decode_tok_s"]
     assert whole["kv_tiers"]["ram_bytes"] == 0
     assert whole["kv_tiers"]["decode_tok_s_full"] == whole["decode_tok_s"]
+    # a long chunk's room for one layer's cells before the window (every layer: per over the layers)
+    from gguf import GGUFReader
+
+    n_attn = int(GGUFReader(str(path)).fields["qwen3moe.block_count"].contents())  # every layer attends
+    stage = {k: v for k, v in win["parts"].items() if k.startswith("KV staging")}
+    assert list(stage.values()) == [tiers["stage_bytes"]]
+    assert (1024 - BLOCK) * per // n_attn <= tiers["stage_bytes"] <= (1024 - BLOCK) * per // n_attn + 1024
+    assert "KV staging" not in " ".join(whole["parts"]) and whole["kv_tiers"]["stage_bytes"] == 0
     assert main(["plan", str(path), *args, "--kv-resident", "7"]) == 1
     assert "--kv-resident" in capsys.readouterr().err

@@ -15,7 +15,15 @@ from strata.cli.output import dump_json
 from strata.conf.engine import check_ram_budget
 from strata.gguf import GGUFFile
 from strata.gpu import GPU_ARCHS
-from strata.gpu.plan import GpuOptions, choose_context, kv_bytes_per_token, kv_window, shape_of, vram_plan
+from strata.gpu.plan import (
+    GpuOptions,
+    choose_context,
+    kv_bytes_per_token,
+    kv_stage_bytes,
+    kv_window,
+    shape_of,
+    vram_plan,
+)
 from strata.gpu.weights import weight_bytes
 from strata.models import model_class
 from strata.runtime.kvcache import KVType
@@ -154,7 +162,9 @@ def _context_text(ctx: dict[str, object]) -> str:
     if isinstance(tiers, dict) and tiers["ram_bytes"]:
         text += (
             f"\n--kv-resident: {tiers['vram_cells']:,} cells a layer in VRAM "
-            f"({tiers['vram_bytes'] / MIB:,.0f} MiB for every sequence), the rest in pinned RAM "
+            f"({tiers['vram_bytes'] / MIB:,.0f} MiB for every sequence, and "
+            f"{tiers['stage_bytes'] / MIB:,.0f} MiB where a long prefill chunk reads one layer's older "
+            "cells), the rest in pinned RAM "
             f"({tiers['ram_bytes'] / MIB:,.0f} MiB when full); at the whole context a decode token reads "
             f"{tiers['ram_bytes_per_token'] / 1e6:,.0f} MB of it over PCIe: "
             f"{tiers['decode_tok_s_full']:,.1f} tok/s"
@@ -220,6 +230,9 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
         "vram_bytes": seqs * vram_cells * kv_per,
         "ram_bytes": seqs * cold * kv_per,
         "ram_bytes_per_token": ((n_attn - n_qsa) * cold + n_qsa * picked) * kv_per // max(n_attn, 1),
+        "stage_bytes": kv_stage_bytes(
+            dims, n_attn, n_ctx, opts
+        ),  # a long chunk's copy of one layer's cold cells
     }
     plan = vram_plan(g, dims, linear, n_ctx, args.prefill, vocab, opts, budget)
     w = weight_bytes(g)

@@ -11,8 +11,8 @@ pinned host arrays [n_layer, n_kv, hcap, ...] every older one; `reserve` moves w
 pass (a strided copy per array, then the window's rows move down). The table's k and v addresses are the
 window's minus `base` cells, so kernels address a cell at or past `base` as without a window; the cold
 columns (`cold_cols`) give the host's cells, which decode reads in place (zero-copy) and a prefill chunk of
-more than STAGE_ROWS rows reads from a staged device copy (every query block would read them again over
-PCIe otherwise). `layout` counts address changes, for tables kept on the device between steps.
+more than STAGE_ROWS rows reads from a device copy in the plan's StageRoom (every query block would read
+them again over PCIe otherwise). `layout` counts address changes, for tables kept on the device between steps.
 """
 
 from __future__ import annotations
@@ -31,6 +31,29 @@ MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction from the addresses (unifi
 STAGE_ROWS = 64  # a pass of more rows (one flash query block) reads the cold cells from a staged copy
 
 
+class StageRoom:
+    """The VRAM the plan keeps for one layer's cells before the window (plan.kv_stage_bytes): a pass of more
+    than STAGE_ROWS rows copies them here and its flash reads them from VRAM. One buffer serves every
+    sequence: passes run one at a time on one stream, so a layer's copy is queued after the flash that read
+    the layer before. Taken from the pool at first use (the plan counted it from the start)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self._buf: Any = None
+
+    def carve(self, sizes: list[int]) -> list[int] | None:
+        """Device addresses of consecutive pieces of these sizes (each 256-byte aligned), or None when they
+        do not fit the room."""
+        aligned = [-(-n // 256) * 256 for n in sizes]
+        if sum(aligned) > self.nbytes:
+            return None
+        if self._buf is None:
+            cp = cupy_module()
+            self._buf = cp.empty(self.nbytes, cp.uint8)
+        base = int(self._buf.data.ptr)
+        return [base + sum(aligned[:i]) for i in range(len(aligned))]
+
+
 class GpuKV:
     def __init__(
         self,
@@ -41,6 +64,7 @@ class GpuKV:
         max_len: int,
         kind: KVType = KVType.F16,
         window: KVWindow | None = None,
+        stage: StageRoom | None = None,
     ) -> None:
         if kind not in (KVType.F16, KVType.INT8):
             raise ValueError(f"the GPU's attention kernels read f16 or int8 cells, not {kind}")
@@ -52,11 +76,10 @@ class GpuKV:
         self.v: Any = None
         self.ks: Any = None  # int8: the scales, [n_layer, n_kv, cap, head_dim / 32] float32
         self.vs: Any = None
-        self.window = window
+        self.window, self.stage = window, stage
         self.hcap = 0  # host cells a (layer, kv head), with a window
         self.host_cells: dict[str, np.ndarray] = {}  # pinned, as the device arrays: the cells before `base`
         self.layout = 0  # bumped whenever an address or the base a table row holds changes
-        self._staged: list[Any] = []  # this pass's staged cold cells (kept until the next reserve)
 
     @property
     def q8(self) -> bool:
@@ -83,7 +106,6 @@ class GpuKV:
     def reserve(self, n: int) -> None:
         """Make room for n positions (keeping the first `length`); with a window, the cells past it go to the
         host first."""
-        self._staged.clear()
         if self.window is not None:
             ev = self.window.before_pass(self.length, max(0, n - self.length))
             if ev is not None:
@@ -212,23 +234,17 @@ class GpuKV:
         host's, or for a long pass a staged device copy when the budget has room for it."""
         names = self._arrays()
         b = self.base
-        need = sum(self.shape[1] * b * self.host_cells[n].strides[2] for n in names)
-        if rows > STAGE_ROWS and self.ledger.fits(need):
-            cp = cupy_module()
-            # the layer before's copy goes back to the pool: its flash is queued on this stream ahead of
-            # anything that reuses the memory, so one layer's staging is alive at a time
-            self._staged.clear()
-            got = []
-            for name in names:
+        room = None
+        if rows > STAGE_ROWS and self.stage is not None:
+            room = self.stage.carve([self.shape[1] * b * self.host_cells[n].strides[2] for n in names])
+        if room is not None:
+            for name, dst in zip(names, room):
                 host = self.host_cells[name]
                 cell = host.strides[2]
-                staged = cp.empty((self.shape[1], b, host.shape[3]), host.dtype)
                 src = host.ctypes.data + layer * host.strides[0]
-                self._copy2d(staged.data.ptr, b * cell, src, self.hcap * cell, b * cell, self.shape[1])
-                self._staged.append(staged)
-                got.append(int(staged.data.ptr))
-            ks, vs = (got[2], got[3]) if self.q8 else (0, 0)
-            return got[0], got[1], b, ks, vs, b
+                self._copy2d(dst, b * cell, src, self.hcap * cell, b * cell, self.shape[1])
+            ks, vs = (room[2], room[3]) if self.q8 else (0, 0)
+            return room[0], room[1], b, ks, vs, b
         h = {n: self.host_cells[n].ctypes.data + layer * self.host_cells[n].strides[0] for n in names}
         return h["k"], h["v"], self.hcap, h.get("ks", 0), h.get("vs", 0), b
 
@@ -253,6 +269,7 @@ class GpuKV:
             self.kind,
             {a: getattr(self, a) for a in self._arrays()},
             None,
+            self.stage,
         )
 
     def nbytes(self) -> int:
@@ -281,7 +298,9 @@ class GpuKV:
         """A copy in host RAM (the prefix cache keeps these, not VRAM); its copy() comes back to the GPU."""
         arrays = {a: self._logical(a) for a in self._arrays()} if self.length else {}
         window = None if self.window is None else (self.window.resident, self.window.chunk)
-        return HostKV(self.ledger, self.shape, self.max_len, self.length, self.kind, arrays, window)
+        return HostKV(
+            self.ledger, self.shape, self.max_len, self.length, self.kind, arrays, window, self.stage
+        )
 
     def host(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """Keys and values of one layer as float32 [length, n_kv, hd], decoded (tests and debugging)."""
@@ -313,16 +332,24 @@ class HostKV:
         kind: KVType,
         arrays: dict[str, Any],
         window: tuple[int, int] | None = None,
+        stage: StageRoom | None = None,
     ) -> None:
         self.ledger, self.shape, self.max_len, self.length = ledger, shape, max_len, length
-        self.kind, self.arrays, self.window = kind, arrays, window
+        self.kind, self.arrays, self.window, self.stage = kind, arrays, window, stage
 
     def truncate(self, n: int) -> None:
         self.length = min(self.length, n)
 
     def copy(self) -> GpuKV:
         return _filled(
-            self.ledger, self.shape, self.max_len, self.length, self.kind, self.arrays, self.window
+            self.ledger,
+            self.shape,
+            self.max_len,
+            self.length,
+            self.kind,
+            self.arrays,
+            self.window,
+            self.stage,
         )
 
     def nbytes(self) -> int:
@@ -337,11 +364,12 @@ def _filled(
     kind: KVType,
     arrays: dict[str, Any],
     window: tuple[int, int] | None,
+    stage: StageRoom | None,
 ) -> GpuKV:
     """A new GpuKV holding the first `length` positions of the arrays (device or host, every cell in order);
     with a window, its cells split as a rollback to `length` would leave them."""
     win = None if window is None else KVWindow(*window)
-    out = GpuKV(ledger, *shape, max_len, kind, win)
+    out = GpuKV(ledger, *shape, max_len, kind, win, stage)
     if not length:
         return out
     cp = cupy_module()

@@ -22,7 +22,7 @@ from strata.gpu.ahead import GraphAhead
 from strata.gpu.deltanet import RECURRENT, DeltaNetWeights, RecurrentState
 from strata.gpu.graphs import DecodeGraphs
 from strata.gpu.kernels.rows import inv_freq
-from strata.gpu.kv import GpuKV
+from strata.gpu.kv import GpuKV, StageRoom
 from strata.gpu.layers import (
     GEMV_ROWS,
     TAB,
@@ -40,6 +40,7 @@ from strata.gpu.plan import (
     GROWING,
     GpuOptions,
     choose_context,
+    kv_stage_bytes,
     kv_window,
     shape_of,
     structure_of,
@@ -94,26 +95,28 @@ class GpuModel(Model):
         self.ledger = Ledger(
             plan.budget, plan.total - sum(v for k, v in plan.parts.items() if k.startswith(GROWING))
         )
+        # --kv-resident: the plan's room for one layer's cells before the window (long passes read them there)
+        self.kv_stage = StageRoom(kv_stage_bytes(self.dims, self.n_attn, self.n_ctx, opts))
         self.stream = cp.cuda.Stream(non_blocking=True)
         layout = ExpertLayout.from_gguf(gguf)
         # with --kv-grow a cache that holds every expert still lends its slots to a growing KV
         tiered = layout is not None and (
             opts.expert_cache != "auto" or plan.n_slots < plan.n_total or opts.kv_grow
         )
-        # the weights' upload, layer by layer (tiered experts go to the arena, which has its own bar)
         sizes = weight_bytes(gguf)
-        upload = ProgressBar(
-            "weights to VRAM", sum(sizes.values()) - (sizes.get("experts", 0) if tiered else 0)
-        )
         with self.stream:
             self.w = GpuWeights(gguf)
-            self.tiers = (
+            self.tiers = (  # the arena and the slots' fill say what they cost in their own lines
                 GpuTiers(gguf, layout, plan.n_slots, self.chunk + 64, GEMV_ROWS, opts.tiers)
                 if tiered
                 else None
             )
             if opts.kv_grow and self.tiers is not None:
                 grow.SlotLender(self.tiers.cache, self.ledger, self.tiers.quiesce)
+            # the weights' upload, layer by layer (tiered experts went to the arena and the slots)
+            upload = ProgressBar(
+                "weights to VRAM", sum(sizes.values()) - (sizes.get("experts", 0) if tiered else 0)
+            )
             self.hc = Qwen4ExpParts(cpu, self.w, self.dims.hc) if self.dims.hc is not None else None
             self.host_inputs = self.hc is not None and self.hc.dims.ple is not None
             self.layers: list[LayerWeights] = []
@@ -261,7 +264,8 @@ class GpuModel(Model):
         d = self.dims
         kind = KVType.INT8 if d.kv8 else KVType.F16
         window = kv_window(self.opts)
-        st = SequenceState(GpuKV(self.ledger, self.n_attn, d.n_kv, d.hd, self.n_ctx, kind, window))  # type: ignore[arg-type]
+        kv = GpuKV(self.ledger, self.n_attn, d.n_kv, d.hd, self.n_ctx, kind, window, self.kv_stage)
+        st = SequenceState(kv)  # type: ignore[arg-type]
         if d.dn is not None:
             st.layers[RECURRENT] = RecurrentState(self.ledger, d.dn, len(self.linear) - self.n_attn)
         if self.hc is not None:

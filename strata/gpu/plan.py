@@ -117,6 +117,16 @@ def kv_window(opts: GpuOptions) -> KVWindow | None:
     return KVWindow(opts.kv_resident, max(1, opts.chunk) + 64) if opts.kv_resident else None
 
 
+def kv_stage_bytes(d: Dims, n_attn: int, n_ctx: int, opts: GpuOptions) -> int:
+    """--kv-resident: VRAM for one layer's cells before the window at the longest context, which a long pass
+    reads from a device copy (strata.gpu.kv.StageRoom) rather than over PCIe once per query block; 0 without
+    a window or where the context never leaves it."""
+    if not opts.kv_resident or n_attn == 0 or n_ctx <= opts.kv_resident:
+        return 0
+    cold = n_ctx - opts.kv_resident
+    return -(-cold * kv_bytes_per_token(d, n_attn) // n_attn) + 4 * 256  # 4 arrays, each 256-byte aligned
+
+
 def choose_context(
     gguf: Any,
     d: Dims,
@@ -171,6 +181,9 @@ def vram_plan(
     if window is not None:  # a window of cells in VRAM (and room for one pass), the older ones pinned in RAM
         cells = min(n_ctx, window.device_cells)
         where = f"cells of {n_ctx:,} positions in VRAM, the rest in RAM"
+    stage = kv_stage_bytes(d, n_attn, n_ctx, opts)
+    if stage:  # one sequence's layer at a time: the passes run in turn on one stream
+        plan.parts[f"KV staging (one layer's {n_ctx - opts.kv_resident:,} cells before the window)"] = stage
     grows = opts.kv_grow and layout is not None  # a dense model has no slots to lend: its KV is planned whole
     if grows:  # room for each one's first chunk; the KV takes slots as it grows past that
         floor = grow.floor_positions(cells, chunk)
