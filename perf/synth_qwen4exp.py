@@ -352,6 +352,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, help="layer count (the preset's otherwise)")
     ap.add_argument("--experts", type=int, help="experts per layer")
     ap.add_argument("--ple-base", type=int, help="PLE rows per n-gram head, about (real: 20,000,000)")
+    ap.add_argument(
+        "--ple-dim",
+        type=int,
+        help="the PLE heads' rows side by side (seeds: 2,560, rows of 160); llama.cpp's qwen4exp loads only "
+        "the hidden size (2,048, rows of 128)",
+    )
     ap.add_argument("--quant", help="the large matrices' type (seeds: q4_k)")
     ap.add_argument("--output-quant", help="output.weight's type (seeds: q6_k)")
     ap.add_argument(
@@ -360,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     s = PRESETS[a.preset]
-    changes = {"layers": a.layers, "experts": a.experts, "ple_vocab_base": a.ple_base}
+    changes = {"layers": a.layers, "experts": a.experts, "ple_vocab_base": a.ple_base, "ple_dim": a.ple_dim}
     s = replace(s, **{key: val for key, val in changes.items() if val is not None})
     if s.experts < s.top_k:
         ap.error(f"--experts {s.experts}: a token picks {s.top_k}, so at least that many")
