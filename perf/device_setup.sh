@@ -10,14 +10,15 @@ tok=.gpu_fixtures/qwen3_tokenizer/package/models
 [ -f $tok/tokenizer.json ] || gunzip -k $tok/tokenizer.json.gz
 
 # Write $MODEL (strata synth: $ARCH, $SHAPE, router skew ${SKEW:-0}, Q4_K experts, Q6_K output; ARCH=qwen4exp
-# SHAPE=seeds: perf/synth_qwen4exp.py's seeds preset) in the background, or keep the one already there with REUSE=1;
+# SHAPE=seeds: perf/synth_qwen4exp.py's seeds preset; PLE_DIM=2048 for a file llama.cpp loads) in the background, or keep the one already there with REUSE=1;
 # the log goes to $OUT/synth.log and SYNTH_PID is the job to wait for.
 start_synth() {
   (
     if [ -n "${REUSE:-}" ] && [ -f $MODEL ]; then
       echo "reusing $MODEL" >"$OUT/synth.log"
     elif [ "$ARCH" = qwen4exp ]; then
-      python3 $REPO/perf/synth_qwen4exp.py --preset $SHAPE --output $MODEL >"$OUT/synth.log" 2>&1
+      python3 $REPO/perf/synth_qwen4exp.py --preset $SHAPE ${PLE_DIM:+--ple-dim $PLE_DIM} --output $MODEL \
+        >"$OUT/synth.log" 2>&1
       echo "rc=$?" >>"$OUT/synth.log"
     else
       cd /tmp && python3 -m strata synth --arch $ARCH --shape $SHAPE --quant q4_k --output-quant q6_k \
