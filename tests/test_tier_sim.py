@@ -235,3 +235,40 @@ def test_simulate_predicts_decode_as_the_planner_does(tmp_path, capsys) -> None:
         floor_s=floor,
     )
     assert want == pytest.approx(plan["decode_tok_s"], rel=1e-9)
+
+
+def test_the_planner_credits_the_lookahead_with_what_its_window_copies(capsys):
+    """The lookahead's credit against the H200's counts at 24 GB, one sequence (perf/README.md): 80B shape
+    (Q4_K experts of 3 x 589,824 bytes, 43 us a layer at 51 GB/s probed) used 64 MB a token, the flagship
+    (same experts, 97.5 us at 50.2 GB/s) 187, where the credit gives 75 and 186: the window's copies less
+    half a matrix, capped by --prefetch and by the misses. On the qwen3next fixture `strata plan` credits its
+    hybrid layers (its experts are tiny: every miss comes ahead) and --prefetch 0 gives the plain
+    prediction."""
+    from test_tiers import _fixture
+
+    from strata.cli import main
+    from strata.tiers.plan import LOOKAHEAD_US, ahead_per_layer
+
+    slot = 3 * 589_824
+    big = 10 * slot  # a layer's misses: more than any window
+    assert 48 * ahead_per_layer(big, slot, 4, LOOKAHEAD_US["hybrid"], 51e9) / 1e6 == pytest.approx(
+        64, rel=0.2
+    )
+    assert 48 * ahead_per_layer(big, slot, 4, LOOKAHEAD_US["streams"], 50.2e9) / 1e6 == pytest.approx(
+        187, rel=0.05
+    )
+    assert ahead_per_layer(big, slot, 1, LOOKAHEAD_US["streams"], 50.2e9) == slot - slot / 6  # one expert
+    assert ahead_per_layer(slot / 2, slot, 4, LOOKAHEAD_US["streams"], 50.2e9) == slot / 2  # the misses
+    assert ahead_per_layer(big, slot, 0, LOOKAHEAD_US["streams"], 50.2e9) == 0.0
+
+    path = _fixture("qwen3next")
+    args = ["plan", str(path), "--vram-gib", "0.5", "--expert-cache", "25%", "--pcie-frac", "1", "--json"]
+    got = {}
+    for k in (0, 4):
+        assert main([*args, "--prefetch", str(k)]) == 0
+        got[k] = json.loads(capsys.readouterr().out)
+    assert got[0]["ahead_bytes_per_token"] == 0.0
+    assert 0 < got[4]["ahead_bytes_per_token"] <= got[4]["pcie_bytes_per_token"]
+    assert got[4]["decode_tok_s"] > got[0]["decode_tok_s"]
+    assert main([*args, "--prefetch", "-1"]) == 1
+    assert "--prefetch" in capsys.readouterr().err

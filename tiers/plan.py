@@ -37,11 +37,35 @@ from strata.tiers.ram import arena_rows, ring_bytes
 from strata.tiers.share import ZERO_COPY_EFFICIENCY, choose
 
 # The all-resident decode step a layer on the H200 (perf/README.md, one sequence over 48 layers): qwen3moe
-# 30B 345.9 tok/s, qwen3next 80B 227.3, qwen4exp seeds 120.7; a dense model: none measured, bandwidth alone
-LAYER_FLOOR_US = {"dense": 0.0, "moe": 60.2, "hybrid": 91.7, "streams": 172.6}
+# 30B 345.9 tok/s, qwen3next 80B 227.3, qwen4exp seeds 122.9 (the fused mixer); a dense model: none measured,
+# bandwidth alone
+LAYER_FLOOR_US = {"dense": 0.0, "moe": 60.2, "hybrid": 91.7, "streams": 169.5}
+# The lookahead's copies a decode layer (--prefetch, tiers/lookahead.py): they run beside the mixer, so their
+# window is the mixer's time less the branch's router. Measured on the H200 at 24 GB, one sequence: 43 us a
+# layer on the 80B, 97.5 on the flagship, at 42 of 51 and 44.7 of 50.2 GB/s probed (LOOKAHEAD_RATE); the
+# matrix in flight when the real router stops the branch is lost, on average half of one of an expert's three.
+# That predicts 75 and 186 MB a token used against 64 and 187 measured. A qwen3moe layer: not measured (none).
+LOOKAHEAD_US = {"hybrid": 43.0, "streams": 97.5}
+LOOKAHEAD_RATE = 0.85
 # the misses' in-graph zero-copy share of the probed PCIe rate beside that floor (80B at 24 GB: 462 MB a token
 # at 72.1 tok/s with a 4.40 ms step)
 MISS_EFFICIENCY = 0.96
+
+
+def lookahead_us(structure: Structure | None) -> float:
+    """The lookahead's measured copy window a layer for a model file's Structure (0: none measured)."""
+    if structure is None:
+        return 0.0
+    return LOOKAHEAD_US.get("streams" if structure.streams else "hybrid" if structure.hybrid else "", 0.0)
+
+
+def ahead_per_layer(miss: float, slot_bytes: int, prefetch: int, window_us: float, pcie: float) -> float:
+    """Miss bytes a decode layer's lookahead lands for its experts to use: the copies its window allows (at
+    most `prefetch` experts), less the matrix in flight when the router stops them; at most the misses."""
+    if prefetch <= 0 or window_us <= 0:
+        return 0.0
+    copied = min(prefetch * slot_bytes, window_us * 1e-6 * pcie * LOOKAHEAD_RATE)
+    return max(0.0, min(miss, copied - slot_bytes / 6))
 
 
 def layer_floor_us(structure: Structure | None) -> float:
@@ -86,6 +110,7 @@ class Prediction:
     # vram / pinned / mmap: experts, bytes, bytes a token, rate (GB/s), ms a token
     tiers: dict[str, dict[str, float]] | None = None
     layer_floor_us: float = 0.0  # the all-resident step a layer the prediction assumed
+    ahead_bytes_per_token: float = 0.0  # misses the lookahead lands beside the mixers (off the critical path)
 
     def json(self) -> dict[str, object]:
         return asdict(self)
@@ -106,10 +131,12 @@ def predict(
     ram_flag: str = "--ram-budget-mib",
     floor_us: float = 0.0,
     n_layer: int = 0,
+    prefetch: int = 0,
+    window_us: float = 0.0,
 ) -> Prediction:
     """What the plan allows under a RAM budget of ram_bytes for the arena (0: none), with an all-resident
-    step of floor_us a layer over n_layer layers; raises ConfigError naming ram_flag when the budget cannot
-    hold even the bounce ring."""
+    step of floor_us a layer over n_layer layers and a lookahead of `prefetch` experts copying window_us a
+    layer; raises ConfigError naming ram_flag when the budget cannot hold even the bounce ring."""
     n_total = layout.n_total if layout is not None else 0
     tiered = layout is not None and plan.n_slots < n_total
     held, ring = n_total, 0  # arena rows
@@ -146,8 +173,11 @@ def predict(
     if sp.chosen != "auto" and cpu_gbps <= 0 and sp.pcie_frac < 1 - forced:
         raise ConfigError("--cpu-gbps", cpu_gbps, "a CPU share (--pcie-frac < 1) needs the CPU pool's rate")
     step = max(vram_time, n_layer * floor_us * 1e-6)  # the all-resident step: every layer's floor, or bytes
-    if sp.pcie_frac >= 1 and not forced:  # every miss over PCIe, after the step
-        decode = 1 / (step + miss / (pcie * MISS_EFFICIENCY))
+    ahead = 0.0
+    if sp.pcie_frac >= 1 and not forced:  # every miss over PCIe, after the step, less what came ahead
+        if tiered and layout is not None:
+            ahead = n_l * ahead_per_layer(miss / n_l, layout.slot_bytes, prefetch, window_us, pcie)
+        decode = 1 / (step + (miss - ahead) / (pcie * MISS_EFFICIENCY))
     else:  # the split's own per-layer time (tiers/share.py's model)
         decode = 1 / (step + n_l * sp.layer_s)
     why = sp.why(miss / n_l) if miss and cpu_gbps > 0 else ""
@@ -204,6 +234,7 @@ def predict(
         disk_gbps,
         tiers,
         floor_us,
+        ahead,
     )
 
 
@@ -295,6 +326,8 @@ def table(p: Prediction) -> str:
     if p.split_why:
         out.append(p.split_why)
     floor = f" after an all-resident step of {p.layer_floor_us:g} us a layer" if p.layer_floor_us else ""
+    if p.ahead_bytes_per_token:
+        floor += f", {p.ahead_bytes_per_token / 1e6:,.0f} MB of the misses copied ahead beside the mixers"
     out.append(
         f"decode (one sequence): predicted {p.decode_tok_s:,.1f} tok/s{floor}; bandwidth bound "
         f"{p.decode_bound_tok_s:,.1f} tok/s"

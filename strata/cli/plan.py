@@ -31,7 +31,8 @@ from strata.runtime.weights import WeightStore
 from strata.tiers.budget import GIB, MIB, VramPlan, check_expert_cache
 from strata.tiers.kvwindow import check_resident
 from strata.tiers.layout import ExpertLayout
-from strata.tiers.plan import MISS_EFFICIENCY, Prediction, layer_floor_us, predict, table
+from strata.tiers.lookahead import PREFETCH_DEFAULT, check_prefetch
+from strata.tiers.plan import MISS_EFFICIENCY, Prediction, layer_floor_us, lookahead_us, predict, table
 from strata.tiers.share import parse_pcie_frac
 from strata.tiers.tables import available_ram, check_mode, choose
 
@@ -89,6 +90,14 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
         "strata.tiers.plan.LAYER_FLOOR_US)",
     )
     p.add_argument(
+        "--prefetch",
+        type=int,
+        default=PREFETCH_DEFAULT,
+        metavar="K",
+        help="as on serve: experts a decode layer's lookahead copies ahead (0: none); the prediction credits "
+        "the copies its window allows (strata.tiers.plan.LOOKAHEAD_US, measured for this architecture)",
+    )
+    p.add_argument(
         "--ctx-size",
         type=int,
         default=0,
@@ -124,6 +133,7 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
 def run_plan(args: argparse.Namespace) -> int:
     check_expert_cache(args.expert_cache)
     check_resident(args.kv_resident)
+    check_prefetch(args.prefetch)
     check_mode(args.ple_io)
     g = GGUFFile(args.model)
     out: dict[str, object] = {}
@@ -261,6 +271,8 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
             flag,
             layer_us(args, cpu),
             cpu.params.n_layer,
+            args.prefetch,
+            lookahead_us(type(cpu).structure),
         )
 
     pred = at(plan)
