@@ -328,7 +328,8 @@ def _cells(cp, k: np.ndarray, v: np.ndarray, layer: int, cap: int, q8: bool):
 @pytest.mark.parametrize("hd", HDS)
 def test_attention_decode_and_flash(cp, ops, hd, q8):
     """Decode attention and flash against the twins on the cached cells: fp16, or (q8, --kv-type int8) int8
-    codes with their scales, decoded in fp32 as code * scale by decode and to fp16 tiles by flash."""
+    codes with their scales, decoded in fp32 as code * scale by decode and to fp16 tiles by flash; flash at
+    both block sizes (4 and 8 warps)."""
     rng = np.random.default_rng(hd + 70 * q8)
     h, kv, layer = 8, 2, 1
     for t, n_past in [(1, 0), (1, 300), (70, 0), (33, 100), (200, 900)]:
@@ -345,13 +346,15 @@ def test_attention_decode_and_flash(cp, ops, hd, q8):
             ref = attention.ref_attention(q, k, v, scale, q8)
             np.testing.assert_allclose(out.get().reshape(t, h, hd), ref, rtol=1e-4, atol=1e-5)
             continue
-        ops.flash(cp.asarray(q), *flash, t, n_past, h, kv, hd, scale, out, scales)
-        got = out.get().reshape(t, h, hd)
         want = attention.ref_flash(q, attention.ref_cells(k, q8), attention.ref_cells(v, q8), scale)
-        np.testing.assert_allclose(got, want, rtol=1e-3, atol=2e-3)
-        if not q8:
-            ref = attention.ref_attention(q, k, v, scale)
-            assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3
+        for warps in attention.FLASH_WARPS:  # blocks of 64 and of 128 queries: the same rows, the same order
+            out.fill(cp.nan)
+            ops.flash(cp.asarray(q), *flash, t, n_past, h, kv, hd, scale, out, scales, warps=warps)
+            got = out.get().reshape(t, h, hd)
+            np.testing.assert_allclose(got, want, rtol=1e-3, atol=2e-3, err_msg=f"{warps} warps")
+            if not q8:
+                ref = attention.ref_attention(q, k, v, scale)
+                assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3
 
 
 @pytest.mark.parametrize("hd", HDS)

@@ -81,9 +81,15 @@ class Ops(MixerOps, MoeOps, Qwen4ExpOps):
             attention.SOURCE,
             [
                 f(h, q8)
-                for f in (attention.decode_name, attention.decode_qkv_name, attention.flash_name)
+                for f in (attention.decode_name, attention.decode_qkv_name)
                 for h in HEAD_DIMS
                 for q8 in kv_kinds
+            ]
+            + [
+                attention.flash_name(h, q8, w)
+                for h in HEAD_DIMS
+                for q8 in kv_kinds
+                for w in attention.FLASH_WARPS
             ]
             + [attention.merge_name(h) for h in HEAD_DIMS],
         )

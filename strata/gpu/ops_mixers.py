@@ -218,15 +218,18 @@ class MixerOps:
         out: Any,
         scales: tuple[Any, Any, int] | None = None,
         cold: tuple[int, int, int, int, int, int] | None = None,
+        warps: int = 0,
     ) -> None:
         """scales: int8 cells' (k scales, v scales of the layer, floats a kv head); None: fp16 cells. cold
-        (--kv-resident): the cells before the window, (k, v, cells a kv head, k scales, v scales, base)."""
+        (--kv-resident): the cells before the window, (k, v, cells a kv head, k scales, v scales, base).
+        warps: the block's (0: attention.flash_warps' choice)."""
         ks, vs, sc_stride = (NULL, NULL, 0) if scales is None else scales
         hk, hv, h_stride, hks, hvs, base = (NULL, NULL, 0, NULL, NULL, 0) if cold is None else cold
+        w = warps or attention.flash_warps(t, n_past)
         launch(
-            self.attn[attention.flash_name(hd, scales is not None)],
-            (-(-t // 64), h),
-            128,
+            self.attn[attention.flash_name(hd, scales is not None, w)],
+            (-(-t // (16 * w)), h),
+            32 * w,
             (
                 dev_ptr(q),
                 dev_ptr(k_layer),

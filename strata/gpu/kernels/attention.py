@@ -10,7 +10,7 @@ graph serves whichever sequences sit in its slots: only the table changes betwee
   lanes over head dims (each lane a contiguous run of HD/32, several keys' V loads in flight); the
   4 partial results merge in shared memory. fp32 math throughout. `attn_decode_qkv` is the same
   with rows.py's q/k/v epilogue (`head_post`) in front, so a decode layer needs no qkv_post launch.
-- `flash_attn`: T queries of one sequence (prefill), tiled 64 queries x 64 keys with
+- `flash_attn`: T queries of one sequence (prefill), tiled 64 or 128 queries (4 or 8 warps) x 64 keys with
   `mma.sync` (fp16 operands, fp32 accumulators) and an online softmax, so no T x S score matrix
   is built whatever the prompt length. Key tiles past the block's last query are never loaded; the
   next tile streams into a second shared-memory stage (cp.async) while this one is multiplied.
@@ -29,6 +29,8 @@ from strata.gpu.kernels.rows import HEAD_POST
 from strata.runtime.kvcache import dequantize_rows, quantize_rows
 
 FLASH_KT = 64  # keys per tile
+FLASH_WARPS = (4, 8)  # flash_attn's block sizes (warps of 16 query rows)
+FLASH_WIDE_ROWS, FLASH_WIDE_KEYS = 1024, 16384  # where the 8-warp blocks take over: not yet measured
 # decode blocks a (row, head) with a partials buffer: 16 heads x 32 splits keeps the H200's 132 SMs busy from
 # a batch of one; a split scores whole 128-key steps, so below 4,096 keys fewer splits have work (the rest
 # exit)
@@ -354,8 +356,11 @@ __device__ __forceinline__ void ldsm_x2_trans(u32* r, const u16* p) {
 // Cells before `base` (--kv-resident) come from hkc, hvc (hksc, hvsc; h_stride cells a kv head): the
 // host's, read in place, or a staged copy of them; plain loads there too. kc, vc are then the window minus
 // base cells.
-template <int HD, int Q8>
-__global__ void __launch_bounds__(128) flash_attn(
+// W warps a block, 16 query rows each: every key tile a block loads (and, for int8 cells, decodes) serves
+// W x 16 queries, so W = 8 halves the loads and decodes per multiply of W = 4 and doubles the warps an SM
+// has to hide the multiplies' latency (the two stages' shared memory leave one block an SM at HD 256).
+template <int HD, int Q8, int W>
+__global__ void __launch_bounds__(32 * W) flash_attn(
     const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc, i64 head_stride,
     const float* __restrict__ ksc, const float* __restrict__ vsc, i64 sc_stride,
     int T, int n_past, int H, int KV, float scale_log2, float* __restrict__ out,
@@ -367,7 +372,7 @@ __global__ void __launch_bounds__(128) flash_attn(
   u16* Vs = Ks + 2 * TILE;    // [2][KT][LK]
   const int h = blockIdx.y, kvh = h / (H / KV);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-  const int q0 = blockIdx.x * 64 + warp * 16;  // this warp's first query row
+  const int q0 = blockIdx.x * 16 * W + warp * 16;  // this warp's first query row
   const u16* kb = (const u16*)kc + (i64)kvh * head_stride;
   const u16* vb = (const u16*)vc + (i64)kvh * head_stride;
   const signed char* kb8 = (const signed char*)kc + (i64)kvh * head_stride;
@@ -398,7 +403,7 @@ __global__ void __launch_bounds__(128) flash_attn(
 #pragma unroll
   for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
-  const int last = min(S, n_past + (int)blockIdx.x * 64 + 64);  // keys this block can see
+  const int last = min(S, n_past + (int)blockIdx.x * 16 * W + 16 * W);  // keys this block can see
   auto load_tile = [&](int j0, int st) {
     for (int i = threadIdx.x; i < KT * HD / 8; i += blockDim.x) {
       const int key = i / (HD / 8), d = (i % (HD / 8)) * 8;
@@ -541,8 +546,14 @@ def merge_name(hd: int) -> str:
     return f"attn_merge<{hd}>"
 
 
-def flash_name(hd: int, q8: bool = False) -> str:
-    return f"flash_attn<{hd}, {int(q8)}>"
+def flash_name(hd: int, q8: bool = False, warps: int = 4) -> str:
+    return f"flash_attn<{hd}, {int(q8)}, {warps}>"
+
+
+def flash_warps(t: int, n_past: int) -> int:
+    """flash_attn's warps a block for t queries after n_past keys: 8 where each block scans many keys and
+    there are blocks enough (a long prompt's later chunks), 4 otherwise (more blocks for the SMs)."""
+    return 8 if t >= FLASH_WIDE_ROWS and n_past + t >= FLASH_WIDE_KEYS else 4
 
 
 def ref_cells(x: np.ndarray, q8: bool) -> np.ndarray:
