@@ -3,7 +3,11 @@ Not a test: prints a table and writes the numbers as JSON (strata bench's envelo
 
     python perf/bench_long.py --model F.gguf [--contexts 4096,32768,131072,262144] [--gen 64]
                               [--vram-budget-mib 22528] [--kv-type int8] [--splits 32,1] [--n-ctx N]
-                              [--pcie-frac 1] [--json OUT.json]
+                              [--pcie-frac 1] [--json OUT.json] [--plot OUT.png]
+    python perf/bench_long.py --replot OUT.json [...] --plot OUT.png     # saved runs, no GPU
+
+The JSON is written after every length, so a run cut short keeps what it measured. `--plot` draws TTFT and
+tok/s (prefill and decode) against the context, one series per setting.
 
 For each context length a fresh sequence reads that many random tokens (`--chunk`-token passes: the TTFT) and
 then decodes `--gen` greedy tokens by graph replay from there (decode tok/s at that length). `--splits` runs
@@ -14,7 +18,9 @@ head, the kernel before split-K), each with its own model load and graphs.
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +30,9 @@ from strata.bench.report import engine_result, engine_tables, run_meta, write_js
 from strata.console.logs import configure_logging
 
 
-def run(path: Path, a: argparse.Namespace, splits: int) -> list[dict[str, Any]]:
+def run(
+    path: Path, a: argparse.Namespace, splits: int, save: Callable[[list[dict[str, Any]]], None]
+) -> list[dict[str, Any]]:
     import cupy as cp
     import psutil
 
@@ -92,6 +100,7 @@ def run(path: Path, a: argparse.Namespace, splits: int) -> list[dict[str, Any]]:
             "rss_mib": psutil.Process().memory_info().rss / 2**20,
         }
         rows.append(row)
+        save(rows)
         print(
             f"strata ctx {n:,}: TTFT {ttft:.2f} s ({n / ttft:,.0f} tok/s), decode {tg:.1f} tok/s, "
             f"VRAM {row['vram_used_mib']:,.0f} MiB, RSS {row['rss_mib']:,.0f} MiB",
@@ -104,7 +113,7 @@ def run(path: Path, a: argparse.Namespace, splits: int) -> list[dict[str, Any]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--model", type=Path, default=None)
     ap.add_argument(
         "--contexts", type=lambda s: [int(v) for v in s.split(",")], default=[4096, 32768, 131072, 262144]
     )
@@ -129,9 +138,16 @@ def main() -> None:
     ap.add_argument("--kv-resident", type=int, default=0, help="Strata's --kv-resident (0: all in VRAM)")
     ap.add_argument("--kv-grow", action="store_true", help="Strata's --kv-grow")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--plot", type=Path, default=None, help="a PNG of TTFT and tok/s against the context")
+    ap.add_argument("--replot", type=Path, nargs="+", default=None, help="saved JSON runs to plot (no GPU)")
     a = ap.parse_args()
+    if a.replot:
+        rows = [r for f in a.replot for r in json.loads(f.read_text())["scenarios"]["long_context"]["rows"]]
+        plot(rows, a.plot or a.replot[0].with_suffix(".png"))
+        return
+    if a.model is None:
+        ap.error("--model is needed (or --replot saved runs)")
     configure_logging("text")
-    rows = [r for sp in a.splits for r in run(a.model, a, sp)]
     meta = run_meta(
         bench="bench_long",
         model=str(a.model),
@@ -143,10 +159,57 @@ def main() -> None:
         n_ctx=a.n_ctx,
         pcie_frac=a.pcie_frac,
     )
-    out = engine_result(meta, {"long_context": rows})
+    done: list[dict[str, Any]] = []
+
+    def save(
+        rows: list[dict[str, Any]],
+    ) -> None:  # after every length: a run cut short keeps what it measured
+        if a.json:
+            write_json(engine_result(meta, {"long_context": done + rows}), a.json)
+
+    for sp in a.splits:
+        done += run(a.model, a, sp, save)
+    out = engine_result(meta, {"long_context": done})
     print(engine_tables(f"bench_long: {a.model.name}, budget {a.vram_budget_mib} MiB, KV {a.kv_type}", out))
     if a.json:
         write_json(out, a.json)
+    if a.plot:
+        plot(done, a.plot)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """TTFT, and prefill and decode tok/s, against the context length: a series per setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        label = f"KV {r['kv_type']}, splits {r['splits']}"
+        label += f", resident {r['kv_resident']}" if r.get("kv_resident") else ""
+        label += ", kv-grow" if r.get("kv_grow") else ""
+        series.setdefault(label, []).append(r)
+    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, (label, rs) in enumerate(series.items()):
+        rs = sorted(rs, key=lambda r: r["context"])
+        x = [r["context"] for r in rs]
+        color = f"C{i}"
+        ax_t.plot(x, [r["ttft_s"] for r in rs], "o-", color=color, label=label)
+        ax_s.plot(x, [r["tg_tok_s"] for r in rs], "o-", color=color, label=f"decode, {label}")
+        ax_s.plot(x, [r["pp_tok_s"] / 100 for r in rs], "s--", color=color, label=f"prefill / 100, {label}")
+    for ax in (ax_t, ax_s):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (tokens)")
+        ax.grid(True, alpha=0.3)
+    ax_t.set_ylabel("TTFT (s)")
+    ax_s.set_ylabel("tok/s (prefill / 100)")
+    ax_t.legend(fontsize=7)
+    ax_s.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":
