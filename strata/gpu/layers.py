@@ -28,6 +28,7 @@ from strata.gpu.kernels import attention, moe
 from strata.gpu.ops import GEMV_ROWS, Ops
 from strata.gpu.qwen4exp import HCBuffers, HCDims
 from strata.gpu.runtime import cupy_module, ptr
+from strata.gpu.segments import Segment, decode_rows_only, runs
 from strata.gpu.tiers import COLLECT_TIMEOUT_NS, TierHook
 from strata.gpu.weights import DevMatrix
 
@@ -170,16 +171,6 @@ class Activations:
         return per + 4 * 2 * dims.ffn
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """Rows [start, start + n) of the pass belong to one sequence whose cache already held n_past."""
-
-    start: int
-    n: int
-    n_past: int
-    kv: Any  # GpuKV
-
-
 def run_layer(
     ops: Ops,
     i: int,
@@ -220,13 +211,9 @@ def run_mixer(
     small = n <= GEMV_ROWS
     if w.dn is not None:
         assert dm.dn is not None
-        runs = (
-            None
-            if segments is None or all(s.n == 1 for s in segments)
-            else [(s.start, s.n) for s in segments]
-        )
+        rows = runs(segments)
         run_deltanet(
-            ops, w.dn_layer, w.dn, dm.dn, w.attn_norm, dm.eps, act, n, tab, TAB, runs, small, before_write
+            ops, w.dn_layer, w.dn, dm.dn, w.attn_norm, dm.eps, act, n, tab, TAB, rows, small, before_write
         )
     else:
         _attention_block(ops, w, dm, act, n, tab, segments, inv_freq, small, before_write)
@@ -281,7 +268,7 @@ def _attention_block(
                 ops.matvec([w.attn_gate], h, n, act.gate)
             else:
                 ops.matmul(w.attn_gate, h, n, act.gate)
-    if w.sparse is None and ops.split and (segments is None or all(s.n == 1 for s in segments)):  # one launch
+    if w.sparse is None and ops.split and decode_rows_only(segments):  # one launch
         ops.attn_decode_qkv(
             act.qkv,
             tab,
@@ -363,7 +350,7 @@ def _same_kind(ms: list[DevMatrix]) -> bool:
 def _attention(
     ops: Ops, i: int, dm: Dims, act: Activations, n: int, tab: Any, segments: list[Segment] | None
 ) -> None:
-    if segments is None or all(s.n == 1 for s in segments):
+    if decode_rows_only(segments):
         ops.attn_decode(
             act.q,
             tab,

@@ -28,7 +28,6 @@ from strata.gpu.layers import (
     TAB,
     Activations,
     LayerWeights,
-    Segment,
     SharedExpert,
     run_ffn,
     run_layer,
@@ -48,6 +47,7 @@ from strata.gpu.plan import (
 )
 from strata.gpu.qwen4exp import Qwen4ExpParts, hc_dims
 from strata.gpu.runtime import cupy_module, ptr
+from strata.gpu.segments import Segment
 from strata.gpu.tiers import GpuTiers
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
 from strata.models.base import Model

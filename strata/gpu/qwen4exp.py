@@ -34,6 +34,7 @@ from strata.gguf.names import X, tensor
 from strata.gpu.kernels import qsa as qk
 from strata.gpu.ops import GEMV_ROWS, Ops
 from strata.gpu.runtime import cupy_module, ptr, to_pinned
+from strata.gpu.segments import runs
 from strata.gpu.weights import DevMatrix, GpuWeights
 from strata.tiers.budget import Ledger
 
@@ -431,13 +432,8 @@ class Qwen4ExpParts:
         run_ffn: Any,
     ) -> None:
         hd, hc = self.dims, act.hc
-        runs = (
-            None
-            if segments is None or all(g.n == 1 for g in segments)
-            else [(g.start, g.n) for g in segments]
-        )
         if i in self.ple:
-            self.ple[i].run(ops, hd, act, n, tab, runs)
+            self.ple[i].run(ops, hd, act, n, tab, runs(segments))
         self.attn[i].read(ops, hd, act, n, dm.eps)
         ahead = layer.tier.lookahead if n <= GEMV_ROWS and layer.tier is not None else None
         if ahead is not None:  # the mixer's input predicts the layer's experts, copied while the mixer runs
