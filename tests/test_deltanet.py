@@ -111,14 +111,16 @@ def test_transcription_matches_torch(seed: int) -> None:
     t = {n: torch.from_numpy(a)[None] for n, a in x.items() if n != "state"}
     s0 = torch.from_numpy(x["state"])[None]
     kw = {"initial_state": s0, "output_final_state": True, "use_qk_l2norm_in_kernel": True}
-    for fn, ref in (
-        (m.torch_chunk_gated_delta_rule, ref_chunk),
-        (m.torch_recurrent_gated_delta_rule, ref_recurrent),
+    # by name: transformers 5.25 made these module objects, which have no __name__
+    for name, ref in (
+        ("torch_chunk_gated_delta_rule", ref_chunk),
+        ("torch_recurrent_gated_delta_rule", ref_recurrent),
     ):
+        fn = getattr(m, name)
         o_t, s_t = fn(t["q"], t["k"], t["v"], g=t["g"], beta=t["beta"], **kw)
         o_r, s_r = ref(**x)
-        _close(o_r, o_t[0].numpy(), 1e-5, f"{fn.__name__} output")
-        _close(s_r, s_t[0].numpy(), 1e-5, f"{fn.__name__} state")
+        _close(o_r, o_t[0].numpy(), 1e-5, f"{name} output")
+        _close(s_r, s_t[0].numpy(), 1e-5, f"{name} state")
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
