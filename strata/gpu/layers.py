@@ -25,6 +25,7 @@ from typing import Any
 
 from strata.gpu.deltanet import DeltaNetWeights, DNDims, run_deltanet
 from strata.gpu.kernels import attention, moe
+from strata.gpu.lookahead import fork_for
 from strata.gpu.ops import GEMV_ROWS, Ops
 from strata.gpu.qwen4exp import HCBuffers, HCDims
 from strata.gpu.runtime import cupy_module, ptr
@@ -184,14 +185,9 @@ def run_layer(
 ) -> None:
     """x[:n] += mixer(norm(x)); x[:n] += ffn(norm(x)) for layer i. segments=None: every row is a
     decode row whose position and cache come from `tab` (the graph case)."""
-    small = n <= GEMV_ROWS
-    ahead = w.tier.lookahead if small and w.tier is not None else None
-    before_write = None
-    if ahead is not None:  # the layer's predicted misses cross PCIe while its mixer runs
-        assert w.router is not None and w.tier is not None
-        ahead.fork(ops, w.tier.layer, w.router, w.ffn_norm, dm.eps, act.x, n, dm.norm_topk)
-        before_write = ahead.read_done
-    run_mixer(ops, w, dm, act, n, tab, segments, inv_freq, before_write)
+    # the layer's predicted misses cross PCIe while its mixer runs (routed from the residual, normed)
+    ahead = fork_for(ops, w.tier, w.router, w.ffn_norm, dm.eps, act.x, n, dm.norm_topk, n <= GEMV_ROWS)
+    run_mixer(ops, w, dm, act, n, tab, segments, inv_freq, None if ahead is None else ahead.read_done)
     run_ffn(ops, w, dm, act, n)
 
 

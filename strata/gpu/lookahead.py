@@ -131,3 +131,15 @@ class Lookahead:
                 self.stats,
             ),
         )
+
+
+def fork_for(
+    ops: Any, tier: Any, router: Any, norm: Any, eps: float, x: Any, n: int, norm_topk: bool, decode: bool
+) -> Lookahead | None:
+    """A layer's lookahead forked on its router input x[:n] (norm as Lookahead.fork takes it), for decode
+    rows of a layer that has one (tier: its gpu.tiers.TierHook, or None); the branch, whose read_done must
+    come before x is written, or None."""
+    ahead = tier.lookahead if decode and tier is not None else None
+    if ahead is not None:
+        ahead.fork(ops, tier.layer, router, norm, eps, x, n, norm_topk)
+    return ahead

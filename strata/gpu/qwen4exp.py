@@ -32,6 +32,7 @@ from strata.blocks.ple import PLEParams, embeddings, ple_rows
 from strata.errors import ConfigError
 from strata.gguf.names import X, tensor
 from strata.gpu.kernels import qsa as qk
+from strata.gpu.lookahead import fork_for
 from strata.gpu.ops import GEMV_ROWS, Ops
 from strata.gpu.runtime import cupy_module, ptr, to_pinned
 from strata.gpu.segments import runs
@@ -435,9 +436,9 @@ class Qwen4ExpParts:
         if i in self.ple:
             self.ple[i].run(ops, hd, act, n, tab, runs(segments))
         self.attn[i].read(ops, hd, act, n, dm.eps)
-        ahead = layer.tier.lookahead if n <= GEMV_ROWS and layer.tier is not None else None
-        if ahead is not None:  # the mixer's input predicts the layer's experts, copied while the mixer runs
-            ahead.fork(ops, layer.tier.layer, layer.router, None, dm.eps, act.h, n, dm.norm_topk)
+        # the mixer's input predicts the layer's experts, copied while the mixer runs
+        ahead = fork_for(ops, layer.tier, layer.router, None, dm.eps, act.h, n, dm.norm_topk, n <= GEMV_ROWS)
+        if ahead is not None:
             ahead.read_done()  # the branch's router has read act.h before the mixer may use it as scratch
         run_mixer(ops, layer, dm, act, n, tab, segments, inv_freq)
         ops.hc_inject(hc.streams, act.x, hc.inj, n, hd.streams, hd.d)
