@@ -16,7 +16,8 @@ stages them through the bounce ring at the slower of PCIe and the mapping.
 A decode token is serial: its all-resident step, then its misses. The step is launch-bound on the GPU, far
 from the weights' bandwidth (the H200: 4.4 ms for the 80B shape, whose bytes would take 0.4): `LAYER_FLOOR_US`
 a layer by the model file's Structure, measured there (`--layer-us` for another card), or the VRAM bytes at
---hbm-gbps if longer. Beside it the misses are read at `MISS_EFFICIENCY` of the probed zero-copy rate. This
+--hbm-gbps if longer. Beside it the misses are read at `MISS_EFFICIENCY` of the probed zero-copy rate, less
+what the lookahead (`--prefetch`) copies beside the mixers (`LOOKAHEAD_US`, measured per Structure). This
 fits every measurement in perf/README.md: the 80B at 24 / 12 / 8 GB and the qwen4exp flagship at 24 GB, within
 9%; the bandwidth-only model (misses at tiers/share.py's `ZERO_COPY_EFFICIENCY`, which absorbed the floor on
 the 80B) put the flagship 39% high. The CPU share's split keeps that model: it was measured with it. With a

@@ -240,9 +240,8 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
         "vram_bytes": seqs * vram_cells * kv_per,
         "ram_bytes": seqs * cold * kv_per,
         "ram_bytes_per_token": ((n_attn - n_qsa) * cold + n_qsa * picked) * kv_per // max(n_attn, 1),
-        "stage_bytes": kv_stage_bytes(
-            dims, n_attn, n_ctx, opts
-        ),  # a long chunk's copy of one layer's cold cells
+        # a long chunk's copy of one layer's cold cells
+        "stage_bytes": kv_stage_bytes(dims, n_attn, n_ctx, opts),
     }
     plan = vram_plan(g, dims, linear, n_ctx, args.prefill, vocab, opts, budget)
     w = weight_bytes(g)

@@ -28,7 +28,7 @@ from strata.tiers.kvwindow import KVWindow
 
 MIN_CAP = 256
 MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction from the addresses (unified addressing)
-STAGE_ROWS = 64  # a pass of more rows (one flash query block) reads the cold cells from a staged copy
+STAGE_ROWS = 64  # a pass of more rows (past one 4-warp flash block) reads the cold cells from a staged copy
 
 
 class StageRoom:
@@ -231,7 +231,7 @@ class GpuKV:
 
     def _cold_layer(self, layer: int, rows: int) -> tuple[int, int, int, int, int, int]:
         """(k, v, cells a kv head, k scales, v scales, base) of one layer's cells before the window: the
-        host's, or for a long pass a staged device copy when the budget has room for it."""
+        host's, or for a long pass their copy in the StageRoom (the host's when it cannot hold them)."""
         names = self._arrays()
         b = self.base
         room = None
