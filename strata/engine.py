@@ -202,8 +202,9 @@ class Engine:
                 )
             engine = cls(gguf, gpu_model(model_cls(gguf, weights), gpu_opts), Tokenizer.from_gguf(gguf), opts)
             engine.profile_keeper = _count_routing(engine.expert_cache, keeper)
-            if opts.record_routes and engine.expert_cache is not None:
-                engine.expert_cache.record(Path(opts.record_routes))
+            tiers = getattr(engine.model, "tiers", None)
+            if opts.record_routes and tiers is not None:
+                tiers.record_routes(Path(opts.record_routes))
             return engine
         counted = None
         if opts.expert_cache != "auto":

@@ -329,14 +329,20 @@ def test_a_learning_cache_equals_all_resident(tmp_path, name):
 
 def test_recorded_gpu_routes_replay_to_the_counters(tmp_path):
     """--record-routes on the GPU: the routed ids the graph leaves behind, replayed by the simulator with the
-    static policy from the engine's placement, give exactly the lookups and hits the device counted."""
+    static policy from the engine's placement, give exactly the lookups and hits the device counted. The
+    trace carries the lookahead's predictions: none for the prompt's 16-row pass (past the decode rows),
+    valid expert ids, best first, for every decode row."""
     from strata.tiers import sim, trace
 
     m = _model(tiny_file(tmp_path, "qwen3moe"), "50%")
-    rec = m.expert_cache.record(tmp_path / "routes.npz")
+    rec = m.tiers.record_routes(tmp_path / "routes.npz")
     _, st = _run(m, np.random.default_rng(4).integers(0, 900, 20), 5)
     rec.save()
     ids, n_expert = trace.load(tmp_path / "routes.npz")
+    ahead = trace.load_ahead(tmp_path / "routes.npz")
+    assert ahead is not None and ahead.k == m.tiers.lookahead.k and ahead.pred.shape == ids.shape
+    assert (ahead.pred[:16] == -1).all()
+    assert ((ahead.pred[-5:] >= 0) & (ahead.pred[-5:] < n_expert)).all()
     resident, windows, budget = trace.load_recorded(tmp_path / "routes.npz")
     got = sim.simulate(ids, n_expert, 0, "static", resident=resident, windows=windows, budget=budget)
     use = st.experts

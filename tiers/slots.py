@@ -292,13 +292,14 @@ class ExpertCache(Borrowing, Resizing):
         `store` (k slots, part-major like the slots) before the layer's experts run."""
         self.ahead_k, self._ahead_store = k, store
 
-    def record(self, path: Path) -> Recorder:
-        """Record every pass's routing into `path` (written at exit and by `recorder.save()`)."""
+    def record(self, path: Path, prefetch: int | None = None) -> Recorder:
+        """Record every pass's routing into `path` (written at exit and by `recorder.save()`), with the
+        lookahead's predictions when it runs (prefetch: the GPU's K; default the host lookahead's)."""
         import atexit
 
-        self.recorder = Recorder(
-            path, self.layout.n_expert, self.where >= 0, self.swap_budget, self.ahead_k, self.expert_bytes
-        )
+        k = self.ahead_k if prefetch is None else prefetch
+        where = self.where >= 0
+        self.recorder = Recorder(path, self.layout.n_expert, where, self.swap_budget, k, self.expert_bytes)
         atexit.register(self.recorder.save)
         return self.recorder
 

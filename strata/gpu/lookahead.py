@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from strata.gpu.runtime import Kernels, cupy_module, i32, i64, launch, ptr
+from strata.gpu.runtime import DEVICE_TO_DEVICE, Kernels, cupy_module, i32, i64, launch, ptr
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.lookahead import STATS
 
@@ -45,6 +45,10 @@ class Lookahead:
         self.ids = cp.empty(rows * a, cp.int32)
         self.wts = cp.empty(rows * a, cp.float32)
         self.counter = cp.zeros(1, cp.int32)
+        # each MoE layer's predicted experts [L, rows, A], best first (-1: that layer did not predict), for
+        # --record-routes: read and reset per pass by GpuTiers
+        self.pred = cp.full((len(layout.layers), rows, a), -1, cp.int32)
+        self.recording = False  # set before the graphs are captured: each fork then copies its picks to pred
         self.side = cp.cuda.Stream(non_blocking=True)
         self.forked = cp.cuda.Event(disable_timing=True)
         self.routed = cp.cuda.Event(disable_timing=True)
@@ -54,8 +58,8 @@ class Lookahead:
     @staticmethod
     def nbytes_for(layout: ExpertLayout, k: int, rows: int) -> int:
         """VRAM it holds: K staging slots and the branch's buffers."""
-        e, a = layout.n_expert, layout.top_k
-        return k * layout.slot_bytes + 4 * rows * (e + 2 * a) + 44 * k + 64
+        e, a, n_l = layout.n_expert, layout.top_k, len(layout.layers)
+        return k * layout.slot_bytes + 4 * rows * (e + 2 * a + n_l * a) + 44 * k + 64
 
     def fork(
         self, ops: Any, li: int, router: Any, norm: Any, eps: float, x: Any, n: int, norm_topk: bool
@@ -79,6 +83,10 @@ class Lookahead:
                     router, x, n, self.logits, norm, eps, None, a, norm_topk, self.ids, self.wts, self.counter
                 )
             self.routed.record(self.side)
+            if self.recording:  # a copy node, no kernel to load inside a capture
+                dst = self.pred.data.ptr + 4 * li * self.pred.shape[1] * a
+                src, side = self.ids.data.ptr, self.side.ptr
+                cp.cuda.runtime.memcpyAsync(dst, src, 4 * n * a, DEVICE_TO_DEVICE, side)
             launch(
                 self.kernels["prefetch"],
                 (BLOCKS,),

@@ -58,7 +58,7 @@ class Kernels:
         return fn
 
 
-HOST_TO_DEVICE, DEVICE_TO_HOST = 1, 2  # cudaMemcpyKind, for cudaMemcpyAsync on pinned host memory
+HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE = 1, 2, 3  # cudaMemcpyKind, for cudaMemcpyAsync
 
 
 def to_pinned(a: Any) -> np.ndarray:

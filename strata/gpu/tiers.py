@@ -37,6 +37,7 @@ in place: every decode miss is then the CPU's and every longer pass stages its m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -61,6 +62,7 @@ from strata.tiers.ring import ring_buffer_bytes, split_rows
 from strata.tiers.slots import ExpertCache
 from strata.tiers.store import per_segment
 from strata.tiers.telemetry import note
+from strata.tiers.trace import Recorder
 
 COLLECT_TIMEOUT_NS = 2_000_000_000  # a CPU answer later than this fails the pass instead of hanging the GPU
 # passes per policy window: a decode pass is ~10 ms at b=1, and an update of every layer's policy 1-4 ms of
@@ -96,6 +98,7 @@ class PassRecord:
     )  # [STATS] the lookahead's counts (tiers.lookahead.PrefetchCounts), when it runs
     where: np.ndarray  # [L, E] what the device's `where` held for the pass
     keep: list[Any]  # row lists and buffers the pass reads, alive until it is done
+    pred: np.ndarray | None = None  # [L, n, A] the lookahead's predictions, when routes are recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,9 +393,19 @@ class GpuTiers(CpuShareSide):
                 ahead.ctypes.data, self.lookahead.stats.data.ptr, ahead.nbytes, DEVICE_TO_HOST, stream.ptr
             )
             self.lookahead.stats.fill(0)
+        pred = None
+        if self._recording_pred(n):
+            assert self.lookahead is not None
+            pred = cupyx.empty_pinned((self.routes.shape[0], n, self.routes.shape[2]), np.int32)
+            packed_pred = cp.ascontiguousarray(self.lookahead.pred[:, :n])
+            cp.cuda.runtime.memcpyAsync(
+                pred.ctypes.data, packed_pred.data.ptr, pred.nbytes, DEVICE_TO_HOST, stream.ptr
+            )
+            self.lookahead.pred[:, :n].fill(-1)
+            packed = [packed, packed_pred]
         keep = [*self._keep, *self.slots._keep, packed]
         self._keep, self.slots._keep = [], []
-        return PassRecord(counts, routes, ahead, self._pass_where, keep)
+        return PassRecord(counts, routes, ahead, self._pass_where, keep, pred)
 
     def finish(self, rec: PassRecord, experts: list[Any], rows: list[int]) -> None:
         """A recorded pass is done (its event synchronised): credit its counts and learn from its routing."""
@@ -401,16 +414,34 @@ class GpuTiers(CpuShareSide):
         self.cache.settle(counts, 0, experts, rows)
         if rec.prefetch is not None:
             self.cache.prefetch.add(*(int(v) for v in rec.prefetch))
-        self._routed(rec.routes, rec.where)
+        self._routed(rec.routes, rec.where, rec.pred)
 
     # ---- the policy ----
     def after_pass(self, n: int) -> None:
         """A pass of n rows is over (its stream synchronised): count its routing per layer and into the
         profile, and every LEARN_EVERY passes let the policy choose swaps and start them."""
-        self._routed(self.routes[:, :n].get(), self._pass_where)
+        pred = None
+        if self._recording_pred(n):
+            assert self.lookahead is not None
+            pred = self.lookahead.pred[:, :n].get()
+            self.lookahead.pred[:, :n].fill(-1)
+        self._routed(self.routes[:, :n].get(), self._pass_where, pred)
 
-    def _routed(self, routed: np.ndarray, where: np.ndarray) -> None:
-        """One pass's routed ids [L, n, A], looked up in what `where` [L, E] held for it."""
+    def record_routes(self, path: Path) -> Recorder:
+        """--record-routes on the GPU: every pass's routed ids and, on decode rows, the lookahead's
+        predictions (set before the decode graphs are captured: their forks copy the picks)."""
+        if self.lookahead is not None:
+            self.lookahead.recording = True
+        return self.cache.record(path, self.lookahead.k if self.lookahead is not None else 0)
+
+    def _recording_pred(self, n: int) -> bool:
+        """Whether a pass of n rows hands the lookahead's predictions to --record-routes (decode rows)."""
+        ahead = self.lookahead
+        return self.cache.recorder is not None and ahead is not None and n <= ahead.pred.shape[1]
+
+    def _routed(self, routed: np.ndarray, where: np.ndarray, pred: np.ndarray | None = None) -> None:
+        """One pass's routed ids [L, n, A], looked up in what `where` [L, E] held for it; pred: the
+        lookahead's predictions [L, n, A] (-1 where a layer did not predict), when routes are recorded."""
         c = self.cache
         ids = routed.transpose(1, 0, 2)  # [n, L, A]
         hit = np.take_along_axis(where, routed.reshape(len(routed), -1), axis=1) >= 0
@@ -419,7 +450,7 @@ class GpuTiers(CpuShareSide):
         if c.profile is not None:
             c.profile.add_all(ids)
         if c.recorder is not None:
-            c.recorder.end_pass(list(routed))
+            c.recorder.end_pass(list(routed), None if pred is None else list(pred))
         if c.policy is None:
             return
         self._seen.append(ids)
