@@ -335,6 +335,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
         w0 = (cache.swaps, cache.swap_bytes) if cache is not None else (0, 0)
         pf0 = dataclasses.replace(cache.prefetch) if cache is not None else None
         host0 = gpu.hc.host_s if gpu.hc is not None else 0.0
+        parts0 = dict(gpu.hc.host_parts) if gpu.hc is not None else {}
         t = time.perf_counter()
         gpu.graphs.greedy_loop(list(range(1, b + 1)), states, a.gen)
         dt = time.perf_counter() - t
@@ -342,7 +343,11 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
         if gpu.hc is not None and gpu.hc.dims.ple is not None:  # the PLE rows' hash, gather and upload
             host = gpu.hc.host_s - host0
             res[f"ple_host_share_b{b}"] = host / dt
-            print(f"  PLE rows on the host: {host / a.gen * 1e3:.3f} ms a step, {host / dt:.1%} of decode")
+            split = ", ".join(
+                f"{k} {(v - parts0[k]) / a.gen * 1e3:.3f}" for k, v in gpu.hc.host_parts.items()
+            )
+            step_ms = host / a.gen * 1e3
+            print(f"  PLE rows on the host: {step_ms:.3f} ms a step ({split}), {host / dt:.1%} of decode")
         if cache is not None and cache.policy is not None:
             res[f"swaps_b{b}"] = {"swaps": cache.swaps - w0[0], "bytes": cache.swap_bytes - w0[1]}
             print(

@@ -334,6 +334,8 @@ class Qwen4ExpParts:
         p = cpu.params
         self.cpu, self.dims = cpu, dims
         self.host_s = 0.0  # time the host spent on the PLE rows (prepare), for benchmarks
+        # ... of it: hashing the n-grams, gathering and decoding the rows, uploading them
+        self.host_parts = {"hash": 0.0, "gather": 0.0, "upload": 0.0}
         qsa, ple, rank = dims.qsa, dims.ple, dims.rank
         self.attn = [self._mixer(w, names, rank) for names in cpu.hc_attn]
         self.ffn = [self._mixer(w, names, rank) for names in cpu.hc_ffn]
@@ -409,9 +411,18 @@ class Qwen4ExpParts:
             rows.append(ple_rows(t, pp, hist.ids))
             hist.ids = np.concatenate([hist.ids, np.asarray(t, np.int64)])[-(pp.ngram - 1) :]
         flat = np.concatenate(rows)
-        e = embeddings(table, table.gather(flat, len(flat)), len(flat))
-        act.hc.e[: len(flat)].set(np.ascontiguousarray(e, np.float32))
-        self.host_s += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        e = np.ascontiguousarray(embeddings(table, table.gather(flat, len(flat)), len(flat)), np.float32)
+        t2 = time.perf_counter()
+        act.hc.e[: len(flat)].set(e)
+        t3 = time.perf_counter()
+        parts = self.host_parts
+        parts["hash"], parts["gather"], parts["upload"] = (
+            parts["hash"] + t1 - t0,
+            parts["gather"] + t2 - t1,
+            parts["upload"] + t3 - t2,
+        )
+        self.host_s += t3 - t0
 
     def embed(self, ops: Any, act: Any, n: int) -> None:
         """streams = the embedding (in act.x) in every stream."""
