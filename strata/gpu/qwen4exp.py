@@ -333,8 +333,8 @@ class Qwen4ExpParts:
     def __init__(self, cpu: Any, w: GpuWeights, dims: HCDims) -> None:
         p = cpu.params
         self.cpu, self.dims = cpu, dims
-        self.host_s = 0.0  # time the host spent on the PLE rows (prepare), for benchmarks
-        # ... of it: hashing the n-grams, gathering and decoding the rows, uploading them
+        # time the host spent on the PLE rows (prepare), for benchmarks: hashing the n-grams, gathering and
+        # decoding the rows, uploading them
         self.host_parts = {"hash": 0.0, "gather": 0.0, "upload": 0.0}
         qsa, ple, rank = dims.qsa, dims.ple, dims.rank
         self.attn = [self._mixer(w, names, rank) for names in cpu.hc_attn]
@@ -416,13 +416,13 @@ class Qwen4ExpParts:
         t2 = time.perf_counter()
         act.hc.e[: len(flat)].set(e)
         t3 = time.perf_counter()
-        parts = self.host_parts
-        parts["hash"], parts["gather"], parts["upload"] = (
-            parts["hash"] + t1 - t0,
-            parts["gather"] + t2 - t1,
-            parts["upload"] + t3 - t2,
-        )
-        self.host_s += t3 - t0
+        for part, dt in zip(("hash", "gather", "upload"), (t1 - t0, t2 - t1, t3 - t2)):
+            self.host_parts[part] += dt
+
+    @property
+    def host_s(self) -> float:
+        """All the host's PLE time so far (the parts' sum)."""
+        return sum(self.host_parts.values())
 
     def embed(self, ops: Any, act: Any, n: int) -> None:
         """streams = the embedding (in act.x) in every stream."""
