@@ -1,11 +1,11 @@
 """strata/gpu/kv.py's --kv-resident bookkeeping in CI, over tests/fake_cupy.py (host memory for VRAM).
 
-The kernels are not run; this test plays their part: it writes each pass's cells where the table row says
-(the k and v addresses are the window's minus `base` cells) and reads every cell back as
-kernels/attention.py's `Cells` does (before `base` from the cold columns' host cells, else from the
-device), and as flash_attn reads them from `flash_args` (the host's cells in place for short passes, a
-staged copy for long ones). Through evictions, a rollback behind the base and host copies, every cell must
-read what was written.
+The kernels are not run; this test plays their part: it writes each pass's cells where the table row says (the
+k and v addresses are the window's minus `base` cells) and reads every cell back as kernels/attention.py's
+`Cells` does (before `base` from the cold columns' host cells, else from the device), and as flash_attn reads
+them from `flash_args` (the host's cells in place for short passes, a staged copy for long ones) and QSA's
+attend from `staged_cold_cols` in a long pass's table. Through evictions, a rollback behind the base and host
+copies, every cell must read what was written.
 """
 
 from __future__ import annotations
@@ -43,16 +43,17 @@ def _write(kv, pos: int, cells: dict[str, np.ndarray]) -> None:
                     ctypes.memmove(row[7 + col] + cell * sb, s.ctypes.data, sb)
 
 
-def _read_cells(kv, j: int) -> dict[str, np.ndarray]:
-    """What `Cells` reads for key j of every (layer, head): the host's before base, else the device's."""
-    row = kv.table_row(0) + [0, 0, 0] + kv.scale_cols() + [0] + kv.cold_cols()
+def _read_cells(kv, j: int, cold: list[int] | None = None, layers=range(N_LAYER)) -> dict[str, np.ndarray]:
+    """What `Cells` reads for key j of every (layer, head): the host's before base, else the device's; with
+    `cold`, the table's cold columns as a long pass's QSA layer has them (staged_cold_cols, these layers)."""
+    row = kv.table_row(0) + [0, 0, 0] + kv.scale_cols() + [0] + (kv.cold_cols() if cold is None else cold)
     hk, hv, hks, hvs, hcap, base = row[10:16]
     cb, sb = _cell_bytes(kv.kind)
     out: dict[str, np.ndarray] = {}
     for name, col, hcol, scol, hscol in (("k", 0, hk, 7, hks), ("v", 1, hv, 8, hvs)):
         codes = np.zeros((N_LAYER, N_KV, cb), np.uint8)
         scales = np.zeros((N_LAYER, N_KV, max(sb, 1)), np.uint8)
-        for li in range(N_LAYER):
+        for li in layers:
             for h in range(N_KV):
                 head = li * N_KV + h
                 if j < base:
@@ -122,9 +123,15 @@ def test_every_cell_reads_what_was_written(monkeypatch, kind):
             cold = kv.flash_args(1, rows_)[4]
             if cold is not None:  # a staged copy holds just the base's cells a kv head; the host, hcap
                 assert cold[2] == (kv.base if rows_ > STAGE_ROWS else kv.hcap)
+            staged = kv.staged_cold_cols(1, rows_)  # QSA's view: the same copy, through the table
+            assert (staged is not None) == (rows_ > STAGE_ROWS and kv.base > 0)
             for j in (0, kv.base - 1, kv.base, kv.length - 1):
                 if 0 <= j < kv.length:
                     assert np.array_equal(_flash_reads(kv, 1, rows_, j), written[j]["k"][1]), (k, rows_, j)
+                    if staged is not None:
+                        got = _read_cells(kv, j, staged, layers=[1])
+                        for name, want in written[j].items():
+                            assert np.array_equal(got[name][1], want[1]), (k, j, name, "staged table")
         if k == 37:  # a rollback behind the base: the window's cells come back from the host
             assert kv.base > 0
             back = kv.base - 5
@@ -134,6 +141,7 @@ def test_every_cell_reads_what_was_written(monkeypatch, kind):
     assert kv.base >= BLOCK and len(layouts) > 3
     kv.stage = StageRoom(0)  # no room: a long pass reads the host's cells in place
     assert kv.flash_args(1, STAGE_ROWS + 1)[4][2] == kv.hcap
+    assert kv.staged_cold_cols(1, STAGE_ROWS + 1) is None  # and QSA the table's own columns
     assert np.array_equal(_flash_reads(kv, 1, STAGE_ROWS + 1, 0), written[0]["k"][1])
     copy = kv.copy()  # through one host copy of every cell, and back
     assert copy.window.device_cells == kv.window.device_cells

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from strata.gpu.graphs import DecodeGraphs
+from strata.gpu.kv import COLD_COL
 from strata.gpu.runtime import DEVICE_TO_HOST, HOST_TO_DEVICE, cupy_module
 from strata.runtime.state import SequenceState
 from strata.sampling.params import SamplingParams
@@ -115,7 +116,7 @@ class GraphAhead:
                 if kv.layout != layout:  # type: ignore[attr-defined]  # grown or the window moved: new addresses
                     g.tab[i, :3] = cp.asarray(kv.table_row(0)[:3], cp.int64)  # type: ignore[attr-defined]
                     g.tab[i, 7:9] = cp.asarray(kv.scale_cols(), cp.int64)  # type: ignore[attr-defined]
-                    g.tab[i, 10:16] = cp.asarray(kv.cold_cols(), cp.int64)  # type: ignore[attr-defined]
+                    g.tab[i, COLD_COL : COLD_COL + 6] = cp.asarray(kv.cold_cols(), cp.int64)  # type: ignore[attr-defined]
                 s.n_past += 1
                 s.kv.length = s.n_past  # type: ignore[attr-defined]
                 params, seed = self._draws[i]

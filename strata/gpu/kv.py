@@ -12,7 +12,8 @@ pass (a strided copy per array, then the window's rows move down). The table's k
 window's minus `base` cells, so kernels address a cell at or past `base` as without a window; the cold
 columns (`cold_cols`) give the host's cells, which decode reads in place (zero-copy) and a prefill chunk of
 more than STAGE_ROWS rows reads from a device copy in the plan's StageRoom (every query block would read
-them again over PCIe otherwise). `layout` counts address changes, for tables kept on the device between steps.
+them again over PCIe otherwise): flash through its arguments, QSA's attend through the pass's table rows
+(`staged_cold_cols`). `layout` counts address changes, for tables kept on the device between steps.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from strata.tiers.kvwindow import KVWindow
 MIN_CAP = 256
 MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction from the addresses (unified addressing)
 STAGE_ROWS = 64  # a pass of more rows (past one 4-warp flash block) reads the cold cells from a staged copy
+COLD_COL = 10  # the table's first of the six cold columns (kernels/attention.py COLD)
 
 
 class StageRoom:
@@ -232,21 +234,41 @@ class GpuKV:
     def _cold_layer(self, layer: int, rows: int) -> tuple[int, int, int, int, int, int]:
         """(k, v, cells a kv head, k scales, v scales, base) of one layer's cells before the window: the
         host's, or for a long pass their copy in the StageRoom (the host's when it cannot hold them)."""
-        names = self._arrays()
-        b = self.base
-        room = None
-        if rows > STAGE_ROWS and self.stage is not None:
-            room = self.stage.carve([self.shape[1] * b * self.host_cells[n].strides[2] for n in names])
+        room = self._staged(layer, rows)
         if room is not None:
-            for name, dst in zip(names, room):
-                host = self.host_cells[name]
-                cell = host.strides[2]
-                src = host.ctypes.data + layer * host.strides[0]
-                self._copy2d(dst, b * cell, src, self.hcap * cell, b * cell, self.shape[1])
             ks, vs = (room[2], room[3]) if self.q8 else (0, 0)
-            return room[0], room[1], b, ks, vs, b
-        h = {n: self.host_cells[n].ctypes.data + layer * self.host_cells[n].strides[0] for n in names}
-        return h["k"], h["v"], self.hcap, h.get("ks", 0), h.get("vs", 0), b
+            return room[0], room[1], self.base, ks, vs, self.base
+        cells = self.host_cells
+        h = {n: cells[n].ctypes.data + layer * cells[n].strides[0] for n in self._arrays()}
+        return h["k"], h["v"], self.hcap, h.get("ks", 0), h.get("vs", 0), self.base
+
+    def staged_cold_cols(self, layer: int, rows: int) -> list[int] | None:
+        """cold_cols for the kernels that find cells through the table (QSA's attend) in one layer of a pass
+        of `rows` rows: its cells before the window copied to the StageRoom, the addresses less the layers
+        below, as the kernels add layer * n_kv * cells; None where the table's own (the host's) stand."""
+        room = self._staged(layer, rows)
+        if room is None:
+            return None
+        b, n_kv = self.base, self.shape[1]
+        addrs = [a - layer * n_kv * b * self.host_cells[n].strides[2] for a, n in zip(room, self._arrays())]
+        return [*addrs[:2], *(addrs[2:] if self.q8 else [0, 0]), b, b]
+
+    def _staged(self, layer: int, rows: int) -> list[int] | None:
+        """A pass of more than STAGE_ROWS rows: the layer's cells before the window copied to the StageRoom
+        on the current stream, [n_kv, base] each array; their addresses, or None (a short pass, no cold
+        cells, or no room for them)."""
+        if not self.base or rows <= STAGE_ROWS or self.stage is None:
+            return None
+        names, b = self._arrays(), self.base
+        room = self.stage.carve([self.shape[1] * b * self.host_cells[n].strides[2] for n in names])
+        if room is None:
+            return None
+        for name, dst in zip(names, room):
+            host = self.host_cells[name]
+            cell = host.strides[2]
+            src = host.ctypes.data + layer * host.strides[0]
+            self._copy2d(dst, b * cell, src, self.hcap * cell, b * cell, self.shape[1])
+        return room
 
     def truncate(self, n: int) -> None:
         if self.window is not None:

@@ -307,7 +307,7 @@ def _attention_block(
             dm.kv8,
         )
         if w.sparse is not None:  # each query attends to the keys the layer's own selection picks (QSA)
-            w.sparse.attend(ops, dm, act, n, tab, inv_freq)
+            w.sparse.attend(ops, dm, act, n, tab, inv_freq, segments)
         else:
             _attention(ops, layer, dm, act, n, tab, segments)
     if w.attn_gate is not None:

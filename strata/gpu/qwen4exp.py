@@ -32,10 +32,11 @@ from strata.blocks.ple import PLEParams, embeddings, ple_rows
 from strata.errors import ConfigError
 from strata.gguf.names import X, tensor
 from strata.gpu.kernels import qsa as qk
+from strata.gpu.kv import COLD_COL
 from strata.gpu.lookahead import fork_for
 from strata.gpu.ops import GEMV_ROWS, Ops
 from strata.gpu.runtime import cupy_module, ptr, to_pinned
-from strata.gpu.segments import runs
+from strata.gpu.segments import Segment, runs
 from strata.gpu.weights import DevMatrix, GpuWeights
 from strata.tiers.budget import Ledger
 
@@ -181,7 +182,9 @@ class QSALayer:
     rope: tuple[int, bool, float]  # n_rot, neox, pos_scale
     eps: float
 
-    def attend(self, ops: Any, dm: Any, act: Any, n: int, tab: Any, inv_freq: Any) -> None:
+    def attend(
+        self, ops: Any, dm: Any, act: Any, n: int, tab: Any, inv_freq: Any, segments: list[Segment] | None
+    ) -> None:
         hc, q, (n_rot, neox, pos_scale) = act.hc, self.qd, self.rope
         tab_stride = tab.shape[1]
         product(ops, self.q, act.h, n, hc.iq)
@@ -197,10 +200,22 @@ class QSALayer:
             hc.iq, n, tab, tab_stride, self.j, q.stride, q.hi, q.d, q.ratio, q.top_blocks, hc.sel, hc.nsel,
             hc.scratch,
         )  # fmt: skip
+        self._stage_cold(tab, segments)
         ops.qsa_attend(
             act.q, tab, tab_stride, self.kv_layer, n, dm.n_head, dm.n_kv, dm.hd, dm.scale, hc.sel, hc.nsel,
             q.top_blocks, q.ratio, act.att, dm.kv8, act.att_part if n <= GEMV_ROWS else None,
         )  # fmt: skip
+
+    def _stage_cold(self, tab: Any, segments: list[Segment] | None) -> None:
+        """The longest sequence of a long pass reads its cells before the --kv-resident window from a copy in
+        VRAM (GpuKV.staged_cold_cols): each of its queries reads a budget of keys anywhere in the context,
+        which in place would cross PCIe once per query and head. One sequence a layer: the StageRoom holds
+        one layer's cells, and the attend that reads them is one launch for every row."""
+        longest = max(segments or [], key=lambda s: s.n, default=None)
+        cols = None if longest is None else longest.kv.staged_cold_cols(self.kv_layer, longest.n)
+        if cols is not None:
+            rows = slice(longest.start, longest.start + longest.n)
+            tab[rows, COLD_COL : COLD_COL + 6] = cupy_module().asarray(cols, np.int64)
 
 
 @dataclass(slots=True)

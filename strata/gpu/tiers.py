@@ -528,20 +528,3 @@ class GpuTiers(CpuShareSide):
             (self.cache.staged_counts(staging, li, r) for li, r in enumerate(self._rows)),
             np.zeros(3, np.int64),
         )
-
-    def nbytes(self) -> int:
-        """VRAM held: the slots, the zero slot, the three tables, `where`, the counters and the lookahead."""
-        ahead = (
-            0
-            if self.lookahead is None
-            else Lookahead.nbytes_for(self.layout, self.lookahead.k, self.lookahead.x.shape[0])
-        )
-        return (
-            self.slots.nbytes()
-            + sum(z.nbytes for z in self.zero)
-            + 3 * self.table.nbytes
-            + self.where.nbytes
-            + self.counts.nbytes
-            + self.routes.nbytes
-            + ahead
-        )
