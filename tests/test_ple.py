@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strata.blocks.ngram_hash import ngram_rows, shifted_tokens
+from strata.blocks.ngram_hash import SCALAR_TOKENS, ngram_rows, shifted_tokens
 from strata.blocks.ple import TABLE, embeddings
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys
@@ -74,6 +74,22 @@ def test_rows_match_python_int_transcription(seed: int, huge: bool) -> None:
     )
     np.testing.assert_array_equal(got, np.array(want))
     assert (got >= OFFSETS).all() and (got < OFFSETS + VOCAB).all()
+
+
+@pytest.mark.parametrize("huge", [False, True])
+def test_decode_steps_match_python_int_transcription(huge: bool) -> None:
+    """Passes of up to SCALAR_TOKENS tokens take the integer loop, not numpy: the same rows, EOS and
+    overflowing products included."""
+    rng = np.random.default_rng(7)
+    ids = _random_ids(rng, 60, huge)
+    seq = [EOS, EOS, *ids.tolist()]
+    history, pos = np.full(2, EOS, np.int64), 0
+    for n in (1, 1, 2, 1, SCALAR_TOKENS, 3, 1):
+        piece = ids[pos : pos + n]
+        got = ngram_rows(history, piece, MULT, VOCAB, OFFSETS, 2, EOS)
+        want = ref_rows(seq[: 2 + pos + n], n, MULT.tolist(), VOCAB.tolist(), OFFSETS.tolist(), 2, EOS)
+        np.testing.assert_array_equal(got, np.array(want))
+        history, pos = np.concatenate([history, piece])[-2:], pos + n
 
 
 def test_incremental_equals_one_shot() -> None:

@@ -14,6 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
+# Up to this many tokens (decode steps, a few rows a pass) the rows come from Python ints: numpy's ~20 calls
+# cost ~50 us whatever the length, the integer loop ~3 us a token.
+SCALAR_TOKENS = 8
+MASK64 = (1 << 64) - 1
+
 
 def shifted_tokens(seq: np.ndarray, shift: int, eos: int) -> np.ndarray:
     """seq [L] shifted right by `shift`, EOS wherever the source is before the last EOS or the start."""
@@ -52,8 +57,13 @@ def ngram_rows(
 
     Heads are ordered by n-gram order, then head: [order 2: h0..h_{k-1}, order 3: ..., ...].
     """
-    seq = np.concatenate([np.asarray(history, np.int64), np.asarray(tokens, np.int64)])
     t = len(tokens)
+    if t <= SCALAR_TOKENS:
+        seq_ = [*np.asarray(history, np.int64).tolist(), *np.asarray(tokens, np.int64).tolist()]
+        mult = np.asarray(multipliers).astype(np.uint64).tolist()
+        vocab_, off_ = np.asarray(vocab_sizes).tolist(), np.asarray(offsets).tolist()
+        return _rows_scalar(seq_, t, mult, vocab_, off_, heads_per_ngram, eos)
+    seq = np.concatenate([np.asarray(history, np.int64), np.asarray(tokens, np.int64)])
     vocab = np.asarray(vocab_sizes).astype(np.int64)
     off = np.asarray(offsets).astype(np.int64)
     cols = []
@@ -61,3 +71,26 @@ def ngram_rows(
         heads = slice(i * heads_per_ngram, (i + 1) * heads_per_ngram)
         cols.append(np.mod(x[-t:, None], vocab[None, heads]) + off[None, heads])  # [T, k]
     return np.concatenate(cols, axis=1)
+
+
+def _rows_scalar(
+    seq: list[int], t: int, mult: list[int], vocab: list[int], offsets: list[int], k: int, eos: int
+) -> np.ndarray:
+    """ngram_rows of the last t positions of seq, one position at a time: walking back from a position, the
+    first EOS met (the token itself excepted) and all before it read as EOS, as shifted_tokens' rule."""
+    n = len(mult)
+    out = np.empty((t, (n - 1) * k), np.int64)
+    for r, p in enumerate(range(len(seq) - t, len(seq))):
+        x, blocked, row = (seq[p] * mult[0]) & MASK64, False, out[r]
+        for s in range(1, n):
+            src = p - s
+            if blocked or src < 0:
+                tok = eos
+            else:
+                tok = seq[src]
+                blocked = tok == eos
+            x ^= (tok * mult[s]) & MASK64
+            signed = x - (1 << 64) if x >> 63 else x
+            for j in range((s - 1) * k, s * k):
+                row[j] = signed % vocab[j] + offsets[j]  # Python's % is the floor mod, as np.mod
+    return out
