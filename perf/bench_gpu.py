@@ -22,10 +22,11 @@ import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 
+from strata.bench.gpu_profile import Profile, launches_through
 from strata.bench.report import engine_result, engine_tables, run_meta, write_json
 from strata.console.logs import configure_logging
 from strata.tiers.lookahead import PREFETCH_DEFAULT
@@ -73,76 +74,38 @@ def step_bytes(gpu: Any, b: int) -> float:
     return total
 
 
-class Profile:
-    """GPU time per kernel name, with events around every launch (eager runs only)."""
-
-    def __init__(self, cp: Any) -> None:
-        from strata.gpu import ops
-        from strata.gpu.runtime import KERNEL_NAMES
-
-        self.cp, self.ops, self.orig = cp, ops, ops.launch
-        self.events: list[tuple[str, Any, Any]] = []
-
-        def timed(fn: Any, grid: Any, block: Any, args: Any, smem: int = 0) -> None:
-            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-            e0.record()
-            self.orig(fn, grid, block, args, smem)
-            e1.record()
-            self.events.append((KERNEL_NAMES.get(id(fn), "?"), e0, e1))
-
-        self.timed = timed
-
-    def __enter__(self) -> Self:
-        self.events.clear()
-        self.ops.launch = self.timed
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.ops.launch = self.orig
-
-    def table(self) -> list[tuple[str, int, float]]:
-        self.cp.cuda.Device().synchronize()
-        by: dict[str, list[float]] = defaultdict(list)
-        for name, e0, e1 in self.events:
-            by[name].append(self.cp.cuda.get_elapsed_time(e0, e1))
-        return sorted(((k, len(v), sum(v)) for k, v in by.items()), key=lambda r: -r[2])
-
-
 def graph_profile(gpu: Any, b: int = 1, reps: int = 25) -> list[tuple[str, int, float]]:
     """In-graph time per kernel name: the decode step captured once as is and once per name with every
     launch of that name repeated, (t_repeated - t_base) / launches. Unlike the eager profile this has
     no Python launch gap in it, so it is the time the graph actually spends in each kernel."""
     import cupy as cp
 
-    from strata.gpu import ops as ops_mod
     from strata.gpu.runtime import KERNEL_NAMES
 
     g, st = gpu.graphs, gpu.stream
     states = [gpu.new_state() for _ in range(b)]
     g.greedy_loop(list(range(1, b + 1)), states, 1)  # buffers and the graph's functions loaded
     g._load(list(range(1, b + 1)), states, extra=64)  # positions are put back before every replay
-    orig = ops_mod.launch
     counts: dict[str, int] = defaultdict(int)
 
     def capture(target: str | None) -> Any:
-        def lw(fn: Any, grid: Any, block: Any, args: Any, smem: int = 0) -> None:
-            orig(fn, grid, block, args, smem)
-            name = KERNEL_NAMES.get(id(fn), "?")
-            if target is None:
-                counts[name] += 1
-            elif name == target:
+        def repeating(orig: Any) -> Any:
+            def lw(fn: Any, grid: Any, block: Any, args: Any, smem: int = 0) -> None:
                 orig(fn, grid, block, args, smem)
+                name = KERNEL_NAMES.get(id(fn), "?")
+                if target is None:
+                    counts[name] += 1
+                elif name == target:
+                    orig(fn, grid, block, args, smem)
 
-        ops_mod.launch = lw
-        try:
-            with st:
-                st.begin_capture()
-                try:
-                    g._kernels(b)
-                finally:
-                    graph = st.end_capture()
-        finally:
-            ops_mod.launch = orig
+            return lw
+
+        with launches_through(repeating), st:
+            st.begin_capture()
+            try:
+                g._kernels(b)
+            finally:
+                graph = st.end_capture()
         return graph
 
     saved = g.tab[:b].copy()
@@ -419,10 +382,11 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
         except Exception as e:
             print(f"graph profile failed: {e!r}", flush=True)
         gpu.graphs.use_graphs = False
-        with Profile(cp) as prof:
+        prof = Profile(cp)
+        with prof.running():
             gpu.graphs.greedy_loop([1], [gpu.new_state()], 8)
         res["profile_decode_b1_8steps"] = prof.table()
-        with Profile(cp) as prof:
+        with prof.running():
             gpu.forward(rng.integers(0, vocab, 512), gpu.new_state(), all_logits=False)
         res["profile_pp512"] = prof.table()
         gpu.graphs.use_graphs = True

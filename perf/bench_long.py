@@ -3,7 +3,7 @@ Not a test: prints a table and writes the numbers as JSON (strata bench's envelo
 
     python perf/bench_long.py --model F.gguf [--contexts 4096,32768,131072,262144] [--gen 64]
                               [--vram-budget-mib 22528] [--kv-type int8] [--splits 32,1] [--n-ctx N]
-                              [--pcie-frac 1] [--json OUT.json] [--plot OUT.png]
+                              [--pcie-frac 1] [--profile] [--json OUT.json] [--plot OUT.png]
     python perf/bench_long.py --replot OUT.json [...] --plot OUT.png     # saved runs, no GPU
 
 The JSON is written after every length, so a run cut short keeps what it measured. `--plot` draws TTFT and
@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from strata.bench.gpu_profile import Profile, print_table
 from strata.bench.report import engine_result, engine_tables, run_meta, write_json
 from strata.console.logs import configure_logging
 
@@ -78,10 +79,20 @@ def run(
     rows = []
     for n in a.contexts:
         s = gpu.new_state()
+        tokens = rng.integers(0, vocab, n)
+        profiled = a.profile and n == max(a.contexts) and n > a.chunk
         cp.cuda.Device().synchronize()
         t = time.perf_counter()
-        gpu.forward(rng.integers(0, vocab, n), s, all_logits=False)
+        if not profiled:
+            gpu.forward(tokens, s, all_logits=False)
+        else:  # the last chunk, the one that reads the most cells, kernel by kernel (its events in the TTFT)
+            gpu.forward(tokens[: -a.chunk], s, all_logits=False)
+            prof = Profile(cp)
+            with prof.running():
+                gpu.forward(tokens[-a.chunk :], s, all_logits=False)
         ttft = time.perf_counter() - t
+        if profiled:
+            print_table(prof.table(), f"ctx {n:,}: the last {a.chunk:,}-token chunk")
         gpu.graphs.greedy_loop([1], [s], 2)  # the first steps at this length (any KV growth happens here)
         cp.cuda.Device().synchronize()
         t = time.perf_counter()
@@ -140,6 +151,9 @@ def main() -> None:
     )
     ap.add_argument("--kv-resident", type=int, default=0, help="Strata's --kv-resident (0: all in VRAM)")
     ap.add_argument("--kv-grow", action="store_true", help="Strata's --kv-grow")
+    ap.add_argument(
+        "--profile", action="store_true", help="GPU time per kernel of the longest context's last chunk"
+    )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None, help="a PNG of TTFT and tok/s against the context")
     ap.add_argument("--replot", type=Path, nargs="+", default=None, help="saved JSON runs to plot (no GPU)")

@@ -7,7 +7,8 @@
 # The llama.cpp build (.peer/, see run_gpu.sh) and the synth (PLE_DIM, default 2048: the PLE width llama.cpp's
 # qwen4exp loads; the seeds' own is 2560) start first and run on past the call (setsid), so a next call on the
 # warm machine finds them (REUSE=1 keeps the file). CAP (MiB, default 22528); CONTEXTS for bench_long
-# (default 4096,32768,131072,262144). Each step writes its JSON as it goes and prints its lines unbuffered.
+# (default 4096,32768,131072,262144; the longest one's last chunk is profiled kernel by kernel). Each step
+# writes its JSON as it goes and prints its lines unbuffered.
 # Carried in (git-ignored): .whl/ (gguf; starlette and the server's wheels are not needed), .gpu_fixtures/
 # (tiny_qwen3moe, tiny_qwen4exp, the Qwen3 tokenizer), .peer/.
 set -uo pipefail
@@ -45,4 +46,4 @@ case " $STEPS " in *" long "*)
   echo "== --kv-resident 32768 at $CAP MiB"
   (cd /tmp && timeout ${LONG_TIMEOUT:-420} python3 $REPO/perf/bench_long.py --model $MODEL --vram-budget-mib $CAP \
     --contexts ${CONTEXTS:-4096,32768,131072,262144} --splits 32 --kv-type int8 --n-ctx 262272 --kv-resident 32768 \
-    --json "$OUT/long.json" --plot "$OUT/long.png" 2>&1 | grep --line-buffered -v "^WARNING") ;; esac
+    --profile --json "$OUT/long.json" --plot "$OUT/long.png" 2>&1 | grep --line-buffered -v "^WARNING") ;; esac

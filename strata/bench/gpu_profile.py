@@ -1,0 +1,91 @@
+"""GPU time per kernel for the benchmarks (perf/bench_gpu.py, perf/bench_long.py): every launch of an eager
+pass timed with a pair of events, and the KV window's copies (to the host, staged for a long pass) too.
+
+Each strata.gpu module binds `launch` at import (`from strata.gpu.runtime import launch`), so a wrapper must
+replace that name in every module holding it, not only in ops.py: the qwen4exp, mixer and MoE launches live in
+modules of their own.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Self
+
+Launch = Callable[..., None]
+WINDOW_COPIES = "(KV window copies)"  # GpuKV._copy2d: cells to the host, or staged for a long pass
+
+
+@contextmanager
+def launches_through(make: Callable[[Launch], Launch]) -> Iterator[None]:
+    """Within the block every strata.gpu module launches through make(the original launch)."""
+    from strata.gpu import runtime
+
+    orig = runtime.launch
+    wrapped = make(orig)
+    holders = [
+        m
+        for name, m in list(sys.modules.items())
+        if name.startswith("strata.gpu") and m is not None and getattr(m, "launch", None) is orig
+    ]
+    for m in holders:
+        m.launch = wrapped  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        for m in holders:
+            m.launch = orig  # type: ignore[attr-defined]
+
+
+class Profile:
+    """GPU time per kernel name (eager passes only: a captured graph records no events of ours), the KV
+    window's copies as one more row."""
+
+    def __init__(self, cp: Any) -> None:
+        self.cp = cp
+        self.events: list[tuple[str, Any, Any]] = []
+
+    def _timed(self, name: Callable[[Any], str], fn: Callable[..., None]) -> Callable[..., None]:
+        def run(*args: Any, **kw: Any) -> None:
+            e0, e1 = self.cp.cuda.Event(), self.cp.cuda.Event()
+            e0.record()
+            fn(*args, **kw)
+            e1.record()
+            self.events.append((name(args), e0, e1))
+
+        return run
+
+    @contextmanager
+    def running(self) -> Iterator[Self]:
+        from strata.gpu import kv
+        from strata.gpu.runtime import KERNEL_NAMES
+
+        self.events.clear()
+        copy2d = kv.GpuKV._copy2d
+
+        def kernel(orig: Launch) -> Launch:
+            return self._timed(lambda args: KERNEL_NAMES.get(id(args[0]), "?"), orig)
+
+        kv.GpuKV._copy2d = self._timed(lambda _args: WINDOW_COPIES, copy2d)  # type: ignore[method-assign]
+        try:
+            with launches_through(kernel):
+                yield self
+        finally:
+            kv.GpuKV._copy2d = copy2d  # type: ignore[method-assign]
+
+    def table(self) -> list[tuple[str, int, float]]:
+        """(name, launches, total ms), the largest first."""
+        self.cp.cuda.Device().synchronize()
+        by: dict[str, list[float]] = defaultdict(list)
+        for name, e0, e1 in self.events:
+            by[name].append(self.cp.cuda.get_elapsed_time(e0, e1))
+        return sorted(((k, len(v), sum(v)) for k, v in by.items()), key=lambda r: -r[2])
+
+
+def print_table(rows: list[tuple[str, int, float]], title: str, top: int = 15) -> None:
+    total = sum(r[2] for r in rows) or 1.0
+    print(f"  {title}: {total:,.1f} ms in the launches and copies timed", flush=True)
+    for name, n, ms in rows[:top]:
+        print(f"    {ms:9.2f} ms {100 * ms / total:5.1f}%  x{n:<6} {name}", flush=True)
