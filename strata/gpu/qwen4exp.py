@@ -32,6 +32,7 @@ from strata.blocks.ple import PLEParams, embeddings, ple_rows
 from strata.errors import ConfigError
 from strata.gguf.names import X, tensor
 from strata.gpu.kernels import qsa as qk
+from strata.gpu.kernels.common import GPU_QTYPES
 from strata.gpu.kv import COLD_COL
 from strata.gpu.lookahead import fork_for
 from strata.gpu.ops import GEMV_ROWS, Ops
@@ -69,6 +70,15 @@ class PLEDims:
     ngram: int  # the conv's dilation
     n_layer: int
     window: int  # floats of one layer's conv window: (W - 1) * ngram rows of S * D
+    heads: int  # table rows a token gathers, side by side in its P
+    row_bytes: int  # a table row's bytes
+    # the table's type where the device decodes the gathered rows (the host uploads them as stored, a quarter
+    # of the floats' bytes at 8 bits, and a decode graph decodes them in its first launches); None: the host
+    qtype: int | None
+
+    def raw_bytes(self) -> int:
+        """A row's device bytes for the stored rows and their ids (0 where the host decodes them)."""
+        return 0 if self.qtype is None else self.heads * (self.row_bytes + 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +105,7 @@ class HCDims:
             f += q.hi * q.d + q.d + q.top_blocks + 1
         if self.ple is not None:
             f += self.cols + self.ple.width
-        return 4 * f
+        return 4 * f + (self.ple.raw_bytes() if self.ple is not None else 0)
 
     def fixed_bytes(self) -> int:
         """Bytes of a pass's buffers that do not grow with its rows: SELECT_ROWS queries' block scores."""
@@ -124,6 +134,13 @@ class HCBuffers:
         if hd.ple is not None:
             self.aux = cp.empty((n, hd.cols), f32)
             self.e = cp.empty((n, hd.ple.width), f32)
+            self.e_rows: DevMatrix | None = None
+            if hd.ple.qtype is not None:  # the gathered rows as stored, a matrix get_rows decodes into e
+                pd, rows = hd.ple, n * hd.ple.heads
+                raw = cp.empty(rows * pd.row_bytes, cp.uint8)
+                cols = pd.width // pd.heads
+                self.e_rows = DevMatrix("PLE rows", pd.qtype, rows, cols, 1, pd.row_bytes, raw)
+                self.e_ids = cp.arange(rows, dtype=cp.int64)
 
 
 def product(ops: Any, m: DevMatrix, x: Any, n: int, y: Any) -> None:
@@ -337,7 +354,19 @@ def hc_dims(cpu: Any, n_ctx: int) -> HCDims:
     if cpu.ple is not None:
         pp: PLEParams = cpu.ple
         width = cpu.gguf.tensors[tensor(X.PLE_KEY, cpu.ple_layers[0])].shape[-1]
-        ple = PLEDims(width, pp.conv_kernel, pp.ngram, len(cpu.ple_layers), pp.conv_window * s * d)
+        info = cpu.ple_table.info
+        cols = info.shape[-1]
+        on_device = info.qtype in GPU_QTYPES and cols % 8 == 0  # get_rows decodes chunks of 8
+        ple = PLEDims(
+            width,
+            pp.conv_kernel,
+            pp.ngram,
+            len(cpu.ple_layers),
+            pp.conv_window * s * d,
+            width // cols,
+            info.row_bytes,
+            int(info.qtype) if on_device else None,
+        )
     return HCDims(s, rank, d, qsa, ple)
 
 
@@ -348,8 +377,8 @@ class Qwen4ExpParts:
     def __init__(self, cpu: Any, w: GpuWeights, dims: HCDims) -> None:
         p = cpu.params
         self.cpu, self.dims = cpu, dims
-        # time the host spent on the PLE rows (prepare), for benchmarks: hashing the n-grams, gathering and
-        # decoding the rows, uploading them
+        # time the host spent on the PLE rows (prepare), for benchmarks: hashing the n-grams, gathering the
+        # rows (and decoding them, for a table type the device does not decode), uploading them
         self.host_parts = {"hash": 0.0, "gather": 0.0, "upload": 0.0}
         qsa, ple, rank = dims.qsa, dims.ple, dims.rank
         self.attn = [self._mixer(w, names, rank) for names in cpu.hc_attn]
@@ -415,7 +444,8 @@ class Qwen4ExpParts:
 
     # ---- a pass ----
     def prepare(self, tokens: list[np.ndarray], states: list[Any], act: Any) -> None:
-        """Before a pass: gather the PLE rows of every row's token into hc.e (and advance the histories)."""
+        """Before a pass: gather the PLE rows of every row's token (and advance the histories) into hc.e, or
+        as stored into hc.e_rows for `embed` to decode."""
         if self.cpu.ple is None:
             return
         t0 = time.perf_counter()
@@ -427,9 +457,14 @@ class Qwen4ExpParts:
             hist.ids = np.concatenate([hist.ids, np.asarray(t, np.int64)])[-(pp.ngram - 1) :]
         flat = np.concatenate(rows)
         t1 = time.perf_counter()
-        e = np.ascontiguousarray(embeddings(table, table.gather(flat, len(flat)), len(flat)), np.float32)
+        raw = table.gather(flat, len(flat))
+        if act.hc.e_rows is None:  # the host decodes them
+            raw = np.ascontiguousarray(embeddings(table, raw, len(flat)), np.float32)
         t2 = time.perf_counter()
-        act.hc.e[: len(flat)].set(e)
+        if act.hc.e_rows is None:
+            act.hc.e[: len(flat)].set(raw)
+        else:  # `embed` decodes them on the device
+            act.hc.e_rows.data[: raw.size].set(raw.reshape(-1))
         t3 = time.perf_counter()
         for part, dt in zip(("hash", "gather", "upload"), (t1 - t0, t2 - t1, t3 - t2)):
             self.host_parts[part] += dt
@@ -440,9 +475,12 @@ class Qwen4ExpParts:
         return sum(self.host_parts.values())
 
     def embed(self, ops: Any, act: Any, n: int) -> None:
-        """streams = the embedding (in act.x) in every stream."""
+        """streams = the embedding (in act.x) in every stream; the PLE rows `prepare` uploaded as stored,
+        decoded into hc.e."""
         hc, s, d = act.hc, self.dims.streams, self.dims.d
         hc.streams[:n].reshape(n, s, d)[...] = act.x[:n, None, :]
+        if self.dims.ple is not None and hc.e_rows is not None:
+            ops.embed(hc.e_rows, hc.e_ids, n * self.dims.ple.heads, hc.e)
 
     def run_layer(
         self,
