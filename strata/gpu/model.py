@@ -312,7 +312,7 @@ class GpuModel(Model):
             if tiers is not None:
                 tiers.publish()
                 if n >= tiers.cache.borrow_min:
-                    staging = tiers.begin_staging()
+                    staging = tiers.borrowing.begin()
             segs, tab_rows, start = [], [], 0
             for t, s in zip(tokens, states):
                 kv: GpuKV = s.kv  # type: ignore[assignment]
@@ -329,10 +329,10 @@ class GpuModel(Model):
                     continue
                 assert tiers is not None
                 li = tiers.cache.layer_of[i]
-                tiers.before_layer(li)
+                tiers.borrowing.before_layer(li)
                 self.run_layer(i, self._prefill_layers[i], act, n, tab, segs)
-                tiers.after_layer(staging, li)
-            staged_bytes = tiers.end_staging(staging) if tiers is not None and staging is not None else 0
+                tiers.borrowing.after_layer(staging, li)
+            staged_bytes = tiers.borrowing.end(staging) if tiers is not None and staging is not None else 0
             if tiers is not None:
                 tiers.overlap()
             for t, s, g in zip(tokens, states, segs):

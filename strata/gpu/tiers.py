@@ -6,9 +6,8 @@ pinned RAM inside the CUDA graph), `where` [L, E] (for hit counting), and, durin
 prefill chunk, `ptab`, the prefill table. Copies between windows run on the model's stream, so a
 graph replay never sees a half-written slot.
 
-A borrowing prefill chunk stages layer l's missing experts on a side stream with one `gather_rows`
-launch while earlier layers compute; the compute stream waits for layer l's copy before its experts
-run, and the copy into a buffer waits for the layer that used it last (events, no host waits).
+A borrowing prefill chunk stages each layer's missing experts into borrowed slots on the copy stream while
+earlier layers compute (strata/gpu/borrowing.py, `GpuTiers.borrowing`).
 
 The CPU's share of the decode misses (`--pcie-frac`, tiers/share.py; its GPU side in strata/gpu/share.py):
 decode rows read the CPU-owned experts from a slot of zeros (`table`) and add the CPU's answer; passes of
@@ -44,6 +43,7 @@ import numpy as np
 
 from strata.errors import ConfigError
 from strata.gguf import GGUFFile
+from strata.gpu.borrowing import BorrowingPrefill
 from strata.gpu.kernels import tiers as kt
 from strata.gpu.lookahead import Lookahead
 from strata.gpu.ring import GpuRing
@@ -53,12 +53,11 @@ from strata.gpu.slots import DeviceSlots, engine_copies
 from strata.gpu.weights import DevMatrix
 from strata.tiers import share as split
 from strata.tiers.arena import MmapArena, PinnedArena
-from strata.tiers.borrow import Staging
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.lookahead import PREFETCH_DEFAULT
 from strata.tiers.profile import Profile
 from strata.tiers.ram import arena_rows, choose_held
-from strata.tiers.ring import ring_buffer_bytes, split_rows
+from strata.tiers.ring import ring_buffer_bytes
 from strata.tiers.slots import ExpertCache
 from strata.tiers.store import per_segment
 from strata.tiers.telemetry import note
@@ -182,6 +181,7 @@ class GpuTiers(CpuShareSide):
         self.full = cp.asarray(self.cache.full)  # [L, P, E] int64: passes of more rows
         self.where = cp.asarray(self.cache.where_kinds())  # [L, E] int32
         self.ptab = cp.empty_like(self.table)
+        self.borrowing = BorrowingPrefill(self)
         # the GPU reads no pageable memory in place, and the lookahead copies from the arena like a miss does
         ahead = opts.prefetch and not self.pageable and self.cache.resident() < self.layout.n_total
         self.lookahead = (
@@ -480,51 +480,3 @@ class GpuTiers(CpuShareSide):
         done = cp.cuda.Event(disable_timing=True)
         done.record(self.copy_stream)
         self._swapping.append((moves, done))
-
-    # ---- borrowing prefill ----
-    def begin_staging(self) -> Staging | None:
-        """Plan a borrowing chunk, put its prefill table on the device and stage the first layers."""
-        cp = cupy_module()
-        staging = self.cache.staging()
-        if staging is None:
-            return None
-        self.ptab.set(staging.table)
-        self._rows = [self.cache.stage_rows(staging, li) for li in range(len(self.layout.layers))]
-        self._staged = [cp.cuda.Event(disable_timing=True) for _ in self._rows]
-        self._done = [cp.cuda.Event(disable_timing=True) for _ in self._rows]
-        start = cp.cuda.Event(disable_timing=True)
-        start.record()  # the copies overwrite borrowed slots: not before earlier work that read them
-        self.copy_stream.wait_event(start)
-        for li in range(min(staging.buffers, len(self._rows))):
-            self._stage(li)
-        return staging
-
-    def _stage(self, li: int) -> None:
-        """Layer li's staging copies on the copy engines (a side stream): contiguous runs as one copy each.
-        A gather kernel would have to win SMs from the GEMMs it is meant to overlap."""
-        rows = self._rows[li]
-        if self.ring is not None:  # the low-RAM mode: the mapped-only experts through the bounce ring
-            rows, mapped = split_rows(rows, self.slots.ranges)
-            self.ring.copy(mapped, self.copy_stream)
-        engine_copies(rows, self.layout.strides, self.copy_stream)
-        self._staged[li].record(self.copy_stream)
-
-    def before_layer(self, li: int) -> None:
-        cupy_module().cuda.get_current_stream().wait_event(self._staged[li])
-
-    def after_layer(self, staging: Staging, li: int) -> None:
-        """Layer li's experts have been launched: the buffer it used may take layer li + buffers."""
-        self._done[li].record()
-        nxt = li + staging.buffers
-        if nxt < len(self._rows):
-            self.copy_stream.wait_event(self._done[li])
-            self._stage(nxt)
-
-    def end_staging(self, staging: Staging) -> np.ndarray:
-        """The chunk is over: borrowed slots get their experts back (on the compute stream). Returns the
-        bytes staged, the experts of them from the file's mapping and their bytes [3]."""
-        self.slots.copy_rows(self.cache.restore_rows(staging))
-        return sum(
-            (self.cache.staged_counts(staging, li, r) for li, r in enumerate(self._rows)),
-            np.zeros(3, np.int64),
-        )
