@@ -14,7 +14,7 @@ A = active experts, F = expert (or FFN) width, P = N * A.
 
 Qwen3-Next layers add three things, each optional here: a DeltaNet sublayer in place of attention
 (deltanet.py), an output gate on attention (sigmoid of a second half of q_proj, `attn_gate`), and a
-shared expert behind a sigmoid gate after the routed ones.
+shared expert behind a sigmoid gate after the routed ones. The FFN's launches are ffn.py's.
 """
 
 from __future__ import annotations
@@ -24,14 +24,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from strata.gpu.deltanet import DeltaNetWeights, DNDims, run_deltanet
+from strata.gpu.ffn import run_ffn
 from strata.gpu.kernels import attention, moe
 from strata.gpu.lookahead import fork_for
 from strata.gpu.ops import GEMV_ROWS, Ops
 from strata.gpu.qwen4exp import HCBuffers, HCDims
 from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.segments import Segment, decode_rows_only, runs
-from strata.gpu.tiers import COLLECT_TIMEOUT_NS, TierHook
-from strata.gpu.weights import DevMatrix
+from strata.gpu.tiers import TierHook
+from strata.gpu.weights import DevMatrix, same_kind
 
 # int64 columns per row of the table kernels read: k ptr, v ptr, cap, position, token, the DeltaNet
 # state's conv and ssm addresses (0 for models without it), int8 KV cells' k and v scale addresses (0 for
@@ -215,19 +216,6 @@ def run_mixer(
         _attention_block(ops, w, dm, act, n, tab, segments, inv_freq, small, before_write)
 
 
-def run_ffn(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
-    """x[:n] += ffn(its input): norm(x), or act.h for a layer without ffn_norm (as run_mixer)."""
-    small = n <= GEMV_ROWS
-    if dm.n_expert:
-        _moe(ops, w, dm, act, n)
-    else:
-        _dense(ops, w, dm, act, n)
-    if w.shared is not None:
-        _shared(ops, w.shared, dm, act, n, small)
-    if small and w.tier is not None and w.tier.share is not None:  # the CPU's share, computed meanwhile
-        ops.cpu_collect(act.x, n, dm.d, w.tier.share, COLLECT_TIMEOUT_NS)
-
-
 def _attention_block(
     ops: Ops,
     w: LayerWeights,
@@ -243,14 +231,14 @@ def _attention_block(
     x, h, layer = act.x, act.h, w.kv_layer
     src = h if w.attn_norm is None else x  # no norm: act.h holds the input (hyper-connections)
     assert w.o is not None
-    if small and _same_kind(w.qkv):
+    if small and same_kind(w.qkv):
         ops.matvec(w.qkv, src, n, act.qkv, norm=w.attn_norm, eps=dm.eps)
         if w.attn_gate is not None:
             ops.matvec([w.attn_gate], src, n, act.gate, norm=w.attn_norm, eps=dm.eps)
     else:  # normalise once, then q|k|v as one product where their types agree, else one each
         if w.attn_norm is not None:
             ops.rmsnorm(x, w.attn_norm, dm.eps, n, dm.d, h)
-        groups = [w.qkv] if _same_kind(w.qkv) else [[m] for m in w.qkv]
+        groups = [w.qkv] if same_kind(w.qkv) else [[m] for m in w.qkv]
         col = 0
         for ms in groups:
             out = ptr(act.qkv, 4 * col)
@@ -320,29 +308,6 @@ def _attention_block(
         ops.matmul(w.o, act.att, n, x, accumulate=True)
 
 
-def _shared(ops: Ops, s: SharedExpert, dm: Dims, act: Activations, n: int, small: bool) -> None:
-    """x[:n] += sigmoid(h . gate_inp) * down(silu(gate . h) * (up . h)); h = the FFN's normed input, which the
-    routed step left in act.h."""
-    f, h = dm.shared_ff, act.h
-    groups = [s.gate_up] if _same_kind(s.gate_up) else [[m] for m in s.gate_up]
-    for j, ms in enumerate(groups):
-        out = ptr(act.sgu, 4 * f * j)
-        if small:
-            ops.matvec(ms, h, n, out, ldy=2 * f)
-        else:
-            ops.matmul(ms, h, n, out, ldc=2 * f)
-    if small:
-        ops.matvec([s.down], act.sgu, n, act.sy, silu_mul=True)
-    else:
-        ops.matmul(s.down, act.sgu, n, act.sy, silu_mul=True)
-    ops.matvec([s.gate_inp], h, n, act.sg)
-    ops.gated_add(act.x, act.sy, act.sg, n, dm.d)
-
-
-def _same_kind(ms: list[DevMatrix]) -> bool:
-    return all(m.qtype == ms[0].qtype and m.cols == ms[0].cols for m in ms)
-
-
 def _attention(
     ops: Ops, i: int, dm: Dims, act: Activations, n: int, tab: Any, segments: list[Segment] | None
 ) -> None:
@@ -396,128 +361,3 @@ def _attention(
             scales,
             cold,
         )
-
-
-def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
-    x, h, a, e = act.x, act.h, dm.top_k, dm.n_expert
-    assert w.router is not None
-    # the router stays a gemv at any n: fp32 logits, so expert choice matches the CPU path
-    q8 = n <= GEMV_ROWS and ops.takes_q8(w.gate, w.up, w.down) and dm.ffn % 32 == 0
-    if w.ffn_norm is None:  # act.h is the input as it stands (hyper-connections): no norm to fuse
-        if n > GEMV_ROWS and w.router.qtype == 0:
-            ops.router_logits(h, n, w.router, act.router)
-        else:
-            ops.matvec([w.router], h, n, act.router)
-        ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
-        if q8:
-            ops.q8_rows(h, n, dm.d, act.hq, act.hds)
-    elif ops.split and n <= GEMV_ROWS:  # routing in the router's own launch
-        ops.router_topk(
-            w.router,
-            x,
-            n,
-            act.router,
-            w.ffn_norm,
-            dm.eps,
-            h,
-            a,
-            dm.norm_topk,
-            act.ids,
-            act.wts,
-            act.counter,
-            act.hq if q8 else None,
-            act.hds if q8 else None,
-        )
-    elif n > GEMV_ROWS and w.router.qtype == 0:  # prefill: norm once, then the router as one fp32 GEMM
-        ops.rmsnorm(x, w.ffn_norm, dm.eps, n, dm.d, h)
-        ops.router_logits(h, n, w.router, act.router)
-        ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
-    else:
-        ops.matvec([w.router], x, n, act.router, norm=w.ffn_norm, eps=dm.eps, h_out=h)
-        ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
-    pairs = n * a
-    ahead = w.tier.lookahead if n <= GEMV_ROWS and w.tier is not None else None
-    if (
-        w.tier is not None
-    ):  # (with the lookahead, its launch raises the branch's stop: the link is the experts')
-        ops.tier_count(
-            act.ids,
-            pairs,
-            a,
-            w.tier.where,
-            w.tier.expert_bytes,
-            w.tier.counts,
-            w.tier.route,
-            None if ahead is None else ahead.stop,
-        )
-        if n <= GEMV_ROWS and w.tier.share is not None:  # before the GPU's experts, so the CPU overlaps them
-            ops.cpu_publish(h, act.ids, act.wts, n, a, dm.d, w.tier.share)
-    if n <= GEMV_ROWS:
-        if q8:
-            ops.moe_q8(w.gate, w.up, w.down, act.ids, act.wts, a, act.hq, act.hds, n, act.aq, act.ads, x)
-        else:
-            ops.moe_gate_up(w.gate, w.up, act.ids, a, h, pairs, act.gu)
-            ops.moe_down(w.down, act.ids, act.wts, a, act.gu, n, x)
-        if ahead is not None:
-            assert w.tier is not None
-            ahead.restore(w.tier.layer, act.ids, pairs)
-        return
-    ops.moe_group(
-        act.ids,
-        pairs,
-        a,
-        e,
-        act.counts,
-        act.offsets,
-        act.cursor,
-        act.tiles,
-        act.n_tiles,
-        act.rows,
-        act.tok_of_row,
-    )
-    grid = moe.max_tiles(pairs, e)
-    f = dm.ffn
-    ops.matmul(
-        w.gate,
-        h,
-        pairs,
-        act.gu,
-        ldc=2 * f,
-        a_index=act.tok_of_row,
-        tiles=act.tiles,
-        n_tiles=act.n_tiles,
-        grid_rows=grid,
-    )
-    ops.matmul(
-        w.up,
-        h,
-        pairs,
-        ptr(act.gu, 4 * f),
-        ldc=2 * f,
-        a_index=act.tok_of_row,
-        tiles=act.tiles,
-        n_tiles=act.n_tiles,
-        grid_rows=grid,
-    )
-    ops.matmul(
-        w.down, act.gu, pairs, act.y, silu_mul=True, tiles=act.tiles, n_tiles=act.n_tiles, grid_rows=grid
-    )
-    ops.moe_combine(act.y, act.rows, act.wts, a, dm.d, n, x)
-
-
-def _dense(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
-    x, h, f = act.x, act.h, dm.ffn
-    if n <= GEMV_ROWS:
-        if _same_kind([w.gate, w.up]) and ops.takes_q8(
-            w.gate, w.up
-        ):  # gate|up: one product, norm in its staging
-            ops.matvec([w.gate, w.up], x, n, act.gu, norm=w.ffn_norm, eps=dm.eps)
-        else:
-            ops.matvec([w.gate], x, n, act.gu, ldy=2 * f, norm=w.ffn_norm, eps=dm.eps, h_out=h)
-            ops.matvec([w.up], h, n, ptr(act.gu, 4 * f), ldy=2 * f)
-        ops.matvec([w.down], act.gu, n, x, accumulate=True, silu_mul=True)
-        return
-    ops.rmsnorm(x, w.ffn_norm, dm.eps, n, dm.d, h)
-    ops.matmul(w.gate, h, n, act.gu, ldc=2 * f)
-    ops.matmul(w.up, h, n, ptr(act.gu, 4 * f), ldc=2 * f)
-    ops.matmul(w.down, act.gu, n, x, accumulate=True, silu_mul=True)

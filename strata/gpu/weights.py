@@ -37,6 +37,11 @@ class DevMatrix:
         return self.rows * self.row_bytes
 
 
+def same_kind(ms: list[DevMatrix]) -> bool:
+    """Whether these matrices go in one grouped launch (one type, one reduction width)."""
+    return all(m.qtype == ms[0].qtype and m.cols == ms[0].cols for m in ms)
+
+
 def resident(m: DevMatrix) -> DevMatrix:
     """An expert tensor uploaded whole, with its address table (expert e at e * expert_stride)."""
     if m.n_expert == 1:
