@@ -346,8 +346,8 @@ def test_attention_decode_and_flash(cp, ops, hd, q8):
             ref = attention.ref_attention(q, k, v, scale, q8)
             np.testing.assert_allclose(out.get().reshape(t, h, hd), ref, rtol=1e-4, atol=1e-5)
             continue
-        want = attention.ref_flash(q, attention.ref_cells(k, q8), attention.ref_cells(v, q8), scale)
-        for warps in attention.FLASH_WARPS:  # blocks of 64 and of 128 queries: the same rows, the same order
+        want = flash.ref_flash(q, attention.ref_cells(k, q8), attention.ref_cells(v, q8), scale)
+        for warps in flash.FLASH_WARPS:  # blocks of 64 and of 128 queries: the same rows, the same order
             out.fill(cp.nan)
             ops.flash(cp.asarray(q), *flash, t, n_past, h, kv, hd, scale, out, scales, warps=warps)
             got = out.get().reshape(t, h, hd)

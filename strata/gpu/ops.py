@@ -10,7 +10,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from strata.gpu.kernels import attention, deltanet, gemm, gemv, hyper, mmvq, moe, qsa, rows, sample, tiers
+from strata.gpu.kernels import (
+    attention,
+    deltanet,
+    flash,
+    gemm,
+    gemv,
+    hyper,
+    mmvq,
+    moe,
+    qsa,
+    rows,
+    sample,
+    tiers,
+)
 from strata.gpu.kernels.common import GPU_QTYPES
 from strata.gpu.ops_mixers import MixerOps
 from strata.gpu.ops_moe import MoeOps
@@ -85,13 +98,11 @@ class Ops(MixerOps, MoeOps, Qwen4ExpOps):
                 for h in HEAD_DIMS
                 for q8 in kv_kinds
             ]
-            + [
-                attention.flash_name(h, q8, w)
-                for h in HEAD_DIMS
-                for q8 in kv_kinds
-                for w in attention.FLASH_WARPS
-            ]
             + [attention.merge_name(h) for h in HEAD_DIMS],
+        )
+        self.flash = Kernels(
+            flash.SOURCE,
+            [flash.flash_name(h, q8, w) for h in HEAD_DIMS for q8 in kv_kinds for w in flash.FLASH_WARPS],
         )
         self.rows = Kernels(
             rows.SOURCE,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from strata.gpu.kernels import attention, deltanet
+from strata.gpu.kernels import attention, deltanet, flash
 from strata.gpu.runtime import NULL, dev_ptr, f32, i32, i64, launch
 
 
@@ -222,12 +222,12 @@ class MixerOps:
     ) -> None:
         """scales: int8 cells' (k scales, v scales of the layer, floats a kv head); None: fp16 cells. cold
         (--kv-resident): the cells before the window, (k, v, cells a kv head, k scales, v scales, base).
-        warps: the block's (0: attention.flash_warps' choice)."""
+        warps: the block's (0: flash.flash_warps' choice)."""
         ks, vs, sc_stride = (NULL, NULL, 0) if scales is None else scales
         hk, hv, h_stride, hks, hvs, base = (NULL, NULL, 0, NULL, NULL, 0) if cold is None else cold
-        w = warps or attention.flash_warps(t, n_past)
+        w = warps or flash.flash_warps(t, n_past)
         launch(
-            self.attn[attention.flash_name(hd, scales is not None, w)],
+            self.flash[flash.flash_name(hd, scales is not None, w)],
             (-(-t // (16 * w)), h),
             32 * w,
             (
@@ -251,5 +251,5 @@ class MixerOps:
                 dev_ptr(hvs),
                 i32(base),
             ),
-            smem=attention.flash_smem(hd),
+            smem=flash.flash_smem(hd),
         )
