@@ -19,8 +19,9 @@ GPU's graph cannot read pageable memory; the CPU stand-in reads them in place an
 pass of more rows stages its misses into borrowed slots (`borrow_min` drops to the first row count past
 decode), copies from the mapping passing through the bounce ring (tiers/ring.py).
 
-Long prefill chunks borrow slots (tiers/borrow.py); under --kv-grow the cache changes size (tiers/grow.py):
-both are parts of ExpertCache kept in their own files.
+Long prefill chunks borrow slots (tiers/borrow.py); under --kv-grow the cache changes size (tiers/grow.py);
+the CPU stand-in counts its passes on the host (tiers/host_pass.py): parts of ExpertCache kept in their own
+files.
 
 Legend: L = MoE layers, E = experts per layer, P = 3 parts, S = slots.
 """
@@ -38,8 +39,9 @@ from strata.gguf import GGUFFile
 from strata.tiers.borrow import BORROW_MIN, Borrowing, Staging
 from strata.tiers.budget import cache_request
 from strata.tiers.grow import Resizing
+from strata.tiers.host_pass import COLS, HostPass
 from strata.tiers.layout import ExpertLayout
-from strata.tiers.lookahead import AHEAD_ROWS, PrefetchCounts, pick, score
+from strata.tiers.lookahead import PrefetchCounts
 from strata.tiers.policy import Policy, check_policy, make
 from strata.tiers.profile import Profile
 from strata.tiers.ring import host_ring, ring_buffer_bytes
@@ -49,9 +51,6 @@ from strata.tiers.trace import Recorder
 
 if TYPE_CHECKING:
     from strata.tiers.grow import SlotLender
-
-# per-row counts: lookups, hits, PCIe bytes, CPU expert calls, experts read from the mapping, their bytes
-COLS = 6
 
 
 class Bytes(Protocol):
@@ -91,7 +90,7 @@ def homes(arena: Arena, n_e: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(addrs, np.int64), in_ram
 
 
-class ExpertCache(Borrowing, Resizing):
+class ExpertCache(Borrowing, Resizing, HostPass):
     def __init__(
         self, layout: ExpertLayout, n_slots: int, slots: Bytes, arena: Arena, borrow_min: int = BORROW_MIN
     ) -> None:
@@ -334,96 +333,11 @@ class ExpertCache(Borrowing, Resizing):
         """[L, E] int32 for the hit counter: the slot (>= 0), -1 read over PCIe, -2 the CPU's share."""
         return np.where(self.cpu, np.int32(-2), self.where).astype(np.int32)
 
-    # ---- one forward pass on the host (the CPU stand-in; the GPU counts on the device) ----
-    def begin_pass(self, n_rows: int) -> None:
-        """A pass over n_rows tokens starts: zero its counters, and borrow slots if it is long enough."""
-        self._rows = np.zeros((n_rows, COLS), np.int64)
-        self._pass_ids = [None] * len(self.layout.layers)
-        self._pass_pred = [None] * len(self.layout.layers)
-        self._staging = self.staging() if n_rows >= self.borrow_min else None
-        self._staged = np.zeros(3, np.int64)
-        self.predicting = (
-            self.ahead_k > 0
-            and n_rows <= AHEAD_ROWS
-            and self._staging is None
-            and self.resident() < self.layout.n_total
-        )
-
-    def layer_table(self, li: int) -> np.ndarray:
-        """The addresses [P, E] MoE layer li reads this pass (its misses staged first when borrowing)."""
-        if self._ahead is not None and self._ahead[0] == li:
-            return self._ahead[2]
-        if self._staging is None:
-            return self.full[li]
-        rows = self.stage_rows(self._staging, li)
-        self.slots.copy_rows(rows)
-        self._staged += self.staged_counts(self._staging, li, rows)
-        return self._staging.table[li]
-
     def staged_counts(self, staging: Staging, li: int, rows: np.ndarray) -> np.ndarray:
         """(bytes, experts from the mapping, their bytes) [3] that layer li's staging copies `rows` move."""
         es = np.array([e for e, _ in staging.per_layer[li]], np.int64)
         mapped = int((~self.in_ram[li, es]).sum()) if len(es) else 0
         return np.array([int(rows[:, 2].sum()), mapped, mapped * int(self.expert_bytes[li])], np.int64)
-
-    def count_rows(self, li: int, ids: np.ndarray) -> None:
-        """Count the routed ids [T, A] of MoE layer li into this pass's per-row counters (and record them)."""
-        if self.recorder is not None or self.policy is not None:
-            self._pass_ids[li] = np.asarray(ids)
-        if self.profile is not None:
-            self.profile.add(li, ids)
-        hit = self.where[li][ids] >= 0  # [T, A]
-        self.layer_lookups[li] += hit.size
-        self.layer_hits[li] += int(hit.sum())
-        # a miss only the mapping holds is read in place, as the GPU's CPU pool reads it: a CPU call
-        mapped = ~hit & ~self.in_ram[li][ids]  # [T, A]
-        if self._staging is not None:
-            mapped &= ~self._staging.staged[li][ids]
-        n_mapped = mapped.sum(axis=1)
-        self._rows[:, 0] += ids.shape[1]
-        self._rows[:, 1] += hit.sum(axis=1)
-        self._rows[:, 2] += ((~hit).sum(axis=1) - n_mapped) * self.expert_bytes[li]
-        self._rows[:, 3] += n_mapped
-        self._rows[:, 4] += n_mapped
-        self._rows[:, 5] += n_mapped * self.expert_bytes[li]
-
-    def stage_ahead(self, li: int, pred: np.ndarray) -> None:
-        """Before MoE layer li's mixer: copy up to K of its predicted misses (pred [T, A], each row's best
-        first) into the staging slots; its experts then read each staged one from there (`layer_table`)."""
-        assert self._ahead_store is not None
-        self._pass_pred[li] = np.asarray(pred)
-        picked = pick(pred, (self.where[li] < 0) & ~self.cpu[li], self.ahead_k)
-        table = self.full[li].copy()  # [P, E]
-        rows = []
-        for k, e in enumerate(picked.tolist()):
-            for p in range(3):
-                dst = self._ahead_store.addr(p, k)
-                rows.append((int(self._arena_row(li, p, e)), dst, int(self.sizes[li, p])))
-                table[p, e] = dst
-        t = time.perf_counter_ns()
-        if rows:
-            self._ahead_store.copy_rows(np.asarray(rows, np.int64))
-        self._ahead = (li, picked, table)
-        self._ahead_ns = time.perf_counter_ns() - t
-
-    def settle_ahead(self, li: int, ids: np.ndarray) -> None:
-        """After layer li's routing ids [T, A]: count what its staging served, and drop it."""
-        if self._ahead is None or self._ahead[0] != li:
-            return
-        self.prefetch.add(*score(self._ahead[1], ids, int(self.expert_bytes[li])), self._ahead_ns)
-        self._ahead = None
-
-    def end_pass(self, states: list[TierUse], lens: list[int]) -> None:
-        """Give borrowed slots back and credit each sequence (rows in order, lens[i] each) its counts."""
-        if self._staging is not None:
-            self.slots.copy_rows(self.restore_rows(self._staging))
-            self._staging = None
-        self._ahead = None
-        if self.recorder is not None:
-            self.recorder.end_pass(self._pass_ids, self._pass_pred)
-        self.settle(self._rows, self._staged, states, lens)
-        if self.policy is not None and all(x is not None for x in self._pass_ids):
-            self.load(self.learn(np.stack(self._pass_ids, axis=1)))  # type: ignore[arg-type]
 
     def settle(
         self, rows: np.ndarray, staged: np.ndarray | int, states: list[TierUse], lens: list[int]
