@@ -20,13 +20,12 @@ import json
 import statistics
 import subprocess
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from strata.bench.gpu_profile import Profile, launches_through
+from strata.bench.gpu_profile import Profile, graph_profile
 from strata.bench.report import engine_result, engine_tables, run_meta, write_json
 from strata.console.logs import configure_logging
 from strata.tiers.lookahead import PREFETCH_DEFAULT
@@ -72,66 +71,6 @@ def step_bytes(gpu: Any, b: int) -> float:
         mats += [m for p in hc.ple.values() for m in (p.key, p.value)]
         total += sum(m.data.nbytes for m in mats)
     return total
-
-
-def graph_profile(gpu: Any, b: int = 1, reps: int = 25) -> list[tuple[str, int, float]]:
-    """In-graph time per kernel name: the decode step captured once as is and once per name with every
-    launch of that name repeated, (t_repeated - t_base) / launches. Unlike the eager profile this has
-    no Python launch gap in it, so it is the time the graph actually spends in each kernel."""
-    import cupy as cp
-
-    from strata.gpu.runtime import KERNEL_NAMES
-
-    g, st = gpu.graphs, gpu.stream
-    states = [gpu.new_state() for _ in range(b)]
-    g.greedy_loop(list(range(1, b + 1)), states, 1)  # buffers and the graph's functions loaded
-    g._load(list(range(1, b + 1)), states, extra=64)  # positions are put back before every replay
-    counts: dict[str, int] = defaultdict(int)
-
-    def capture(target: str | None) -> Any:
-        def repeating(orig: Any) -> Any:
-            def lw(fn: Any, grid: Any, block: Any, args: Any, smem: int = 0) -> None:
-                orig(fn, grid, block, args, smem)
-                name = KERNEL_NAMES.get(id(fn), "?")
-                if target is None:
-                    counts[name] += 1
-                elif name == target:
-                    orig(fn, grid, block, args, smem)
-
-            return lw
-
-        with launches_through(repeating), st:
-            st.begin_capture()
-            try:
-                g._kernels(b)
-            finally:
-                graph = st.end_capture()
-        return graph
-
-    saved = g.tab[:b].copy()
-
-    def timed(graph: Any) -> float:
-        """Median over replays, each at the same positions (decode attention grows with the position)."""
-        ts = []
-        with st:
-            for k in range(reps + 2):
-                g.tab[:b] = saved
-                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-                e0.record(st)
-                graph.launch(st)
-                e1.record(st)
-                e1.synchronize()
-                if k >= 2:
-                    ts.append(cp.cuda.get_elapsed_time(e0, e1))
-        return statistics.median(ts)
-
-    base = timed(capture(None))
-    out = [("(whole step)", 1, base)]
-    for name, n in sorted(counts.items()):
-        if name.startswith("advance") or name == "?":
-            continue
-        out.append((name, n, (timed(capture(name)) - base) / n * 1e3))  # us per launch
-    return sorted(out, key=lambda r: -r[1] * r[2] if r[0] != "(whole step)" else -1e18)
 
 
 def sweep(gpu: Any, batches: list[int], gen: int = 64) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """GPU time per kernel for the benchmarks (perf/bench_gpu.py, perf/bench_long.py): every launch of an eager
-pass timed with a pair of events, and the KV window's copies (to the host, staged for a long pass) too.
+pass timed with a pair of events, and the KV window's copies (to the host, staged for a long pass) too; and
+inside a captured decode step, each kernel's share measured by repeating its launches (`graph_profile`).
 
 Each strata.gpu module binds `launch` at import (`from strata.gpu.runtime import launch`), so a wrapper must
 replace that name in every module holding it, not only in ops.py: the qwen4exp, mixer and MoE launches live in
@@ -8,6 +9,7 @@ modules of their own.
 
 from __future__ import annotations
 
+import statistics
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -89,3 +91,63 @@ def print_table(rows: list[tuple[str, int, float]], title: str, top: int = 15) -
     print(f"  {title}: {total:,.1f} ms in the launches and copies timed", flush=True)
     for name, n, ms in rows[:top]:
         print(f"    {ms:9.2f} ms {100 * ms / total:5.1f}%  x{n:<6} {name}", flush=True)
+
+
+def graph_profile(gpu: Any, b: int = 1, reps: int = 25) -> list[tuple[str, int, float]]:
+    """In-graph time per kernel name: the decode step captured once as is and once per name with every
+    launch of that name repeated, (t_repeated - t_base) / launches. Unlike the eager profile this has
+    no Python launch gap in it, so it is the time the graph actually spends in each kernel."""
+    import cupy as cp
+
+    from strata.gpu.runtime import KERNEL_NAMES
+
+    g, st = gpu.graphs, gpu.stream
+    states = [gpu.new_state() for _ in range(b)]
+    g.greedy_loop(list(range(1, b + 1)), states, 1)  # buffers and the graph's functions loaded
+    g._load(list(range(1, b + 1)), states, extra=64)  # positions are put back before every replay
+    counts: dict[str, int] = defaultdict(int)
+
+    def capture(target: str | None) -> Any:
+        def repeating(orig: Any) -> Any:
+            def lw(fn: Any, grid: Any, block: Any, args: Any, smem: int = 0) -> None:
+                orig(fn, grid, block, args, smem)
+                name = KERNEL_NAMES.get(id(fn), "?")
+                if target is None:
+                    counts[name] += 1
+                elif name == target:
+                    orig(fn, grid, block, args, smem)
+
+            return lw
+
+        with launches_through(repeating), st:
+            st.begin_capture()
+            try:
+                g._kernels(b)
+            finally:
+                graph = st.end_capture()
+        return graph
+
+    saved = g.tab[:b].copy()
+
+    def timed(graph: Any) -> float:
+        """Median over replays, each at the same positions (decode attention grows with the position)."""
+        ts = []
+        with st:
+            for k in range(reps + 2):
+                g.tab[:b] = saved
+                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                e0.record(st)
+                graph.launch(st)
+                e1.record(st)
+                e1.synchronize()
+                if k >= 2:
+                    ts.append(cp.cuda.get_elapsed_time(e0, e1))
+        return statistics.median(ts)
+
+    base = timed(capture(None))
+    out = [("(whole step)", 1, base)]
+    for name, n in sorted(counts.items()):
+        if name.startswith("advance") or name == "?":
+            continue
+        out.append((name, n, (timed(capture(name)) - base) / n * 1e3))  # us per launch
+    return sorted(out, key=lambda r: -r[1] * r[2] if r[0] != "(whole step)" else -1e18)
