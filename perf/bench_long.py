@@ -94,7 +94,8 @@ def run(
             last_s = time.perf_counter() - t_last
         ttft = time.perf_counter() - t
         if profiled:  # the wall time beside the GPU's: what the host (pinned allocations, copies) adds
-            print_table(prof.table(), f"ctx {n:,}: the last {a.chunk:,}-token chunk, {1e3 * last_s:,.1f} ms wall")
+            title = f"ctx {n:,}: the last {a.chunk:,}-token chunk, {1e3 * last_s:,.1f} ms wall"
+            print_table(prof.table(), title)
         gpu.graphs.greedy_loop([1], [s], 2)  # the first steps at this length (any KV growth happens here)
         cp.cuda.Device().synchronize()
         t = time.perf_counter()
