@@ -151,3 +151,29 @@ def test_every_cell_reads_what_was_written(monkeypatch, kind):
     used = ledger.used
     del copy
     assert ledger.used < used, "a copy's device cells go back to the ledger"
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["device-move", "via-host"])
+def test_growing_keeps_every_cell(monkeypatch, big):
+    """Capacity doublings without a window keep every cell, whether the old cells move on the device or, past
+    HOST_MOVE_BYTES (or beyond the ledger), wait in host RAM."""
+    import strata.gpu.kv as kvmod
+    from strata.gpu.kv import GpuKV
+
+    fake_cupy.install(monkeypatch)
+    if big:
+        monkeypatch.setattr(kvmod, "HOST_MOVE_BYTES", 1)
+    rng = np.random.default_rng(1)
+    kv = GpuKV(Ledger(1 << 30, 0), N_LAYER, N_KV, HD, 4096, KVType.INT8)
+    written = []
+    for rows in (100, 300, 700, 1):
+        n = kv.length
+        kv.reserve(n + rows)
+        for p in range(n, n + rows):
+            written.append(_random_cells(rng, KVType.INT8))
+            _write(kv, p, written[p])
+        kv.length = n + rows
+    assert kv.cap >= kv.length and kv.cap > 256
+    for j in (0, 99, 100, 399, 400, kv.length - 1):
+        got = _read_cells(kv, j)
+        assert all(np.array_equal(got[name], want) for name, want in written[j].items()), j

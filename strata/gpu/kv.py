@@ -31,6 +31,7 @@ MIN_CAP = 256
 MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction from the addresses (unified addressing)
 STAGE_ROWS = 64  # a pass of more rows (past one 4-warp flash block) reads the cold cells from a staged copy
 COLD_COL = 10  # the table's first of the six cold columns (kernels/attention.py COLD)
+HOST_MOVE_BYTES = 256 << 20  # a growing KV's old cells of at least this many bytes wait in host RAM
 
 
 class StageRoom:
@@ -122,11 +123,13 @@ class GpuKV:
         old = self._bytes(self.cap)
         self.ledger.take(self._bytes(cap) - old, f"KV cache for {cap} positions")
         # a move on the device holds the old cells beside the new: when the budget has no room for both (a
-        # long context, whose KV the plan holds once), the old cells wait in host RAM instead (2 PCIe copies,
-        # once a doubling: ~70 ms for 1.8 GB)
+        # long context, whose KV the plan holds once), or the old are big, they wait in host RAM instead (2
+        # PCIe copies, once a doubling: ~70 ms for 1.8 GB). Big, because the pool's free room may lie in
+        # pieces it cannot join: the 80B's f16 KV growing to 64k asked for 768 MiB beside its old cells and
+        # found no piece, though the ledger had room
         kept, rows = {}, self.length - self.base
         if rows:
-            via_host = not self.ledger.fits(old)
+            via_host = old >= HOST_MOVE_BYTES or not self.ledger.fits(old)
             for name in self._arrays():
                 a = getattr(self, name)[:, :, :rows]
                 kept[name] = a.get() if via_host else a
