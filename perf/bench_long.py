@@ -101,6 +101,12 @@ def run(
         t = time.perf_counter()
         gpu.graphs.greedy_loop([1], [s], a.gen)
         tg = a.gen / (time.perf_counter() - t)
+        if profiled:  # two decode steps at this length, launched eagerly: the same kernels as the graph's
+            gpu.graphs.use_graphs = False
+            with prof.running():
+                gpu.graphs.greedy_loop([1], [s], 2)
+            gpu.graphs.use_graphs = True
+            print_table(prof.table(), f"ctx {n:,}: two decode steps, eager")
         free = cp.cuda.runtime.memGetInfo()[0]
         row = {
             "context": n,
@@ -155,7 +161,9 @@ def main() -> None:
     ap.add_argument("--kv-resident", type=int, default=0, help="Strata's --kv-resident (0: all in VRAM)")
     ap.add_argument("--kv-grow", action="store_true", help="Strata's --kv-grow")
     ap.add_argument(
-        "--profile", action="store_true", help="GPU time per kernel of the longest context's last chunk"
+        "--profile",
+        action="store_true",
+        help="GPU time per kernel of the longest context's last chunk and of two decode steps after it",
     )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None, help="a PNG of TTFT and tok/s against the context")
