@@ -100,7 +100,7 @@ class Ops(MixerOps, MoeOps, Qwen4ExpOps):
             ]
             + [attention.merge_name(h) for h in HEAD_DIMS],
         )
-        self.flash = Kernels(
+        self.flash_attn = Kernels(  # not `flash`: that is the launcher (ops_mixers.py)
             flash.SOURCE,
             [flash.flash_name(h, q8, w) for h in HEAD_DIMS for q8 in kv_kinds for w in flash.FLASH_WARPS],
         )

@@ -227,7 +227,7 @@ class MixerOps:
         hk, hv, h_stride, hks, hvs, base = (NULL, NULL, 0, NULL, NULL, 0) if cold is None else cold
         w = warps or flash.flash_warps(t, n_past)
         launch(
-            self.flash[flash.flash_name(hd, scales is not None, w)],
+            self.flash_attn[flash.flash_name(hd, scales is not None, w)],
             (-(-t // (16 * w)), h),
             32 * w,
             (
