@@ -20,7 +20,7 @@ from quant_blocks import F16_FIELDS, random_blocks
 from strata.blocks.attention import attend
 from strata.blocks.norms import rms_norm
 from strata.blocks.rope import Rope, RopeStyle
-from strata.gpu.kernels import attention, gemm, gemv, mmvq, moe, rows, sample
+from strata.gpu.kernels import attention, flash, gemm, gemv, mmvq, moe, rows, sample
 from strata.gpu.layers import TAB
 from strata.gpu.weights import DevMatrix, resident
 from strata.quants import dequantize
@@ -311,17 +311,17 @@ def _cells(cp, k: np.ndarray, v: np.ndarray, layer: int, cap: int, q8: bool):
         kc, ks, vc, vs = _cache8(cp, k, v, layer, cap)
         ng = hd // group_of(hd)
         lb, sb = kv * cap * hd, kv * cap * ng * 4
-        flash = (kc.data.ptr + layer * lb, vc.data.ptr + layer * lb, cap * hd)
+        args = (kc.data.ptr + layer * lb, vc.data.ptr + layer * lb, cap * hd)
         return (
             (kc, ks, vc, vs),
             _row8(kc, ks, vc, vs, cap, s - 1),
-            flash,
+            args,
             (ks.data.ptr + layer * sb, vs.data.ptr + layer * sb, cap * ng),
         )
     kc, vc = _cache(cp, k, v, layer, cap)
     lb = kv * cap * hd * 2
-    flash = (kc.data.ptr + layer * lb, vc.data.ptr + layer * lb, cap * hd)
-    return (kc, vc), [kc.data.ptr, vc.data.ptr, cap, s - 1, 0, 0, 0, 0, 0], flash, None
+    args = (kc.data.ptr + layer * lb, vc.data.ptr + layer * lb, cap * hd)
+    return (kc, vc), [kc.data.ptr, vc.data.ptr, cap, s - 1, 0, 0, 0, 0, 0], args, None
 
 
 @pytest.mark.parametrize("q8", [False, True])
@@ -337,7 +337,7 @@ def test_attention_decode_and_flash(cp, ops, hd, q8):
         q = rng.standard_normal((t, h, hd)).astype(np.float32)
         k = rng.standard_normal((s, kv, hd)).astype(np.float32)
         v = rng.standard_normal((s, kv, hd)).astype(np.float32)
-        _keep, row, flash, scales = _cells(cp, k, v, layer, s + 13, q8)
+        _keep, row, cells, scales = _cells(cp, k, v, layer, s + 13, q8)
         out = cp.full((t, h * hd), cp.nan, cp.float32)
         scale = 1 / np.sqrt(hd)
         if t == 1:
@@ -349,7 +349,7 @@ def test_attention_decode_and_flash(cp, ops, hd, q8):
         want = flash.ref_flash(q, attention.ref_cells(k, q8), attention.ref_cells(v, q8), scale)
         for warps in flash.FLASH_WARPS:  # blocks of 64 and of 128 queries: the same rows, the same order
             out.fill(cp.nan)
-            ops.flash(cp.asarray(q), *flash, t, n_past, h, kv, hd, scale, out, scales, warps=warps)
+            ops.flash(cp.asarray(q), *cells, t, n_past, h, kv, hd, scale, out, scales, warps=warps)
             got = out.get().reshape(t, h, hd)
             np.testing.assert_allclose(got, want, rtol=1e-3, atol=2e-3, err_msg=f"{warps} warps")
             if not q8:
