@@ -34,6 +34,9 @@ class FakeArray(np.ndarray):
         out[...] = self
         return out
 
+    def set(self, a: np.ndarray, stream: Any = None) -> None:
+        self[...] = a
+
 
 def _empty(shape: Any, dtype: Any = np.float32) -> FakeArray:
     return np.zeros(shape, dtype).view(FakeArray)
@@ -65,6 +68,7 @@ def module() -> types.ModuleType:
     cp.empty = _empty  # type: ignore[attr-defined]
     cp.zeros = _empty  # type: ignore[attr-defined]
     cp.asarray = _asarray  # type: ignore[attr-defined]
+    cp.arange = lambda n, dtype=None: np.arange(n, dtype=dtype).view(FakeArray)  # type: ignore[attr-defined]
     for name in ("float16", "float32", "int8", "int32", "int64", "uint8"):
         setattr(cp, name, getattr(np, name))
     cuda = types.SimpleNamespace(
