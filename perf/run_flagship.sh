@@ -1,7 +1,8 @@
 #!/bin/bash
 # The qwen4exp flagship on the GPU machine (the device tool's `run`): every GPU test, the seeds-shape synth
 # all-resident and at a 24 GB budget beside llama.cpp CUDA, then --kv-resident at length. Run from the repo root.
-#   perf/run_flagship.sh [tests] [bench] [long]   (default: all three; output under ${OUT:-/tmp/out})
+#   perf/run_flagship.sh [tests] [bench] [qsa] [long]   (default: tests bench long; output under ${OUT:-/tmp/out})
+# qsa: perf/bench_qsa.py, QSA's kernels alone at 4k to 256k (~1 minute, no model file).
 # The three take ~5, ~8 and ~7 minutes: one call each on a warm machine (a call may run 10), the later ones
 # with REUSE=1.
 # The llama.cpp build (.peer/, see run_gpu.sh) and the synth (PLE_DIM, default 2048: the PLE width llama.cpp's
@@ -41,6 +42,9 @@ case " $STEPS " in *" bench "*)
   echo "== $CAP MiB beside llama.cpp"
   (cd /tmp && timeout 300 python3 $REPO/perf/bench_tiers.py --model $MODEL --caps $CAP --pcie-fracs 1 --llama-quick \
     --llama-bin /tmp/peer/llama.cpp/build/bin --out "$OUT/tiers" 2>&1 | grep --line-buffered -v "^WARNING") ;; esac
+case " $STEPS " in *" qsa "*)
+  echo "== QSA's kernels against the context"
+  (cd /tmp && timeout 180 python3 $REPO/perf/bench_qsa.py --json "$OUT/qsa.json" 2>&1 | grep --line-buffered -v "^WARNING") ;; esac
 case " $STEPS " in *" long "*)
   [ -f $MODEL ] && [ -n "${REUSE:-}" ] || wait_for /tmp/synth.log
   echo "== --kv-resident 32768 at $CAP MiB"
