@@ -236,14 +236,13 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
         r0, s0 = (share.requests, share.busy_s) if share is not None else (0, 0.0)
         w0 = (cache.swaps, cache.swap_bytes) if cache is not None else (0, 0)
         pf0 = dataclasses.replace(cache.prefetch) if cache is not None else None
-        host0 = gpu.hc.host_s if gpu.hc is not None else 0.0
         parts0 = dict(gpu.hc.host_parts) if gpu.hc is not None else {}
         t = time.perf_counter()
         gpu.graphs.greedy_loop(list(range(1, b + 1)), states, a.gen)
         dt = time.perf_counter() - t
         res[f"tg{a.gen}_b{b}"] = b * a.gen / dt
         if gpu.hc is not None and gpu.hc.dims.ple is not None:  # the PLE rows' hash, gather and upload
-            host = gpu.hc.host_s - host0
+            host = gpu.hc.host_s - sum(parts0.values())
             res[f"ple_host_share_b{b}"] = host / dt
             split = ", ".join(
                 f"{k} {(v - parts0[k]) / a.gen * 1e3:.3f}" for k, v in gpu.hc.host_parts.items()

@@ -189,9 +189,8 @@ def main() -> None:
     )
     done: list[dict[str, Any]] = []
 
-    def save(
-        rows: list[dict[str, Any]],
-    ) -> None:  # after every length: a run cut short keeps what it measured
+    def save(rows: list[dict[str, Any]]) -> None:
+        """After every length: a run cut short keeps what it measured."""
         if a.json:
             write_json(engine_result(meta, {"long_context": done + rows}), a.json)
 

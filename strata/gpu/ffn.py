@@ -130,28 +130,18 @@ def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
     )
     grid = moe.max_tiles(pairs, e)
     f = dm.ffn
-    ops.matmul(
-        w.gate,
-        h,
-        pairs,
-        act.gu,
-        ldc=2 * f,
-        a_index=act.tok_of_row,
-        tiles=act.tiles,
-        n_tiles=act.n_tiles,
-        grid_rows=grid,
-    )
-    ops.matmul(
-        w.up,
-        h,
-        pairs,
-        ptr(act.gu, 4 * f),
-        ldc=2 * f,
-        a_index=act.tok_of_row,
-        tiles=act.tiles,
-        n_tiles=act.n_tiles,
-        grid_rows=grid,
-    )
+    for m, col in ((w.gate, 0), (w.up, f)):  # gate and up side by side in each row of gu [P, 2F]
+        ops.matmul(
+            m,
+            h,
+            pairs,
+            ptr(act.gu, 4 * col),
+            ldc=2 * f,
+            a_index=act.tok_of_row,
+            tiles=act.tiles,
+            n_tiles=act.n_tiles,
+            grid_rows=grid,
+        )
     ops.matmul(
         w.down, act.gu, pairs, act.y, silu_mul=True, tiles=act.tiles, n_tiles=act.n_tiles, grid_rows=grid
     )

@@ -36,10 +36,11 @@ HOST_MOVE_BYTES = 256 << 20  # a growing KV's old cells of at least this many by
 
 class StageRoom:
     """The VRAM the plan keeps for one layer's cells before the window (plan.kv_stage_bytes): a pass of more
-    than STAGE_ROWS rows copies them here and its flash reads them from VRAM. One buffer serves every
-    sequence: passes run one at a time on one stream, so a layer's copy is queued after the flash that read
-    the layer before. Taken from the pool at start, as the plan counts it: VRAM stays where it was when a
-    context first outgrows the window (the flagship's 252 MiB came in at 131k while it was taken lazily)."""
+    than STAGE_ROWS rows copies them here, and its flash (or QSA's attend) reads them from VRAM. One buffer
+    serves every sequence: passes run one at a time on one stream, so a layer's copy is queued after the
+    attention that read the layer before. Taken from the pool at start, as the plan counts it: VRAM stays
+    where it was when a context first outgrows the window (the flagship's 252 MiB came in at 131k while it
+    was taken lazily)."""
 
     def __init__(self, nbytes: int) -> None:
         self.nbytes = nbytes

@@ -395,14 +395,14 @@ class Qwen4ExpParts:
             hist.ids = np.concatenate([hist.ids, np.asarray(t, np.int64)])[-(pp.ngram - 1) :]
         flat = np.concatenate(rows)
         t1 = time.perf_counter()
-        raw = table.gather(flat, len(flat))
-        if act.hc.e_rows is None:  # the host decodes them
-            raw = np.ascontiguousarray(embeddings(table, raw, len(flat)), np.float32)
-        t2 = time.perf_counter()
-        if act.hc.e_rows is None:
-            act.hc.e[: len(flat)].set(raw)
+        raw, stored = table.gather(flat, len(flat)), act.hc.e_rows
+        if stored is None:  # the host decodes them
+            e = np.ascontiguousarray(embeddings(table, raw, len(flat)), np.float32)
+            t2 = time.perf_counter()
+            act.hc.e[: len(flat)].set(e)
         else:  # `embed` decodes them on the device
-            act.hc.e_rows.data[: raw.size].set(raw.reshape(-1))
+            t2 = time.perf_counter()
+            stored.data[: raw.size].set(raw.reshape(-1))
         t3 = time.perf_counter()
         for part, dt in zip(("hash", "gather", "upload"), (t1 - t0, t2 - t1, t3 - t2)):
             self.host_parts[part] += dt
