@@ -105,8 +105,9 @@ def test_indexer_queries(cp, ops, d):
 @pytest.mark.parametrize("integer", [False, True], ids=["float", "integer"])
 def test_block_selection(cp, ops, d, top, integer):
     """qsa_select on a prompt's first 13 rows, a chunk at 400.., and decode rows with 20,000 and max_blocks
-    (20,480) complete blocks; once with scratch for every row, once 5 rows at a time (same answer). integer:
-    q and keys in {-1, 0, 1}, one decode row's q all 0 (every block ties at 0: the earliest win)."""
+    (20,480) complete blocks; qsa_score 5 rows at a time and with scratch for every row, and qsa_score_tiled
+    (told the bound, its row tiles mixing sequences): the same answer. integer: q and keys in {-1, 0, 1}, one
+    decode row's q all 0 (every block ties at 0: the earliest win)."""
     rng = np.random.default_rng(30 + d + top + integer)
     hi, ratio, j, max_blocks = 8, 4, 1, 20_480
     stride = qk.qsa_stride(max_blocks, ratio, d)
@@ -130,19 +131,31 @@ def test_block_selection(cp, ops, d, top, integer):
     q = draw(n, hi, d)
     if integer:
         q[13] = 0.0  # the 20,000-block decode row
-    sels = []
-    for chunk in (5, n):  # the last scratch holds every row's scores
+    sels, every = [], []
+    for chunk, seen in ((5, None), (n, None), (n, max_blocks)):  # the last two hold every row's scores
         scratch = cp.full(ops.qsa_scratch(chunk, max_blocks), cp.nan, cp.float32)
         sel = cp.full((n, top), -7, cp.int32)
         nsel = cp.full(n, -7, cp.int32)
-        ops.qsa_select(
-            cp.asarray(q.reshape(n, -1)), n, tab, TAB, j, stride, hi, d, ratio, top, sel, nsel, scratch
+        ld = ops.qsa_select(
+            cp.asarray(q.reshape(n, -1)), n, tab, TAB, j, stride, hi, d, ratio, top, sel, nsel, scratch, seen
         )
+        assert ld == max_blocks
         sels.append((sel.get(), nsel.get()))
-    scores = scratch.get()
-    (sel5, nsel5), (sel, nsel) = sels
-    np.testing.assert_array_equal(sel5, sel)
-    np.testing.assert_array_equal(nsel5, nsel)
+        every.append(scratch.get())
+    (sel, nsel) = sels[0]
+    for other, onsel in sels[1:]:
+        np.testing.assert_array_equal(other, sel)
+        np.testing.assert_array_equal(onsel, nsel)
+    for scores in every[1:]:
+        _check_selection(scores, sel, nsel, q, states, runs, stride, max_blocks, ratio, d, top, integer)
+    if integer:
+        np.testing.assert_array_equal(sel[13], np.arange(top))
+    assert (nsel < np.concatenate([(r + 1) // ratio for r in runs])).any()
+
+
+def _check_selection(scores, sel, nsel, q, states, runs, stride, max_blocks, ratio, d, top, integer) -> None:
+    """Each run's scores (a row each in `scores`) against the twin's, and its selection against the pick of
+    those scores (with integers, of the twin's)."""
     r0 = 0
     for i, pos in enumerate(runs):
         blocks, _ = qk.record_views(states[i][stride:], max_blocks, ratio, d)
@@ -164,9 +177,47 @@ def test_block_selection(cp, ops, d, top, integer):
             np.testing.assert_array_equal(sel[mine], ws)
             np.testing.assert_array_equal(nsel[mine], wn)
         r0 += pos.size
-    if integer:
-        np.testing.assert_array_equal(sel[13], np.arange(top))
-    assert (nsel < np.concatenate([(r + 1) // ratio for r in runs])).any()
+
+
+@pytest.mark.parametrize("d", [32, 128])
+def test_tiled_scores_short_rows(cp, ops, d):
+    """A prefill pass told its bound (85 complete blocks): score rows 88 floats long, 8 rows a launch in a
+    scratch of 800 floats, 20 indexer heads (a second group of 16, mostly empty); two sequences, the
+    second's rows at 0..8 (none to 2 complete blocks), against the twin's scores and picks."""
+    rng = np.random.default_rng(d)
+    hi, ratio, j, max_blocks, top = 20, 4, 0, 100, 16
+    stride = qk.qsa_stride(max_blocks, ratio, d)
+    runs = [np.arange(300, 340), np.arange(9)]
+    states = [rng.standard_normal(stride).astype(np.float32) for _ in runs]
+    dev = [cp.asarray(s) for s in states]
+    rows_ = [_row(int(p), dev[i].data.ptr) for i, r in enumerate(runs) for p in r]
+    tab = cp.asarray(np.array(rows_, np.int64))
+    n = sum(r.size for r in runs)
+    q = rng.standard_normal((n, hi, d)).astype(np.float32)
+    scratch = cp.full(ops.qsa_scratch(8, max_blocks), cp.nan, cp.float32)
+    sel, nsel = cp.full((n, top), -7, cp.int32), cp.full(n, -7, cp.int32)
+    ld = ops.qsa_select(cp.asarray(q.reshape(n, -1)), n, tab, TAB, j, stride, hi, d, ratio, top, sel, nsel,
+                        scratch, 340 // ratio)  # fmt: skip
+    assert ld == 88
+    last = scratch.get()[:ld]  # the last launch's one row: position 8, two complete blocks
+    want = qk.ref_qsa_scores(q[-1:], qk.record_views(states[1], max_blocks, ratio, d)[0][:2])
+    np.testing.assert_allclose(last[:2], want[0], rtol=1e-5, atol=1e-5)
+    r0, sel, nsel = 0, sel.get(), nsel.get()
+    for i, pos in enumerate(runs):
+        blocks, _ = qk.record_views(states[i], max_blocks, ratio, d)
+        complete = (pos + 1) // ratio
+        mine = slice(r0, r0 + pos.size)
+        blocks = blocks[: max(complete.max(), 1)]
+        ws, wn = qk.ref_qsa_select(q[mine], blocks, pos, ratio, top)
+        scores = qk.ref_qsa_scores(q[mine], blocks)
+        scores[np.arange(len(blocks))[None] >= complete[:, None]] = -np.inf
+        near = np.sort(scores, axis=1)
+        for r in range(pos.size):  # a row whose k-th and k+1-th scores nearly tie may pick either
+            gap = near[r, -top] - near[r, -top - 1] if complete[r] > top else 1.0
+            if gap > 1e-4:
+                np.testing.assert_array_equal(sel[r0 + r], ws[r], err_msg=f"row {r0 + r}")
+            assert nsel[r0 + r] == wn[r]
+        r0 += pos.size
 
 
 def _cells(cp, k: np.ndarray, v: np.ndarray, layer: int, cap: int, q8: bool):

@@ -274,40 +274,40 @@ class Qwen4ExpOps:
         sel: Any,
         nsel: Any,
         scratch: Any,
-    ) -> None:
+        blocks_seen: int | None = None,
+    ) -> int:
         """Each row's min(complete, top_blocks) best blocks of QSA layer j for its query q [n, hi * d]
         (qsa_query's): sel [n, top_blocks] int32 ascending (-1 past nsel), nsel [n] int32. scratch: a cupy
-        float32 array shaped qsa_scratch(rows, max_blocks); it holds the last rows' scores afterwards."""
+        float32 array shaped qsa_scratch(rows, max_blocks). blocks_seen: no row has more complete blocks (a
+        prefill pass's bound, None where the host does not know it): its score rows are then that long, as
+        many as the scratch holds at once, scored by qsa_score_tiled when they fill its row tiles. Returns
+        the score rows' stride: the scratch holds the last rows' scores afterwards, a row each."""
         rows_, max_blocks = scratch.shape
-        tiles = -(-max_blocks // qsa.SCORE_KT)
-        for r0 in range(0, n, rows_):
-            m = min(rows_, n - r0)
-            launch(
-                self.qsa[qsa.score_name(d)],
-                (min(tiles, -(-qsa.SCORE_BLOCKS // m)), m),
-                256,
-                (
-                    dev_ptr(q),
-                    i32(hi),
-                    dev_ptr(tab),
-                    i32(tab_stride),
-                    i32(r0),
-                    i32(j),
-                    i32(stride),
-                    i32(ratio),
-                    f32(np.sqrt(d)),
-                    scratch,
-                    i32(max_blocks),
-                ),
-                smem=qsa.score_smem(hi, d),
-            )
+        ld, per = max_blocks, rows_
+        if blocks_seen is not None and qsa.tiles_dim(d):
+            ld = min(max_blocks, -(-max(blocks_seen, 1) // 4) * 4)
+            per = min(n, scratch.size // ld) // qsa.SCORE_TILE_ROWS * qsa.SCORE_TILE_ROWS
+        tiled = per >= qsa.SCORE_TILE_ROWS
+        if not tiled:
+            ld, per = max_blocks, rows_
+        for r0 in range(0, n, per):
+            m = min(per, n - r0)
+            head = (dev_ptr(q), i32(hi), dev_ptr(tab), i32(tab_stride), i32(r0))
+            tail = (i32(j), i32(stride), i32(ratio), f32(np.sqrt(d)), scratch, i32(ld))
+            if tiled:
+                grid = (-(-ld // qsa.SCORE_TILE_KEYS), -(-m // qsa.SCORE_TILE_ROWS))
+                launch(self.qsa[qsa.tiled_score_name(d)], grid, 256, (*head, i32(m), *tail))
+            else:
+                tiles = -(-max_blocks // qsa.SCORE_KT)
+                grid = (min(tiles, -(-qsa.SCORE_BLOCKS // m)), m)
+                launch(self.qsa[qsa.score_name(d)], grid, 256, (*head, *tail), smem=qsa.score_smem(hi, d))
             launch(
                 self.qsa["qsa_pick"],
                 (m,),
                 qsa.PICK_THREADS,
                 (
                     scratch,
-                    i32(max_blocks),
+                    i32(ld),
                     dev_ptr(tab),
                     i32(tab_stride),
                     i32(r0),
@@ -317,6 +317,7 @@ class Qwen4ExpOps:
                     dev_ptr(nsel),
                 ),
             )
+        return ld
 
     def qsa_attend(
         self,

@@ -214,9 +214,10 @@ class QSALayer:
         ops.qsa_query(
             hc.iq, n, q.hi, q.d, self.q_norm, self.eps, inv_freq, n_rot, neox, pos_scale, tab, tab_stride
         )
+        seen = None if segments is None else max(s.n_past + s.n for s in segments) // q.ratio
         ops.qsa_select(
             hc.iq, n, tab, tab_stride, self.j, q.stride, q.hi, q.d, q.ratio, q.top_blocks, hc.sel, hc.nsel,
-            hc.scratch,
+            hc.scratch, seen,
         )  # fmt: skip
         self._stage_cold(tab, segments)
         ops.qsa_attend(

@@ -15,9 +15,11 @@ complete; positions must stay below max_blocks * ratio.
 - `qsa_query`: the indexer query heads' RMSNorm and RoPE in place, a warp per (row, head).
 - `qsa_score` + `qsa_pick`: block scores sum_h relu(q_h . k_b) / sqrt(d) into a scratch row per query
   (grid (splits, rows): each block a strided share of the row's 64-key tiles, so one decode row at 65k
-  blocks still fills the GPU), then one block of 1024 threads per row finds the k-th largest score exactly
-  (radix select on the float bits, 8 bits a pass: scores are >= 0, so the bits order them) and compacts, in
-  ascending block order, everything above it plus the lowest-index ties at it: the CPU's stable argsort.
+  blocks still fills the GPU; a prefill pass takes `qsa_score_tiled`, 8 rows by 128 keys a block, which
+  reads each key tile once for 8 rows instead of once a row), then one block of 1024 threads per row finds
+  the k-th largest score exactly (radix select on the float bits, 8 bits a pass: scores are >= 0, so the
+  bits order them) and compacts, in ascending block order, everything above it plus the lowest-index ties
+  at it: the CPU's stable argsort.
 - `qsa_attend`: attention.py's `decode_core` itself (a block per (head, row, split), 4 warps, a lane per
   key, online softmax, the attn_merge partials for split-K) over the key list `QsaKeys`: the selected
   blocks' positions, then the incomplete block's complete * ratio .. p. Serves prefill rows and decode rows
@@ -47,6 +49,8 @@ QSA_COL = 9  # the table column holding a row's QSA state address
 SCORE_KT = 64  # compressed keys a scoring tile
 # scoring blocks a launch aims for (2 per H200 SM); a row's share shrinks as more rows share the launch
 SCORE_BLOCKS = 264
+# qsa_score_tiled's tile: rows (a warp each) by compressed keys (4 a lane); fewer rows take qsa_score
+SCORE_TILE_ROWS, SCORE_TILE_KEYS = 8, 128
 PICK_THREADS = 1024
 
 
@@ -175,6 +179,94 @@ __global__ void __launch_bounds__(256) qsa_score(
 #pragma unroll
       for (int i = 0; i < GROUPS; i++) s += red[i][threadIdx.x];
       scores[(i64)blockIdx.y * ld + b0 + threadIdx.x] = s / sqrt_d;
+    }
+  }
+}
+
+// ---- block scores of a prefill pass: the same sums as qsa_score, register-tiled (qsa_score re-reads every
+// key tile for each row, so a 4,096-row chunk at 262k positions ran at ~5 of the GPU's ~60 fp32 TFLOP/s) ----
+// grid (key tiles of 128, row tiles of 8), block 256: warp w takes row row0 + blockIdx.y * 8 + w (below
+// row0 + n), lane l its keys 4l .. 4l + 3 of the tile, against 16 heads at a time: 64 sums in
+// registers, a float4 of keys and four of queries from shared memory per dim. The keys are the record's of
+// the tile's rows: a tile whose rows belong to several sequences takes them one record at a time (a pass's
+// sequences are contiguous, so that is a boundary tile's lot). Row r's scores go to scores[r - row0] (ld
+// floats a row), blocks below its complete count only.
+template <int D>
+__global__ void __launch_bounds__(256) qsa_score_tiled(
+    const float* __restrict__ q, int hi, const i64* __restrict__ tab, int tab_stride, int row0, int n, int j,
+    int stride, int ratio, float sqrt_d, float* __restrict__ scores, int ld) {
+  constexpr int TR = 8, TK = 128, HG = 16, DK = D < 32 ? D : 32, KP = TK + 4, HP = HG + 4;
+  static_assert(D % DK == 0 && DK % 4 == 0, "the indexer dim: a multiple of 32, or 4 .. 32");
+  __shared__ __align__(16) float ks[DK][KP];      // the tile's keys, dim-major
+  __shared__ __align__(16) float qs[TR][DK][HP];  // the rows' queries of 16 heads, dim-major
+  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int first = row0 + blockIdx.y * TR, end = min(first + TR, row0 + n), b0 = blockIdx.x * TK;
+  const int me = first + w;
+  const bool live = me < end;
+  const i64 rec_me = live ? tab[(i64)me * tab_stride + QSA_COL] : 0;
+  const int c_me = live ? (int)((tab[(i64)me * tab_stride + 3] + 1) / ratio) : 0;
+  for (int lead = first; lead < end; lead++) {
+    const i64 rec = tab[(i64)lead * tab_stride + QSA_COL];
+    bool seen = false;
+    int cmax = 0;
+    for (int r = first; r < end; r++) {
+      const i64* t2 = tab + (i64)r * tab_stride;
+      if (t2[QSA_COL] != rec) continue;
+      seen |= r < lead;
+      cmax = max(cmax, (int)((t2[3] + 1) / ratio));
+    }
+    if (seen || b0 >= cmax) continue;  // the same for the whole block
+    const bool mine = rec_me == rec && b0 < c_me;  // the same for the whole warp
+    const float* blocks = (const float*)rec + (i64)j * stride;
+    const int nk = min(TK, cmax - b0);
+    float part[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int h0 = 0; h0 < hi; h0 += HG) {
+      float acc[HG][4];
+#pragma unroll
+      for (int h = 0; h < HG; h++) acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.f;
+      for (int d0 = 0; d0 < D; d0 += DK) {
+        __syncthreads();  // the last chunk is read
+        for (int i = threadIdx.x; i < TK * (DK / 4); i += blockDim.x) {
+          const int kk = i / (DK / 4), x = 4 * (i % (DK / 4));
+          const float4 v = kk < nk ? *(const float4*)(blocks + (i64)(b0 + kk) * D + d0 + x)
+                                   : make_float4(0.f, 0.f, 0.f, 0.f);
+          ks[x][kk] = v.x; ks[x + 1][kk] = v.y; ks[x + 2][kk] = v.z; ks[x + 3][kk] = v.w;
+        }
+        for (int i = threadIdx.x; i < TR * HG * DK; i += blockDim.x) {
+          const int e = i / (HG * DK), h = (i / DK) % HG, k = i % DK, r = first + e;
+          const bool ok = r < end && h0 + h < hi && tab[(i64)r * tab_stride + QSA_COL] == rec;
+          qs[e][k][h] = ok ? q[((i64)r * hi + h0 + h) * D + d0 + k] : 0.f;
+        }
+        __syncthreads();
+        if (mine) {
+#pragma unroll 4
+          for (int k = 0; k < DK; k++) {
+            const float4 kv = *(const float4*)&ks[k][4 * lane];
+#pragma unroll
+            for (int h4 = 0; h4 < HG / 4; h4++) {
+              const float4 qv = *(const float4*)&qs[w][k][4 * h4];
+              const float qh[4] = {qv.x, qv.y, qv.z, qv.w};
+#pragma unroll
+              for (int u = 0; u < 4; u++) {
+                float* a = acc[4 * h4 + u];
+                a[0] = fmaf(qh[u], kv.x, a[0]); a[1] = fmaf(qh[u], kv.y, a[1]);
+                a[2] = fmaf(qh[u], kv.z, a[2]); a[3] = fmaf(qh[u], kv.w, a[3]);
+              }
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < HG; h++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) part[c] += fmaxf(acc[h][c], 0.f);
+    }
+    if (mine) {
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const int b = b0 + 4 * lane + c;
+        if (b < c_me) scores[(i64)(me - row0) * ld + b] = part[c] / sqrt_d;
+      }
     }
   }
 }
@@ -332,6 +424,15 @@ def score_name(d: int) -> str:
     return f"qsa_score<{d}>"
 
 
+def tiled_score_name(d: int) -> str:
+    return f"qsa_score_tiled<{d}>"
+
+
+def tiles_dim(d: int) -> bool:
+    """qsa_score_tiled takes the dim in chunks of 32 (or whole, up to 32) as float4s."""
+    return d % 32 == 0 or (d < 32 and d % 4 == 0)
+
+
 def attend_name(hd: int, q8: bool = False) -> str:
     return f"qsa_attend<{hd}, {int(q8)}>"
 
@@ -342,6 +443,7 @@ def kernel_names(head_dims: Iterable[int]) -> list[str]:
     return (
         ["qsa_ring", "qsa_pick"]
         + [f(d) for f in (compress_name, query_name, score_name) for d in dims]
+        + [tiled_score_name(d) for d in dims if tiles_dim(d)]
         + [attend_name(d, q8) for d in dims for q8 in (False, True)]
     )
 
