@@ -72,7 +72,8 @@ def _case(
     iq = cp.asarray(rng.standard_normal((n, hi * d), dtype=np.float32))
     q = cp.asarray(rng.standard_normal((n, h * hd), dtype=np.float32))
     sel, nsel = cp.empty((n, top), cp.int32), cp.empty(n, cp.int32)
-    scratch = cp.empty(Ops.qsa_scratch(min(n, SELECT_ROWS), max_blocks), cp.float32)
+    # the model's scratch: score rows as long as its longest context's (a shorter pass fits more rows in it)
+    scratch = cp.empty(Ops.qsa_scratch(min(n, SELECT_ROWS), max(a.contexts) // ratio), cp.float32)
     att = cp.empty((n, h * hd), cp.float32)
     part = cp.empty((n, h, attention.SPLITS, hd + 2), cp.float32) if n <= GEMV_ROWS else None
     scale = 1 / np.sqrt(hd)

@@ -283,13 +283,14 @@ class Qwen4ExpOps:
         many as the scratch holds at once, scored by qsa_score_tiled when they fill its row tiles. Returns
         the score rows' stride: the scratch holds the last rows' scores afterwards, a row each."""
         rows_, max_blocks = scratch.shape
-        ld, per = max_blocks, rows_
-        if blocks_seen is not None and qsa.tiles_dim(d):
+        ld, per, tiled = max_blocks, rows_, False
+        if blocks_seen is not None and n >= qsa.SCORE_TILE_ROWS and qsa.tiles_dim(d):
             ld = min(max_blocks, -(-max(blocks_seen, 1) // 4) * 4)
-            per = min(n, scratch.size // ld) // qsa.SCORE_TILE_ROWS * qsa.SCORE_TILE_ROWS
-        tiled = per >= qsa.SCORE_TILE_ROWS
-        if not tiled:
-            ld, per = max_blocks, rows_
+            fit = scratch.size // ld  # rows of scores at once; a row tile's multiple unless all of them
+            per = n if n <= fit else fit // qsa.SCORE_TILE_ROWS * qsa.SCORE_TILE_ROWS
+            tiled = per >= qsa.SCORE_TILE_ROWS
+            if not tiled:
+                ld, per = max_blocks, rows_
         for r0 in range(0, n, per):
             m = min(per, n - r0)
             head = (dev_ptr(q), i32(hi), dev_ptr(tab), i32(tab_stride), i32(r0))
