@@ -2,7 +2,7 @@
 # The qwen4exp flagship on the GPU machine (the device tool's `run`): every GPU test, the seeds-shape synth
 # all-resident and at a 24 GB budget beside llama.cpp CUDA, then --kv-resident at length. Run from the repo root.
 #   perf/run_flagship.sh [tests] [bench] [qsa] [long]   (default: tests bench long; output under ${OUT:-/tmp/out})
-# qsa: perf/bench_qsa.py, QSA's kernels alone at 4k to 256k (no model file; not yet run on a GPU).
+# qsa: perf/bench_qsa.py, QSA's kernels alone at 4k to 256k (no model file; perf/README.md has its runs).
 # The three take ~5, ~8 and ~7 minutes: one call each on a warm machine (a call may run 10), the later ones
 # with REUSE=1.
 # The llama.cpp build (.peer/, see run_gpu.sh) and the synth (PLE_DIM, default 2048: the PLE width llama.cpp's
