@@ -20,6 +20,7 @@ if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
 from oracle import assets  # noqa: E402
+from quant_blocks import MOE_TYPES  # noqa: E402
 
 # Routing profiles (strata/tiers/profile.py) fill later caches from earlier runs: each test session gets its
 # own empty cache dir for them, so one test's routing never changes another's placement.
@@ -67,6 +68,36 @@ def tokenizer_oracle() -> dict:
 @pytest.fixture(scope="session")
 def template_oracle() -> dict:
     return json.loads(_build(assets.template_oracle).read_text(encoding="utf-8"))
+
+
+# ---- the GPU tests' fixtures (their marker skips them where cupy or a GPU is missing) ----
+
+
+@pytest.fixture(scope="session")
+def cp():
+    import cupy
+
+    return cupy
+
+
+@pytest.fixture(scope="module")
+def ops(cp):
+    """The default kernel generation: for kernels that are the same in every one."""
+    from strata.gpu.ops import Ops
+
+    return Ops()
+
+
+@pytest.fixture(
+    scope="module", params=[(True, True), (True, False), (False, False)], ids=["q8", "split", "v1"]
+)
+def kernel_generations(cp, request):
+    """Every kernel generation: int8-input decode products (mmvq, with split-K fp32 kernels for the other
+    types), split-K decode on fp32 inputs, and the first versions."""
+    from strata.gpu.ops import Ops
+
+    split, q8 = request.param
+    return Ops(moe_types=MOE_TYPES, split=split, q8=q8)
 
 
 def _gpu_available() -> bool:

@@ -12,6 +12,10 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as T
 
+# The MoE kernels' (gate, up, down) weight types the GPU tests build every kernel generation with: the
+# K-quant mix of real files and all-Q8_0.
+MOE_TYPES = [(int(T.Q4_K), int(T.Q4_K), int(T.Q6_K)), (int(T.Q8_0), int(T.Q8_0), int(T.Q8_0))]
+
 # Byte offsets of fp16 scale fields inside one block (see ggml-common.h block_* structs).
 F16_FIELDS: dict[T, tuple[int, ...]] = {
     T.Q4_0: (0,),

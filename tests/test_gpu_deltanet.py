@@ -1,6 +1,6 @@
 """The Qwen3-Next kernels against their numpy twins: DeltaNet (kernels/deltanet.py) and the two sigmoid
-gates (rows.py). They are the same in every kernel generation (tests/test_gpu_kernels.py's `ops`
-fixture), so they run once, on the default one. Tolerances as stated per test.
+gates (rows.py). They are the same in every kernel generation (tests/conftest.py's
+`kernel_generations`), so they run once, on the default one (`ops`). Tolerances as stated per test.
 """
 
 from __future__ import annotations
@@ -13,20 +13,6 @@ from strata.gpu.kernels import rows
 from strata.gpu.runtime import ptr
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
-def ops(cp):
-    from strata.gpu.ops import Ops
-
-    return Ops()
 
 
 @pytest.mark.parametrize("kd", dk.KEY_DIMS)

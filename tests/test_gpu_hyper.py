@@ -19,20 +19,6 @@ DS = [64, 200, 2048]
 NS = [1, 3, 8, 67]
 
 
-@pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
-def ops(cp):
-    from strata.gpu.ops import Ops
-
-    return Ops()
-
-
 def _close(got: np.ndarray, want: np.ndarray, what: str, tol: float = 1e-5) -> None:
     err = np.abs(got - want).max() / (np.abs(want).max() + 1e-30)
     worst = np.unravel_index(np.abs(got - want).argmax(), want.shape)

@@ -24,20 +24,6 @@ TAB = 17  # a row stride past layers.TAB's 16 (the kernels take the stride), the
 EPS = 1e-6
 
 
-@pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
-def ops(cp):
-    from strata.gpu.ops import Ops
-
-    return Ops()
-
-
 def _row(pos: int, state: int = 0, cells: tuple[int, int, int, int, int] = (0, 0, 0, 0, 0)) -> list[int]:
     """A table row: cells = (k, v, cap, k scales, v scales) of the KV cache, state = the QSA buffer."""
     k, v, cap, ks, vs = cells
