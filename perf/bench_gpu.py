@@ -306,6 +306,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
                     f"{got['copied_bytes'] / max(got['copy_ns'], 1):.1f} GB/s",
                     flush=True,
                 )
+    states = []  # the last batch's states back to the ledger: at a tight budget the profile needs the room
     s = gpu.new_state()
     gpu.forward(np.array([1]), s, all_logits=False)
     t = time.perf_counter()

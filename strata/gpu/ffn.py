@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from strata.gpu.kernels import moe
 from strata.gpu.ops import GEMV_ROWS, Ops
-from strata.gpu.runtime import ptr
+from strata.gpu.runtime import ptr, side_branch
 from strata.gpu.tiers import COLLECT_TIMEOUT_NS
 from strata.gpu.weights import same_kind
 
@@ -20,21 +20,36 @@ if TYPE_CHECKING:
 
 
 def run_ffn(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
-    """x[:n] += ffn(its input): norm(x), or act.h for a layer without ffn_norm (as run_mixer)."""
+    """x[:n] += ffn(its input): norm(x), or act.h for a layer without ffn_norm (as run_mixer).
+
+    Decode rows of a MoE layer with a shared expert run the shared expert's products on a side branch
+    (runtime.side_branch) beside the routed experts: both read only the normed input, and the routed kernels
+    leave most SMs idle (a few blocks per expert; misses wait on PCIe). The shared expert's add into x still
+    comes after the routed one, so x sums in the same order as on one stream."""
     small = n <= GEMV_ROWS
+    side = side_branch() if small and dm.n_expert and w.shared is not None else None
     if dm.n_expert:
-        _moe(ops, w, dm, act, n)
+        _route(ops, w, dm, act, n)
+        if side is not None:
+            assert w.shared is not None
+            with side.fork():
+                _shared_products(ops, w.shared, dm, act, n, small)
+        _experts(ops, w, dm, act, n)
     else:
         _dense(ops, w, dm, act, n)
     if w.shared is not None:
-        _shared(ops, w.shared, dm, act, n, small)
+        if side is None:
+            _shared_products(ops, w.shared, dm, act, n, small)
+        else:
+            side.join()
+        ops.gated_add(act.x, act.sy, act.sg, n, dm.d)
     if small and w.tier is not None and w.tier.share is not None:  # the CPU's share, computed meanwhile
         ops.cpu_collect(act.x, n, dm.d, w.tier.share, COLLECT_TIMEOUT_NS)
 
 
-def _shared(ops: Ops, s: SharedExpert, dm: Dims, act: Activations, n: int, small: bool) -> None:
-    """x[:n] += sigmoid(h . gate_inp) * down(silu(gate . h) * (up . h)); h = the FFN's normed input, which the
-    routed step left in act.h."""
+def _shared_products(ops: Ops, s: SharedExpert, dm: Dims, act: Activations, n: int, small: bool) -> None:
+    """The shared expert's sy = down(silu(gate . h) * (up . h)) and sg = h . gate_inp, which run_ffn adds into
+    x as x += sigmoid(sg) * sy; h = the FFN's normed input, which the routed step left in act.h."""
     f, h = dm.shared_ff, act.h
     groups = [s.gate_up] if same_kind(s.gate_up) else [[m] for m in s.gate_up]
     for j, ms in enumerate(groups):
@@ -48,14 +63,20 @@ def _shared(ops: Ops, s: SharedExpert, dm: Dims, act: Activations, n: int, small
     else:
         ops.matmul(s.down, act.sgu, n, act.sy, silu_mul=True)
     ops.matvec([s.gate_inp], h, n, act.sg)
-    ops.gated_add(act.x, act.sy, act.sg, n, dm.d)
 
 
-def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
+def _q8(ops: Ops, w: LayerWeights, dm: Dims, n: int) -> bool:
+    """Decode rows whose experts take the int8-input kernels: the router then quantizes h too."""
+    return n <= GEMV_ROWS and ops.takes_q8(w.gate, w.up, w.down) and dm.ffn % 32 == 0
+
+
+def _route(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
+    """The router: h = the normed input (or act.h as it stands), ids and wts the chosen experts; for decode
+    rows the int8 codes of h too, and the tiers' counts and CPU hand-off."""
     x, h, a, e = act.x, act.h, dm.top_k, dm.n_expert
     assert w.router is not None
     # the router stays a gemv at any n: fp32 logits, so expert choice matches the CPU path
-    q8 = n <= GEMV_ROWS and ops.takes_q8(w.gate, w.up, w.down) and dm.ffn % 32 == 0
+    q8 = _q8(ops, w, dm, n)
     if w.ffn_norm is None:  # act.h is the input as it stands (hyper-connections): no norm to fuse
         if n > GEMV_ROWS and w.router.qtype == 0:
             ops.router_logits(h, n, w.router, act.router)
@@ -105,8 +126,15 @@ def _moe(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
         )
         if n <= GEMV_ROWS and w.tier.share is not None:  # before the GPU's experts, so the CPU overlaps them
             ops.cpu_publish(h, act.ids, act.wts, n, a, dm.d, w.tier.share)
+
+
+def _experts(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
+    """x[:n] += the routed experts' weighted sum for the routing _route left in act."""
+    x, h, a, e = act.x, act.h, dm.top_k, dm.n_expert
+    pairs = n * a
     if n <= GEMV_ROWS:
-        if q8:
+        ahead = w.tier.lookahead if w.tier is not None else None
+        if _q8(ops, w, dm, n):
             ops.moe_q8(w.gate, w.up, w.down, act.ids, act.wts, a, act.hq, act.hds, n, act.aq, act.ads, x)
         else:
             ops.moe_gate_up(w.gate, w.up, act.ids, a, h, pairs, act.gu)

@@ -8,7 +8,8 @@ keeps the cubins in its own disk cache, so a second process starts without NVRTC
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -56,6 +57,38 @@ class Kernels:
             fn = self._fn[name] = self.module.get_function(name)
             KERNEL_NAMES[id(fn)] = name
         return fn
+
+
+class SideBranch:
+    """A second stream that launches fork onto and join back from: inside a captured graph the fork and join
+    are edges, so the branch's kernels run beside the main stream's (lookahead.py keeps a branch of its own,
+    which stays open across the mixer)."""
+
+    def __init__(self) -> None:
+        cp = cupy_module()
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.forked = cp.cuda.Event(disable_timing=True)
+        self.done = cp.cuda.Event(disable_timing=True)
+
+    @contextmanager
+    def fork(self) -> Iterator[None]:
+        """Launches in the block go on the branch, after what the current stream has queued."""
+        cp = cupy_module()
+        self.forked.record(cp.cuda.get_current_stream())
+        self.stream.wait_event(self.forked)
+        with self.stream:
+            yield
+        self.done.record(self.stream)
+
+    def join(self) -> None:
+        """The current stream waits for what the last fork queued."""
+        cupy_module().cuda.get_current_stream().wait_event(self.done)
+
+
+@functools.cache
+def side_branch() -> SideBranch:
+    """The process's one branch for short forks (passes run one at a time, each joining before it ends)."""
+    return SideBranch()
 
 
 HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE = 1, 2, 3  # cudaMemcpyKind, for cudaMemcpyAsync
