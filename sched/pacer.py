@@ -1,7 +1,10 @@
 """How much of a newcomer's prompt to feed in a window shared with running streams, and when.
 
 A decode-only window costs d (the streams' cadence: the time between two of their tokens, the host's
-share included, which is what their pace is); a window that also reads n prompt tokens costs a + b * n,
+share included, which is what their pace is; the median of the last DECODE_WINDOWS, since a cadence that took
+in an idle gap or a graph capture is 10-15x the rest, and a moving average took several windows to forget one:
+on the H200 that left d twice the streams' real cadence when a prompt came, and the pacer owed them half the
+windows it should have); a window that also reads n prompt tokens costs a + b * n,
 a its fixed part (the decode rows, launches, weights read once) and b the per-token part. On a GPU a is
 large and b small (a model that charged everything to b fed the GPU 8-token slices that crawled), and b
 is only measurable on large windows: it is taken from windows of BIG or more prompt tokens (with or
@@ -38,7 +41,8 @@ from collections import deque
 KEEP = 0.5  # fraction of the solo decode rate running streams keep while a prompt is read
 MIN_CHUNK = 8  # below this, per-window overhead dominates and the newcomer crawls
 BIG = 256  # prompt tokens from which a window's time is mostly the per-token part
-_ALPHA = 0.3  # weight of the newest window in the moving averages
+_ALPHA = 0.3  # weight of the newest window in the per-token cost's moving average
+DECODE_WINDOWS = 9  # decode-only windows whose median is the streams' cadence
 _WINDOWS = 24  # mixed windows the cost fit looks back on
 
 
@@ -50,12 +54,17 @@ def _owed(t: float, d: float) -> int:
 class PrefillPacer:
     def __init__(self, probe: int = BIG) -> None:
         self.probe = probe  # prompt tokens of a window read while b is unknown
-        self.decode_s: float | None = None  # the streams' cadence in decode-only windows
+        self._decode: deque[float] = deque(maxlen=DECODE_WINDOWS)  # the last decode-only windows' cadences
         self._per_token: float | None = None  # b, from windows of BIG or more prompt tokens
         self._mixed: deque[tuple[int, float]] = deque(maxlen=_WINDOWS)  # (prompt tokens, seconds)
         self._owed = 0  # decode-only windows still owed to the streams
         self._prepaid: int | None = None  # windows paid ahead of the full chunk that comes next
         self._charge: int | None = None  # windows paid ahead of the prompt window planned
+
+    @property
+    def decode_s(self) -> float | None:
+        """The streams' cadence: the median of the last decode-only windows (None before the first)."""
+        return statistics.median(self._decode) if self._decode else None
 
     @property
     def owed(self) -> int:
@@ -67,9 +76,7 @@ class PrefillPacer:
         """A window took `seconds`: decode-only (n_prefill 0: the streams' cadence), or reading n_prefill
         prompt tokens beside running streams (streams) or alone."""
         if n_prefill == 0:
-            self.decode_s = (
-                seconds if self.decode_s is None else (1 - _ALPHA) * self.decode_s + _ALPHA * seconds
-            )
+            self._decode.append(seconds)
             self._owed = max(0, self._owed - 1)
             return
         if n_prefill >= BIG:  # what the window took beyond a decode window's fixed part, per token

@@ -360,7 +360,14 @@ def test_every_finish_reason_maps_to_both_protocols() -> None:
 
 
 def _simulate(
-    d: float, a: float, b: float, chunk: int, prompt: int, floor: float = 0.0, taught: bool = True
+    d: float,
+    a: float,
+    b: float,
+    chunk: int,
+    prompt: int,
+    floor: float = 0.0,
+    taught: bool = True,
+    gaps: tuple[float, ...] = (),
 ) -> tuple[float, float, float]:
     """A newcomer's prompt read beside running streams under the cost model decode-only = d, mixed =
     max(floor, a + b n) (the floor: the GPU's eager pass, launch-bound at few tokens). The pacer sees only
@@ -381,6 +388,9 @@ def _simulate(
         for n in (15, 13, 12, 13):
             p.observe(cost(n), n)
             p.observe(d, 0)
+    for g in gaps:  # decode cadences that took in an idle gap or a capture, as streams start
+        p.observe(g, 0)
+        p.observe(d, 0)
     left, elapsed, tokens, longest = prompt, 0.0, 0, 0.0
     while left > 0:
         n = p.chunk(chunk, left)
@@ -393,27 +403,38 @@ def _simulate(
 
 
 @pytest.mark.parametrize(
-    "kind, d, a, b, chunk, prompt, floor, taught",
+    "kind, d, a, b, chunk, prompt, floor, taught, gaps",
     [
-        ("gpu", 0.004, 0.008, 0.00012, 2048, 16384, 0.0, True),  # 80B: ~4 ms decode, ~8.4k tok/s prefill
-        ("gpu small fixed part", 0.004, 0.0045, 0.00012, 2048, 4096, 0.0, True),
-        ("cpu", 0.1, 0.11, 0.002, 512, 3000, 0.0, True),
+        ("gpu", 0.004, 0.008, 0.00012, 2048, 16384, 0.0, True, ()),  # 80B: ~4 ms decode, ~8.4k tok/s prefill
+        ("gpu small fixed part", 0.004, 0.0045, 0.00012, 2048, 4096, 0.0, True, ()),
+        ("cpu", 0.1, 0.11, 0.002, 512, 3000, 0.0, True, ()),
         # the H200 bench (issue 15): 3 streams at 11 ms, eager passes >= 36 ms, only short prompts before
-        ("h200 bench", 0.011, 0.012, 0.00012, 2048, 4118, 0.036, False),
-        ("h200 bench, taught", 0.011, 0.012, 0.00012, 2048, 4118, 0.036, True),
+        ("h200 bench", 0.011, 0.012, 0.00012, 2048, 4118, 0.036, False, ()),
+        ("h200 bench, taught", 0.011, 0.012, 0.00012, 2048, 4118, 0.036, True, ()),
+        # the 2026-12-04 H200 run's window log: 3 streams at 6.4 ms, eager passes ~50 ms, and decode cadences
+        # of 70-100 ms (idle gaps, captures) among them before the prompt came
+        ("h200 bench, gaps", 0.0064, 0.05, 0.0001, 2048, 4119, 0.05, False, (0.07, 0.1, 0.06)),
     ],
 )
 def test_pacer_keeps_both_promises(
-    kind: str, d: float, a: float, b: float, chunk: int, prompt: int, floor: float, taught: bool
+    kind: str,
+    d: float,
+    a: float,
+    b: float,
+    chunk: int,
+    prompt: int,
+    floor: float,
+    taught: bool,
+    gaps: tuple[float, ...],
 ) -> None:
     from strata.sched.pacer import KEEP
 
-    pace, ttft, longest = _simulate(d, a, b, chunk, prompt, floor, taught)
+    pace, ttft, longest = _simulate(d, a, b, chunk, prompt, floor, taught, gaps)
     print(
         f"{kind}: streams keep {pace:.0%} of their pace, TTFT {ttft:.2f}x solo, "
         f"longest window {longest:.0f} d"
     )
-    assert pace >= KEEP * 0.9, kind  # within the first windows' learning
+    assert pace >= KEEP * (0.95 if gaps else 0.9), kind  # within the first windows' learning
     assert ttft <= 1 / KEEP * 1.1, kind
 
 
@@ -458,7 +479,7 @@ def test_pacer_probes_before_it_predicts_from_small_windows() -> None:
     assert p.cost() is None
     assert p.chunk(2048, 4118) == BIG and p.owed == 0
     p.observe(0.012 + 0.00012 * BIG + 0.035, BIG)  # the probe, with the eager pass's launch floor
-    assert p.owed == 9  # paid back after it: 78 ms beside ~7.2 ms windows
+    assert p.owed == 8  # paid back after it: 78 ms beside the streams' 8 ms windows
     _, b = p.cost()
     assert b < 0.0002  # near the truth, not 2.3 ms
     for _ in range(9):
