@@ -178,43 +178,6 @@ def test_mmvq_with_fused_norm_matches_twin(cp, ops, qt):
         check(y.get(), ref, xt @ np.abs(w).T, 2e-4, f"{qt.name} rows={rows_} n={n}")
 
 
-def test_mmvq_staged_q6k_rows_match_twin(cp, ops):
-    """Q6_K rows a warp reads whole (split 1: more rows than gemv.split_for splits) go through shared
-    memory (mmvq.stage_bytes): plain, normed and silu(g) * u inputs, a 4-aligned row of 420 bytes and a
-    16-aligned one of 1,680, against the twin as the in-place reads are."""
-    if not ops.q8:
-        pytest.skip("int8-input products are the q8 generation's")
-    rng = np.random.default_rng(75)
-    rows_ = 4100
-    for cols in (512, 2048):
-        raw = weights(Q.Q6_K, rows_, cols, seed=cols)
-        w = dequantize(raw, Q.Q6_K).astype(np.float64)
-        m = dev(cp, raw, Q.Q6_K, rows_, cols)
-        split, ptrs = gemv.split_for(rows_, cols), [m.data.data.ptr]
-        assert all(mmvq.stage_bytes(int(Q.Q6_K), m.row_bytes, split, ptrs, nt, cols) > 0 for nt in (1, 8))
-        nw = rng.uniform(0.5, 1.5, cols).astype(np.float32)
-        for n, pro in ((1, 0), (5, 0), (1, 1), (3, 2)):
-            x = (rng.standard_normal((n, 2 * cols if pro == 2 else cols)) * 3).astype(np.float32)
-            y = cp.full((n, rows_), cp.nan, cp.float32)
-            ops.matvec(
-                [m],
-                cp.asarray(x),
-                n,
-                y,
-                norm=cp.asarray(nw) if pro == 1 else None,
-                eps=1e-6,
-                silu_mul=pro == 2,
-            )
-            ref = mmvq.ref_mmvq(raw, Q.Q6_K, x, pro, nw, 1e-6).astype(np.float64)
-            xin = (
-                rms_norm(x, nw, 1e-6)
-                if pro == 1
-                else (x[:, :cols] / (1 + np.exp(-x[:, :cols])) * x[:, cols:] if pro == 2 else x)
-            )
-            xt = np.abs(mmvq.dequantize_q8(np.asarray(xin, np.float32)))
-            check(y.get(), ref, xt @ np.abs(w).T, 2e-4, f"Q6_K cols={cols} n={n} pro={pro}")
-
-
 @pytest.mark.parametrize("qt", QTYPES, ids=lambda q: q.name)
 def test_gemm_matches_twin(cp, ops, qt):
     rng = np.random.default_rng(100 + int(qt))

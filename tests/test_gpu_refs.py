@@ -418,17 +418,3 @@ def test_prefetch_flag_is_checked():
     with pytest.raises(ConfigError, match="prefetch"):
         EngineOptions.from_kwargs(prefetch=-1)
     assert EngineOptions.from_kwargs(prefetch=0).prefetch == 0
-
-
-def test_mmvq_stages_only_whole_aligned_q6k_rows():
-    """mmvq reads a row through shared memory only where it pays and is safe: Q6_K (2-aligned blocks), one
-    warp a row, every row 4-aligned, and the block's shared memory within a consumer GPU's 99 KiB."""
-    head = 2048 // 256 * 210  # a Q6_K row of 2,048 values: 1,680 bytes
-    assert mmvq.stage_bytes(int(Q.Q6_K), head, 1, [256], 1, 2048) == head
-    assert mmvq.stage_bytes(int(Q.Q6_K), head, 2, [256], 1, 2048) == 0  # warps share the row
-    assert mmvq.stage_bytes(int(Q.Q4_K), 1152, 1, [256], 1, 2048) == 0  # 16-byte loads in place already
-    assert mmvq.stage_bytes(int(Q.Q6_K), 210, 1, [256], 1, 256) == 0  # rows only 2-aligned
-    assert mmvq.stage_bytes(int(Q.Q6_K), head, 1, [258], 1, 2048) == 0
-    k = 8192  # 8 tokens' codes and scales (80 KiB) and 8 rows of 6,720 bytes would pass 96 KiB
-    assert mmvq.stage_bytes(int(Q.Q6_K), k // 256 * 210, 1, [256], 8, k) == 0
-    assert mmvq.smem_bytes(1, k, k // 256 * 210) <= mmvq.STAGE_SMEM_MAX

@@ -170,7 +170,6 @@ class Ops(MixerOps, MoeOps, Qwen4ExpOps):
         nt = gemv_nt(n)
         if h_out is None and self.takes_q8(w0):
             s = gemv.split_for(total, k)
-            stage = mmvq.stage_bytes(w0.qtype, w0.row_bytes, s, [int(d.data.ptr) for d in data], nt, k)
             launch(
                 self.mmvq[mmvq.mmvq_name(w0.qtype, nt, pro)],
                 (min(-(-total * s // gemv.WARPS), MMVQ_GRID), -(-n // nt)),
@@ -193,9 +192,8 @@ class Ops(MixerOps, MoeOps, Qwen4ExpOps):
                     i32(ldy or total),
                     i32(int(accumulate)),
                     i32(s),
-                    i32(stage),
                 ),
-                smem=mmvq.smem_bytes(nt, k, stage),
+                smem=mmvq.smem_bytes(nt, k),
             )
             return
         head = (

@@ -33,7 +33,6 @@ from strata.quants import dequantize
 MMVQ_TYPES: frozenset[int] = frozenset({int(T.Q4_K), int(T.Q6_K), int(T.Q8_0)})
 MAX_K = 8192  # staging keeps 4 chunks of 8 inputs per thread in registers
 ROWS_PER_GATE_UP_BLOCK = 32  # one quantization group of the expert activations
-STAGE_SMEM_MAX = 96 << 10  # a block's shared memory with staged rows (sm_86 / sm_89 allow 99 KiB)
 
 SOURCE = (
     HEADER
@@ -192,18 +191,12 @@ template <> struct V<8> {  // Q8_0: unit = one 34-byte block
 
 // y[t, row] (+)= W[row] . f(x[t]); rows below r1 from W0, below r2 from W1, the rest from W2 (q|k|v).
 // Dynamic smem: NT * (K + K / 4) bytes: codes (each token's row 32-aligned for the 16-byte loads), then
-// scales; then, when `stage` (a row's bytes, a multiple of 4; 0: off), a row of that many bytes per warp.
-// Grid (row blocks, token groups of NT).
-// Staging is for Q6_K rows that one warp reads whole (split 1: large matrices such as the output head): its
-// 210-byte blocks are only 2-aligned, so read in place every 4 bytes of codes take two 2-byte loads, strided
-// across the warp (0.94 TB/s on a 152k-row head); copied first by 4-byte loads that cover the row's bytes in
-// order, the dot reads them from shared memory.
+// scales. Grid (row blocks, token groups of NT).
 template <int QT, int NT, int PRO>
 __global__ void __launch_bounds__(256) mmvq(
     const u8* __restrict__ W0, const u8* __restrict__ W1, const u8* __restrict__ W2, int r1, int r2,
     i64 row_bytes, int rows, int K, const float* __restrict__ x, int ldx, int n_tok,
-    const float* __restrict__ nw, float eps, float* __restrict__ y, int ldy, int accumulate, int split,
-    int stage) {
+    const float* __restrict__ nw, float eps, float* __restrict__ y, int ldy, int accumulate, int split) {
   extern __shared__ float4 smem4[];
   i8* xq = (i8*)smem4;
   float2* xds = (float2*)(xq + NT * K);
@@ -229,15 +222,6 @@ __global__ void __launch_bounds__(256) mmvq(
     for (int t = 0; t < NT; t++) acc[t] = 0.f;
     if (r < rows) {
       const u8* row = cat_row(W0, W1, W2, r1, r2, row_bytes, r);
-      if (stage) {  // the warp's row buffer after the scales (split is 1: a warp per row)
-        u32* buf = (u32*)((u8*)(xds + NT * nu) + warp * stage);
-        const u32* src = (const u32*)row;
-        __syncwarp();  // the last row's reads of the buffer are done
-#pragma unroll 4
-        for (int i = lane; i < (stage >> 2); i += 32) buf[i] = __ldg(src + i);
-        __syncwarp();
-        row = (const u8*)buf;
-      }
 #pragma unroll 2
       for (int u = sub * 32 + lane; u < nu; u += 32 * split)
         V<QT>::template dot<NT>(row, u, xq, xds, K, n, acc);
@@ -322,18 +306,8 @@ def down_q8_name(qd: int) -> str:
     return f"moe_down_q8<{qd}>"
 
 
-def smem_bytes(nt: int, k: int, stage: int = 0) -> int:
-    """mmvq's dynamic shared memory: the inputs' codes and scales, then 8 warps' row buffers of `stage`
-    bytes."""
-    return nt * (k + k // 4) + 8 * stage
-
-
-def stage_bytes(qt: int, row_bytes: int, split: int, addrs: list[int], nt: int, k: int) -> int:
-    """mmvq's `stage`: a Q6_K row's bytes when one warp reads the row whole, every row starts 4-aligned and
-    the block's shared memory stays within what consumer GPUs give one block, else 0 (read in place)."""
-    aligned = row_bytes % 4 == 0 and all(a % 4 == 0 for a in addrs)
-    fits = smem_bytes(nt, k, row_bytes) <= STAGE_SMEM_MAX
-    return row_bytes if qt == int(T.Q6_K) and split == 1 and aligned and fits else 0
+def smem_bytes(nt: int, k: int) -> int:
+    return nt * (k + k // 4)
 
 
 def quantize_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
