@@ -96,7 +96,10 @@ def print_table(rows: list[tuple[str, int, float]], title: str, top: int = 15) -
 def graph_profile(gpu: Any, b: int = 1, reps: int = 25) -> list[tuple[str, int, float]]:
     """In-graph time per kernel name: the decode step captured once as is and once per name with every
     launch of that name repeated, (t_repeated - t_base) / launches. Unlike the eager profile this has
-    no Python launch gap in it, so it is the time the graph actually spends in each kernel."""
+    no Python launch gap in it, so it is the time the graph actually spends in each kernel. Where the graph
+    has side branches (the lookahead's copies at a VRAM cap, the shared expert), a repeated launch off the
+    critical path costs nothing and one on it can shift what overlaps the branch: such rows read noisy, some
+    negative, at a cap (2026-12-04: the Q6_K head 270 us there, 151 all-resident)."""
     import cupy as cp
 
     from strata.gpu.runtime import KERNEL_NAMES
