@@ -105,7 +105,11 @@ class CpuShare:
         self._x = np.zeros((rows * a, d), np.float32)  # [p, D] the pairs' rows, grouped by expert
         self._g = np.zeros((rows * a, 2 * f), np.float32)  # [p, 2F] gate | up
         self._a = np.zeros((rows * a, f), np.float32)  # [p, F] silu(g) * u
+        self._s = np.zeros((rows * a, f), np.float32)  # [p, F] silu's scratch
         self._y = np.zeros((rows * a, d), np.float32)  # [p, D]
+        self._steps = np.arange(rows * a)  # a single row's pairs: each its own expert, at its own pair
+        self._ones = np.ones(rows * a, np.int64)
+        self._zeros = np.zeros(rows * a, np.int64)
         self.calls = np.zeros(rows, np.int64)  # per mailbox row: CPU expert calls since take_calls
         self.mapped: np.ndarray | None = None  # [L, E] bool: experts read from the file's mapping
         self.mapped_counts = np.zeros((rows, 2), np.int64)  # per row: calls on those, their bytes
@@ -114,6 +118,11 @@ class CpuShare:
             (self._template(li, (0, 1), self._x, self._g), self._template(li, (2,), self._a, self._y))
             for li in range(len(experts.bases))
         ]
+        # one task table, refilled in place for each round (TaskGroup.run reads a new array's address, ~2 us),
+        # and the per-expert coefficients (1, expert, pair offset, rows) the templates are multiplied by
+        most = max(t.shape[1] * t.shape[2] for pair in self._templates for t in pair)
+        self._table = np.zeros((rows * a * most, TASK_COLS), np.int64)  # the rounds run one after the other
+        self._coef = np.ones((rows * a, 4), np.int64)
         self.error: BaseException | None = None
         self.requests = 0  # answered since start, and the time spent computing them (for the benches)
         self.busy_s = 0.0
@@ -182,11 +191,18 @@ class CpuShare:
         """sum over the CPU-owned (t, a) of wts[t, a] * expert_{ids[t, a]}(h[t]) -> y [n, D], calls per row
         [n]."""
         n = h.shape[0]
-        mine = self.cpu[li][ids]  # [n, A]
-        if not mine.any():
-            return np.zeros(h.shape, np.float32), np.zeros(n, np.int64)
-        t_of, a_of = np.nonzero(mine)
-        es, w = ids[t_of, a_of], wts[t_of, a_of]
+        if n == 1:  # a decode row (the common request): its experts in routing order, no 2-D search
+            mine1 = self.cpu[li][ids[0]]  # [A]
+            es, w = ids[0][mine1], wts[0][mine1]
+            if not len(es):
+                return np.zeros(h.shape, np.float32), np.zeros(1, np.int64)
+            t_of = self._zeros[: len(es)]
+        else:
+            mine = self.cpu[li][ids]  # [n, A]
+            if not mine.any():
+                return np.zeros(h.shape, np.float32), np.zeros(n, np.int64)
+            t_of, a_of = np.nonzero(mine)
+            es, w = ids[t_of, a_of], wts[t_of, a_of]
         if self.mapped is not None:
             mm = t_of[self.mapped[li][es]]
             np.add.at(self.mapped_counts, (mm, 0), 1)
@@ -206,34 +222,38 @@ class CpuShare:
         p = len(es)
         self._x[:p] = h[t_of]
         if len(t_of) and t_of[-1] == t_of[0]:  # one row: its experts are distinct
-            uniq, starts, counts = es, np.arange(p), np.ones(p, np.int64)
+            uniq, starts, counts = es, self._steps[:p], self._ones[:p]
         else:
             uniq, starts, counts = np.unique(es, return_index=True, return_counts=True)
+        coef = self._coef[: len(uniq)]  # column 0 stays 1
+        coef[:, 1], coef[:, 2], coef[:, 3] = uniq, starts, counts
         gate_up, down = self._templates[li]
-        self._group.run(self._tasks(li, gate_up, (0, 1), uniq, starts, counts))
+        self._group.run(self._table, self._tasks(li, gate_up, (0, 1), uniq, coef))
         f = int(self.experts.rows[li, 0])
-        g, u = self._g[:p, :f], self._g[:p, f : 2 * f]
+        g, u, sc = self._g[:p, :f], self._g[:p, f : 2 * f], self._s[:p, :f]
         with np.errstate(over="ignore"):  # exp(-g) -> inf for very negative g: silu -> -0.0, as it should
-            np.multiply(g / (1.0 + np.exp(-g)), u, out=self._a[:p, :f])
-        self._group.run(self._tasks(li, down, (2,), uniq, starts, counts))
+            np.negative(g, out=sc)  # silu(g) * u as g / (1 + exp(-g)) * u, in place
+            np.exp(sc, out=sc)
+            sc += 1.0
+            np.divide(g, sc, out=sc)
+            np.multiply(sc, u, out=self._a[:p, :f])
+        self._group.run(self._table, self._tasks(li, down, (2,), uniq, coef))
         return self._y[:p]
 
     def _tasks(
-        self,
-        li: int,
-        tpl: np.ndarray,
-        parts: tuple[int, ...],
-        uniq: np.ndarray,
-        starts: np.ndarray,
-        counts: np.ndarray,
-    ) -> np.ndarray:
-        """Each expert's row-range tasks [n, TASK_COLS]: the layer's template, moved to the expert, its
-        rows and its count (and to the expert's own address, when the arena gives one per expert)."""
-        k = (slice(None),) + (None,) * 3
-        t = tpl[0] + uniq[k] * tpl[1] + starts[k] * tpl[2] + counts[k] * tpl[3]  # [u, parts, C, TASK_COLS]
+        self, li: int, tpl: np.ndarray, parts: tuple[int, ...], uniq: np.ndarray, coef: np.ndarray
+    ) -> int:
+        """Each expert's row-range tasks, written into the task table; returns the rows in use. The layer's
+        template moved to the expert, its pair offset and its count, coef [u, 4] @ tpl [4, M] (and to the
+        expert's own address, when the arena gives one per expert)."""
+        u, per = len(uniq), tpl.shape[1] * tpl.shape[2]
+        t = self._table[: u * per].reshape(u, -1)  # [u, parts * C * TASK_COLS]
+        np.dot(coef, tpl.reshape(4, -1), out=t)
         if self.experts.addrs is not None:
-            t[..., W] += self.experts.addrs[li][list(parts)][:, uniq].T[:, :, None]
-        return t.reshape(-1, TASK_COLS)
+            t.reshape(u, len(parts), -1, TASK_COLS)[..., W] += self.experts.addrs[li][list(parts)][:, uniq].T[
+                :, :, None
+            ]
+        return u * per
 
     def _template(self, li: int, parts: tuple[int, ...], x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """[4, parts, C, TASK_COLS]: the tasks of expert 0 with one row at pair 0, and what one more expert
