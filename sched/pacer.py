@@ -3,8 +3,9 @@
 A decode-only window costs d (the streams' cadence: the time between two of their tokens, the host's
 share included, which is what their pace is; the median of the last DECODE_WINDOWS, since a cadence that took
 in an idle gap or a graph capture is 10-15x the rest, and a moving average took several windows to forget one:
-on the H200 that left d twice the streams' real cadence when a prompt came, and the pacer owed them half the
-windows it should have); a window that also reads n prompt tokens costs a + b * n,
+on the H200 its window log implies d about twice the streams' real cadence when a 2,048-token chunk was
+planned, which paid the streams half the windows the promise needs); a window that also reads n prompt
+tokens costs a + b * n,
 a its fixed part (the decode rows, launches, weights read once) and b the per-token part. On a GPU a is
 large and b small (a model that charged everything to b fed the GPU 8-token slices that crawled), and b
 is only measurable on large windows: it is taken from windows of BIG or more prompt tokens (with or
