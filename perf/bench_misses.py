@@ -18,30 +18,16 @@ The link's share: miss bytes / (time - the same path's time with no misses).
 from __future__ import annotations
 
 import argparse
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from strata.bench.gpu_profile import timed_ms
 from strata.bench.report import run_meta, write_json
 
 Q4_K, BLOCK_BYTES = 12, 144  # 256 values a block
-
-
-def _timed(cp: Any, fn: Any, reps: int) -> float:
-    """Median ms of fn() over reps runs after one warm-up."""
-    fn()
-    out = []
-    for _ in range(reps):
-        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        out.append(cp.cuda.get_elapsed_time(e0, e1))
-    return statistics.median(out)
 
 
 def _q4k(rng: np.random.Generator, nbytes: int) -> np.ndarray:
@@ -136,7 +122,7 @@ def _case(ops: Any, cp: Any, ex: Experts, ids_np: list[np.ndarray], n: int, m: i
             if path in ("fused", "staged"):
                 ops.moe_q8(*(fused if path == "fused" else staged), ids[li], wts, top, hq, hds, n, aq, ads, x)
 
-    return {p: 1e3 * _timed(cp, lambda p=p: run(p), reps) / len(ids_np) for p in PATHS}
+    return {p: 1e3 * timed_ms(cp, lambda p=p: run(p), reps) / len(ids_np) for p in PATHS}
 
 
 def main() -> None:

@@ -16,30 +16,16 @@ attention's on the values.
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from strata.bench.gpu_profile import timed_ms
 from strata.bench.report import run_meta, write_json
 
 TAB = 17  # the row stride the QSA kernels take (layers.TAB's 16 and one spare)
 RESIDENT = 32768  # cells kept in VRAM for the cold rows (the flagship's --kv-resident)
-
-
-def _timed(cp: Any, fn: Any, reps: int) -> float:
-    """Median ms of fn() over reps runs after one warm-up."""
-    fn()
-    out = []
-    for _ in range(reps):
-        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        out.append(cp.cuda.get_elapsed_time(e0, e1))
-    return statistics.median(out)
 
 
 def _case(
@@ -88,10 +74,10 @@ def _case(
 
     row: dict[str, Any] = {"context": ctx, "rows": n, "blocks": max_blocks, "cold_cells": base}
     # as the model calls it: a prefill pass tells its bound (qsa_score_tiled), decode rows do not
-    row["select_ms"] = _timed(cp, select(ctx // ratio if n > GEMV_ROWS else None), a.reps)
-    row["select_untiled_ms"] = _timed(cp, select(None), a.reps) if n > GEMV_ROWS else None
-    row["attend_ms"] = _timed(cp, attend(tab), a.reps)
-    row["attend_cold_ms"] = _timed(cp, attend(tab_cold), a.reps) if base else None
+    row["select_ms"] = timed_ms(cp, select(ctx // ratio if n > GEMV_ROWS else None), a.reps)
+    row["select_untiled_ms"] = timed_ms(cp, select(None), a.reps) if n > GEMV_ROWS else None
+    row["attend_ms"] = timed_ms(cp, attend(tab), a.reps)
+    row["attend_cold_ms"] = timed_ms(cp, attend(tab_cold), a.reps) if base else None
     return row
 
 

@@ -41,6 +41,20 @@ def launches_through(make: Callable[[Launch], Launch]) -> Iterator[None]:
             m.launch = orig  # type: ignore[attr-defined]
 
 
+def timed_ms(cp: Any, fn: Callable[[], None], reps: int) -> float:
+    """Median ms of fn()'s launches on the current stream over reps runs (CUDA events), after one warm-up."""
+    fn()
+    out = []
+    for _ in range(reps):
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        out.append(cp.cuda.get_elapsed_time(e0, e1))
+    return statistics.median(out)
+
+
 class Profile:
     """GPU time per kernel name (eager passes only: a captured graph records no events of ours), the KV
     window's copies as one more row."""
