@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from strata.bench.gpu_profile import Profile, graph_profile
-from strata.bench.report import engine_result, engine_tables, run_meta, write_json
+from strata.bench.report import args_config, engine_result, engine_tables, run_meta, write_json
 from strata.console.logs import configure_logging
 from strata.tiers.lookahead import PREFETCH_DEFAULT
 
@@ -505,7 +505,7 @@ def main() -> None:
     meta = run_meta(
         bench="perf/bench_gpu.py",
         model=str(a.model),
-        config={k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
+        config=args_config(a),
     )
     # "strata" and "llama.cpp" as they were: bench_tiers.py and --strata-json read them
     out = engine_result(meta, {}, model=str(a.model), **{"llama.cpp": ll})

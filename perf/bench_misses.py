@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from strata.bench.gpu_profile import timed_ms
-from strata.bench.report import run_meta, write_json
+from strata.bench.report import args_config, run_meta, write_json
 
 Q4_K, BLOCK_BYTES = 12, 144  # 256 values a block
 
@@ -191,7 +191,7 @@ def main() -> None:
             {
                 "meta": run_meta(
                     bench="bench_misses",
-                    **{k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
+                    **args_config(a),
                 ),
                 "rows": results,
             },

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from strata.bench.gpu_profile import timed_ms
-from strata.bench.report import run_meta, write_json
+from strata.bench.report import args_config, run_meta, write_json
 
 TAB = 17  # the row stride the QSA kernels take (layers.TAB's 16 and one spare)
 RESIDENT = 32768  # cells kept in VRAM for the cold rows (the flagship's --kv-resident)
@@ -150,8 +150,7 @@ def main() -> None:
     a = ap.parse_args()
     rows = run(a)
     if a.json:
-        config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}
-        meta = run_meta(bench="bench_qsa", **config)
+        meta = run_meta(bench="bench_qsa", **args_config(a))
         write_json({"meta": meta, "rows": rows}, a.json)
 
 

@@ -17,13 +17,13 @@ router_topk - matvec is what the hand-off and the top-k add; compare it with top
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from strata.bench.report import run_meta, write_json
+from strata.bench.gpu_profile import timed_ms
+from strata.bench.report import args_config, run_meta, write_json
 
 NAMES = ("router_topk", "no_q8", "matvec", "topk", "floor")
 
@@ -38,17 +38,7 @@ def _graph_us(cp: Any, body: Any, layers: int, reps: int) -> float:
         for _ in range(layers):
             body()
         g = s.end_capture()
-        g.launch(s)
-        s.synchronize()
-        out = []
-        for _ in range(reps):
-            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-            e0.record(s)
-            g.launch(s)
-            e1.record(s)
-            e1.synchronize()
-            out.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / layers)
-    return statistics.median(out)
+        return timed_ms(cp, lambda: g.launch(s), reps) * 1e3 / layers
 
 
 def main() -> None:
@@ -114,9 +104,7 @@ def main() -> None:
         rows.append(row)
         print(f"rows {n}: " + "  ".join(f"{k} {row[k + '_us']:6.2f} us" for k in NAMES), flush=True)
     if a.json:
-        meta = run_meta(
-            bench="bench_router", **{k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}
-        )
+        meta = run_meta(bench="bench_router", **args_config(a))
         write_json({"meta": meta, "rows": rows}, a.json)
 
 

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from strata.bench.report import engine_result, engine_tables, run_meta, write_json
+from strata.bench.report import args_config, engine_result, engine_tables, run_meta, write_json
 
 HERE = Path(__file__).resolve().parent
 LLAMA_FLAGS = ([], ["-lm", "none"], ["-lm", "none", "-ub", "2048", "-b", "4096"])
@@ -273,7 +273,7 @@ def main() -> None:
     meta = run_meta(
         bench="perf/bench_tiers.py",
         model=str(a.model),
-        config={k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
+        config=args_config(a),
     )
     rows = []
     peer: dict[int, dict[str, Any]] = {}

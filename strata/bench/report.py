@@ -46,6 +46,11 @@ def scenario_lines(scenarios: dict[str, Any]) -> list[str]:
     return lines
 
 
+def args_config(a: Any) -> dict[str, Any]:
+    """A bench's parsed arguments (an argparse.Namespace) as JSON values: paths as strings."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}
+
+
 def run_meta(**fields: Any) -> dict[str, Any]:
     """A result's `meta`: when the run started (UTC), the CPUs it saw, and what it ran (`fields`)."""
     return {"started": datetime.now(UTC).isoformat(timespec="seconds"), "cpus": os.cpu_count(), **fields}
