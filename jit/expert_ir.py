@@ -59,7 +59,7 @@ def vexp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return b.fmul(e, two_k)
 
 
-def _swiglu(b: ir.IRBuilder, g: ir.Value, u: ir.Value, total: ir.Value, width: int) -> None:
+def swiglu(b: ir.IRBuilder, g: ir.Value, u: ir.Value, total: ir.Value, width: int) -> None:
     """g[i] = g[i] / (1 + exp(-g[i])) * u[i] for i < total: the numpy silu's formula, in place."""
 
     def body(i: ir.Value, n: int) -> None:
@@ -112,7 +112,7 @@ def build(host: Host) -> ir.Module:
             b.store(b.load(b.gep(src, [j])), b.gep(dst, [j]))
     for kfn, w, rb, dst in ((gate_fn, gate_w, gate_rb, g), (up_fn, up_w, up_rb, u)):
         b.call(b.bitcast(kfn, qmm_t), [w, rb, xs, d, n, dst, f, c64(0), f])
-    _swiglu(b, g, u, b.mul(n, f), host.lanes)
+    swiglu(b, g, u, b.mul(n, f), host.lanes)
     b.call(b.bitcast(down_fn, qmm_t), [down_w, down_rb, g, f, n, y, d, c64(0), d])
     with loop(b, c64(0), n, 1) as i:  # weight by the router and scatter to the (token, k) slots
         dst = b.gep(out, [b.mul(b.sext(b.load(b.gep(slot, [i])), I64), d)])

@@ -19,7 +19,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as T
 
-from strata.jit import expert_ir, spin, tasks
+from strata.jit import expert_ir, share_ir, spin, tasks
 from strata.jit import formats_k as _k  # noqa: F401  (registers the K-quant and IQ4 decoders)
 from strata.jit.compiler import Compiler
 from strata.jit.formats import FORMAT_F16, FORMATS, Format
@@ -40,6 +40,7 @@ QMM = ctypes.CFUNCTYPE(
 )
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 EXPERT = ctypes.CFUNCTYPE(None, _P, _I, _P, _P, _P, _I, *([_P, _P, _I] * 3), _I, _P, _P)
+SHARE_ROW = ctypes.CFUNCTYPE(_I, _P, _I, _P, _P, _I, _P, _I, _P, _P, _I, _P, _I, _I, _P, _I, _P)
 
 
 class Kernels:
@@ -54,6 +55,7 @@ class Kernels:
             self._formats[T.F16] = FORMAT_F16
         self._fns: dict[T, ctypes._CFuncPtr] = {}
         self._expert: ctypes._CFuncPtr | None = None
+        self._share_row: ctypes._CFuncPtr | None = None
         self._spin: tuple[int, int] | None = None
         self._tasks: tuple[int, int, int] | None = None
         self._lock = threading.Lock()
@@ -83,6 +85,15 @@ class Kernels:
                 syms = self.compiler.symbols("expert", "", lambda: expert_ir.build(self.host), ("expert",))
                 self._expert = EXPERT(syms["expert"])
             return self._expert
+
+    def share_row(self) -> ctypes._CFuncPtr:
+        """The CPU share's one-row request (share_ir.py), compiled on first use."""
+        with self._lock:
+            if self._share_row is None:
+                host, name = self.host, share_ir.NAME
+                syms = self.compiler.symbols(name, share_ir.LAYOUT, lambda: share_ir.build(host), (name,))
+                self._share_row = SHARE_ROW(syms[share_ir.NAME])
+            return self._share_row
 
     def spin(self) -> tuple[int, int]:
         """Addresses of the helper-thread loop and its claim function (spin.py), compiled on first use."""

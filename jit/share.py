@@ -1,15 +1,17 @@
 """The CPU's share of the GPU's decode misses: a thread that serves the decode graph's requests.
 
-For each MoE layer of a decode pass the graph publishes the layer's normed rows, routed ids and weights
-into a mailbox in pinned RAM and raises its ticket (strata/gpu/kernels/tiers.py `cpu_publish`), computes
-its own experts, and then waits for the ticket to come back (`cpu_collect`). Here one thread waits for
-the ticket (a compiled wait, without the GIL), computes the layer's CPU-owned experts straight from the
-expert arena, writes their weighted sum into the mailbox and echoes the ticket.
+For each MoE layer of a decode pass the graph picks the misses the CPU takes, publishes the layer's normed
+rows, routed ids (-1 for the pairs the GPU computes) and weights into a mailbox in pinned RAM and raises its
+ticket (strata/gpu/kernels/tiers.py `cpu_publish`), computes its own experts, and then waits for the ticket
+to come back (`cpu_collect`). Here one thread waits for the ticket (a compiled wait, without the GIL),
+computes the pairs the mailbox gives the CPU straight from the expert arena, writes their weighted sum into
+the mailbox and echoes the ticket.
 
 An expert of a decode row is far too small to split across experts alone (a 24 GB card misses ~5 of 10
 experts a layer, ~1.8 MB each, in ~150 us), so every matrix is split by rows: gate and up of every CPU
 expert in one round of row-range tasks, silu(g) * u, then down in a second round, over a TaskGroup of
-spinning helpers (tasks.py): two hand-offs a layer, no Python in the loop.
+spinning helpers (tasks.py): two hand-offs a layer. A one-row request (decode at batch 1) runs as one
+compiled call (share_ir.py); more rows group their pairs by expert in numpy between the rounds.
 
 Legend: n = rows (<= 8), A = experts per row, D = hidden, F = expert width, p = CPU pairs, k = their experts.
 """
@@ -41,7 +43,7 @@ class Mailbox:
 
     ctl: np.ndarray  # int64 [MB_WORDS]
     h: np.ndarray  # float32 [rows, D]
-    ids: np.ndarray  # int32 [rows * A]
+    ids: np.ndarray  # int32 [rows * A]: the CPU's pairs' experts, -1 for the GPU's
     wts: np.ndarray  # float32 [rows * A]
     out: np.ndarray  # float32 [rows, D]
 
@@ -78,20 +80,20 @@ class ExpertBytes:
 
 
 class CpuShare:
-    """Serves the mailbox from a thread; `cpu[l, e]` marks the experts it owns (the cache's share)."""
+    """Serves the mailbox from a thread: the pairs whose id it gives, of experts of n_expert per layer."""
 
     def __init__(
         self,
         kernels: Kernels,
         experts: ExpertBytes,
-        cpu: np.ndarray,
+        n_expert: int,
         box: Mailbox,
         threads: int,
         pin: Any = None,
     ) -> None:
         self.kernels = kernels
         self.experts = experts
-        self.cpu = cpu  # [L, E] bool, shared with the cache (read each request)
+        self.n_expert = n_expert
         self.box = box
         self.threads = max(1, threads)
         self.fns = np.array(
@@ -118,6 +120,17 @@ class CpuShare:
             (self._template(li, (0, 1), self._x, self._g), self._template(li, (2,), self._a, self._y))
             for li in range(len(experts.bases))
         ]
+        # a one-row request runs compiled (share_ir.py): its row, ids and weights copied in here, every pair's
+        # gate and up reading the one row, down reading silu(g) * u where the compiled silu leaves it, in g
+        self._h1, self._out1 = np.zeros((1, d), np.float32), np.zeros((1, d), np.float32)
+        self._ids1, self._w1 = np.zeros(a, np.int32), np.zeros(a, np.float32)
+        self._row_templates = [
+            (
+                self._template(li, (0, 1), self._h1, self._g, pair_x=False),
+                self._template(li, (2,), self._g, self._y),
+            )
+            for li in range(len(experts.bases))
+        ]
         # one task table, refilled in place for each round (TaskGroup.run reads a new array's address, ~2 us),
         # and the per-expert coefficients (1, expert, pair offset, rows) the templates are multiplied by
         most = max(t.shape[1] * t.shape[2] for pair in self._templates for t in pair)
@@ -127,6 +140,28 @@ class CpuShare:
         self.requests = 0  # answered since start, and the time spent computing them (for the benches)
         self.busy_s = 0.0
         self._group = TaskGroup(kernels, self.threads - 1, pin)
+        self._row = kernels.share_row()
+        self._row_args = [
+            (
+                self._group.address,
+                kernels.tasks()[1],
+                int(self._table.ctypes.data),
+                int(gu.ctypes.data),
+                gu[0].size,
+                int(dn.ctypes.data),
+                dn[0].size,
+                int(self._ids1.ctypes.data),
+                int(self._w1.ctypes.data),
+                a,
+                int(self._g.ctypes.data),
+                int(experts.rows[li, 0]),
+                self._g.shape[1],
+                int(self._y.ctypes.data),
+                d,
+                int(self._out1.ctypes.data),
+            )
+            for li, (gu, dn) in enumerate(self._row_templates)
+        ]
         self._stop = False
         self._last = int(box.ctl[MB_REQ])
         self._req = int(box.ctl.ctypes.data) + 8 * MB_REQ
@@ -188,17 +223,23 @@ class CpuShare:
     def layer(
         self, li: int, h: np.ndarray, ids: np.ndarray, wts: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        """sum over the CPU-owned (t, a) of wts[t, a] * expert_{ids[t, a]}(h[t]) -> y [n, D], calls per row
-        [n]."""
+        """sum over the CPU's pairs (t, a) (ids[t, a] >= 0) of wts[t, a] * expert_{ids[t, a]}(h[t])
+        -> y [n, D], calls per row [n]."""
         n = h.shape[0]
-        if n == 1:  # a decode row (the common request): its experts in routing order, no 2-D search
-            mine1 = self.cpu[li][ids[0]]  # [A]
+        if n == 1 and self.mapped is None:  # a decode row (the common request), compiled
+            self._h1[:] = h
+            self._ids1[:] = ids[0]
+            self._w1[:] = wts[0]
+            k = self._row(*self._row_args[li])
+            return self._out1, np.array([k], np.int64)
+        if n == 1:  # a decode row of the low-RAM arena: its experts in routing order, no 2-D search
+            mine1 = ids[0] >= 0  # [A]
             es, w = ids[0][mine1], wts[0][mine1]
             if not len(es):
                 return np.zeros(h.shape, np.float32), np.zeros(1, np.int64)
             t_of = self._zeros[: len(es)]
         else:
-            mine = self.cpu[li][ids]  # [n, A]
+            mine = ids >= 0  # [n, A]
             if not mine.any():
                 return np.zeros(h.shape, np.float32), np.zeros(n, np.int64)
             t_of, a_of = np.nonzero(mine)
@@ -255,9 +296,12 @@ class CpuShare:
             ]
         return u * per
 
-    def _template(self, li: int, parts: tuple[int, ...], x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def _template(
+        self, li: int, parts: tuple[int, ...], x: np.ndarray, y: np.ndarray, pair_x: bool = True
+    ) -> np.ndarray:
         """[4, parts, C, TASK_COLS]: the tasks of expert 0 with one row at pair 0, and what one more expert
-        id, pair offset and row add to them, so an expert's tasks are one multiply-add away."""
+        id, pair offset and row add to them, so an expert's tasks are one multiply-add away (pair_x False:
+        every pair reads x's first row)."""
         ex = self.experts
         rows = int(ex.rows[li, parts[0]])
         step = max(16, -(-rows * len(parts) // self.threads + 15) // 16 * 16)  # whole 16-row register tiles
@@ -273,29 +317,33 @@ class CpuShare:
             t[0, j, :, Y], t[0, j, :, LDY] = y.ctypes.data + 4 * j * rows, y.shape[1]
             t[0, j, :, R0], t[0, j, :, R1] = r0, np.minimum(r0 + step, rows)
             t[1, j, :, W] = ex.strides[li, part]
-            t[2, j, :, X], t[2, j, :, Y] = 4 * x.shape[1], 4 * y.shape[1]
+            t[2, j, :, X], t[2, j, :, Y] = 4 * x.shape[1] * pair_x, 4 * y.shape[1]
         t[3, ..., N_TOK] = 1
         return t
 
     # ---- the probe ----
     def probe(self, until: Any = None, min_runs: int = 12) -> tuple[float, float]:
-        """(bytes/s, fixed s) of this pool on the experts: one row through 1 and through 4 experts, timed on
-        experts nothing has read lately (RAM, not the CPU's caches: a layer's misses are cold), for at least
-        min_runs each and until `until()` is true (the GPU's probe running beside it, so both rates are the
-        ones they reach together, reading the same RAM)."""
-        n_l, n_e = self.cpu.shape
+        """(bytes/s, fixed s) of this pool on the experts: one-row requests (`layer`, as decode sends them)
+        through 1 and through up to 4 experts, timed on experts nothing has read lately (RAM, not the CPU's
+        caches: a layer's misses are cold), for at least min_runs each and until `until()` is true (the GPU's
+        probe running beside it, so both rates are the ones they reach together, reading the same RAM)."""
+        n_l, n_e = len(self.experts.bases), self.n_expert
+        a = self.box.ids.size // self.box.h.shape[0]
+        big = min(4, a, n_e)
         h = np.random.default_rng(0).standard_normal((1, self.box.h.shape[1])).astype(np.float32)
-        times: dict[int, list[float]] = {1: [], 4: []}
+        wts = np.ones((1, a), np.float32)
+        times: dict[int, list[float]] = {1: [], big: []}
         i = 0
         while i < 2 * min_runs or (until is not None and not until()):
-            k = 1 if i % 2 == 0 else 4
+            k = 1 if i % 2 == 0 else big
             li = i % n_l
-            es = (np.arange(k) + 4 * (i // n_l)) % n_e
+            ids = np.full((1, a), -1, np.int32)
+            ids[0, :k] = (np.arange(k) + 4 * (i // n_l)) % n_e
             t0 = time.perf_counter()
-            self.pairs(li, h, np.zeros(k, np.int64), es)
+            self.layer(li, h, ids, wts)
             times[k].append(time.perf_counter() - t0)
             i += 1
-        t1, t4 = (float(np.median(times[k][1:])) for k in (1, 4))
+        t1, tk = (float(np.median(times[k][1:])) for k in (1, big))
         per = float(
             np.mean(
                 [
@@ -304,7 +352,7 @@ class CpuShare:
                 ]
             )
         )
-        rate = 3 * per / max(t4 - t1, 1e-9)
+        rate = (big - 1) * per / max(tk - t1, 1e-9) if big > 1 else per / max(t1, 1e-9)
         return rate, max(0.0, t1 - per / rate)
 
 

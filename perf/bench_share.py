@@ -6,6 +6,9 @@ two rounds' hand-offs, silu). Not a test: prints the median and 10th percentile 
 
 The decode graph waits for this on every MoE layer whose misses the CPU takes (`--pcie-frac` < 1): on the
 H200 host the share did not pay at batch 1 while this part was 86-108 us (perf/README.md, "the CPU's share").
+
+`--shape 80b` times one-row requests on experts of the 80B shape instead (2048 x 512, Q4_K, 512 a layer, read
+cold as decode reads them), K experts a request, and fits the fixed cost a request and the rate.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ F = 32  # gate and up rows; down keeps 256 columns (one Q4_K block a row)
 
 
 def _share(kernels: Kernels, threads: int) -> tuple[CpuShare, list]:
-    """A server over L layers of E tiny Q4_K experts, every other one the CPU's; the raw arrays kept alive."""
+    """A server over L layers of E tiny Q4_K experts; the raw arrays kept alive."""
     shapes = [(F, D), (F, D), (D, 256)]
     raws = [[np.stack([random_blocks(T.Q4_K, r, c, seed=e) for e in range(E)]) for r, c in shapes]]
     raws = raws * L  # every layer the same bytes: what is timed does not depend on them
@@ -44,9 +47,56 @@ def _share(kernels: Kernels, threads: int) -> tuple[CpuShare, list]:
     )
     buf = np.zeros(Mailbox.nbytes(ROWS, A, D) + 64, np.uint8)
     box = Mailbox.over(buf[-buf.ctypes.data % 64 :], ROWS, A, D)
-    mine = np.zeros((L, E), bool)
-    mine[:, ::2] = True
-    return CpuShare(kernels, ex, mine, box, threads), [raws, buf]
+    return CpuShare(kernels, ex, E, box, threads), [raws, buf]
+
+
+def _share_80b(kernels: Kernels, threads: int, layers: int = 2) -> tuple[CpuShare, list]:
+    """A server over `layers` layers of 512 experts of the 80B shape (Q4_K gate and up [512, 2048], down
+    [2048, 512]): bytes of 0x01 (a finite Q4_K block), written so every page is real memory."""
+    e, d, f = 512, 2048, 512
+    shapes = [(f, d), (f, d), (d, f)]
+    row_bytes = [c // 256 * 144 for _, c in shapes]
+    raws = [[np.ones((e, r, rb), np.uint8) for (r, _), rb in zip(shapes, row_bytes)] for _ in range(layers)]
+    ex = ExpertBytes(
+        np.array([[int(r.ctypes.data) for r in row] for row in raws], np.int64),
+        np.array([[r.shape[1] * r.shape[2] for r in row] for row in raws], np.int64),
+        np.full((layers, 3), int(T.Q4_K), np.int64),
+        np.array([[f, f, d]] * layers, np.int64),
+        np.array([row_bytes] * layers, np.int64),
+    )
+    buf = np.zeros(Mailbox.nbytes(ROWS, A, d) + 64, np.uint8)
+    box = Mailbox.over(buf[-buf.ctypes.data % 64 :], ROWS, A, d)
+    return CpuShare(kernels, ex, e, box, threads), [raws, buf]
+
+
+def _real(kernels: Kernels, threads: list[int], ks: list[int], reps: int) -> None:
+    """Median one-row requests of k cold experts each, and the line through them: the fixed cost a request
+    (intercept) and the rate (bytes of an expert over the slope)."""
+    for t in threads:
+        srv, _keep = _share_80b(kernels, t)
+        h = np.random.default_rng(0).standard_normal((1, 2048)).astype(np.float32)
+        wts = np.ones((1, A), np.float32)
+        try:
+            med = []
+            for k in ks:
+                total = []
+                for i in range(reps):
+                    ids = np.full((1, A), -1, np.int32)
+                    ids[0, :k] = (np.arange(k) + 7 * k * i) % 512  # experts nothing read lately
+                    t0 = time.perf_counter()
+                    srv.layer(i % 2, h, ids, wts)
+                    total.append(time.perf_counter() - t0)
+                med.append(float(np.median(total)))
+                print(f"80b threads {t} experts {k}: request median {med[-1] * 1e6:.1f} us", flush=True)
+            if len(ks) > 1:
+                slope, fixed = np.polyfit(ks, med, 1)
+                print(
+                    f"80b threads {t}: {fixed * 1e6:.1f} us a request + {slope * 1e6:.1f} us an expert "
+                    f"({1.769472e6 / slope / 1e9:.1f} GB/s)",
+                    flush=True,
+                )
+        finally:
+            srv.close()
 
 
 def main() -> None:
@@ -54,8 +104,13 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--rows", default="1,4")
     ap.add_argument("--reps", type=int, default=2000)
+    ap.add_argument("--shape", choices=("tiny", "80b"), default="tiny")
+    ap.add_argument("--experts", default="1,2,3", help="--shape 80b: CPU experts a request")
     a = ap.parse_args()
     kernels = Kernels(Path(tempfile.mkdtemp(prefix="strata-bench-share-")))
+    if a.shape == "80b":
+        _real(kernels, [int(x) for x in a.threads.split(",")], [int(x) for x in a.experts.split(",")], a.reps)
+        return
     rng = np.random.default_rng(0)
     for threads in (int(x) for x in a.threads.split(",")):
         srv, _keep = _share(kernels, threads)
@@ -63,6 +118,7 @@ def main() -> None:
             for n in (int(x) for x in a.rows.split(",")):
                 h = rng.standard_normal((n, D)).astype(np.float32)
                 ids = np.stack([rng.permutation(E)[:A] for _ in range(n)]).astype(np.int32)
+                ids[ids % 2 == 1] = -1  # every other expert the CPU's, as the publish marks them
                 wts = rng.random((n, A)).astype(np.float32)
                 for _ in range(200):
                     srv.layer(1, h, ids, wts)

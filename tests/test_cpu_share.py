@@ -1,6 +1,7 @@
 """The CPU's share of the decode misses, without a GPU: the server (jit/share.py) answers requests that the
 numpy twins of the graph's `cpu_publish` / `cpu_collect` make, and its answer is the expert FFN as
-gguf-py's dequantizers define it; the split arithmetic (tiers/share.py) and the cache's marking."""
+gguf-py's dequantizers define it; which misses the publish takes per layer, the split arithmetic
+(tiers/share.py) and the cache's marking."""
 
 from __future__ import annotations
 
@@ -48,13 +49,14 @@ def _experts(qtypes: tuple[T, T, T]):
     return raws, ex
 
 
-def _reference(raws, qtypes, li, h, ids, wts, mine):
-    """sum over the CPU's (t, a) of w * down(silu(gate h) * (up h)), in float64 from gguf's dequantizers."""
+def _reference(raws, qtypes, li, h, ids, wts):
+    """sum over the CPU's (t, a) (ids >= 0) of w * down(silu(gate h) * (up h)), in float64 from gguf's
+    dequantizers."""
     y = np.zeros(h.shape, np.float64)
     for t in range(h.shape[0]):
         for a in range(ids.shape[1]):
             e = int(ids[t, a])
-            if not mine[li, e]:
+            if e < 0:
                 continue
             g, u, d = (dequantize(raws[li][p][e], qtypes[p]).astype(np.float64) for p in range(3))
             gv, uv = g @ h[t], u @ h[t]
@@ -72,10 +74,9 @@ def _box() -> Mailbox:
 @pytest.mark.parametrize("threads", [1, 3])
 def test_server_answers_the_twins_requests(kernels: Kernels, qtypes, threads: int) -> None:
     raws, ex = _experts(qtypes)
-    mine = np.zeros((L, E), bool)
-    mine[:, 2:5] = True  # experts 2, 3, 4 of each layer are the CPU's
+    where = np.array([0, 1, -2, -2, -1, -1], np.int32)  # 2, 3 the CPU's own; 4, 5 read over PCIe
     box = _box()
-    srv = CpuShare(kernels, ex, mine, box, threads)
+    srv = CpuShare(kernels, ex, E, box, threads)
     rng = np.random.default_rng(threads)
     ticket = np.zeros(1, np.int64)
     try:
@@ -85,19 +86,49 @@ def test_server_answers_the_twins_requests(kernels: Kernels, qtypes, threads: in
             h = rng.standard_normal((n, D)).astype(np.float32)
             ids = np.stack([rng.permutation(E)[:A] for _ in range(n)]).astype(np.int32)
             wts = rng.random((n, A)).astype(np.float32)
-            kt.ref_cpu_publish(h, ids, wts, li, box.ctl, box.h, box.ids, box.wts, ticket)
+            take = np.minimum(np.arange(n * A + 1), step % 3)  # none, one or both of the PCIe misses
+            took = kt.ref_cpu_publish(h, ids, wts, li, where, take, box.ctl, box.h, box.ids, box.wts, ticket)
+            mids = box.ids[: n * A].reshape(n, A).copy()
             x = np.zeros((n, D), np.float32)
+            if took is None:  # nothing the CPU's: no request, as the collect then does not wait
+                assert (mids < 0).all()
+                continue
             deadline = time.monotonic() + 10
             while not kt.ref_cpu_collect(x, box.ctl, box.out, ticket):
                 assert time.monotonic() < deadline, "the server did not answer"
                 time.sleep(1e-4)
-            want = _reference(raws, qtypes, li, h, ids, wts, mine)
+            want = _reference(raws, qtypes, li, h, mids, wts)
             scale = np.abs(want).max() + 1e-6
             # the CPU kernels round their inputs as ggml's CPU kernels do (q8 for the K-quants)
             assert np.abs(x - want).max() <= 2e-2 * scale, f"step {step}: {np.abs(x - want).max()} of {scale}"
             calls = srv.take_calls(n)
-            assert np.array_equal(calls, mine[li][ids].sum(axis=1)), "CPU expert calls per row"
+            assert np.array_equal(calls, (mids >= 0).sum(axis=1)), "CPU expert calls per row"
         srv.check()
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_the_compiled_row_equals_the_numpy_rows(kernels: Kernels, threads: int) -> None:
+    """A one-row request runs compiled (share_ir.py), more rows through numpy between the rounds: the same
+    row gives the same sum both ways (the same kernels; silu's exp within an ulp of numpy's)."""
+    _, ex = _experts((T.Q4_K, T.Q4_K, T.Q6_K))
+    srv = CpuShare(kernels, ex, E, _box(), threads)
+    rng = np.random.default_rng(5)
+    try:
+        for li, mine in ((0, [1, 4, 5]), (1, [2]), (1, [])):
+            h = rng.standard_normal((1, D)).astype(np.float32)
+            ids = np.array([[e if e in mine else -1 for e in (4, 1, 2)]], np.int32)
+            wts = rng.random((1, A)).astype(np.float32)
+            if 5 in mine:
+                ids[0, 2] = 5
+            one, calls = srv.layer(li, h, ids, wts)
+            one = one.copy()
+            two, calls2 = srv.layer(li, np.repeat(h, 2, 0), np.repeat(ids, 2, 0), np.repeat(wts, 2, 0))
+            assert calls.tolist() == [int((ids >= 0).sum())] and calls2.tolist() == calls.tolist() * 2
+            np.testing.assert_allclose(one[0], two[0], rtol=1e-5, atol=1e-5 * (np.abs(two).max() + 1e-30))
+            if not mine:
+                assert not one.any()
     finally:
         srv.close()
 
@@ -105,10 +136,10 @@ def test_server_answers_the_twins_requests(kernels: Kernels, qtypes, threads: in
 def test_a_row_without_cpu_experts_gets_zeros_and_no_calls(kernels: Kernels) -> None:
     _, ex = _experts((T.Q8_0, T.Q8_0, T.Q8_0))
     box = _box()
-    srv = CpuShare(kernels, ex, np.zeros((L, E), bool), box, 2)
+    srv = CpuShare(kernels, ex, E, box, 2)
     try:
         y, calls = srv.layer(
-            0, np.ones((2, D), np.float32), np.zeros((2, A), np.int32), np.ones((2, A), np.float32)
+            0, np.ones((2, D), np.float32), np.full((2, A), -1, np.int32), np.ones((2, A), np.float32)
         )
         assert not y.any() and not calls.any()
     finally:
@@ -118,7 +149,7 @@ def test_a_row_without_cpu_experts_gets_zeros_and_no_calls(kernels: Kernels) -> 
 
 def test_probe_reads_cold_experts_and_fits_a_rate(kernels: Kernels) -> None:
     _, ex = _experts((T.Q8_0, T.Q8_0, T.Q8_0))
-    srv = CpuShare(kernels, ex, np.zeros((L, E), bool), _box(), 2)
+    srv = CpuShare(kernels, ex, E, _box(), 2)
     try:
         polls = []
         rate, fixed = srv.probe(until=lambda: polls.append(1) or len(polls) > 30, min_runs=4)
@@ -149,6 +180,51 @@ def test_split_balances_the_two_sides() -> None:
     with pytest.raises(Exception, match="--pcie-frac"):
         share.parse_pcie_frac("1.5")
     assert share.parse_pcie_frac("auto") is None and share.parse_pcie_frac("0") == 0.0
+
+
+def test_publish_takes_the_last_distinct_misses() -> None:
+    """cpu_publish's pick (its twin): the CPU's own always; of the m distinct PCIe misses, take[m], the last
+    in routing order, never one the lookahead picked (its copy may still land in the table)."""
+    where = np.array([0, -1, -1, -2, -1, -1, 3, -1], np.int32)
+    take = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4], np.int32)
+    ids = np.array([[1, 2, 3, 0], [4, 2, 5, 6]], np.int32)  # misses 1, 2, 4, 5 (2 twice): m = 4 -> 2
+    mids, took = kt.ref_cpu_pick(ids, where, take)
+    assert took == [5, 2]  # from the end: 5, then 2 (both of its pairs)
+    assert mids.tolist() == [-1, 2, 3, -1, -1, 2, 5, -1]
+    mids, took = kt.ref_cpu_pick(ids, where, take, picked=np.array([5, -1], np.int32))  # m = 3 -> 1
+    assert took == [2] and mids.tolist() == [-1, 2, 3, -1, -1, 2, -1, -1]
+    mids, took = kt.ref_cpu_pick(ids, where, np.arange(9, dtype=np.int32))  # every miss: 2 in both rows
+    assert sorted(took) == [1, 2, 4, 5] and mids.tolist() == [1, 2, 3, -1, 4, 2, 5, -1]
+    mids, took = kt.ref_cpu_pick(ids[:1, [0, 3]], where, take)  # one miss: take[1] = 0, nothing published
+    assert took == [] and (mids < 0).all()
+
+
+def test_take_table_balances_each_layers_misses() -> None:
+    per = 1.77e6  # an 80B expert; PCIe 50 GB/s: 35 us each
+    cpu, fixed = 30e9, 20e-6
+    t = share.take_table(4, 10, per, 50e9, cpu, fixed)
+    assert t.shape == (5, 41) and not t[0].any()
+    for n in (1, 4):
+        eff = share.ROW_EFFICIENCY if n == 1 else share.CPU_EFFICIENCY
+        assert t[n, 0] == 0 and (np.diff(t[n]) >= 0).all() and (np.diff(t[n]) <= 1).all()
+        for m in range(41):  # no other k makes the layer shorter
+            cost = [
+                max(share.BASE_S + (m - j) * per / 50e9, fixed + j * per / (cpu * eff))
+                if j
+                else share.BASE_S + m * per / 50e9
+                for j in range(m + 1)
+            ]
+            assert cost[int(t[n, m])] == pytest.approx(min(cost))
+    assert t[1, 1] == 0 and t[1, 10] > 0  # one miss is not worth a hand-off; ten are
+    assert (t[4] <= t[1]).all() and t[4, 20] < t[1, 20]  # more rows go through numpy: the CPU takes fewer
+    assert not share.take_table(1, 10, per, 50e9, 3e9, 86e-6).any()  # a slow pool takes nothing
+    given = share.take_table(2, 2, per, 0, 0, 0, given=0.5)
+    assert given.tolist() == [[0, 1, 1, 2, 2]] * 3  # halves round up, whatever the rows
+    assert not share.take_table(1, 4, per, 0, 0, 0, given=1.0).any()
+    frac, layer = share.expect(t, 10, 0.55, per, 50e9, cpu, fixed)
+    _, alone = share.expect(t * 0, 10, 0.55, per, 50e9, cpu, fixed)
+    assert 0.5 < frac < 1.0 and layer < 0.85 * alone
+    assert alone == pytest.approx(share.BASE_S + 5.5 * per / 50e9)
 
 
 def test_probe_cache_round_trips(tmp_path) -> None:

@@ -52,8 +52,8 @@ def _home_twin(m) -> None:
 
             return get
 
-        mine = cache.cpu[li][ids]
-        y = ref_moe_q8(h, ids, np.where(mine, wts, 0.0), mat(0), mat(1), mat(2))
+        mine = ids >= 0  # the publish gives the CPU's pairs their ids, the GPU's -1
+        y = ref_moe_q8(h, np.where(mine, ids, 0), np.where(mine, wts, 0.0), mat(0), mat(1), mat(2))
         return y.astype(np.float32), mine.sum(axis=1).astype(np.int64)
 
     m.tiers.share.layer = layer

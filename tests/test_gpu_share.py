@@ -102,12 +102,16 @@ def test_a_silent_cpu_fails_the_pass_instead_of_hanging(tmp_path):
 
 
 def test_publish_and_collect_match_their_twins():
+    """The publish takes take[m] of the layer's misses as its twin does (not the lookahead's pick), points
+    their table entries at the zero slot and takes their PCIe bytes back from the counters; the collect
+    waits for the answer, adds it and puts the entries back. A layer with nothing for the CPU publishes
+    nothing, and its collect neither waits nor touches x."""
     import cupy as cp
 
     from strata.gpu.runtime import Kernels, launch
 
     k = Kernels(kt.SOURCE, kt.NAMES)
-    rows, a, d, n = 8, 4, 256, 3
+    rows, a, d, n, e = 8, 4, 256, 3, 9
     mem = cp.cuda.alloc_pinned_memory(Mailbox.nbytes(rows, a, d) + 64)
     buf = np.frombuffer(mem, np.uint8)
     buf = buf[-int(buf.ctypes.data) % 64 :]
@@ -115,34 +119,97 @@ def test_publish_and_collect_match_their_twins():
     box = Mailbox.over(buf, rows, a, d)
     rng = np.random.default_rng(0)
     h = rng.standard_normal((n, d)).astype(np.float32)
-    ids = rng.integers(0, 9, n * a).astype(np.int32)
+    ids = np.array([[0, 1, 2, 3], [4, 5, 6, 7], [8, 1, 3, 5]], np.int32).reshape(-1)
     wts = rng.random(n * a).astype(np.float32)
-    ticket, err = cp.zeros(1, cp.int64), cp.zeros(1, cp.int32)
+    where = np.array([0, -1, -2, -1, 1, -1, -1, 2, -1], np.int32)  # misses 1, 3, 5, 6, 8 (m = 5)
+    take = np.array([0, 0, 1, 1, 2, 3, 3, 4, 4, 5, 5, 6, 6], np.int32)
+    picked = np.array([6, -1], np.int32)  # the lookahead's: never the CPU's -> m = 4, take 2
+    table = np.arange(3 * e, dtype=np.int64).reshape(3, e) + 1000
+    zero = (11, 22, 33)
+    per = 500
+    counts0 = np.array(
+        [[4, 1, 2 * per], [4, 2, 2 * per], [4, 0, 3 * per]], np.uint64
+    )  # as tier_count left them
+    ticket, err, asked = cp.zeros(1, cp.int64), cp.zeros(1, cp.int32), cp.zeros(1, cp.int32)
+    saved, took = cp.zeros(3 * kt.SHARE_PAIRS, cp.int64), cp.zeros(1 + kt.SHARE_PAIRS, cp.int32)
+    tab, counts = cp.asarray(table), cp.asarray(counts0)
     addr = [int(v.ctypes.data) for v in (box.ctl, box.h, box.ids, box.wts, box.out)]
-    launch(
-        k["cpu_publish"],
-        (1,),
-        256,
-        (
-            cp.asarray(h),
-            cp.asarray(ids),
-            cp.asarray(wts),
-            np.int32(n),
-            np.int32(a),
-            np.int32(d),
-            np.int32(5),
-            *map(np.uint64, addr[:4]),
-            ticket,
-        ),
-    )
-    cp.cuda.get_current_stream().synchronize()
+
+    def publish(ids_dev, take_dev, rows_n):
+        launch(
+            k["cpu_publish"],
+            (1,),
+            256,
+            (
+                cp.asarray(h[:rows_n]),
+                ids_dev,
+                cp.asarray(wts),
+                np.int32(rows_n),
+                np.int32(a),
+                np.int32(d),
+                np.int32(5),
+                *map(np.uint64, addr[:4]),
+                ticket,
+                cp.asarray(where),
+                tab,
+                np.int32(e),
+                *map(np.uint64, zero),
+                take_dev,
+                cp.asarray(picked),
+                np.int32(len(picked)),
+                saved,
+                took,
+                counts,
+                np.int64(per),
+                asked,
+            ),
+        )
+        cp.cuda.get_current_stream().synchronize()
+
+    def collect(x):
+        launch(
+            k["cpu_collect"],
+            (n,),
+            256,
+            (
+                x,
+                np.int32(d),
+                np.uint64(addr[0]),
+                np.uint64(addr[4]),
+                ticket,
+                err,
+                np.int64(5_000_000_000),
+                asked,
+                tab,
+                np.int32(e),
+                saved,
+                took,
+            ),
+        )
+        cp.cuda.get_current_stream().synchronize()
+
+    publish(cp.asarray(ids), cp.asarray(take), n)
     want = {
         k2: np.zeros_like(v) for k2, v in (("ctl", box.ctl), ("h", box.h), ("ids", box.ids), ("wts", box.wts))
     }
     t_ref = np.zeros(1, np.int64)
-    kt.ref_cpu_publish(h, ids, wts, 5, want["ctl"], want["h"], want["ids"], want["wts"], t_ref)
+    got_took = kt.ref_cpu_publish(
+        h, ids, wts, 5, where, take, want["ctl"], want["h"], want["ids"], want["wts"], t_ref, picked
+    )
+    assert got_took == [5, 3]
     for name, value in want.items():
         np.testing.assert_array_equal(getattr(box, name), value, err_msg=name)
+    assert int(asked.get()[0]) == 1 and took.get()[0] == 2 and sorted(took.get()[1:3]) == [3, 5]
+    moved = table.copy()
+    moved[:, [3, 5]] = np.array(zero)[:, None]
+    np.testing.assert_array_equal(tab.get(), moved)
+    back = counts0.astype(np.int64)
+    back[[0, 1, 2], 2] -= [
+        per,
+        per,
+        2 * per,
+    ]  # the pairs of 3 and 5: one in row 0, one in row 1, two in row 2
+    np.testing.assert_array_equal(counts.get().astype(np.int64), back)
     answer = rng.standard_normal((n, d)).astype(np.float32)
 
     def cpu() -> None:  # the server's side: answer a moment later, while the collect kernel polls
@@ -153,17 +220,19 @@ def test_publish_and_collect_match_their_twins():
     threading.Thread(target=cpu).start()
     x0 = rng.standard_normal((n, d)).astype(np.float32)
     x = cp.asarray(x0)
-    launch(
-        k["cpu_collect"],
-        (n,),
-        256,
-        (x, np.int32(d), np.uint64(addr[0]), np.uint64(addr[4]), ticket, err, np.int64(5_000_000_000)),
-    )
-    cp.cuda.get_current_stream().synchronize()  # the kernel returns once the thread above has answered
+    collect(x)  # returns once the thread above has answered
     ref_x = x0.copy()
     assert kt.ref_cpu_collect(ref_x, box.ctl, box.out, t_ref)
     np.testing.assert_array_equal(x.get(), ref_x)
     assert int(err.get()[0]) == 0
+    np.testing.assert_array_equal(tab.get(), table)  # every entry back
+    # one row whose only CPU candidate is a single miss that take[1] = 0 keeps on the GPU: no request
+    one = cp.asarray(np.array([0, 1, 4, 7], np.int32))
+    publish(one, cp.asarray(take), 1)
+    assert int(asked.get()[0]) == 0 and int(ticket.get()[0]) == 1 and took.get()[0] == 0
+    collect(x)  # no wait (the CPU would never answer), x untouched
+    np.testing.assert_array_equal(x.get(), ref_x)
+    np.testing.assert_array_equal(tab.get(), table)
 
 
 def _q8_twin(m):
@@ -173,7 +242,7 @@ def _q8_twin(m):
     from strata.gpu.kernels.mmvq import ref_moe_q8
     from strata.quants import dequantize
 
-    cache, arena, lay = m.expert_cache, m.tiers.arena, m.expert_cache.layout
+    arena, lay = m.tiers.arena, m.expert_cache.layout
 
     def layer(li, h, ids, wts):
         parts = lay.layers[li].parts
@@ -187,8 +256,8 @@ def _q8_twin(m):
 
             return get
 
-        mine = cache.cpu[li][ids]
-        y = ref_moe_q8(h, ids, np.where(mine, wts, 0.0), mat(0), mat(1), mat(2))
+        mine = ids >= 0  # the publish gives the CPU's pairs their ids, the GPU's -1
+        y = ref_moe_q8(h, np.where(mine, ids, 0), np.where(mine, wts, 0.0), mat(0), mat(1), mat(2))
         return y.astype(np.float32), mine.sum(axis=1).astype(np.int64)
 
     m.tiers.share.layer = layer

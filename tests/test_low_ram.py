@@ -243,12 +243,11 @@ def test_the_cpu_share_reads_each_expert_at_its_own_address(tmp_path):
         np.int64,
     )
     per_expert = replace(ex, bases=np.zeros_like(ex.bases), strides=np.zeros_like(ex.strides), addrs=addrs)
-    mine = np.ones((n_l, n_e), bool)
     rng = np.random.default_rng(0)
     h = rng.standard_normal((3, ex.rows[0, 2])).astype(np.float32)
     ids = np.array([[0, 1, 2], [3, 4, 5], [5, 0, 2]], np.int32)
     wts = rng.random((3, 3)).astype(np.float32)
-    a, b = CpuShare(kernels, ex, mine, _box(), 2), CpuShare(kernels, per_expert, mine, _box(), 2)
+    a, b = CpuShare(kernels, ex, n_e, _box(), 2), CpuShare(kernels, per_expert, n_e, _box(), 2)
     try:
         b.mapped = np.zeros((n_l, n_e), bool)
         b.mapped[:, 5] = True

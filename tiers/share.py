@@ -2,24 +2,35 @@
 
 A decode row's miss is either read by the GPU from pinned RAM over PCIe (zero-copy, inside the graph) or
 computed on the CPU pool from the same RAM while the GPU computes the rest of the layer; the layer then
-waits for whichever side finishes last. With M miss bytes a layer, a share c on the CPU costs
+waits for whichever side finishes last.
+
+Decode splits per layer and token (`take_table`): the graph's publish counts the layer's m distinct PCIe
+misses and gives the CPU take[n, m] of them, the k that makes max(GPU: BASE_S + (m - k) g, CPU: fixed + k c)
+least, with g and c one expert's time over PCIe and on the CPU pool. `--pcie-frac f` gives the CPU the
+nearest whole (1 - f) m instead. A fixed set of CPU experts (the split of before, still `choose` below) left
+one side waiting whenever routing gave it more than its average; per token the split follows each layer's
+count.
+
+`choose` is the whole-layer arithmetic: with M miss bytes a layer, a share c on the CPU costs
 
     GPU: (1 - c) M / pcie        CPU: c M / (cpu * CPU_EFFICIENCY) + fixed
 
-and a layer with a share costs the slower side plus SERIAL_S. Under `--ram-budget-mib` a share m of the misses
-lives only in the file's mapping, which the GPU cannot read: the CPU takes at least m, and reads those at the
-mapping's rate when that is the slower (a cold page cache: the disk); the best share makes the two sides
-equal, c = (M / pcie - fixed) / (M / pcie + M / cpu'), and is taken only when it beats PCIe alone. `pcie` is
-the in-graph zero-copy rate (the probed rate times what the kernels reach of it), `cpu` the CPU pool's rate on
-this model's experts with the GPU reading RAM beside it. The probe measures both at start-up and keeps them in
-the cache dir (`--probe` measures again); `strata plan` shows the same arithmetic from given rates.
+and a layer with a share costs the slower side plus SERIAL_S. It sets the fixed split of the misses that only
+the CPU can read: under `--ram-budget-mib` a share m of the misses lives only in the file's mapping, which the
+GPU cannot read: the CPU takes at least m, and reads those at the mapping's rate when that is the slower (a
+cold page cache: the disk); the best share makes the two sides equal, c = (M / pcie - fixed) / (M / pcie +
+M / cpu'), and is taken only when it beats PCIe alone; `strata plan` shows it from given rates. `pcie` is the
+in-graph zero-copy rate (the probed rate times what the kernels reach of it), `cpu` the CPU pool's rate on
+this model's experts with the GPU reading RAM beside it. The probe measures both at start-up and keeps them
+in the cache dir (`--probe` measures again).
 
-Calibration (H200 host, 16 cores, 80B shape at a 24 GiB budget; perf/README.md): the probe gave the CPU
-pool 29.9 GB/s beside the GPU and a fixed 86 us a layer, but inside decode a 29% share took 231 us a layer
-on the CPU (2.8 MB: 19 GB/s after the fixed part, so CPU_EFFICIENCY 0.64), and a layer took 334 us where
-the slower side predicts 251: SERIAL_S is that 83 us (the GPU idles while the CPU finishes, and the
-hand-offs' latencies). With these the host's split is PCIe alone, as measured: every share tried there
-(0.54 to 0.99) decoded slower than none.
+Calibration (H200 host, 16 cores, 80B shape at a 24 GiB budget; perf/README.md): with a fixed set of CPU
+experts and the numpy request, the probe gave the CPU pool 29.9 GB/s beside the GPU and a fixed 86 us a
+layer, but inside decode a 29% share took 231 us a layer on the CPU (2.8 MB: 19 GB/s after the fixed part,
+so CPU_EFFICIENCY 0.64), and a layer took 334 us where the slower side predicts 251: SERIAL_S is that 83 us.
+Every fixed share tried there decoded slower than none. Split per token, with one-row requests compiled
+(jit/share_ir.py: 37-50 us a request + 50 us an expert there), the same host decodes 94.5 tok/s at b=1
+against 77.9 over PCIe alone, and 111.5 at b=4 against 93.9.
 """
 
 from __future__ import annotations
@@ -28,6 +39,8 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 from strata.errors import ConfigError
 
@@ -109,6 +122,76 @@ def choose(
     if c < MIN_SHARE or layer(c) >= layer(0.0):
         c = 0.0
     return Split(1 - c, layer(c), gpu, layer(1.0), "auto")
+
+
+# a decode layer's routed experts with every one in VRAM (H200, 80B shape, one row: perf/bench_misses.py's 23
+# us): the GPU's side of a layer costs this plus its misses' bytes over PCIe
+BASE_S = 23e-6
+# a one-row request runs compiled (jit/share_ir.py) as the probe times it, so at the probed rate; requests of
+# more rows go through numpy between their rounds, at CPU_EFFICIENCY of it (the calibration above). On the
+# H200 host (80B shape, 24 GiB) the one-row table at the probed rate decoded at 86.6 tok/s where the one at
+# CPU_EFFICIENCY gave 83.4 (PCIe alone: 79.5)
+ROW_EFFICIENCY = 1.0
+
+
+def take_table(
+    rows: int,
+    a: int,
+    expert_bytes: float,
+    pcie_bps: float,
+    cpu_bps: float,
+    fixed_s: float,
+    given: float | None = None,
+) -> np.ndarray:
+    """[rows + 1, rows * a + 1] int32: how many of a decode layer's m distinct PCIe misses the CPU takes in a
+    pass of n rows (cpu_publish reads entry [n, m]). given (--pcie-frac f): the nearest whole share,
+    (1 - f) m. Else the k that makes the layer shortest: the GPU's side BASE_S + (m - k) g against the CPU's
+    fixed + k c, g and c one expert's time over PCIe and on the CPU pool (one row at ROW_EFFICIENCY of its
+    probed rate, more at CPU_EFFICIENCY); no CPU side at all when k is 0, so a layer whose misses are too few
+    for the hand-off keeps them on PCIe. Made per layer and token, the split meets each layer's own count of
+    misses, where a fixed set of CPU experts leaves one side waiting on the other whenever routing gives it
+    more than its average."""
+    m = np.arange(rows * a + 1)
+    if given is not None:
+        return np.tile(np.floor((1.0 - given) * m + 0.5).astype(np.int32), (rows + 1, 1))
+    out = np.zeros((rows + 1, len(m)), np.int32)
+    for n in range(1, rows + 1):
+        g, c = _per_expert(expert_bytes, pcie_bps, cpu_bps, n)
+        t = np.maximum(BASE_S + (m[:, None] - m[None, :]) * g, fixed_s + m[None, :] * c)
+        t[:, 0] = BASE_S + m * g
+        t[m[None, :] > m[:, None]] = np.inf
+        out[n] = np.argmin(t, axis=1)
+    return out
+
+
+def _per_expert(expert_bytes: float, pcie_bps: float, cpu_bps: float, rows: int) -> tuple[float, float]:
+    """(s over PCIe, s on the CPU pool) of one expert in a pass of `rows` rows."""
+    eff = ROW_EFFICIENCY if rows == 1 else CPU_EFFICIENCY
+    return expert_bytes / pcie_bps, expert_bytes / (cpu_bps * eff) if cpu_bps > 0 else float("inf")
+
+
+def expect(
+    take: np.ndarray,
+    a: int,
+    miss_rate: float,
+    expert_bytes: float,
+    pcie_bps: float,
+    cpu_bps: float,
+    fixed_s: float,
+) -> tuple[float, float]:
+    """(share of the misses read over PCIe, mean s of a layer's experts) for one decode row under uniform
+    routing: m ~ Binomial(a, miss_rate) misses a layer, take[1, m] of them on the CPU."""
+    from math import comb
+
+    g, c = _per_expert(expert_bytes, pcie_bps, cpu_bps, 1)
+    over = taken = layer = 0.0
+    for m in range(a + 1):
+        p = comb(a, m) * miss_rate**m * (1 - miss_rate) ** (a - m)
+        k = int(take[1, m])
+        over += p * (m - k)
+        taken += p * k
+        layer += p * (max(BASE_S + (m - k) * g, fixed_s + k * c) if k else BASE_S + m * g)
+    return (over / (over + taken) if over + taken else 1.0), layer
 
 
 def parse_pcie_frac(value: str, flag: str = "--pcie-frac") -> float | None:

@@ -125,7 +125,7 @@ def _route(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> Non
             None if ahead is None else ahead.stop,
         )
         if n <= GEMV_ROWS and w.tier.share is not None:  # before the GPU's experts, so the CPU overlaps them
-            ops.cpu_publish(h, act.ids, act.wts, n, a, dm.d, w.tier.share)
+            ops.cpu_publish(h, act.ids, act.wts, n, a, dm.d, w.tier)
 
 
 def _experts(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from strata.gpu.kernels import gemv, mmvq, moe
-from strata.gpu.runtime import NULL, dev_ptr, i32, i64, launch
+from strata.gpu.runtime import NULL, dev_ptr, i32, i64, launch, ptr
 from strata.gpu.weights import DevMatrix
 
 
@@ -135,8 +135,10 @@ class MoeOps:
             ),
         )
 
-    def cpu_publish(self, h: Any, ids: Any, wts: Any, n: int, a: int, d: int, s: Any) -> None:
-        """Hand decode rows [n] of MoE layer s.layer to the CPU share (s: gpu.tiers.ShareHook)."""
+    def cpu_publish(self, h: Any, ids: Any, wts: Any, n: int, a: int, d: int, t: Any) -> None:
+        """Hand decode rows [n] of MoE layer t.layer to the CPU share: its split of the layer's misses, the
+        mailbox (t: gpu.tiers.TierHook with a share)."""
+        s, ahead = t.share, t.lookahead
         launch(
             self.tiers["cpu_publish"],
             (1,),
@@ -148,22 +150,48 @@ class MoeOps:
                 i32(n),
                 i32(a),
                 i32(d),
-                i32(s.layer),
+                i32(t.layer),
                 np.uint64(s.ctl),
                 np.uint64(s.h),
                 np.uint64(s.ids),
                 np.uint64(s.wts),
                 s.ticket,
+                t.where,
+                s.table,
+                i32(s.n_expert),
+                *(np.uint64(z) for z in s.zero),
+                ptr(s.take, 4 * n * s.take.shape[1]),
+                NULL if ahead is None else ahead.picked,
+                i32(0 if ahead is None else ahead.k),
+                s.saved,
+                s.took,
+                t.counts,
+                i64(t.expert_bytes),
+                s.asked,
             ),
         )
 
     def cpu_collect(self, x: Any, n: int, d: int, s: Any, timeout_ns: int) -> None:
-        """x[:n] += the CPU share's answer for the request cpu_publish made last."""
+        """x[:n] += the CPU share's answer for the request cpu_publish made last, if it made one; the taken
+        experts' table entries back (s: gpu.tiers.ShareHook)."""
         launch(
             self.tiers["cpu_collect"],
             (n,),
             256,
-            (x, i32(d), np.uint64(s.ctl), np.uint64(s.out), s.ticket, s.err, i64(timeout_ns)),
+            (
+                x,
+                i32(d),
+                np.uint64(s.ctl),
+                np.uint64(s.out),
+                s.ticket,
+                s.err,
+                i64(timeout_ns),
+                s.asked,
+                s.table,
+                i32(s.n_expert),
+                s.saved,
+                s.took,
+            ),
         )
 
     def moe_group(

@@ -1,9 +1,11 @@
 """The CPU's share of the decode misses on the GPU side (part of strata/gpu/tiers.py's GpuTiers).
 
-Decode rows read the CPU-owned experts from a slot of zeros, publish each MoE layer to a pinned mailbox that
-jit/share.py serves, and add the CPU's answer after the shared expert (`ShareHook`). The split (`--pcie-frac`,
-tiers/share.py) comes from a probe of the zero-copy rate and the CPU pool's rate on this model's experts, each
-under the other's load, kept in the cache dir; `probe` also measures the copy engine's rate.
+Each decode MoE layer's publish gives the CPU take[n, m] of its m PCIe misses (and the experts only the CPU
+can read, which the cache marks), points their table entries at a slot of zeros until the collect, hands the
+rows to a pinned mailbox that jit/share.py serves, and adds the CPU's answer after the shared expert
+(`ShareHook`, kernels/tiers.py). The table (`--pcie-frac`, tiers/share.py) comes from a probe of the zero-copy
+rate and the CPU pool's rate on this model's experts, each under the other's load, kept in the cache dir;
+`probe` also measures the copy engine's rate.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 from strata.errors import ConfigError
 from strata.gguf import GGUFFile
 from strata.gpu.kernels import tiers as kt
-from strata.gpu.runtime import HOST_TO_DEVICE, cupy_module
+from strata.gpu.runtime import HOST_TO_DEVICE, cupy_module, ptr
 from strata.gpu.slots import gather
 from strata.tiers import share as split
 from strata.tiers.telemetry import note
@@ -41,6 +43,15 @@ class ShareHook:
     out: int
     ticket: Any  # device int64 [1]
     err: Any  # device int32 [1]
+    table: Any  # device address of the layer's decode table rows [3, E]
+    n_expert: int
+    zero: tuple[int, int, int]  # the part addresses of the slot of zeros
+    take: (
+        Any  # device int32 [rows + 1, pairs + 1]: of m misses in n rows, how many the CPU takes (take_table)
+    )
+    saved: Any  # device int64 [3 * SHARE_PAIRS]: the taken experts' table entries, until the collect
+    took: Any  # device int32 [1 + SHARE_PAIRS]: how many, and which
+    asked: Any  # device int32 [1]: the publish handed the CPU something
 
 
 class CpuShareSide:
@@ -58,6 +69,11 @@ class CpuShareSide:
     share: Any
     split: split.Split | None
     rates: split.Rates | None
+    table: Any
+    take: Any
+    saved: Any
+    took: Any
+    asked: Any
     _keep: list[Any]
 
     def _start_share(self, gguf: GGUFFile, opts: TierOptions, rows: int) -> None:
@@ -68,9 +84,8 @@ class CpuShareSide:
 
         c = self.cache
         hit = c.resident() / c.where.size
-        miss = (
-            (1 - hit) * self.layout.top_k * float(np.mean(c.expert_bytes))
-        )  # bytes a layer, uniform routing
+        per = float(np.mean(c.expert_bytes))
+        miss = (1 - hit) * self.layout.top_k * per  # bytes a layer, uniform routing
         must = self.pageable or c.mapped_misses  # misses the graph cannot read: the CPU's, whatever the split
         if miss == 0 or (opts.pcie_frac == 1.0 and not must):
             return
@@ -100,6 +115,8 @@ class CpuShareSide:
             return
         cp = cupy_module()
         a, d = self.layout.top_k, self.layout.layers[0].parts[0].cols
+        if rows * a > kt.SHARE_PAIRS:
+            raise ConfigError("top_k", a, f"the CPU share takes at most {kt.SHARE_PAIRS} routed pairs a pass")
         self._box_mem = cp.cuda.alloc_pinned_memory(Mailbox.nbytes(rows, a, d) + 64)
         buf = np.frombuffer(self._box_mem, np.uint8)
         buf = buf[-int(buf.ctypes.data) % 64 :]
@@ -126,46 +143,74 @@ class CpuShareSide:
         # holds a claimed task stalls the whole layer
         threads = max(1, plan.workers - 1)
         self.share = CpuShare(
-            CpuKernels(jit_dir), experts, c.cpu, self.box, threads, lambda: _pin(plan.worker_cpus)
+            CpuKernels(jit_dir),
+            experts,
+            self.layout.n_expert,
+            self.box,
+            threads,
+            lambda: _pin(plan.worker_cpus),
         )
         if c.low_ram:
             self.share.mapped = ~c.in_ram  # counted apart: experts read from the file's mapping
         n_miss = int((c.where < 0).sum())
         forced = int((~c.in_ram & (c.where < 0)).sum()) / n_miss if n_miss else 0.0  # the CPU's in any case
         given = 0.0 if self.pageable else opts.pcie_frac
+        zero = tuple(int(z.data.ptr) for z in self.zero)
+        take = np.zeros((rows + 1, rows * a + 1), np.int32)
         if given is not None:
-            frac = given
             note(
                 f"CPU share of the decode misses: --pcie-frac {given:.2f} ({1 - given:.0%} on the CPU pool, "
                 f"{threads} threads){' (pageable arena)' if self.pageable else ''}"
             )
         else:
             rates = self.rates = self._rates(opts, jit_dir, threads)
-            pcie = rates.zero_copy * split.ZERO_COPY_EFFICIENCY
-            self.split = split.choose(miss, pcie, rates.cpu, rates.cpu_fixed_s, forced=forced)
-            frac = self.split.pcie_frac
             note(
                 f"probe: zero-copy {rates.zero_copy_alone / 1e9:,.1f} GB/s alone, "
-                f"{rates.zero_copy / 1e9:,.1f} beside the CPU (in graph ~{pcie / 1e9:,.1f}); CPU pool "
+                f"{rates.zero_copy / 1e9:,.1f} beside the CPU (in graph ~"
+                f"{rates.zero_copy * split.ZERO_COPY_EFFICIENCY / 1e9:,.1f}); CPU pool "
                 f"({threads} threads) {rates.cpu_alone / 1e9:,.1f} GB/s alone, {rates.cpu / 1e9:,.1f} beside "
                 f"the GPU, + {rates.cpu_fixed_s * 1e6:,.0f} us a layer; copy engine "
                 f"{rates.copy_engine / 1e9:,.1f} GB/s"
             )
-            note(self.split.why(miss))
-        if forced:
+        if must:  # a fixed set of CPU experts, the ones only it can read first (the cache marks them)
+            if given is None:
+                pcie = rates.zero_copy * split.ZERO_COPY_EFFICIENCY
+                self.split = split.choose(miss, pcie, rates.cpu, rates.cpu_fixed_s, forced=forced)
+                note(self.split.why(miss))
+                given = self.split.pcie_frac
             note(f"CPU share: {forced:.0%} of the misses are only in the file's mapping and always the CPU's")
-        if frac >= 1.0 and not forced:
-            self.share.close()
-            self.share = None
-            return
-        c.share_with_cpu(1.0 - frac, tuple(int(z.data.ptr) for z in self.zero))
+            c.share_with_cpu(1.0 - given, zero)
+        else:  # per layer and token: the device gives the CPU take[n, m] of a layer's m misses in n rows
+            if given is None:  # the expert kernels read misses at the probed rate (perf/bench_misses.py)
+                pcie = rates.zero_copy
+                take = split.take_table(rows, a, per, pcie, rates.cpu, rates.cpu_fixed_s)
+                frac, layer_s = split.expect(take, a, 1 - hit, per, pcie, rates.cpu, rates.cpu_fixed_s)
+                alone = split.expect(take * 0, a, 1 - hit, per, pcie, rates.cpu, rates.cpu_fixed_s)[1]
+                half = a * rows // 2
+                note(
+                    f"decode misses: the CPU takes {take[1, : a + 1].tolist()} of a layer's 0..{a} misses "
+                    f"(one row; {take[-1, half]} of {half} in {rows} rows): {1 - frac:.0%} of them, "
+                    f"{layer_s * 1e6:,.0f} us a layer's experts against {alone * 1e6:,.0f} over PCIe alone"
+                )
+            else:
+                take, frac = split.take_table(rows, a, per, 1.0, 0.0, 0.0, given), given
+            if not take.any():
+                self.share.close()
+                self.share = None
+                return
+            c.share_with_cpu(0.0, zero)
+            c.pcie_frac = frac
+        self.take = cp.asarray(take)
+        self.saved = cp.zeros(3 * kt.SHARE_PAIRS, cp.int64)
+        self.took = cp.zeros(1 + kt.SHARE_PAIRS, cp.int32)
+        self.asked = cp.zeros(1, cp.int32)
 
     def _rates(self, opts: TierOptions, jit_dir: Path | None, workers: int) -> split.Rates:
         cp = cupy_module()
         lay = self.layout.layers
         name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
         shapes = ",".join(f"{p.qtype}:{p.rows}x{p.cols}" for p in lay[0].parts)
-        key = f"v2|{name}|{platform.processor() or platform.machine()}|{workers} threads|{shapes}"
+        key = f"v3|{name}|{platform.processor() or platform.machine()}|{workers} threads|{shapes}"
         store = split.ProbeCache(
             (jit_dir.parent if jit_dir else Path.home() / ".cache/strata") / "probe.json"
         )
@@ -214,6 +259,13 @@ class CpuShareSide:
             int(b.out.ctypes.data),
             self.ticket,
             self.err,
+            ptr(self.table, 8 * li * 3 * self.layout.n_expert),
+            self.layout.n_expert,
+            tuple(int(z.data.ptr) for z in self.zero),  # type: ignore[arg-type]
+            self.take,
+            self.saved,
+            self.took,
+            self.asked,
         )
 
     def close(self) -> None:

@@ -183,7 +183,13 @@ class GpuTiers(CpuShareSide):
         self.ptab = cp.empty_like(self.table)
         self.borrowing = BorrowingPrefill(self)
         # the GPU reads no pageable memory in place, and the lookahead copies from the arena like a miss does
-        ahead = opts.prefetch and not self.pageable and self.cache.resident() < self.layout.n_total
+        # (and --pcie-frac 0 leaves PCIe nothing to read ahead)
+        ahead = (
+            opts.prefetch
+            and not self.pageable
+            and self.cache.resident() < self.layout.n_total
+            and self.cache.pcie_frac > 0
+        )
         self.lookahead = (
             Lookahead(self.kernels, layout, self.table, self.where, opts.prefetch, decode_rows)
             if ahead
