@@ -35,7 +35,7 @@ from strata.models.base import Structure
 from strata.tiers.budget import GIB, MIB, VramPlan
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.ram import arena_rows, ring_bytes
-from strata.tiers.share import ZERO_COPY_EFFICIENCY, choose
+from strata.tiers.share import BASE_S, ZERO_COPY_EFFICIENCY, choose, token_split
 
 # The all-resident decode step a layer on the H200 (perf/README.md, one sequence over 48 layers): qwen3moe
 # 30B 345.9 tok/s, qwen3next 80B 227.3, qwen4exp seeds 122.9 (the fused mixer); a dense model: none measured,
@@ -175,13 +175,24 @@ def predict(
         raise ConfigError("--cpu-gbps", cpu_gbps, "a CPU share (--pcie-frac < 1) needs the CPU pool's rate")
     step = max(vram_time, n_layer * floor_us * 1e-6)  # the all-resident step: every layer's floor, or bytes
     ahead = 0.0
-    if sp.pcie_frac >= 1 and not forced:  # every miss over PCIe, after the step, less what came ahead
+    why = sp.why(miss / n_l) if miss and cpu_gbps > 0 else ""
+    frac = sp.pcie_frac
+    token = None  # with nothing only the CPU can read, decode splits per layer and token (tiers/share.py)
+    if not forced and miss and cpu_gbps > 0 and pcie_frac != 1.0 and layout is not None:
+        a = layout.top_k
+        token = token_split(1, a, 1 - hit, routed / (n_l * a), pcie, cpu_gbps * 1e9, cpu_fixed_s, pcie_frac)
+        if token[0].any():  # (a given share is reported as given, as start-up does)
+            frac, why = (token[1] if pcie_frac is None else pcie_frac), token[3]
+        else:
+            token = None
+    if token is not None:  # the split's mean layer beyond the all-resident one (its experts: BASE_S)
+        decode = 1 / (step + n_l * (token[2] - BASE_S))
+    elif sp.pcie_frac >= 1 and not forced:  # every miss over PCIe, after the step, less what came ahead
         if tiered and layout is not None:
             ahead = n_l * ahead_per_layer(miss / n_l, layout.slot_bytes, prefetch, window_us, pcie)
         decode = 1 / (step + (miss - ahead) / (pcie * MISS_EFFICIENCY))
-    else:  # the split's own per-layer time (tiers/share.py's model)
+    else:  # the fixed split's own per-layer time (tiers/share.py's model)
         decode = 1 / (step + n_l * sp.layer_s)
-    why = sp.why(miss / n_l) if miss and cpu_gbps > 0 else ""
     if forced:
         why += (
             f"{'; ' if why else ''}{forced:.0%} of the misses are only in the file's mapping: the "
@@ -224,7 +235,7 @@ def predict(
         prefill,
         chunk,
         dict(plan.parts),
-        sp.pcie_frac,
+        frac,
         cpu_gbps,
         why,
         held if tiered else 0,

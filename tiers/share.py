@@ -194,6 +194,31 @@ def expect(
     return (over / (over + taken) if over + taken else 1.0), layer
 
 
+def token_split(
+    rows: int,
+    a: int,
+    miss_rate: float,
+    expert_bytes: float,
+    pcie_bps: float,
+    cpu_bps: float,
+    fixed_s: float,
+    given: float | None = None,
+) -> tuple[np.ndarray, float, float, str]:
+    """The per-token split start-up and `strata plan` make: (take_table, share of the misses over PCIe and
+    the mean s of a layer's experts for one row, the line they print)."""
+    take = take_table(rows, a, expert_bytes, pcie_bps, cpu_bps, fixed_s, given)
+    frac, layer_s = expect(take, a, miss_rate, expert_bytes, pcie_bps, cpu_bps, fixed_s)
+    alone = expect(take * 0, a, miss_rate, expert_bytes, pcie_bps, cpu_bps, fixed_s)[1]
+    half = a * rows // 2
+    how = "auto" if given is None else f"--pcie-frac {given:.2f}"
+    line = (
+        f"decode misses ({how}): the CPU takes {take[1, : a + 1].tolist()} of a layer's 0..{a} misses "
+        f"(one row; {take[-1, half]} of {half} in {rows} rows): {1 - frac:.0%} of them, "
+        f"{layer_s * 1e6:,.0f} us a layer's experts against {alone * 1e6:,.0f} over PCIe alone"
+    )
+    return take, frac, layer_s, line
+
+
 def parse_pcie_frac(value: str, flag: str = "--pcie-frac") -> float | None:
     """auto -> None; else a share in [0, 1]."""
     if value == "auto":

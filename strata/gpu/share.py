@@ -182,16 +182,10 @@ class CpuShareSide:
             c.share_with_cpu(1.0 - given, zero)
         else:  # per layer and token: the device gives the CPU take[n, m] of a layer's m misses in n rows
             if given is None:  # the expert kernels read misses at the probed rate (perf/bench_misses.py)
-                pcie = rates.zero_copy
-                take = split.take_table(rows, a, per, pcie, rates.cpu, rates.cpu_fixed_s)
-                frac, layer_s = split.expect(take, a, 1 - hit, per, pcie, rates.cpu, rates.cpu_fixed_s)
-                alone = split.expect(take * 0, a, 1 - hit, per, pcie, rates.cpu, rates.cpu_fixed_s)[1]
-                half = a * rows // 2
-                note(
-                    f"decode misses: the CPU takes {take[1, : a + 1].tolist()} of a layer's 0..{a} misses "
-                    f"(one row; {take[-1, half]} of {half} in {rows} rows): {1 - frac:.0%} of them, "
-                    f"{layer_s * 1e6:,.0f} us a layer's experts against {alone * 1e6:,.0f} over PCIe alone"
+                take, frac, _, line = split.token_split(
+                    rows, a, 1 - hit, per, rates.zero_copy, rates.cpu, rates.cpu_fixed_s
                 )
+                note(line)
             else:
                 take, frac = split.take_table(rows, a, per, 1.0, 0.0, 0.0, given), given
             if not take.any():
