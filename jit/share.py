@@ -10,8 +10,8 @@ the mailbox and echoes the ticket.
 An expert of a decode row is far too small to split across experts alone (a 24 GB card misses ~5 of 10
 experts a layer, ~1.8 MB each, in ~150 us), so every matrix is split by rows: gate and up of every CPU
 expert in one round of row-range tasks, silu(g) * u, then down in a second round, over a TaskGroup of
-spinning helpers (tasks.py): two hand-offs a layer. A one-row request (decode at batch 1) runs as one
-compiled call (share_ir.py); more rows group their pairs by expert in numpy between the rounds.
+spinning helpers (tasks.py): two hand-offs a layer, the whole request one compiled call (share_ir.py); the
+low-RAM arena's per-expert addresses take the numpy steps between the rounds instead.
 
 Legend: n = rows (<= 8), A = experts per row, D = hidden, F = expert width, p = CPU pairs, k = their experts.
 """
@@ -120,17 +120,11 @@ class CpuShare:
             (self._template(li, (0, 1), self._x, self._g), self._template(li, (2,), self._a, self._y))
             for li in range(len(experts.bases))
         ]
-        # a one-row request runs compiled (share_ir.py): its row, ids and weights copied in here, every pair's
-        # gate and up reading the one row, down reading silu(g) * u where the compiled silu leaves it, in g
-        self._h1, self._out1 = np.zeros((1, d), np.float32), np.zeros((1, d), np.float32)
-        self._ids1, self._w1 = np.zeros(a, np.int32), np.zeros(a, np.float32)
-        self._row_templates = [
-            (
-                self._template(li, (0, 1), self._h1, self._g, pair_x=False),
-                self._template(li, (2,), self._g, self._y),
-            )
-            for li in range(len(experts.bases))
-        ]
+        # a request runs compiled (share_ir.py): its rows, ids and weights copied in here, down reading
+        # silu(g) * u where the compiled silu leaves it, in g
+        self._hn, self._outn = np.zeros((rows, d), np.float32), np.zeros((rows, d), np.float32)
+        self._idsn, self._wn = np.zeros(rows * a, np.int32), np.zeros(rows * a, np.float32)
+        self._down_from_g = [self._template(li, (2,), self._g, self._y) for li in range(len(experts.bases))]
         # one task table, refilled in place for each round (TaskGroup.run reads a new array's address, ~2 us),
         # and the per-expert coefficients (1, expert, pair offset, rows) the templates are multiplied by
         most = max(t.shape[1] * t.shape[2] for pair in self._templates for t in pair)
@@ -140,27 +134,33 @@ class CpuShare:
         self.requests = 0  # answered since start, and the time spent computing them (for the benches)
         self.busy_s = 0.0
         self._group = TaskGroup(kernels, self.threads - 1, pin)
-        self._row = kernels.share_row()
-        self._row_args = [
+        self._request = kernels.share_request()
+        self._request_args = [  # each layer's arguments before the row count, and after it
             (
-                self._group.address,
-                kernels.tasks()[1],
-                int(self._table.ctypes.data),
-                int(gu.ctypes.data),
-                gu[0].size,
-                int(dn.ctypes.data),
-                dn[0].size,
-                int(self._ids1.ctypes.data),
-                int(self._w1.ctypes.data),
-                a,
-                int(self._g.ctypes.data),
-                int(experts.rows[li, 0]),
-                self._g.shape[1],
-                int(self._y.ctypes.data),
-                d,
-                int(self._out1.ctypes.data),
+                (
+                    self._group.address,
+                    kernels.tasks()[1],
+                    int(self._table.ctypes.data),
+                    int(gu.ctypes.data),
+                    gu[0].size,
+                    int(dn.ctypes.data),
+                    dn[0].size,
+                    int(self._idsn.ctypes.data),
+                    int(self._wn.ctypes.data),
+                ),
+                (
+                    a,
+                    int(self._hn.ctypes.data),
+                    int(self._x.ctypes.data),
+                    int(self._g.ctypes.data),
+                    int(experts.rows[li, 0]),
+                    self._g.shape[1],
+                    int(self._y.ctypes.data),
+                    d,
+                    int(self._outn.ctypes.data),
+                ),
             )
-            for li, (gu, dn) in enumerate(self._row_templates)
+            for li, ((gu, _), dn) in enumerate(zip(self._templates, self._down_from_g))
         ]
         self._stop = False
         self._last = int(box.ctl[MB_REQ])
@@ -226,12 +226,13 @@ class CpuShare:
         """sum over the CPU's pairs (t, a) (ids[t, a] >= 0) of wts[t, a] * expert_{ids[t, a]}(h[t])
         -> y [n, D], calls per row [n]."""
         n = h.shape[0]
-        if n == 1 and self.mapped is None:  # a decode row (the common request), compiled
-            self._h1[:] = h
-            self._ids1[:] = ids[0]
-            self._w1[:] = wts[0]
-            k = self._row(*self._row_args[li])
-            return self._out1, np.array([k], np.int64)
+        if self.experts.addrs is None:  # one place per layer and part: compiled (share_ir.py)
+            self._hn[:n] = h
+            self._idsn[: ids.size] = ids.reshape(-1)
+            self._wn[: wts.size] = wts.reshape(-1)
+            before, after = self._request_args[li]
+            pairs = self._request(*before, n, *after)
+            return self._outn[:n], np.array([pairs], np.int64) if n == 1 else (ids >= 0).sum(axis=1)
         if n == 1:  # a decode row of the low-RAM arena: its experts in routing order, no 2-D search
             mine1 = ids[0] >= 0  # [A]
             es, w = ids[0][mine1], wts[0][mine1]
@@ -296,12 +297,9 @@ class CpuShare:
             ]
         return u * per
 
-    def _template(
-        self, li: int, parts: tuple[int, ...], x: np.ndarray, y: np.ndarray, pair_x: bool = True
-    ) -> np.ndarray:
+    def _template(self, li: int, parts: tuple[int, ...], x: np.ndarray, y: np.ndarray) -> np.ndarray:
         """[4, parts, C, TASK_COLS]: the tasks of expert 0 with one row at pair 0, and what one more expert
-        id, pair offset and row add to them, so an expert's tasks are one multiply-add away (pair_x False:
-        every pair reads x's first row)."""
+        id, pair offset and row add to them, so an expert's tasks are one multiply-add away."""
         ex = self.experts
         rows = int(ex.rows[li, parts[0]])
         step = max(16, -(-rows * len(parts) // self.threads + 15) // 16 * 16)  # whole 16-row register tiles
@@ -317,7 +315,7 @@ class CpuShare:
             t[0, j, :, Y], t[0, j, :, LDY] = y.ctypes.data + 4 * j * rows, y.shape[1]
             t[0, j, :, R0], t[0, j, :, R1] = r0, np.minimum(r0 + step, rows)
             t[1, j, :, W] = ex.strides[li, part]
-            t[2, j, :, X], t[2, j, :, Y] = 4 * x.shape[1] * pair_x, 4 * y.shape[1]
+            t[2, j, :, X], t[2, j, :, Y] = 4 * x.shape[1], 4 * y.shape[1]
         t[3, ..., N_TOK] = 1
         return t
 

@@ -109,28 +109,37 @@ def test_server_answers_the_twins_requests(kernels: Kernels, qtypes, threads: in
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-def test_the_compiled_row_equals_the_numpy_rows(kernels: Kernels, threads: int) -> None:
-    """A one-row request runs compiled (share_ir.py), more rows through numpy between the rounds: the same
-    row gives the same sum both ways (the same kernels; silu's exp within an ulp of numpy's)."""
+def test_the_compiled_request_equals_the_numpy_steps(kernels: Kernels, threads: int) -> None:
+    """A request runs compiled (share_ir.py) where each layer's experts sit at a base and a stride, and
+    through numpy between the rounds where the arena gives each expert its own address (the low-RAM mode):
+    the same rows give the same sums both ways (the same kernels; silu's exp within an ulp of numpy's), for
+    one row and for several whose experts repeat."""
+    from dataclasses import replace
+
     _, ex = _experts((T.Q4_K, T.Q4_K, T.Q6_K))
-    srv = CpuShare(kernels, ex, E, _box(), threads)
+    addrs = (ex.bases[:, :, None] + np.arange(E)[None, None, :] * ex.strides[:, :, None]).astype(np.int64)
+    per = replace(ex, bases=np.zeros_like(ex.bases), strides=np.zeros_like(ex.strides), addrs=addrs)
+    fast, slow = CpuShare(kernels, ex, E, _box(), threads), CpuShare(kernels, per, E, _box(), threads)
     rng = np.random.default_rng(5)
     try:
-        for li, mine in ((0, [1, 4, 5]), (1, [2]), (1, [])):
-            h = rng.standard_normal((1, D)).astype(np.float32)
-            ids = np.array([[e if e in mine else -1 for e in (4, 1, 2)]], np.int32)
-            wts = rng.random((1, A)).astype(np.float32)
-            if 5 in mine:
-                ids[0, 2] = 5
-            one, calls = srv.layer(li, h, ids, wts)
-            one = one.copy()
-            two, calls2 = srv.layer(li, np.repeat(h, 2, 0), np.repeat(ids, 2, 0), np.repeat(wts, 2, 0))
-            assert calls.tolist() == [int((ids >= 0).sum())] and calls2.tolist() == calls.tolist() * 2
-            np.testing.assert_allclose(one[0], two[0], rtol=1e-5, atol=1e-5 * (np.abs(two).max() + 1e-30))
-            if not mine:
-                assert not one.any()
+        for step in range(10):
+            n, li = [1, 1, 2, 4, ROWS][step % 5], step % L
+            h = rng.standard_normal((n, D)).astype(np.float32)
+            ids = np.stack([rng.permutation(E)[:A] for _ in range(n)]).astype(np.int32)
+            ids[rng.random((n, A)) < 0.4] = -1  # the GPU's pairs
+            wts = rng.random((n, A)).astype(np.float32)
+            got, calls = fast.layer(li, h, ids, wts)
+            got = got.copy()
+            want, calls2 = slow.layer(li, h, ids, wts)
+            assert calls.tolist() == calls2.tolist() == (ids >= 0).sum(axis=1).tolist()
+            scale = np.abs(want).max() + 1e-30
+            np.testing.assert_allclose(
+                got, want, rtol=1e-5, atol=1e-5 * scale, err_msg=f"step {step}, {n} rows"
+            )
+            assert not got[(ids < 0).all(axis=1)].any(), "a row without CPU pairs gets zeros"
     finally:
-        srv.close()
+        fast.close()
+        slow.close()
 
 
 def test_a_row_without_cpu_experts_gets_zeros_and_no_calls(kernels: Kernels) -> None:

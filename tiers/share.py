@@ -127,10 +127,11 @@ def choose(
 # a decode layer's routed experts with every one in VRAM (H200, 80B shape, one row: perf/bench_misses.py's 23
 # us): the GPU's side of a layer costs this plus its misses' bytes over PCIe
 BASE_S = 23e-6
-# a one-row request runs compiled (jit/share_ir.py) as the probe times it, so at the probed rate; requests of
-# more rows go through numpy between their rounds, at CPU_EFFICIENCY of it (the calibration above). On the
-# H200 host (80B shape, 24 GiB) the one-row table at the probed rate decoded at 86.6 tok/s where the one at
-# CPU_EFFICIENCY gave 83.4 (PCIe alone: 79.5)
+# a one-row request runs as the probe times it (jit/share_ir.py), so at the probed rate. On the H200 host (80B
+# shape, 24 GiB) the one-row table at the probed rate decoded at 86.6 tok/s where the one at CPU_EFFICIENCY
+# gave 83.4 (PCIe alone: 79.5). Requests of more rows keep CPU_EFFICIENCY, what they reached there with numpy
+# steps between the rounds (590-707 us for 6-8 experts over 4 rows); they run compiled too since, not yet
+# measured on that host
 ROW_EFFICIENCY = 1.0
 
 
