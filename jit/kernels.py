@@ -40,9 +40,9 @@ QMM = ctypes.CFUNCTYPE(
 )
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 EXPERT = ctypes.CFUNCTYPE(None, _P, _I, _P, _P, _P, _I, *([_P, _P, _I] * 3), _I, _P, _P)
-SHARE_REQUEST = ctypes.CFUNCTYPE(
-    _I, _P, _I, _P, _P, _I, _P, _I, _P, _P, _I, _I, _P, _P, _P, _I, _I, _P, _I, _P
-)
+# its ctypes signatures from the IR's own argument lists: pointers as addresses, the rest as int64
+SHARE_REQUEST = ctypes.CFUNCTYPE(_I, *(_P if t.is_pointer else _I for t in share_ir.ARGS))
+SHARE_SERVE = ctypes.CFUNCTYPE(_I, *(_P if t.is_pointer else _I for t in share_ir.SERVE_ARGS))
 
 
 class Kernels:
@@ -57,7 +57,7 @@ class Kernels:
             self._formats[T.F16] = FORMAT_F16
         self._fns: dict[T, ctypes._CFuncPtr] = {}
         self._expert: ctypes._CFuncPtr | None = None
-        self._share_request: ctypes._CFuncPtr | None = None
+        self._share: tuple[ctypes._CFuncPtr, int] | None = None
         self._spin: tuple[int, int] | None = None
         self._tasks: tuple[int, int, int] | None = None
         self._lock = threading.Lock()
@@ -88,14 +88,15 @@ class Kernels:
                 self._expert = EXPERT(syms["expert"])
             return self._expert
 
-    def share_request(self) -> ctypes._CFuncPtr:
-        """The CPU share's request (share_ir.py), compiled on first use."""
+    def share(self) -> tuple[ctypes._CFuncPtr, int]:
+        """The CPU share's request and the address of its server loop (share_ir.py), compiled on first
+        use."""
         with self._lock:
-            if self._share_request is None:
-                host, name = self.host, share_ir.NAME
-                syms = self.compiler.symbols(name, share_ir.LAYOUT, lambda: share_ir.build(host), (name,))
-                self._share_request = SHARE_REQUEST(syms[name])
-            return self._share_request
+            if self._share is None:
+                host, names = self.host, (share_ir.NAME, share_ir.SERVE)
+                syms = self.compiler.symbols("share", share_ir.LAYOUT, lambda: share_ir.build(host), names)
+                self._share = (SHARE_REQUEST(syms[share_ir.NAME]), syms[share_ir.SERVE])
+            return self._share
 
     def spin(self) -> tuple[int, int]:
         """Addresses of the helper-thread loop and its claim function (spin.py), compiled on first use."""

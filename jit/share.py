@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from strata.jit.kernels import Kernels
+from strata.jit import share_ir
+from strata.jit.kernels import SHARE_SERVE, Kernels
 from strata.jit.tasks import TASK_COLS, TaskGroup, Waiter
 
 # mailbox control words (int64), as strata.gpu.kernels.tiers names them
@@ -131,37 +132,33 @@ class CpuShare:
         self._table = np.zeros((rows * a * most, TASK_COLS), np.int64)  # the rounds run one after the other
         self._coef = np.ones((rows * a, 4), np.int64)
         self.error: BaseException | None = None
-        self.requests = 0  # answered since start, and the time spent computing them (for the benches)
-        self.busy_s = 0.0
+        self._py_requests = 0  # answered in Python (a stand-in, the low-RAM arena) and their time
+        self._py_busy_s = 0.0
         self._group = TaskGroup(kernels, self.threads - 1, pin)
-        self._request = kernels.share_request()
-        self._request_args = [  # each layer's arguments before the row count, and after it
-            (
-                (
-                    self._group.address,
-                    kernels.tasks()[1],
-                    int(self._table.ctypes.data),
-                    int(gu.ctypes.data),
-                    gu[0].size,
-                    int(dn.ctypes.data),
-                    dn[0].size,
-                    int(self._idsn.ctypes.data),
-                    int(self._wn.ctypes.data),
-                ),
-                (
-                    a,
-                    int(self._hn.ctypes.data),
-                    int(self._x.ctypes.data),
-                    int(self._g.ctypes.data),
-                    int(experts.rows[li, 0]),
-                    self._g.shape[1],
-                    int(self._y.ctypes.data),
-                    d,
-                    int(self._outn.ctypes.data),
-                ),
-            )
-            for li, ((gu, _), dn) in enumerate(zip(self._templates, self._down_from_g))
-        ]
+        self._request, serve_address = kernels.share()
+        self._calls_n = np.zeros(rows, np.int64)
+        # each layer's arguments before the row count and after it: for `layer` (its inputs copied into
+        # _hn, _idsn, _wn) and, as a table, for the compiled server answering from and into the mailbox
+        own = (self._idsn, self._wn, self._hn, self._outn, self._calls_n)
+        self._request_args = [self._args(kernels, li, *own) for li in range(len(experts.bases))]
+        mailbox = (box.ids, box.wts, box.h, box.out, self.calls)
+        self._serve_args = np.array(
+            [(*x, 0, *y) for x, y in (self._args(kernels, li, *mailbox) for li in range(len(experts.bases)))],
+            np.int64,
+        )
+        self._stats = np.zeros(share_ir.STATS, np.int64)  # the compiled server's counters
+        libc = ctypes.CDLL(None)
+        self._serve_loop = SHARE_SERVE(serve_address)
+        self._serve_fixed = (
+            int(box.ctl.ctypes.data),
+            kernels.tasks()[2],
+            ctypes.cast(libc.usleep, ctypes.c_void_p).value,
+            int(self._serve_args.ctypes.data),
+            ctypes.cast(self._request, ctypes.c_void_p).value,
+            int(self._stats.ctypes.data),
+            ctypes.cast(libc.clock_gettime, ctypes.c_void_p).value,
+        )
+        self._compute: Any = None
         self._stop = False
         self._last = int(box.ctl[MB_REQ])
         self._req = int(box.ctl.ctypes.data) + 8 * MB_REQ
@@ -170,6 +167,66 @@ class CpuShare:
             target=_serve, args=(weakref.ref(self), pin, kernels), daemon=True, name="strata-cpu-share"
         )
         self._thread.start()
+
+    def _args(
+        self,
+        kernels: Kernels,
+        li: int,
+        ids: np.ndarray,
+        wts: np.ndarray,
+        h: np.ndarray,
+        out: np.ndarray,
+        calls: np.ndarray,
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """share_request's arguments for layer li before the row count, and after it."""
+        gu, dn = self._templates[li][0], self._down_from_g[li]
+        return (
+            (
+                self._group.address,
+                kernels.tasks()[1],
+                int(self._table.ctypes.data),
+                int(gu.ctypes.data),
+                gu[0].size,
+                int(dn.ctypes.data),
+                dn[0].size,
+                int(ids.ctypes.data),
+                int(wts.ctypes.data),
+            ),
+            (
+                ids.size // h.shape[0],
+                int(h.ctypes.data),
+                int(self._x.ctypes.data),
+                int(self._g.ctypes.data),
+                int(self.experts.rows[li, 0]),
+                self._g.shape[1],
+                int(self._y.ctypes.data),
+                h.shape[1],
+                int(out.ctypes.data),
+                int(calls.ctypes.data),
+            ),
+        )
+
+    @property
+    def requests(self) -> int:
+        """Requests answered since start (for the benches)."""
+        return self._py_requests + int(self._stats[share_ir.STAT_REQUESTS])
+
+    @property
+    def busy_s(self) -> float:
+        """Time spent answering them, s."""
+        return self._py_busy_s + int(self._stats[share_ir.STAT_NS]) / 1e9
+
+    @property
+    def compute(self) -> Any:
+        """A stand-in for a request's arithmetic, (li, h, ids, wts) -> (y, calls per row), as `layer`: tests
+        give it the GPU's own int8 arithmetic, so the share's plumbing can be checked exactly. While one is
+        set the compiled server leaves every request to Python."""
+        return self._compute
+
+    @compute.setter
+    def compute(self, fn: Any) -> None:
+        self._compute = fn
+        self._stats[share_ir.STAT_YIELD] = fn is not None
 
     def close(self) -> None:
         self._stop = True
@@ -197,28 +254,34 @@ class CpuShare:
 
     # ---- the server ----
     def serve_once(self) -> None:
-        """Wait (up to WAIT_US) for the next request and answer it."""
-        t = self._wait(self._req, self._last, WAIT_US)
+        """Serve requests until one waits WAIT_US for the next: compiled (share_ir.py), no GIL, unless the
+        request is Python's (a stand-in, or the low-RAM arena's per-expert addresses)."""
+        if self.experts.addrs is None:
+            mb, wait, usleep, args, request, stats, clock = self._serve_fixed
+            t = self._serve_loop(mb, self._last, WAIT_US, wait, usleep, args, request, stats, clock)
+        else:
+            t = self._wait(self._req, self._last, WAIT_US)
         if t != self._last:
             self._last = t
-            self._answer(t)
+            if int(self.box.ctl[MB_DONE]) != t:
+                self._answer(t)
 
     def _answer(self, t: int) -> None:
         t0 = time.perf_counter()
         ctl, box = self.box.ctl, self.box
-        n = int(ctl[MB_ROWS])
+        n, li = int(ctl[MB_ROWS]), int(ctl[MB_LAYER])
         try:
             a = box.ids.size // box.h.shape[0]
             ids = box.ids[: n * a].reshape(n, a)
-            y, calls = self.layer(int(ctl[MB_LAYER]), box.h[:n], ids, box.wts[: n * a].reshape(n, a))
+            y, calls = (self.compute or self.layer)(li, box.h[:n], ids, box.wts[: n * a].reshape(n, a))
             box.out[:n] = y
             self.calls[:n] += calls
         except Exception as err:
             self.error = err
             box.out[:n] = 0.0
         ctl[MB_DONE] = t  # after the answer: x86 keeps stores in order (the share is enabled on x86 only)
-        self.requests += 1
-        self.busy_s += time.perf_counter() - t0
+        self._py_requests += 1
+        self._py_busy_s += time.perf_counter() - t0
 
     def layer(
         self, li: int, h: np.ndarray, ids: np.ndarray, wts: np.ndarray
@@ -230,9 +293,10 @@ class CpuShare:
             self._hn[:n] = h
             self._idsn[: ids.size] = ids.reshape(-1)
             self._wn[: wts.size] = wts.reshape(-1)
+            self._calls_n[:n] = 0
             before, after = self._request_args[li]
-            pairs = self._request(*before, n, *after)
-            return self._outn[:n], np.array([pairs], np.int64) if n == 1 else (ids >= 0).sum(axis=1)
+            self._request(*before, n, *after)
+            return self._outn[:n], self._calls_n[:n].copy()
         if n == 1:  # a decode row of the low-RAM arena: its experts in routing order, no 2-D search
             mine1 = ids[0] >= 0  # [A]
             es, w = ids[0][mine1], wts[0][mine1]

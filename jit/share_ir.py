@@ -3,7 +3,7 @@ their weighted sums, in one call without the GIL and without a numpy call betwee
 
     i64 share_request(i64* ctl, i64 run, i64* table, i64* tpl_gu, i64 m_gu, i64* tpl_dn, i64 m_dn,
                       i32* ids, float* wts, i64 n, i64 A, float* h, float* x, float* g, i64 F, i64 ldg,
-                      float* y, i64 D, float* out)
+                      float* y, i64 D, float* out, i64* calls)
 
 ids [n, A] holds the rows' routed experts, -1 where the GPU computes the pair; wts [n, A] their weights,
 h [n, D] the rows. The CPU's pairs are put in order of expert (stable: row order within one), so an
@@ -13,8 +13,8 @@ as (base, per expert id, per pair, per row) with coefficients (1, e, s, c), the 
 written into `table` and run as one round through tasks.py's `task_run` (at address `run`, on the task
 group's control block `ctl`). Then g [p, 0:F] = silu(g [p, 0:F]) * g [p, F:2F] in place (rows ldg floats
 apart; the numpy silu's formula), the down tasks (tpl_dn [4, m_dn], reading g) as a second round into
-y [p, D], and out [t] = the sum over row t's pairs, in pair order, of w * y [p] (as numpy's add.at).
-Returns the number of CPU pairs.
+y [p, D], and out [t] = the sum over row t's pairs, in pair order, of w * y [p] (as numpy's add.at);
+calls [t] += row t's pairs. Returns the number of CPU pairs.
 
 On the H200 host the numpy steps between the two rounds (selection, grouping, task products, silu, the
 weighted sums) took ~53 us of a one-expert request with 15 task threads, nearly as long as the rounds' own
@@ -33,10 +33,23 @@ from strata.jit.irutil import F32, I32, I64, PF32, PI32, c64, loop, splat, vec
 _PI64 = I64.as_pointer()
 ARGS = (
     *(_PI64, I64, _PI64, _PI64, I64, _PI64, I64),
-    *(PI32, PF32, I64, I64, PF32, PF32, PF32, I64, I64, PF32, I64, PF32),
+    *(PI32, PF32, I64, I64, PF32, PF32, PF32, I64, I64, PF32, I64, PF32, _PI64),
 )
-NAME = "share_request"
-LAYOUT = "rows1"  # part of the disk-cache key: bump when the function changes
+NAME, SERVE = "share_request", "share_serve"
+LAYOUT = "serve1"  # part of the disk-cache key: bump when the functions change
+# share_serve(i64* mb, i64 last, i64 budget_us, i64 wait, i64 usleep, i64* args, i64 request, i64* stats,
+#             i64 clock): the mailbox's control words, the last ticket answered, the wait's budget and
+#             tasks.py's wait_change with libc's usleep, each layer's share_request arguments [L, len(ARGS)]
+#             (the row count's slot filled per request), share_request, the counters [STATS] and libc's
+#             clock_gettime
+SERVE_ARGS = (_PI64, I64, I64, I64, I64, _PI64, I64, _PI64, I64)
+STAT_REQUESTS, STAT_NS, STAT_YIELD = (
+    0,
+    1,
+    2,
+)  # requests answered, ns spent on them; nonzero: leave each to Python
+STATS = 3
+N_SLOT = 9  # share_request's row count among ARGS
 
 
 def _tasks(
@@ -81,8 +94,69 @@ def _copy(
 def build(host: Host) -> ir.Module:
     mod = ir.Module(name=NAME)
     mod.triple = host.triple
+    _request(mod, host)
+    _serve(mod)
+    return mod
+
+
+def _serve(mod: ir.Module) -> None:
+    """The server's loop: wait for a new ticket (tasks.py's wait_change, without the GIL), run the layer's
+    request straight from and into the mailbox, store the ticket as done (release: the answer first), count;
+    return the last ticket answered when a wait's budget runs out, or the new ticket unanswered when
+    stats[STAT_YIELD] asks Python to answer it (a stand-in for the arithmetic, tests)."""
+    from strata.jit.share import MB_DONE, MB_LAYER, MB_REQ, MB_ROWS
+
+    fn = ir.Function(mod, ir.FunctionType(I64, SERVE_ARGS), SERVE)
+    mb, last0, budget, wait, usleep, args, request, stats, clock = fn.args
+    blk = {k: fn.append_basic_block(k) for k in ("entry", "loop", "got", "serve", "out")}
+    b = ir.IRBuilder(blk["entry"])
+    wait_fn = b.inttoptr(wait, ir.FunctionType(I64, (_PI64, I64, I64, I64)).as_pointer())
+    req_fn = b.inttoptr(request, ir.FunctionType(I64, ARGS).as_pointer())
+    ts_t = ir.LiteralStructType([I64, I64])
+    clock_fn = b.inttoptr(clock, ir.FunctionType(I32, (I32, ts_t.as_pointer())).as_pointer())
+    ts = b.alloca(ts_t)
+
+    def now() -> ir.Value:
+        b.call(clock_fn, [ir.Constant(I32, 1), ts])  # CLOCK_MONOTONIC
+        sec = b.load(b.gep(ts, [ir.Constant(I32, 0), ir.Constant(I32, 0)]))
+        nsec = b.load(b.gep(ts, [ir.Constant(I32, 0), ir.Constant(I32, 1)]))
+        return b.add(b.mul(sec, c64(1_000_000_000)), nsec)
+
+    b.branch(blk["loop"])
+    b.position_at_end(blk["loop"])
+    last = b.phi(I64)
+    last.add_incoming(last0, blk["entry"])
+    t = b.call(wait_fn, [b.gep(mb, [c64(MB_REQ)]), last, budget, usleep])
+    b.cbranch(b.icmp_signed("==", t, last), blk["out"], blk["got"])
+    b.position_at_end(blk["got"])
+    yield_ = b.icmp_signed("!=", b.load_atomic(b.gep(stats, [c64(STAT_YIELD)]), "monotonic", 8), c64(0))
+    b.cbranch(yield_, blk["out"], blk["serve"])
+    b.position_at_end(blk["serve"])
+    t0 = now()
+    li = b.load_atomic(b.gep(mb, [c64(MB_LAYER)]), "monotonic", 8)
+    n = b.load_atomic(b.gep(mb, [c64(MB_ROWS)]), "monotonic", 8)
+    row = b.gep(args, [b.mul(li, c64(len(ARGS)))])
+    vals = []
+    for k, ty in enumerate(ARGS):
+        v = n if k == N_SLOT else b.load(b.gep(row, [c64(k)]))
+        vals.append(b.inttoptr(v, ty) if ty.is_pointer else v)
+    b.call(req_fn, vals)
+    b.store_atomic(t, b.gep(mb, [c64(MB_DONE)]), "release", 8)
+    for k, v in ((STAT_REQUESTS, c64(1)), (STAT_NS, b.sub(now(), t0))):
+        p = b.gep(stats, [c64(k)])
+        b.store(b.add(b.load(p), v), p)
+    last.add_incoming(t, blk["serve"])
+    b.branch(blk["loop"])
+    b.position_at_end(blk["out"])
+    out = b.phi(I64)
+    out.add_incoming(last, blk["loop"])
+    out.add_incoming(t, blk["got"])
+    b.ret(out)
+
+
+def _request(mod: ir.Module, host: Host) -> None:
     fn = ir.Function(mod, ir.FunctionType(I64, ARGS), NAME)
-    ctl, run, table, tpl_gu, m_gu, tpl_dn, m_dn, ids, wts, n, a, h, x, g, f, ldg, y, d, out = fn.args
+    ctl, run, table, tpl_gu, m_gu, tpl_dn, m_dn, ids, wts, n, a, h, x, g, f, ldg, y, d, out, calls = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     run_fn = b.inttoptr(run, ir.FunctionType(ir.VoidType(), (_PI64, _PI64, I64)).as_pointer())
     most = b.mul(n, a)
@@ -147,7 +221,8 @@ def build(host: Host) -> ir.Module:
         b.call(run_fn, [ctl, table, _tasks(b, table, tpl_dn, m_dn, grouped)])
         with loop(b, c64(0), pairs, 1) as p:  # out [t] += w * y [p], in pair order
             t = b.load(b.gep(pt, [p]))
+            c = b.gep(calls, [t])
+            b.store(b.add(b.load(c), c64(1)), c)
             w = b.load(b.gep(wts, [b.load(b.gep(ps, [p]))]))
             _copy(b, b.gep(out, [b.mul(t, d)]), b.gep(y, [b.mul(p, d)]), d, width, w)
     b.ret(pairs)
-    return mod

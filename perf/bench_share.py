@@ -28,6 +28,7 @@ from quant_blocks import random_blocks
 
 from strata.jit.kernels import Kernels
 from strata.jit.share import CpuShare, ExpertBytes, Mailbox
+from strata.jit.tasks import Waiter
 
 L, E, A, D, ROWS = 4, 64, 10, 256, 8
 F = 32  # gate and up rows; down keeps 256 columns (one Q4_K block a row)
@@ -99,6 +100,40 @@ def _real(kernels: Kernels, threads: list[int], ks: list[int], reps: int) -> Non
             srv.close()
 
 
+def _serve(kernels: Kernels, threads: list[int], reps: int) -> None:
+    """One-row requests (5 CPU experts of 10) through the mailbox as the graph makes them (the twins of
+    cpu_publish and cpu_collect, spinning): the round trip and the server's own time a request."""
+    from strata.gpu.kernels import tiers as kt
+
+    where = np.where(np.arange(E) % 2 == 1, -1, 0).astype(np.int32)  # odd experts read over PCIe
+    take = np.arange(A + 1, dtype=np.int32)  # the CPU takes them all
+    rng = np.random.default_rng(0)
+    for t in threads:
+        srv, _keep = _share(kernels, t)
+        box, ticket = srv.box, np.array([int(srv.box.ctl[kt.MB_REQ])], np.int64)
+        h = rng.standard_normal((1, D)).astype(np.float32)
+        wts = rng.random(A).astype(np.float32)
+        x = np.zeros((1, D), np.float32)
+        wait, done = Waiter(kernels), int(box.ctl.ctypes.data) + 8 * kt.MB_DONE
+        trips = []
+        try:
+            for i in range(reps + 200):
+                ids = rng.permutation(E)[:A].astype(np.int32)
+                t0 = time.perf_counter()
+                kt.ref_cpu_publish(h, ids, wts, i % L, where, take, box.ctl, box.h, box.ids, box.wts, ticket)
+                wait(done, int(ticket[0]) - 1, -1)  # the GIL released, as the GPU waits for the answer
+                assert kt.ref_cpu_collect(x, box.ctl, box.out, ticket)
+                trips.append(time.perf_counter() - t0)
+            busy = srv.busy_s / max(1, srv.requests)
+            print(
+                f"serve threads {t}: round trip median {np.median(trips[200:]) * 1e6:.1f} us, the server's "
+                f"own {busy * 1e6:.1f} us a request ({srv.requests} requests)",
+                flush=True,
+            )
+        finally:
+            srv.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", default="1,2")
@@ -106,12 +141,18 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2000)
     ap.add_argument("--shape", choices=("tiny", "80b"), default="tiny")
     ap.add_argument("--experts", default="1,2,3", help="--shape 80b: CPU experts a request")
+    ap.add_argument(
+        "--serve", action="store_true", help="one-row requests through the mailbox: the round trip"
+    )
     a = ap.parse_args()
     kernels = Kernels(Path(tempfile.mkdtemp(prefix="strata-bench-share-")))
     if a.shape == "80b":
         _real(kernels, [int(x) for x in a.threads.split(",")], [int(x) for x in a.experts.split(",")], a.reps)
         return
     rng = np.random.default_rng(0)
+    if a.serve:
+        _serve(kernels, [int(x) for x in a.threads.split(",")], a.reps)
+        return
     for threads in (int(x) for x in a.threads.split(",")):
         srv, _keep = _share(kernels, threads)
         try:

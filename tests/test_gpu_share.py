@@ -260,7 +260,7 @@ def _q8_twin(m):
         y = ref_moe_q8(h, np.where(mine, ids, 0), np.where(mine, wts, 0.0), mat(0), mat(1), mat(2))
         return y.astype(np.float32), mine.sum(axis=1).astype(np.int64)
 
-    m.tiers.share.layer = layer
+    m.tiers.share.compute = layer
 
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
