@@ -3,15 +3,16 @@
 For each MoE layer of a decode pass the graph picks the misses the CPU takes, publishes the layer's normed
 rows, routed ids (-1 for the pairs the GPU computes) and weights into a mailbox in pinned RAM and raises its
 ticket (strata/gpu/kernels/tiers.py `cpu_publish`), computes its own experts, and then waits for the ticket
-to come back (`cpu_collect`). Here one thread waits for the ticket (a compiled wait, without the GIL),
-computes the pairs the mailbox gives the CPU straight from the expert arena, writes their weighted sum into
-the mailbox and echoes the ticket.
+to come back (`cpu_collect`). Here one thread waits for the ticket, computes the pairs the mailbox gives
+the CPU straight from the expert arena, writes their weighted sum into the mailbox and echoes the ticket:
+all of it a compiled loop (share_ir.py) that holds no GIL, so the engine's own Python (the server's event
+loop, sampling) never delays an answer the GPU is waiting for.
 
 An expert of a decode row is far too small to split across experts alone (a 24 GB card misses ~5 of 10
 experts a layer, ~1.8 MB each, in ~150 us), so every matrix is split by rows: gate and up of every CPU
 expert in one round of row-range tasks, silu(g) * u, then down in a second round, over a TaskGroup of
-spinning helpers (tasks.py): two hand-offs a layer, the whole request one compiled call (share_ir.py); the
-low-RAM arena's per-expert addresses take the numpy steps between the rounds instead.
+spinning helpers (tasks.py): two hand-offs a layer. The low-RAM arena's per-expert addresses, and a
+stand-in for the arithmetic (`compute`), are answered in Python, with numpy steps between the rounds.
 
 Legend: n = rows (<= 8), A = experts per row, D = hidden, F = expert width, p = CPU pairs, k = their experts.
 """
