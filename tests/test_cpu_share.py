@@ -142,6 +142,42 @@ def test_the_compiled_request_equals_the_numpy_steps(kernels: Kernels, threads: 
         slow.close()
 
 
+def test_a_stand_in_answers_instead_of_the_compiled_server(kernels: Kernels) -> None:
+    """With `compute` set, the compiled server leaves each request to Python, which answers with it (the GPU
+    tests' int8 twin); unset, the compiled server answers again."""
+    _, ex = _experts((T.Q8_0, T.Q8_0, T.Q8_0))
+    box = _box()
+    srv = CpuShare(kernels, ex, E, box, 2)
+    where, take = np.full(E, -1, np.int32), np.arange(ROWS * A + 1, dtype=np.int32)
+    ticket = np.array([int(box.ctl[kt.MB_REQ])], np.int64)
+    h = np.ones((2, D), np.float32)
+    ids, wts = np.array([[0, 1, 2], [3, 4, 5]], np.int32), np.ones((2, A), np.float32)
+    seen = []
+
+    def stand_in(li, h, ids, wts):
+        seen.append((li, ids.copy()))
+        return np.full(h.shape, 7.0, np.float32), (ids >= 0).sum(axis=1)
+
+    def ask() -> np.ndarray:
+        kt.ref_cpu_publish(h, ids, wts, 1, where, take, box.ctl, box.h, box.ids, box.wts, ticket)
+        x = np.zeros((2, D), np.float32)
+        deadline = time.monotonic() + 10
+        while not kt.ref_cpu_collect(x, box.ctl, box.out, ticket):
+            assert time.monotonic() < deadline, "the server did not answer"
+            time.sleep(1e-4)
+        return x
+
+    try:
+        srv.compute = stand_in
+        assert (ask() == 7.0).all() and len(seen) == 1 and seen[0][0] == 1
+        assert srv.take_calls(2).tolist() == [3, 3]
+        srv.compute = None
+        assert not (ask() == 7.0).all() and len(seen) == 1, "the compiled server answers again"
+        assert srv.take_calls(2).tolist() == [3, 3] and srv.requests == 2
+    finally:
+        srv.close()
+
+
 def test_a_row_without_cpu_experts_gets_zeros_and_no_calls(kernels: Kernels) -> None:
     _, ex = _experts((T.Q8_0, T.Q8_0, T.Q8_0))
     box = _box()
