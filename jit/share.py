@@ -351,15 +351,16 @@ class CpuShare:
         self, li: int, tpl: np.ndarray, parts: tuple[int, ...], uniq: np.ndarray, coef: np.ndarray
     ) -> int:
         """Each expert's row-range tasks, written into the task table; returns the rows in use. The layer's
-        template moved to the expert, its pair offset and its count, coef [u, 4] @ tpl [4, M] (and to the
-        expert's own address, when the arena gives one per expert)."""
+        template moved to the expert, its pair offset and its count, coef [u, 4] @ tpl [4, M], and to the
+        expert's own address (the numpy steps serve only arenas that give one per expert; the others run
+        compiled)."""
+        assert self.experts.addrs is not None
         u, per = len(uniq), tpl.shape[1] * tpl.shape[2]
         t = self._table[: u * per].reshape(u, -1)  # [u, parts * C * TASK_COLS]
         np.dot(coef, tpl.reshape(4, -1), out=t)
-        if self.experts.addrs is not None:
-            t.reshape(u, len(parts), -1, TASK_COLS)[..., W] += self.experts.addrs[li][list(parts)][:, uniq].T[
-                :, :, None
-            ]
+        t.reshape(u, len(parts), -1, TASK_COLS)[..., W] += self.experts.addrs[li][list(parts)][:, uniq].T[
+            :, :, None
+        ]
         return u * per
 
     def _template(self, li: int, parts: tuple[int, ...], x: np.ndarray, y: np.ndarray) -> np.ndarray:

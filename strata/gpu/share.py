@@ -178,7 +178,11 @@ class CpuShareSide:
                 self.split = split.choose(miss, pcie, rates.cpu, rates.cpu_fixed_s, forced=forced)
                 note(self.split.why(miss))
                 given = self.split.pcie_frac
-            note(f"CPU share: {forced:.0%} of the misses are only in the file's mapping and always the CPU's")
+            if forced:
+                note(
+                    f"CPU share: {forced:.0%} of the misses are only in the file's mapping and always the "
+                    "CPU's"
+                )
             c.share_with_cpu(1.0 - given, zero)
         else:  # per layer and token: the device gives the CPU take[n, m] of a layer's m misses in n rows
             if given is None:  # the expert kernels read misses at the probed rate (perf/bench_misses.py)
