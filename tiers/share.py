@@ -28,9 +28,9 @@ Calibration (H200 host, 16 cores, 80B shape at a 24 GiB budget; perf/README.md):
 experts and the numpy request, the probe gave the CPU pool 29.9 GB/s beside the GPU and a fixed 86 us a
 layer, but inside decode a 29% share took 231 us a layer on the CPU (2.8 MB: 19 GB/s after the fixed part,
 so CPU_EFFICIENCY 0.64), and a layer took 334 us where the slower side predicts 251: SERIAL_S is that 83 us.
-Every fixed share tried there decoded slower than none. Split per token, with one-row requests compiled
-(jit/share_ir.py: 37-50 us a request + 50 us an expert there), the same host decodes 94.5 tok/s at b=1
-against 77.9 over PCIe alone, and 111.5 at b=4 against 93.9.
+Every fixed share tried there decoded slower than none. Split per token, with the request and its server
+loop compiled (jit/share_ir.py: 37-55 us a request + 42-50 us an expert there), hosts of that kind decode
+84.7-94.5 tok/s at b=1 against 77.9-78.4 over PCIe alone, and 123.4 at b=4 against 93.5.
 """
 
 from __future__ import annotations
@@ -127,12 +127,10 @@ def choose(
 # a decode layer's routed experts with every one in VRAM (H200, 80B shape, one row: perf/bench_misses.py's 23
 # us): the GPU's side of a layer costs this plus its misses' bytes over PCIe
 BASE_S = 23e-6
-# a one-row request runs as the probe times it (jit/share_ir.py), so at the probed rate. On the H200 host (80B
-# shape, 24 GiB) the one-row table at the probed rate decoded at 86.6 tok/s where the one at CPU_EFFICIENCY
-# gave 83.4 (PCIe alone: 79.5). Requests of more rows keep CPU_EFFICIENCY, what they reached there with numpy
-# steps between the rounds (590-707 us for 6-8 experts over 4 rows); they run compiled too since, not yet
-# measured on that host
-ROW_EFFICIENCY = 1.0
+# The table counts the CPU's experts at the probed rate: the request is compiled for any row count
+# (jit/share_ir.py) and the probe times that same request. On the H200 host (80B shape, 24 GiB, one call):
+# counting requests of 2-8 rows at CPU_EFFICIENCY instead (the numpy request's calibration) gave b=4 108.3
+# tok/s, at the probed rate 123.4 (PCIe alone 93.5); one row at CPU_EFFICIENCY had cost b=1 3.2 tok/s before.
 
 
 def take_table(
@@ -147,28 +145,26 @@ def take_table(
     """[rows + 1, rows * a + 1] int32: how many of a decode layer's m distinct PCIe misses the CPU takes in a
     pass of n rows (cpu_publish reads entry [n, m]). given (--pcie-frac f): the nearest whole share,
     (1 - f) m. Else the k that makes the layer shortest: the GPU's side BASE_S + (m - k) g against the CPU's
-    fixed + k c, g and c one expert's time over PCIe and on the CPU pool (one row at ROW_EFFICIENCY of its
-    probed rate, more at CPU_EFFICIENCY); no CPU side at all when k is 0, so a layer whose misses are too few
-    for the hand-off keeps them on PCIe. Made per layer and token, the split meets each layer's own count of
+    fixed + k c, g and c one expert's time over PCIe and on the CPU pool (at its probed rate, whatever the
+    rows: a request reads each expert once); no CPU side at all when k is 0, so a layer whose misses are too
+    few for the hand-off keeps them on PCIe. Made per layer and token, the split meets each layer's own count of
     misses, where a fixed set of CPU experts leaves one side waiting on the other whenever routing gives it
     more than its average."""
     m = np.arange(rows * a + 1)
     if given is not None:
         return np.tile(np.floor((1.0 - given) * m + 0.5).astype(np.int32), (rows + 1, 1))
-    out = np.zeros((rows + 1, len(m)), np.int32)
-    for n in range(1, rows + 1):
-        g, c = _per_expert(expert_bytes, pcie_bps, cpu_bps, n)
-        t = np.maximum(BASE_S + (m[:, None] - m[None, :]) * g, fixed_s + m[None, :] * c)
-        t[:, 0] = BASE_S + m * g
-        t[m[None, :] > m[:, None]] = np.inf
-        out[n] = np.argmin(t, axis=1)
+    g, c = _per_expert(expert_bytes, pcie_bps, cpu_bps)
+    t = np.maximum(BASE_S + (m[:, None] - m[None, :]) * g, fixed_s + m[None, :] * c)
+    t[:, 0] = BASE_S + m * g
+    t[m[None, :] > m[:, None]] = np.inf
+    out = np.tile(np.argmin(t, axis=1).astype(np.int32), (rows + 1, 1))
+    out[0] = 0  # no rows, no misses
     return out
 
 
-def _per_expert(expert_bytes: float, pcie_bps: float, cpu_bps: float, rows: int) -> tuple[float, float]:
-    """(s over PCIe, s on the CPU pool) of one expert in a pass of `rows` rows."""
-    eff = ROW_EFFICIENCY if rows == 1 else CPU_EFFICIENCY
-    return expert_bytes / pcie_bps, expert_bytes / (cpu_bps * eff) if cpu_bps > 0 else float("inf")
+def _per_expert(expert_bytes: float, pcie_bps: float, cpu_bps: float) -> tuple[float, float]:
+    """(s over PCIe, s on the CPU pool) of one expert."""
+    return expert_bytes / pcie_bps, expert_bytes / cpu_bps if cpu_bps > 0 else float("inf")
 
 
 def expect(
@@ -184,7 +180,7 @@ def expect(
     routing: m ~ Binomial(a, miss_rate) misses a layer, take[1, m] of them on the CPU."""
     from math import comb
 
-    g, c = _per_expert(expert_bytes, pcie_bps, cpu_bps, 1)
+    g, c = _per_expert(expert_bytes, pcie_bps, cpu_bps)
     over = taken = layer = 0.0
     for m in range(a + 1):
         p = comb(a, m) * miss_rate**m * (1 - miss_rate) ** (a - m)
