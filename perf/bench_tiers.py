@@ -141,18 +141,19 @@ def llama_at(
     return best
 
 
-def bound(s: dict[str, Any], b: int) -> float:
-    """Decode tok/s if every byte moved at its measured rate: VRAM bytes at the copy rate, then the misses,
-    the GPU's over PCIe at the probed zero-copy rate beside the CPU's at the CPU pool's probed rate (the two
-    run at once, so the slower side counts)."""
+def bound(s: dict[str, Any], b: int, cpu_too: bool = True) -> float:
+    """Decode tok/s if every byte moved at its measured rate: VRAM bytes at the copy rate, then the misses
+    over PCIe at the probed zero-copy rate, with cpu_too beside the CPU pool at its probed rate, the misses
+    split between the two at their best (each side's share in proportion to its rate). The CPU pool's rate
+    is that of the probe, which was run when the split is auto or given (a run without a share has none)."""
     t = s[f"tiers_b{b}"]
-    miss, cpu = t["pcie_bytes_per_token"], t.get("cpu_bytes_per_token", 0.0)
+    miss = t["pcie_bytes_per_token"] + t.get("cpu_bytes_per_token", 0.0)
     vram = (
-        s[f"bytes_b{b}"] / b - miss - cpu
+        s[f"bytes_b{b}"] / b - miss
     )  # bytes_b: the step's weight bytes as if resident, per step of b tokens
     rates = s["tiers"].get("rates") or {}
-    cpu_s = cpu / rates["cpu"] if cpu and rates.get("cpu") else 0.0
-    return 1 / (vram / s["copy_bw"] + max(miss / s["tiers"]["pcie"]["zero_copy"], cpu_s))
+    link = s["tiers"]["pcie"]["zero_copy"] + (rates.get("cpu", 0.0) if cpu_too else 0.0)
+    return 1 / (vram / s["copy_bw"] + miss / link)
 
 
 def table_rows(rows: list[dict[str, Any]], a: argparse.Namespace) -> list[dict[str, Any]]:
@@ -165,6 +166,7 @@ def table_rows(rows: list[dict[str, Any]], a: argparse.Namespace) -> list[dict[s
             mine, theirs = s.get(key, 0.0), peer.get(key, 0.0)
             b = int(key.rsplit("b", 1)[1]) if key.startswith("tg") else 0
             bd = bound(s, b) if b else None
+            bd_link = bound(s, b, cpu_too=False) if b else None
             hit = s[f"tiers_b{a.batches[0]}"]["hit_rate"]
             out.append(
                 {
@@ -177,6 +179,8 @@ def table_rows(rows: list[dict[str, Any]], a: argparse.Namespace) -> list[dict[s
                     "ratio": mine / theirs if theirs else None,
                     "bound_tok_s": bd,
                     "of_bound": mine / bd if bd else None,
+                    "bound_pcie_tok_s": bd_link,
+                    "of_bound_pcie": mine / bd_link if bd_link else None,
                     "planner_tok_s": r["plan"]["decode_tok_s"] if b == 1 else None,
                 }
             )
@@ -188,17 +192,18 @@ def table(rows: list[dict[str, Any]], a: argparse.Namespace) -> str:
     out = [
         f"llama.cpp: {src}",
         (
-            "| cap MiB | pcie_frac | hit rate | test | Strata | llama.cpp | ratio | bound "
-            "| % of bound | planner |"
+            "| cap MiB | pcie_frac | hit rate | test | Strata | llama.cpp | ratio | bound PCIe + CPU "
+            "| % of bound | bound PCIe alone | % of it | planner |"
         ),
-        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for t in table_rows(rows, a):
         peer, ratio = (f"{t['llama_tok_s']:,.1f}", f"{t['ratio']:.2f}") if t["llama_tok_s"] else ("-", "-")
-        extra = ["", "", ""]
+        extra = ["", "", "", "", ""]
         if t["bound_tok_s"] is not None:
             planner = "" if t["planner_tok_s"] is None else f"{t['planner_tok_s']:,.1f}"
-            extra = [f"{t['bound_tok_s']:,.1f}", f"{t['of_bound']:.0%}", planner]
+            extra = [f"{t['bound_tok_s']:,.1f}", f"{t['of_bound']:.0%}"]
+            extra += [f"{t['bound_pcie_tok_s']:,.1f}", f"{t['of_bound_pcie']:.0%}", planner]
         out.append(
             f"| {t['cap_mib']:,} | {t['pcie_frac']:.2f} | {t['hit_rate']:.1%} | {t['test']} | "
             f"{t['strata_tok_s']:,.1f} | {peer} | {ratio} | " + " | ".join(extra) + " |"
@@ -228,7 +233,10 @@ def plot(rows: list[dict[str, Any]], a: argparse.Namespace, path: Path) -> None:
         caps = [r["cap"] / 1024 for r in mine]
         tag = f" (--pcie-frac {frac})"
         ax.plot(caps, [r["strata"][key] for r in mine], "o-", label="Strata" + tag)
-        ax.plot(caps, [bound(r["strata"], 1) for r in mine], "--", label="bandwidth bound" + tag)
+        ax.plot(caps, [bound(r["strata"], 1) for r in mine], "--", label="bound, PCIe + CPU pool" + tag)
+        ax.plot(
+            caps, [bound(r["strata"], 1, cpu_too=False) for r in mine], ":", label="bound, PCIe alone" + tag
+        )
         ax.plot(caps, [r["plan"]["decode_tok_s"] for r in mine], "x:", label="strata plan" + tag)
     rows = [r for r in rows if r["frac"] == rows[0]["frac"]]
     caps = [r["cap"] / 1024 for r in rows]
