@@ -288,6 +288,9 @@ def main() -> None:
     for cap in a.caps:
         for frac in a.pcie_fracs.split(","):
             s = strata_at(a, cap, frac, a.out)
+            if "tiers" not in s:  # every expert fits: no tiers, so no bound or plan of misses to set beside
+                print(f"cap {cap:,} MiB holds every expert: all-resident, see strata_{cap}_{frac}.json")
+                continue
             rates = s["tiers"].get("rates") or {}
             plan = plan_at(
                 a,
@@ -309,6 +312,8 @@ def main() -> None:
             rows.append({"cap": cap, "frac": frac, "strata": s, "plan": plan, "llama": peer[cap]})
         result = engine_result(meta, {"tiers": table_rows(rows, a)}, runs=rows)  # runs: every run's numbers
         write_json(result, a.out / "tiers.json")
+    if not rows:
+        return
     md = table(rows, a)
     (a.out / "tiers.md").write_text(md + "\n")
     src = "measured here" if a.llama_bin else f"from {a.llama_json}"
