@@ -25,11 +25,12 @@ case " $STEPS " in *" tests "*)
     ${TEST_K:+-k "$TEST_K"} $REPO/tests/test_gpu_tiers.py $REPO/tests/test_gpu_share.py ${TEST_FILES:-} >"$OUT/tests.log" 2>&1)
   echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|cache |Error|error" "$OUT/tests.log" | tail -40 ;; esac
 # llama.cpp's earlier numbers are of the 80B file only
-PEER=""; [ "$ARCH-$SHAPE" = qwen3next-80b-a3b ] && PEER="--llama-json $REPO/perf/peer_tiers_2026-12-02.json"
+PEER=""; [ -z "${LLAMA_BIN:-}" ] && [ "$ARCH-$SHAPE" = qwen3next-80b-a3b ] \
+  && PEER="--llama-json $REPO/perf/peer_tiers_2026-12-02.json"
 case " $STEPS " in *" bench "*)
   wait $SYNTH_PID; tail -2 "$OUT/synth.log"
   timeout ${BENCH_TIMEOUT:-600} python3 $REPO/perf/bench_tiers.py --model $MODEL --caps ${CAPS:-22528,11264,7168} \
-    ${LLAMA_BIN:+--llama-bin $LLAMA_BIN} ${LLAMA_BIN:-$PEER} \
+    ${LLAMA_BIN:+--llama-bin $LLAMA_BIN} $PEER \
     --pcie-fracs ${PCIE_FRACS:-auto} --out "$OUT/tiers" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | grep -v "^WARNING" | grep -E "strata|probe|share|misses|tok/s|cap|\\||^ +[0-9]" | tail -60 ;; esac
 case " $STEPS " in *" policies "*)
   wait $SYNTH_PID 2>/dev/null; tail -2 "$OUT/synth.log"
