@@ -253,7 +253,7 @@ def test_take_table_balances_each_layers_misses() -> None:
         assert t[n, 0] == 0 and (np.diff(t[n]) >= 0).all() and (np.diff(t[n]) <= 1).all()
         for m in range(41):  # no other k makes the layer shorter
             cost = [
-                max(share.BASE_S + (m - j) * per / 50e9, fixed + j * per / cpu)
+                max(share.BASE_S + (m - j) * per / 50e9, fixed + j * per / cpu) + share.HANDOFF_S
                 if j
                 else share.BASE_S + m * per / 50e9
                 for j in range(m + 1)
@@ -272,11 +272,13 @@ def test_take_table_balances_each_layers_misses() -> None:
 
 
 def test_token_split_says_what_start_up_and_the_planner_print() -> None:
-    per = 1.769472e6  # the H200 host's probe (80B shape at 24 GiB): the table it chose there
+    # the H200 host's probe (80B shape at 24 GiB): the table it chose there, [0, 0, 1, 1, 2, ...], less the
+    # one expert of two misses, which no longer pays once the hand-off's own cost (HANDOFF_S) is counted
+    per = 1.769472e6
     take, frac, layer, line = share.token_split(4, 10, 0.545, per, 50.9e9, 41.0e9, 37e-6)
-    assert take[1, :11].tolist() == [0, 0, 1, 1, 2, 2, 2, 3, 3, 4, 4]
-    assert 0.55 < frac < 0.7 and 130e-6 < layer < 160e-6  # measured: 146 of 463 MB on the CPU, 94.5 tok/s
-    assert line.startswith("decode misses (auto): the CPU takes [0, 0, 1, 1, 2, 2, 2, 3, 3, 4, 4]")
+    assert take[1, :11].tolist() == [0, 0, 0, 1, 2, 2, 2, 3, 3, 4, 4]
+    assert 0.55 < frac < 0.7 and 130e-6 < layer < 175e-6  # measured: 146 of 463 MB on the CPU, 94.5 tok/s
+    assert line.startswith("decode misses (auto): the CPU takes [0, 0, 0, 1, 2, 2, 2, 3, 3, 4, 4]")
     assert "--pcie-frac 0.70" in share.token_split(1, 10, 0.5, per, 50e9, 40e9, 40e-6, 0.7)[3]
 
 

@@ -313,3 +313,46 @@ def test_the_planners_per_token_split_is_within_15_percent_of_the_h200():
     alone = tok_s(pcie_frac=1.0, prefetch=4, window_us=43.0)
     assert abs(split / 94.5 - 1) < 0.15, split
     assert abs(alone / 77.9 - 1) < 0.15, alone
+
+
+@pytest.mark.parametrize(
+    "shape, slots, pcie, cpu, fixed_us, measured",
+    [
+        ("80b", 10985, 51.12, 38.65, 43.0, 87.70),  # 22,528 MiB
+        ("80b", 4310, 50.92, 38.65, 43.0, 72.91),  # 11,264 MiB
+        ("80b", 1883, 49.30, 38.65, 43.0, 67.26),  # 7,168 MiB
+        ("30b", 2987, 51.15, 42.06, 55.9, 86.60),  # 11,264 MiB
+        ("30b", 1369, 50.82, 42.06, 55.9, 65.86),  # 7,168 MiB
+    ],
+)
+def test_the_planner_is_within_15_percent_of_the_h200_tier_runs(shape, slots, pcie, cpu, fixed_us, measured):
+    """perf/bench_tiers.py on the H200, 2026-12-04 (perf/README.md, "tiers with the CPU share"): decode b=1
+    with --pcie-frac auto at each cap, the probe's rates of that run; the planner is given the same."""
+    from gguf.constants import GGMLQuantizationType as T
+
+    from strata.tiers.layout import ExpertLayer, Part
+    from strata.tiers.plan import LAYER_FLOOR_US, predict
+
+    n_expert, top_k, ffn, dense, kind = {
+        "80b": (512, 10, 512, 1408e6, "hybrid"),
+        "30b": (128, 8, 768, 815e6, "moe"),
+    }[shape]
+    gate = Part("gate", int(T.Q4_K), ffn, 2048, 1152)
+    down = Part("down", int(T.Q4_K), 2048, ffn, ffn * 9 // 16)
+    layers = tuple(ExpertLayer(i, (gate, gate, down)) for i in range(48))
+    layout = ExpertLayout(n_expert, top_k, layers, (gate.nbytes, gate.nbytes, down.nbytes))
+    plan = VramPlan(22528 * MIB, {"dense": 3600 * MIB}, layers[0].nbytes, n_expert * 48, slots)
+    p = predict(
+        plan,
+        layout,
+        dense,
+        4225,
+        pcie,
+        0,
+        2048,
+        floor_us=LAYER_FLOOR_US[kind],
+        n_layer=48,
+        cpu_gbps=cpu,
+        cpu_fixed_s=fixed_us * 1e-6,
+    )
+    assert abs(p.decode_tok_s / measured - 1) < 0.15, p.decode_tok_s

@@ -38,9 +38,9 @@ from strata.tiers.ram import arena_rows, ring_bytes
 from strata.tiers.share import BASE_S, ZERO_COPY_EFFICIENCY, choose, token_split
 
 # The all-resident decode step a layer on the H200 (perf/README.md, one sequence over 48 layers): qwen3moe
-# 30B 345.9 tok/s, qwen3next 80B 227.3, qwen4exp seeds 122.9 (the fused mixer); a dense model: none measured,
-# bandwidth alone
-LAYER_FLOOR_US = {"dense": 0.0, "moe": 60.2, "hybrid": 91.7, "streams": 169.5}
+# 30B 303.3 tok/s (2026-12-04, the run beside its tier runs; 345.9 on an earlier host), qwen3next 80B 227.3,
+# qwen4exp seeds 122.9 (the fused mixer); a dense model: none measured, bandwidth alone
+LAYER_FLOOR_US = {"dense": 0.0, "moe": 68.7, "hybrid": 91.7, "streams": 169.5}
 # The lookahead's copies a decode layer (--prefetch, tiers/lookahead.py): they run beside the mixer, so their
 # window is the mixer's time less the branch's router. Measured on the H200 at 24 GB, one sequence: 43 us a
 # layer on the 80B, 97.5 on the flagship, at 42 of 51 and 44.7 of 50.2 GB/s probed (LOOKAHEAD_RATE); the

@@ -127,6 +127,11 @@ def choose(
 # a decode layer's routed experts with every one in VRAM (H200, 80B shape, one row: perf/bench_misses.py's 23
 # us): the GPU's side of a layer costs this plus its misses' bytes over PCIe
 BASE_S = 23e-6
+# what a layer that hands the CPU a share costs beyond its slower side: the publish (the rows to the mailbox,
+# a system fence), the CPU seeing the ticket, the collect's polls and its read of the answer over PCIe. Fitted
+# to five H200 runs of 2026-12-04 (80B at 24, 12 and 8 GiB, 30B at 12 and 8 GiB, tiers/plan.py's arithmetic):
+# without it the planner ran 4.5-19% fast, with 15 us -1% to +9%
+HANDOFF_S = 15e-6
 # The table counts the CPU's experts at the probed rate: the request is compiled for any row count
 # (jit/share_ir.py) and the probe times that same request. On the H200 host (80B shape, 24 GiB, one call):
 # counting requests of 2-8 rows at CPU_EFFICIENCY instead (the numpy request's calibration) gave b=4 108.3
@@ -144,17 +149,17 @@ def take_table(
 ) -> np.ndarray:
     """[rows + 1, rows * a + 1] int32: how many of a decode layer's m distinct PCIe misses the CPU takes in a
     pass of n rows (cpu_publish reads entry [n, m]). given (--pcie-frac f): the nearest whole share,
-    (1 - f) m. Else the k that makes the layer shortest: the GPU's side BASE_S + (m - k) g against the CPU's
-    fixed + k c, g and c one expert's time over PCIe and on the CPU pool (at its probed rate, whatever the
-    rows: a request reads each expert once); no CPU side at all when k is 0, so a layer whose misses are too
-    few for the hand-off keeps them on PCIe. Made per layer and token, the split meets each layer's own count of
-    misses, where a fixed set of CPU experts leaves one side waiting on the other whenever routing gives it
-    more than its average."""
+    (1 - f) m. Else the k that makes the layer shortest: the GPU's side BASE_S + (m - k) g against the
+    CPU's fixed + k c, the slower plus HANDOFF_S, g and c one expert's time over PCIe and on the CPU pool (at
+    its probed rate, whatever the rows: a request reads each expert once); no CPU side at all when k is 0, so
+    a layer whose misses are too few for the hand-off keeps them on PCIe. Made per layer and token, the split
+    meets each layer's own count of misses, where a fixed set of CPU experts leaves one side waiting on the
+    other whenever routing gives it more than its average."""
     m = np.arange(rows * a + 1)
     if given is not None:
         return np.tile(np.floor((1.0 - given) * m + 0.5).astype(np.int32), (rows + 1, 1))
     g, c = _per_expert(expert_bytes, pcie_bps, cpu_bps)
-    t = np.maximum(BASE_S + (m[:, None] - m[None, :]) * g, fixed_s + m[None, :] * c)
+    t = np.maximum(BASE_S + (m[:, None] - m[None, :]) * g, fixed_s + m[None, :] * c) + HANDOFF_S
     t[:, 0] = BASE_S + m * g
     t[m[None, :] > m[:, None]] = np.inf
     out = np.tile(np.argmin(t, axis=1).astype(np.int32), (rows + 1, 1))
@@ -187,7 +192,7 @@ def expect(
         k = int(take[1, m])
         over += p * (m - k)
         taken += p * k
-        layer += p * (max(BASE_S + (m - k) * g, fixed_s + k * c) if k else BASE_S + m * g)
+        layer += p * (max(BASE_S + (m - k) * g, fixed_s + k * c) + HANDOFF_S if k else BASE_S + m * g)
     return (over / (over + taken) if over + taken else 1.0), layer
 
 
