@@ -19,7 +19,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.constants import GGMLQuantizationType as T
 
-from strata.jit import expert_ir, share_ir, spin, tasks
+from strata.jit import expert_ir, qdot_ir, share_ir, spin, tasks
 from strata.jit import formats_k as _k  # noqa: F401  (registers the K-quant and IQ4 decoders)
 from strata.jit.compiler import Compiler
 from strata.jit.formats import FORMAT_F16, FORMATS, Format
@@ -41,6 +41,7 @@ QMM = ctypes.CFUNCTYPE(
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 EXPERT = ctypes.CFUNCTYPE(None, _P, _I, _P, _P, _P, _I, *([_P, _P, _I] * 3), _I, _P, _P)
 # its ctypes signatures from the IR's own argument lists: pointers as addresses, the rest as int64
+QUANTIZE = ctypes.CFUNCTYPE(None, _P, _I, _I, _I, _P, _I)
 SHARE_REQUEST = ctypes.CFUNCTYPE(_I, *(_P if t.is_pointer else _I for t in share_ir.ARGS))
 SHARE_SERVE = ctypes.CFUNCTYPE(_I, *(_P if t.is_pointer else _I for t in share_ir.SERVE_ARGS))
 
@@ -56,6 +57,8 @@ class Kernels:
         if self.host.has("f16c"):
             self._formats[T.F16] = FORMAT_F16
         self._fns: dict[T, ctypes._CFuncPtr] = {}
+        self._dots: dict[T, ctypes._CFuncPtr] = {}
+        self._quantize: ctypes._CFuncPtr | None = None
         self._expert: ctypes._CFuncPtr | None = None
         self._share: tuple[ctypes._CFuncPtr, int] | None = None
         self._spin: tuple[int, int] | None = None
@@ -79,6 +82,66 @@ class Kernels:
                 if f is None:
                     f = self._fns[qt] = QMM(self._address(self._formats[qt]))
         return f
+
+    def dot_fn(self, qtype: T | int) -> ctypes._CFuncPtr | None:
+        """The compiled `qdot` on int8 inputs for a quant type (qdot_ir.py), None where it has none."""
+        qt = T(qtype)
+        if qt not in qdot_ir.TYPES:
+            return None
+        with self._lock:
+            f = self._dots.get(qt)
+            if f is None:
+                name = f"qdot_{qt.name.lower()}"
+                syms = self.compiler.symbols(
+                    name, qdot_ir.LAYOUT, lambda: qdot_ir.build(qt, self.host), (name,)
+                )
+                f = self._dots[qt] = QMM(syms[name])
+            return f
+
+    def quantize_fn(self) -> ctypes._CFuncPtr:
+        """The compiled q8_quantize (qdot_ir.py)."""
+        with self._lock:
+            if self._quantize is None:
+                name = qdot_ir.QUANTIZE
+                syms = self.compiler.symbols(
+                    name, qdot_ir.LAYOUT, lambda: qdot_ir.build_quantize(self.host), (name,)
+                )
+                self._quantize = QUANTIZE(syms[name])
+            return self._quantize
+
+    def quantize(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """x [N, C] float32 (C a multiple of 256) -> its q8 rows [N, C / 256 * Q8_BYTES] uint8."""
+        n, c = x.shape
+        if c % qdot_ir.Q8_BLOCK or x.dtype != np.float32 or not x.flags.c_contiguous:
+            raise ValueError(f"x must be C-contiguous float32 with a multiple of 256 columns, not {x.shape}")
+        if out is None:
+            out = np.empty((n, c // qdot_ir.Q8_BLOCK * qdot_ir.Q8_BYTES), np.uint8)
+        self.quantize_fn()(x.ctypes.data, c, n, c, out.ctypes.data, out.shape[1])
+        return out
+
+    def dot(
+        self, raw: np.ndarray, qtype: T | int, xq: np.ndarray, rows: tuple[int, int] | None = None
+    ) -> np.ndarray:
+        """q8 rows xq [N, .] (`quantize`) times the quantized [R, C] matrix `raw`, transposed: y [N, R]."""
+        fn = self.dot_fn(qtype)
+        n_rows, row_bytes = raw.shape
+        block, size = GGML_QUANT_SIZES[T(qtype)]
+        if fn is None or xq.shape[1] != row_bytes // size * block // qdot_ir.Q8_BLOCK * qdot_ir.Q8_BYTES:
+            raise ValueError(f"no int8 product for {T(qtype).name} on q8 rows {xq.shape}")
+        out = np.zeros((xq.shape[0], n_rows), np.float32)
+        r0, r1 = rows or (0, n_rows)
+        fn(
+            raw.ctypes.data,
+            row_bytes,
+            xq.ctypes.data,
+            xq.shape[1],
+            xq.shape[0],
+            out.ctypes.data,
+            n_rows,
+            r0,
+            r1,
+        )
+        return out
 
     def expert(self) -> ctypes._CFuncPtr:
         """The fused SwiGLU expert (expert_ir.py), compiled on first use."""
