@@ -110,13 +110,15 @@ class Kernels:
             return self._quantize
 
     def quantize(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """x [N, C] float32 (C a multiple of 256) -> its q8 rows [N, C / 256 * Q8_BYTES] uint8."""
+        """x [N, C] float32 (C a multiple of 256; rows may lie further apart) -> its q8 rows
+        [N, C / 256 * Q8_BYTES] uint8."""
         n, c = x.shape
-        if c % qdot_ir.Q8_BLOCK or x.dtype != np.float32 or not x.flags.c_contiguous:
-            raise ValueError(f"x must be C-contiguous float32 with a multiple of 256 columns, not {x.shape}")
+        if c % qdot_ir.Q8_BLOCK or x.dtype != np.float32 or x.strides[1] != 4 or x.strides[0] % 4:
+            raise ValueError(f"x must be float32 rows with a multiple of 256 columns, not {x.shape}")
         if out is None:
             out = np.empty((n, c // qdot_ir.Q8_BLOCK * qdot_ir.Q8_BYTES), np.uint8)
-        self.quantize_fn()(x.ctypes.data, c, n, c, out.ctypes.data, out.shape[1])
+        assert out.dtype == np.uint8 and out.shape == (n, c // qdot_ir.Q8_BLOCK * qdot_ir.Q8_BYTES)
+        self.quantize_fn()(x.ctypes.data, c, n, x.strides[0] // 4, out.ctypes.data, out.strides[0])
         return out
 
     def dot(

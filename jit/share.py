@@ -11,8 +11,10 @@ loop, sampling) never delays an answer the GPU is waiting for.
 An expert of a decode row is far too small to split across experts alone (a 24 GB card misses ~5 of 10
 experts a layer, ~1.8 MB each, in ~150 us), so every matrix is split by rows: gate and up of every CPU
 expert in one round of row-range tasks, silu(g) * u, then down in a second round, over a TaskGroup of
-spinning helpers (tasks.py): two hand-offs a layer. The low-RAM arena's per-expert addresses, and a
-stand-in for the arithmetic (`compute`), are answered in Python, with numpy steps between the rounds.
+spinning helpers (tasks.py): two hand-offs a layer. The K-quants' products take int8 inputs (qdot_ir.py,
+2.4-3x the float kernels a row): each round's inputs are first quantized into q8 rows. The low-RAM arena's
+per-expert addresses, and a stand-in for the arithmetic (`compute`), are answered in Python, with numpy steps
+between the rounds.
 
 Legend: n = rows (<= 8), A = experts per row, D = hidden, F = expert width, p = CPU pairs, k = their experts.
 """
@@ -30,6 +32,7 @@ import numpy as np
 
 from strata.jit import share_ir
 from strata.jit.kernels import SHARE_SERVE, Kernels
+from strata.jit.qdot_ir import Q8_BLOCK, Q8_BYTES
 from strata.jit.tasks import TASK_COLS, TaskGroup, Waiter
 
 # mailbox control words (int64), as strata.gpu.kernels.tiers names them
@@ -98,19 +101,31 @@ class CpuShare:
         self.n_expert = n_expert
         self.box = box
         self.threads = max(1, threads)
-        self.fns = np.array(
-            [[ctypes.cast(kernels.fn(int(q)), ctypes.c_void_p).value for q in row] for row in experts.qtypes],
-            np.int64,
-        )  # [L, P] each part's qmm kernel
-        self._wait = Waiter(kernels)
         rows, d = box.h.shape
         a = box.ids.size // rows
         f = int(experts.rows[:, 0].max())
+        # each part's kernel [L, P]: the int8-input product where its type has one and its inputs come in
+        # whole q8 blocks (qdot_ir.py: 2.4-3x the float kernel a token), else the float one
+        widths = (d, d, f)
+        dots = [
+            [kernels.dot_fn(int(q)) if widths[p] % Q8_BLOCK == 0 else None for p, q in enumerate(row)]
+            for row in experts.qtypes
+        ]
+        self.int8 = np.array([[fn is not None for fn in row] for row in dots], bool)
+        self.fns = np.array(
+            [
+                [ctypes.cast(dot or kernels.fn(int(q)), ctypes.c_void_p).value for q, dot in zip(qs, row)]
+                for qs, row in zip(experts.qtypes, dots)
+            ],
+            np.int64,
+        )
+        self._wait = Waiter(kernels)
         self._x = np.zeros((rows * a, d), np.float32)  # [p, D] the pairs' rows, grouped by expert
-        self._g = np.zeros((rows * a, 2 * f), np.float32)  # [p, 2F] gate | up
-        self._a = np.zeros((rows * a, f), np.float32)  # [p, F] silu(g) * u
+        self._g = np.zeros((rows * a, 2 * f), np.float32)  # [p, 2F] gate | up, then silu(gate) * up in gate
         self._s = np.zeros((rows * a, f), np.float32)  # [p, F] silu's scratch
         self._y = np.zeros((rows * a, d), np.float32)  # [p, D]
+        self._xq = np.zeros((rows * a, d // Q8_BLOCK * Q8_BYTES), np.uint8)  # their q8 rows
+        self._gq = np.zeros((rows * a, f // Q8_BLOCK * Q8_BYTES), np.uint8)
         self._steps = np.arange(rows * a)  # a single row's pairs: each its own expert, at its own pair
         self._ones = np.ones(rows * a, np.int64)
         self._zeros = np.zeros(rows * a, np.int64)
@@ -119,14 +134,15 @@ class CpuShare:
         self.mapped_counts = np.zeros((rows, 2), np.int64)  # per row: calls on those, their bytes
         self._expert_bytes = (experts.rows * experts.row_bytes).sum(axis=1)  # [L]
         self._templates = [
-            (self._template(li, (0, 1), self._x, self._g), self._template(li, (2,), self._a, self._y))
+            (
+                self._template(li, (0, 1), self._x, self._xq, self._g),
+                self._template(li, (2,), self._g, self._gq, self._y),
+            )
             for li in range(len(experts.bases))
         ]
-        # a request runs compiled (share_ir.py): its rows, ids and weights copied in here, down reading
-        # silu(g) * u where the compiled silu leaves it, in g
+        # a request runs compiled (share_ir.py): its rows, ids and weights copied in here
         self._hn, self._outn = np.zeros((rows, d), np.float32), np.zeros((rows, d), np.float32)
         self._idsn, self._wn = np.zeros(rows * a, np.int32), np.zeros(rows * a, np.float32)
-        self._down_from_g = [self._template(li, (2,), self._g, self._y) for li in range(len(experts.bases))]
         # one task table, refilled in place for each round (TaskGroup.run reads a new array's address, ~2 us),
         # and the per-expert coefficients (1, expert, pair offset, rows) the templates are multiplied by
         most = max(t.shape[1] * t.shape[2] for pair in self._templates for t in pair)
@@ -180,7 +196,8 @@ class CpuShare:
         calls: np.ndarray,
     ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """share_request's arguments for layer li before the row count, and after it."""
-        gu, dn = self._templates[li][0], self._down_from_g[li]
+        gu, dn = self._templates[li]
+        q_gu, q_dn = self.int8[li, :2].any(), self.int8[li, 2]
         return (
             (
                 self._group.address,
@@ -204,6 +221,10 @@ class CpuShare:
                 h.shape[1],
                 int(out.ctypes.data),
                 int(calls.ctypes.data),
+                int(self._xq.ctypes.data),
+                self._xq.shape[1] if q_gu else 0,
+                int(self._gq.ctypes.data),
+                self._gq.shape[1] if q_dn else 0,
             ),
         )
 
@@ -328,6 +349,8 @@ class CpuShare:
         """[p, D]: expert_{es[i]}(h[t_of[i]]) for pairs grouped by expert (a view of a scratch buffer)."""
         p = len(es)
         self._x[:p] = h[t_of]
+        if self.int8[li, :2].any():
+            self.kernels.quantize(self._x[:p], out=self._xq[:p])
         if len(t_of) and t_of[-1] == t_of[0]:  # one row: its experts are distinct
             uniq, starts, counts = es, self._steps[:p], self._ones[:p]
         else:
@@ -339,11 +362,13 @@ class CpuShare:
         f = int(self.experts.rows[li, 0])
         g, u, sc = self._g[:p, :f], self._g[:p, f : 2 * f], self._s[:p, :f]
         with np.errstate(over="ignore"):  # exp(-g) -> inf for very negative g: silu -> -0.0, as it should
-            np.negative(g, out=sc)  # silu(g) * u as g / (1 + exp(-g)) * u, in place
+            np.negative(g, out=sc)  # silu(g) * u as g / (1 + exp(-g)) * u, into g
             np.exp(sc, out=sc)
             sc += 1.0
             np.divide(g, sc, out=sc)
-            np.multiply(sc, u, out=self._a[:p, :f])
+            np.multiply(sc, u, out=g)
+        if self.int8[li, 2]:
+            self.kernels.quantize(g, out=self._gq[:p])
         self._group.run(self._table, self._tasks(li, down, (2,), uniq, coef))
         return self._y[:p]
 
@@ -363,9 +388,12 @@ class CpuShare:
         ]
         return u * per
 
-    def _template(self, li: int, parts: tuple[int, ...], x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    def _template(
+        self, li: int, parts: tuple[int, ...], x: np.ndarray, xq: np.ndarray, y: np.ndarray
+    ) -> np.ndarray:
         """[4, parts, C, TASK_COLS]: the tasks of expert 0 with one row at pair 0, and what one more expert
-        id, pair offset and row add to them, so an expert's tasks are one multiply-add away."""
+        id, pair offset and row add to them, so an expert's tasks are one multiply-add away. A part whose
+        product takes int8 inputs reads the pairs' q8 rows xq, the others their floats x."""
         ex = self.experts
         rows = int(ex.rows[li, parts[0]])
         step = max(16, -(-rows * len(parts) // self.threads + 15) // 16 * 16)  # whole 16-row register tiles
@@ -377,11 +405,14 @@ class CpuShare:
                 ex.bases[li, part],
                 ex.row_bytes[li, part],
             )
-            t[0, j, :, X], t[0, j, :, LDX] = x.ctypes.data, x.shape[1]
+            if self.int8[li, part]:
+                t[0, j, :, X], t[0, j, :, LDX], t[2, j, :, X] = xq.ctypes.data, xq.shape[1], xq.shape[1]
+            else:
+                t[0, j, :, X], t[0, j, :, LDX], t[2, j, :, X] = x.ctypes.data, x.shape[1], 4 * x.shape[1]
             t[0, j, :, Y], t[0, j, :, LDY] = y.ctypes.data + 4 * j * rows, y.shape[1]
             t[0, j, :, R0], t[0, j, :, R1] = r0, np.minimum(r0 + step, rows)
             t[1, j, :, W] = ex.strides[li, part]
-            t[2, j, :, X], t[2, j, :, Y] = 4 * x.shape[1], 4 * y.shape[1]
+            t[2, j, :, Y] = 4 * y.shape[1]
         t[3, ..., N_TOK] = 1
         return t
 

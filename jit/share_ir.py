@@ -3,7 +3,7 @@ their weighted sums, in one call without the GIL and without a numpy call betwee
 
     i64 share_request(i64* ctl, i64 run, i64* table, i64* tpl_gu, i64 m_gu, i64* tpl_dn, i64 m_dn,
                       i32* ids, float* wts, i64 n, i64 A, float* h, float* x, float* g, i64 F, i64 ldg,
-                      float* y, i64 D, float* out, i64* calls)
+                      float* y, i64 D, float* out, i64* calls, i8* xq, i64 ldxq, i8* gq, i64 ldgq)
 
 ids [n, A] holds the rows' routed experts, -1 where the GPU computes the pair; wts [n, A] their weights,
 h [n, D] the rows. The CPU's pairs are put in order of expert (stable: row order within one), so an
@@ -14,7 +14,9 @@ written into `table` and run as one round through tasks.py's `task_run` (at addr
 group's control block `ctl`). Then g [p, 0:F] = silu(g [p, 0:F]) * g [p, F:2F] in place (rows ldg floats
 apart; the numpy silu's formula), the down tasks (tpl_dn [4, m_dn], reading g) as a second round into
 y [p, D], and out [t] = the sum over row t's pairs, in pair order, of w * y [p] (as numpy's add.at);
-calls [t] += row t's pairs. Returns the number of CPU pairs.
+calls [t] += row t's pairs. Returns the number of CPU pairs. Where the layer's products take int8 inputs
+(qdot_ir.py), x is quantized into the q8 rows xq [p, ldxq bytes] before the first round and g [p, 0:F] into
+gq [p, ldgq bytes] before the second; ldxq or ldgq 0: that round's products read the floats.
 
 On the H200 host the numpy steps between the two rounds (selection, grouping, task products, silu, the
 weighted sums) took ~53 us of a one-expert request with 15 task threads, nearly as long as the rounds' own
@@ -28,15 +30,17 @@ from llvmlite import ir
 
 from strata.jit.expert_ir import swiglu
 from strata.jit.host import Host
-from strata.jit.irutil import F32, I32, I64, PF32, PI32, c64, loop, splat, vec
+from strata.jit.irutil import F32, I32, I64, P8, PF32, PI32, c64, loop, splat, vec
+from strata.jit.qdot_ir import quantize_fn
 
 _PI64 = I64.as_pointer()
 ARGS = (
     *(_PI64, I64, _PI64, _PI64, I64, _PI64, I64),
     *(PI32, PF32, I64, I64, PF32, PF32, PF32, I64, I64, PF32, I64, PF32, _PI64),
+    *(P8, I64, P8, I64),
 )
 NAME, SERVE = "share_request", "share_serve"
-LAYOUT = "serve1"  # part of the disk-cache key: bump when the functions change
+LAYOUT = "serve2"  # part of the disk-cache key: bump when the functions change
 # share_serve(i64* mb, i64 last, i64 budget_us, i64 wait, i64 usleep, i64* args, i64 request, i64* stats,
 #             i64 clock): the mailbox's control words, the last ticket answered, the wait's budget and
 #             tasks.py's wait_change with libc's usleep, each layer's share_request arguments [L, len(ARGS)]
@@ -156,7 +160,11 @@ def _serve(mod: ir.Module) -> None:
 
 def _request(mod: ir.Module, host: Host) -> None:
     fn = ir.Function(mod, ir.FunctionType(I64, ARGS), NAME)
-    ctl, run, table, tpl_gu, m_gu, tpl_dn, m_dn, ids, wts, n, a, h, x, g, f, ldg, y, d, out, calls = fn.args
+    ctl, run, table, tpl_gu, m_gu, tpl_dn, m_dn, ids, wts, n, a, h, x, g, f, ldg, y, d, out, calls = fn.args[
+        :20
+    ]
+    xq, ldxq, gq, ldgq = fn.args[20:]
+    quantize = quantize_fn(mod, "internal")
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     run_fn = b.inttoptr(run, ir.FunctionType(ir.VoidType(), (_PI64, _PI64, I64)).as_pointer())
     most = b.mul(n, a)
@@ -214,10 +222,14 @@ def _request(mod: ir.Module, host: Host) -> None:
             last = b.gep(gc, [b.sub(b.load(groups), c64(1))])
             b.store(b.add(b.load(last), c64(1)), last)
         grouped = (ge, gs, gc, groups)
+        with b.if_then(b.icmp_signed(">", ldxq, c64(0))):
+            b.call(quantize, [x, d, pairs, d, xq, ldxq])
         b.call(run_fn, [ctl, table, _tasks(b, table, tpl_gu, m_gu, grouped)])
         with loop(b, c64(0), pairs, 1) as p:
             gp = b.gep(g, [b.mul(p, ldg)])
             swiglu(b, gp, b.gep(gp, [f]), f, width)
+        with b.if_then(b.icmp_signed(">", ldgq, c64(0))):
+            b.call(quantize, [g, f, pairs, ldg, gq, ldgq])
         b.call(run_fn, [ctl, table, _tasks(b, table, tpl_dn, m_dn, grouped)])
         with loop(b, c64(0), pairs, 1) as p:  # out [t] += w * y [p], in pair order
             t = b.load(b.gep(pt, [p]))

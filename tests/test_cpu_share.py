@@ -14,6 +14,7 @@ from gguf.quants import dequantize
 from quant_blocks import random_blocks
 
 from strata.gpu.kernels import tiers as kt
+from strata.jit import reference
 from strata.jit.kernels import Kernels
 from strata.jit.share import MB_WORDS, CpuShare, ExpertBytes, Mailbox
 from strata.tiers import share
@@ -49,18 +50,28 @@ def _experts(qtypes: tuple[T, T, T]):
     return raws, ex
 
 
-def _reference(raws, qtypes, li, h, ids, wts):
+def _reference(raws, qtypes, int8, li, h, ids, wts):
     """sum over the CPU's (t, a) (ids >= 0) of w * down(silu(gate h) * (up h)), in float64 from gguf's
-    dequantizers."""
+    dequantizers; where a part's product takes int8 inputs (int8 [P]), its inputs rounded to q8 rows and
+    the product as jit/reference.py's twin computes it (itself held to gguf's dequantizers in
+    test_jit_qdot.py)."""
+
+    def product(p: int, e: int, x: np.ndarray) -> np.ndarray:
+        raw = raws[li][p][e]
+        if int8[p]:
+            return reference.qdot(raw, qtypes[p], reference.quantize_q8(x[None].astype(np.float32)))[0]
+        return dequantize(raw, qtypes[p]).astype(np.float64) @ x
+
     y = np.zeros(h.shape, np.float64)
     for t in range(h.shape[0]):
         for a in range(ids.shape[1]):
             e = int(ids[t, a])
             if e < 0:
                 continue
-            g, u, d = (dequantize(raws[li][p][e], qtypes[p]).astype(np.float64) for p in range(3))
-            gv, uv = g @ h[t], u @ h[t]
-            y[t] += wts[t, a] * (d @ (gv * 0.5 * (1 + np.tanh(gv / 2)) * uv))  # silu, overflow-free
+            gv, uv = (product(p, e, h[t]).astype(np.float32) for p in (0, 1))
+            with np.errstate(over="ignore"):
+                act = gv / (np.float32(1) + np.exp(-gv)) * uv  # the kernels' silu, in float32
+            y[t] += wts[t, a] * product(2, e, act)
     return y
 
 
@@ -77,6 +88,7 @@ def test_server_answers_the_twins_requests(kernels: Kernels, qtypes, threads: in
     where = np.array([0, 1, -2, -2, -1, -1], np.int32)  # 2, 3 the CPU's own; 4, 5 read over PCIe
     box = _box()
     srv = CpuShare(kernels, ex, E, box, threads)
+    assert srv.int8.all() == (qtypes[0] != T.Q8_0), "the K-quants' products take int8 inputs, Q8_0's floats"
     rng = np.random.default_rng(threads)
     ticket = np.zeros(1, np.int64)
     try:
@@ -97,10 +109,11 @@ def test_server_answers_the_twins_requests(kernels: Kernels, qtypes, threads: in
             while not kt.ref_cpu_collect(x, box.ctl, box.out, ticket):
                 assert time.monotonic() < deadline, "the server did not answer"
                 time.sleep(1e-4)
-            want = _reference(raws, qtypes, li, h, mids, wts)
+            want = _reference(raws, qtypes, srv.int8[li], li, h, mids, wts)
             scale = np.abs(want).max() + 1e-6
-            # the CPU kernels round their inputs as ggml's CPU kernels do (q8 for the K-quants)
-            assert np.abs(x - want).max() <= 2e-2 * scale, f"step {step}: {np.abs(x - want).max()} of {scale}"
+            # float32 sums in another order; an input whose q8 code flips on a rounding tie moves a sum by
+            # one code step of its block (~1/127 of the block's largest input): rare, bounded here
+            assert np.abs(x - want).max() <= 1e-3 * scale, f"step {step}: {np.abs(x - want).max()} of {scale}"
             calls = srv.take_calls(n)
             assert np.array_equal(calls, (mids >= 0).sum(axis=1)), "CPU expert calls per row"
         srv.check()

@@ -1,11 +1,11 @@
 """The CPU's share of the decode misses on the GPU (`--pcie-frac`): decode rows publish each MoE layer to the
 pinned mailbox, jit/share.py computes the CPU-owned experts, and the graph adds its answer.
 
-The CPU rounds its inputs as ggml's CPU kernels do and the GPU as its int8 kernels do, so the logits are
-not bit-identical to all-resident: the CPU's kernels multiply fp32 inputs where the GPU's round them to int8,
-which on these random-weight files moves logits a lot (relative L2 up to 7.3e-2 per pass for the biased
-random Q4_K blocks, perf/README.md; measured here up to 0.196 with half the misses on the CPU and 0.307
-with all of them (the pageable case); bound 0.4),
+The CPU rounds its inputs to int8 per 256 values (jit/qdot_ir.py, as ggml's CPU kernels) and the GPU per
+32 (its dp4a kernels, as ggml's q8_1), so the logits are not bit-identical to all-resident; on these
+random-weight files the rounding moves logits a lot (relative L2 up to 7.3e-2 per pass for the biased random
+Q4_K blocks, perf/README.md; measured here, when the CPU still multiplied fp32 inputs, up to 0.196 with half
+the misses on the CPU and 0.307 with all of them (the pageable case); bound 0.4),
 with the same greedy token wherever the top two logits are further apart than the measured difference.
 Passes of more than 8 rows never use the share, so prompt logits stay bit-identical; and with a CPU side
 that computes the GPU's own int8 arithmetic the whole path reproduces all-resident to float rounding. The
