@@ -9,6 +9,11 @@ H200 host the share did not pay at batch 1 while this part was 86-108 us (perf/R
 
 `--shape 80b` times one-row requests on experts of the 80B shape instead (2048 x 512, Q4_K, 512 a layer, read
 cold as decode reads them), K experts a request, and fits the fixed cost a request and the rate.
+
+`--products int8,float` runs each case with the K-quants' int8-input products (qdot_ir.py, the share's own)
+and with the float kernels alone (the share before them), one after the other in the same run. On this
+project's 2-core AVX2 machine (2026-12-05, `--shape 80b --threads 2`): float 83.0 us a request + 395 us an
+expert (4.5 GB/s), int8 68.2 + 158 (11.2 GB/s).
 """
 
 from __future__ import annotations
@@ -31,6 +36,15 @@ from strata.jit.share import CpuShare, ExpertBytes, Mailbox
 from strata.jit.tasks import Waiter
 
 L, E, A, D, ROWS = 4, 64, 10, 256, 8
+
+
+class FloatKernels(Kernels):
+    """The float kernels alone: every product decodes its weights to floats (the share before qdot_ir.py)."""
+
+    def dot_fn(self, qtype: int) -> None:  # type: ignore[override]
+        return None
+
+
 F = 32  # gate and up rows; down keeps 256 columns (one Q4_K block a row)
 
 
@@ -88,12 +102,15 @@ def _real(kernels: Kernels, threads: list[int], ks: list[int], reps: int) -> Non
                     srv.layer(i % 2, h, ids, wts)
                     total.append(time.perf_counter() - t0)
                 med.append(float(np.median(total)))
-                print(f"80b threads {t} experts {k}: request median {med[-1] * 1e6:.1f} us", flush=True)
+                print(
+                    f"80b {_name(kernels)} threads {t} experts {k}: request median {med[-1] * 1e6:.1f} us",
+                    flush=True,
+                )
             if len(ks) > 1:
                 slope, fixed = np.polyfit(ks, med, 1)
                 print(
-                    f"80b threads {t}: {fixed * 1e6:.1f} us a request + {slope * 1e6:.1f} us an expert "
-                    f"({1.769472e6 / slope / 1e9:.1f} GB/s)",
+                    f"80b {_name(kernels)} threads {t}: {fixed * 1e6:.1f} us a request + "
+                    f"{slope * 1e6:.1f} us an expert ({1.769472e6 / slope / 1e9:.1f} GB/s)",
                     flush=True,
                 )
         finally:
@@ -125,13 +142,18 @@ def _serve(kernels: Kernels, threads: list[int], reps: int) -> None:
                 assert kt.ref_cpu_collect(x, box.ctl, box.out, ticket)
                 trips.append(time.perf_counter() - t0)
             busy = srv.busy_s / max(1, srv.requests)
+            trip = np.median(trips[200:]) * 1e6
             print(
-                f"serve threads {t}: round trip median {np.median(trips[200:]) * 1e6:.1f} us, the server's "
-                f"own {busy * 1e6:.1f} us a request ({srv.requests} requests)",
+                f"serve {_name(kernels)} threads {t}: round trip median {trip:.1f} us, the server's own "
+                f"{busy * 1e6:.1f} us a request ({srv.requests} requests)",
                 flush=True,
             )
         finally:
             srv.close()
+
+
+def _name(kernels: Kernels) -> str:
+    return "float" if isinstance(kernels, FloatKernels) else "int8"
 
 
 def main() -> None:
@@ -144,8 +166,14 @@ def main() -> None:
     ap.add_argument(
         "--serve", action="store_true", help="one-row requests through the mailbox: the round trip"
     )
+    ap.add_argument("--products", default="int8", help="int8, float or both (int8,float)")
     a = ap.parse_args()
-    kernels = Kernels(Path(tempfile.mkdtemp(prefix="strata-bench-share-")))
+    cache = Path(tempfile.mkdtemp(prefix="strata-bench-share-"))
+    for name in a.products.split(","):
+        _run(a, {"int8": Kernels, "float": FloatKernels}[name](cache))
+
+
+def _run(a: argparse.Namespace, kernels: Kernels) -> None:
     if a.shape == "80b":
         _real(kernels, [int(x) for x in a.threads.split(",")], [int(x) for x in a.experts.split(",")], a.reps)
         return
@@ -169,8 +197,8 @@ def main() -> None:
                     srv.layer(1, h, ids, wts)
                     ts.append(time.perf_counter() - t0)
                 print(
-                    f"threads {threads} rows {n}: layer() median {np.median(ts) * 1e6:.1f} us, "
-                    f"10th percentile {np.percentile(ts, 10) * 1e6:.1f} us",
+                    f"{_name(kernels)} threads {threads} rows {n}: layer() median "
+                    f"{np.median(ts) * 1e6:.1f} us, 10th percentile {np.percentile(ts, 10) * 1e6:.1f} us",
                     flush=True,
                 )
         finally:

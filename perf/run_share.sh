@@ -6,11 +6,15 @@
 # bench: perf/bench_gpu.py at CAP (default 22528 MiB) on the 80B synth file once per --pcie-frac in
 # PCIE_FRACS (default auto,1), then once per value in EFFS with tiers/share.py's CPU_EFFICIENCY (the rate a
 # request of more than one row reaches, of the probed one) set to it, to calibrate the table of batch 4.
-# Carried in (git-ignored): .whl/, .gpu_fixtures/ (see run_gpu.sh).
+# PRODUCTS (default int8,float): the share's products, its own int8-input ones (jit/qdot_ir.py) and the
+# float kernels alone, for bench_share and for the auto bench, so both are measured on one machine.
+# Carried in (git-ignored): .whl/, .gpu_fixtures/ (see run_gpu.sh). Only the JSONs and the tests' and share's
+# logs go to OUT (the device returns 8 files a call); the benches' logs stay in /tmp, their lines on stdout.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=${*:-tests share bench}
 PCIE_FRACS=${PCIE_FRACS:-auto,1}
+PRODUCTS=${PRODUCTS:-int8,float}
 source perf/device_setup.sh
 ARCH=${ARCH:-qwen3next}; SHAPE=${SHAPE:-80b-a3b}
 MODEL=/tmp/$ARCH-$SHAPE-q4_k.gguf
@@ -23,15 +27,25 @@ case " $STEPS " in *" tests "*)
   echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|Error" "$OUT/tests.log" | tail -30 ;; esac
 case " $STEPS " in *" bench "*) wait $SYNTH_PID; tail -1 "$OUT/synth.log" ;; esac
 case " $STEPS " in *" share "*)
-  (cd /tmp && timeout 120 python3 $REPO/perf/bench_share.py --shape 80b --threads ${THREADS:-15} --reps 300 \
+  (cd /tmp && timeout 180 python3 $REPO/perf/bench_share.py --shape 80b --threads ${THREADS:-15} --reps 300 \
+      --products $PRODUCTS \
     && timeout 60 python3 $REPO/perf/bench_share.py --serve --threads ${THREADS:-15} --reps 2000) 2>&1 \
     | tee "$OUT/share.log" | grep -v "^WARNING" | tail -12 ;; esac
 case " $STEPS " in *" bench "*)
   for f in ${PCIE_FRACS//,/ }; do
     echo "== --pcie-frac $f"
     (cd /tmp && timeout ${BENCH_TIMEOUT:-240} python3 $REPO/perf/bench_gpu.py $BENCH --pcie-frac $f \
-      --json "$OUT/bench_$f.json") 2>&1 | tee "$OUT/bench_$f.log" | show
+      --json "$OUT/bench_$f.json") 2>&1 | tee "/tmp/bench_$f.log" | show
   done
+  case ",$PRODUCTS," in *",float,"*)
+    echo "== --pcie-frac auto, the float kernels alone"
+    (cd /tmp && timeout ${BENCH_TIMEOUT:-240} python3 -c "
+import runpy, sys
+from strata.jit.kernels import Kernels
+Kernels.dot_fn = lambda self, qtype: None
+sys.argv = ['bench_gpu.py', *sys.argv[1:]]
+runpy.run_path('$REPO/perf/bench_gpu.py', run_name='__main__')" $BENCH --pcie-frac auto \
+      --json "$OUT/bench_float.json") 2>&1 | tee /tmp/bench_float.log | show ;; esac
   for e in ${EFFS:-}; do
     echo "== --pcie-frac auto, CPU_EFFICIENCY $e"
     (cd /tmp && timeout ${BENCH_TIMEOUT:-240} python3 -c "
@@ -40,5 +54,5 @@ import strata.tiers.share as s
 s.CPU_EFFICIENCY = float(sys.argv[1])
 sys.argv = ['bench_gpu.py', *sys.argv[2:]]
 runpy.run_path('$REPO/perf/bench_gpu.py', run_name='__main__')" $e $BENCH --pcie-frac auto \
-      --json "$OUT/bench_eff_$e.json") 2>&1 | tee "$OUT/bench_eff_$e.log" | show
+      --json "$OUT/bench_eff_$e.json") 2>&1 | tee "/tmp/bench_eff_$e.log" | show
   done ;; esac
