@@ -73,22 +73,22 @@ class _Ops:
         b = self.b
         if self.avx2:
             return intrinsic(b, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), [u, s])
-        p = b.mul(b.zext(u, vec(I16, 32)), b.sext(s, vec(I16, 32)))
-        return b.add(
-            b.shuffle_vector(p, p, cvec(I32, range(0, 32, 2))),
-            b.shuffle_vector(p, p, cvec(I32, range(1, 32, 2))),
-        )
+        return _pair_sums(b, b.mul(b.zext(u, vec(I16, 32)), b.sext(s, vec(I16, 32))))
 
     def maddwd(self, a: ir.Value, c: ir.Value) -> ir.Value:
         """<16 x i16> x <16 x i16> -> <8 x i32> sums of adjacent products."""
         b = self.b
         if self.avx2:
             return intrinsic(b, "llvm.x86.avx2.pmadd.wd", vec(I32, 8), [a, c])
-        p = b.mul(b.sext(a, vec(I32, 16)), b.sext(c, vec(I32, 16)))
-        return b.add(
-            b.shuffle_vector(p, p, cvec(I32, range(0, 16, 2))),
-            b.shuffle_vector(p, p, cvec(I32, range(1, 16, 2))),
-        )
+        return _pair_sums(b, b.mul(b.sext(a, vec(I32, 16)), b.sext(c, vec(I32, 16))))
+
+
+def _pair_sums(b: ir.IRBuilder, p: ir.Value) -> ir.Value:
+    """<2n x i> -> <n x i>: lane k = p[2k] + p[2k + 1]."""
+    n = p.type.count
+    return b.add(
+        b.shuffle_vector(p, p, cvec(I32, range(0, n, 2))), b.shuffle_vector(p, p, cvec(I32, range(1, n, 2)))
+    )
 
 
 def _hsum_i(b: ir.IRBuilder, v: ir.Value) -> ir.Value:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from strata.bench.report import args_config, run_meta, write_json
-from strata.engine import Engine
+from strata.synth.locality import measured_routes
 from strata.tiers import trace
 
 
@@ -35,20 +35,8 @@ def main() -> None:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "routes.npz"
-        eng = Engine.load(
-            a.model,
-            device="cpu",
-            backend="jit",
-            expert_cache="off",
-            prefetch=0,
-            routing_profile="off",
-            record_routes=str(out),
-        )
-        ids = np.random.default_rng(0).integers(10, min(150_000, eng.model.params.vocab), a.tokens)
-        eng.model.forward(ids, eng.new_state(), all_logits=False)
-        eng.expert_cache.recorder.save()
-        routes = trace.load(out)[0]  # [T, L, A]
-    n_e = eng.expert_cache.where.shape[1]
+        measured_routes(a.model, out, a.tokens, a.tokens, backend="jit")  # one pass: a prompt
+        routes, n_e = trace.load(out)  # [T, L, A]
     rows = []
     for li in range(routes.shape[1]):
         c = np.bincount(routes[:, li].ravel(), minlength=n_e)

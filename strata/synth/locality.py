@@ -126,18 +126,19 @@ def patch(fd: int, s: Shape, plan: list[TensorSpec], offsets: list[int], skew: f
 
 
 def measured_routes(
-    path: os.PathLike[str] | str, out: os.PathLike[str] | str, tokens: int, chunk: int
+    path: os.PathLike[str] | str, out: os.PathLike[str] | str, tokens: int, chunk: int, backend: str = "numpy"
 ) -> np.ndarray:
     """The routing [T, L, A] a synth file's own router gives `tokens` random token ids, fed in `chunk`-token
-    passes through the CPU engine with every expert resident and no routing profile; recorded to `out` (.npz)
-    with --record-routes, the trace `strata tiers simulate` replays. How local a router mode is, measured."""
+    passes through the CPU engine (`backend`: numpy, or jit for the large shapes) with every expert resident
+    and no routing profile; recorded to `out` (.npz) with --record-routes, the trace `strata tiers simulate`
+    replays. How local a router mode is, measured."""
     from strata.engine import Engine
     from strata.tiers import trace
 
     eng = Engine.load(
         path,
         device="cpu",
-        backend="numpy",
+        backend=backend,
         expert_cache="off",
         prefetch=0,
         routing_profile="off",
