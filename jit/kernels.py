@@ -42,6 +42,7 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 EXPERT = ctypes.CFUNCTYPE(None, _P, _I, _P, _P, _P, _I, *([_P, _P, _I] * 3), _I, _P, _P)
 # its ctypes signatures from the IR's own argument lists: pointers as addresses, the rest as int64
 QUANTIZE = ctypes.CFUNCTYPE(None, _P, _I, _I, _I, _P, _I)
+SILU = ctypes.CFUNCTYPE(None, _P, _I, _I, _I)
 SHARE_REQUEST = ctypes.CFUNCTYPE(_I, *(_P if t.is_pointer else _I for t in share_ir.ARGS))
 SHARE_SERVE = ctypes.CFUNCTYPE(_I, *(_P if t.is_pointer else _I for t in share_ir.SERVE_ARGS))
 
@@ -60,7 +61,7 @@ class Kernels:
         self._dots: dict[T, ctypes._CFuncPtr] = {}
         self._quantize: ctypes._CFuncPtr | None = None
         self._expert: ctypes._CFuncPtr | None = None
-        self._share: tuple[ctypes._CFuncPtr, int] | None = None
+        self._share: tuple[ctypes._CFuncPtr, int, ctypes._CFuncPtr] | None = None
         self._spin: tuple[int, int] | None = None
         self._tasks: tuple[int, int, int] | None = None
         self._lock = threading.Lock()
@@ -153,14 +154,18 @@ class Kernels:
                 self._expert = EXPERT(syms["expert"])
             return self._expert
 
-    def share(self) -> tuple[ctypes._CFuncPtr, int]:
-        """The CPU share's request and the address of its server loop (share_ir.py), compiled on first
-        use."""
+    def share(self) -> tuple[ctypes._CFuncPtr, int, ctypes._CFuncPtr]:
+        """The CPU share's request, the address of its server loop and its silu step (share_ir.py), compiled
+        on first use."""
         with self._lock:
             if self._share is None:
-                host, names = self.host, (share_ir.NAME, share_ir.SERVE)
+                host, names = self.host, (share_ir.NAME, share_ir.SERVE, share_ir.SILU)
                 syms = self.compiler.symbols("share", share_ir.LAYOUT, lambda: share_ir.build(host), names)
-                self._share = (SHARE_REQUEST(syms[share_ir.NAME]), syms[share_ir.SERVE])
+                self._share = (
+                    SHARE_REQUEST(syms[share_ir.NAME]),
+                    syms[share_ir.SERVE],
+                    SILU(syms[share_ir.SILU]),
+                )
             return self._share
 
     def spin(self) -> tuple[int, int]:

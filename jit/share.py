@@ -122,7 +122,6 @@ class CpuShare:
         self._wait = Waiter(kernels)
         self._x = np.zeros((rows * a, d), np.float32)  # [p, D] the pairs' rows, grouped by expert
         self._g = np.zeros((rows * a, 2 * f), np.float32)  # [p, 2F] gate | up, then silu(gate) * up in gate
-        self._s = np.zeros((rows * a, f), np.float32)  # [p, F] silu's scratch
         self._y = np.zeros((rows * a, d), np.float32)  # [p, D]
         self._xq = np.zeros((rows * a, d // Q8_BLOCK * Q8_BYTES), np.uint8)  # their q8 rows
         self._gq = np.zeros((rows * a, f // Q8_BLOCK * Q8_BYTES), np.uint8)
@@ -152,7 +151,7 @@ class CpuShare:
         self._py_requests = 0  # answered in Python (a stand-in, the low-RAM arena) and their time
         self._py_busy_s = 0.0
         self._group = TaskGroup(kernels, self.threads - 1, pin)
-        self._request, serve_address = kernels.share()
+        self._request, serve_address, self._silu = kernels.share()
         self._calls_n = np.zeros(rows, np.int64)
         # each layer's arguments before the row count and after it: for `layer` (its inputs copied into
         # _hn, _idsn, _wn) and, as a table, for the compiled server answering from and into the mailbox
@@ -360,13 +359,8 @@ class CpuShare:
         gate_up, down = self._templates[li]
         self._group.run(self._table, self._tasks(li, gate_up, (0, 1), uniq, coef))
         f = int(self.experts.rows[li, 0])
-        g, u, sc = self._g[:p, :f], self._g[:p, f : 2 * f], self._s[:p, :f]
-        with np.errstate(over="ignore"):  # exp(-g) -> inf for very negative g: silu -> -0.0, as it should
-            np.negative(g, out=sc)  # silu(g) * u as g / (1 + exp(-g)) * u, into g
-            np.exp(sc, out=sc)
-            sc += 1.0
-            np.divide(g, sc, out=sc)
-            np.multiply(sc, u, out=g)
+        g = self._g[:p, :f]
+        self._silu(self._g.ctypes.data, p, f, self._g.shape[1])  # silu(g) * u into g, as the request does
         if self.int8[li, 2]:
             self.kernels.quantize(g, out=self._gq[:p])
         self._group.run(self._table, self._tasks(li, down, (2,), uniq, coef))

@@ -39,8 +39,8 @@ ARGS = (
     *(PI32, PF32, I64, I64, PF32, PF32, PF32, I64, I64, PF32, I64, PF32, _PI64),
     *(P8, I64, P8, I64),
 )
-NAME, SERVE = "share_request", "share_serve"
-LAYOUT = "serve2"  # part of the disk-cache key: bump when the functions change
+NAME, SERVE, SILU = "share_request", "share_serve", "share_silu"
+LAYOUT = "serve3"  # part of the disk-cache key: bump when the functions change
 # share_serve(i64* mb, i64 last, i64 budget_us, i64 wait, i64 usleep, i64* args, i64 request, i64* stats,
 #             i64 clock): the mailbox's control words, the last ticket answered, the wait's budget and
 #             tasks.py's wait_change with libc's usleep, each layer's share_request arguments [L, len(ARGS)]
@@ -100,7 +100,20 @@ def build(host: Host) -> ir.Module:
     mod.triple = host.triple
     _request(mod, host)
     _serve(mod)
+    _silu_rows(mod, host)
     return mod
+
+
+def _silu_rows(mod: ir.Module, host: Host) -> None:
+    """share_silu(float* g, i64 rows, i64 F, i64 ldg): the request's own silu step, for the numpy steps (the
+    low-RAM arena's), so both ways quantize the same g for down."""
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), (PF32, I64, I64, I64)), SILU)
+    g, rows, f, ldg = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    with loop(b, c64(0), rows, 1) as p:
+        gp = b.gep(g, [b.mul(p, ldg)])
+        swiglu(b, gp, b.gep(gp, [f]), f, host.lanes)
+    b.ret_void()
 
 
 def _serve(mod: ir.Module) -> None:

@@ -125,8 +125,9 @@ def test_server_answers_the_twins_requests(kernels: Kernels, qtypes, threads: in
 def test_the_compiled_request_equals_the_numpy_steps(kernels: Kernels, threads: int) -> None:
     """A request runs compiled (share_ir.py) where each layer's experts sit at a base and a stride, and
     through numpy between the rounds where the arena gives each expert its own address (the low-RAM mode):
-    the same rows give the same sums both ways (the same kernels; silu's exp within an ulp of numpy's), for
-    one row and for several whose experts repeat."""
+    the same rows give the same sums both ways (the same kernels and the same compiled silu, so the same
+    int8 inputs for down; only the weighted sums' order differs), for one row and for several whose
+    experts repeat."""
     from dataclasses import replace
 
     _, ex = _experts((T.Q4_K, T.Q4_K, T.Q6_K))
