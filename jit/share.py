@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from gguf.constants import GGMLQuantizationType as T
 
 from strata.jit import share_ir
 from strata.jit.kernels import SHARE_SERVE, Kernels
@@ -226,6 +227,18 @@ class CpuShare:
                 self._gq.shape[1] if q_dn else 0,
             ),
         )
+
+    @property
+    def products(self) -> str:
+        """What the share's products take, by quant type, for the start-up line: "int8 inputs (Q4_K, Q6_K)"
+        (qdot_ir.py), "float inputs (Q8_0)", or both."""
+        qts = np.asarray(self.experts.qtypes)
+        parts = []
+        for label, mask in (("int8", self.int8), ("float", ~self.int8)):
+            names = sorted({T(int(q)).name for q in qts[mask]})
+            if names:
+                parts.append(f"{label} inputs ({', '.join(names)})")
+        return ", ".join(parts)
 
     @property
     def requests(self) -> int:

@@ -89,6 +89,7 @@ def test_server_answers_the_twins_requests(kernels: Kernels, qtypes, threads: in
     box = _box()
     srv = CpuShare(kernels, ex, E, box, threads)
     assert srv.int8.all() == (qtypes[0] != T.Q8_0), "the K-quants' products take int8 inputs, Q8_0's floats"
+    assert srv.products == ("float inputs (Q8_0)" if qtypes[0] == T.Q8_0 else "int8 inputs (Q4_K, Q6_K)")
     rng = np.random.default_rng(threads)
     ticket = np.zeros(1, np.int64)
     try:

@@ -160,17 +160,17 @@ class CpuShareSide:
         if given is not None:
             note(
                 f"CPU share of the decode misses: --pcie-frac {given:.2f} ({1 - given:.0%} on the CPU pool, "
-                f"{threads} threads){' (pageable arena)' if self.pageable else ''}"
+                f"{threads} threads, {self.share.products}){' (pageable arena)' if self.pageable else ''}"
             )
         else:
             rates = self.rates = self._rates(opts, jit_dir, threads)
+            pool = f"CPU pool ({threads} threads, {self.share.products})"
             note(
                 f"probe: zero-copy {rates.zero_copy_alone / 1e9:,.1f} GB/s alone, "
                 f"{rates.zero_copy / 1e9:,.1f} beside the CPU (in graph ~"
-                f"{rates.zero_copy * split.ZERO_COPY_EFFICIENCY / 1e9:,.1f}); CPU pool "
-                f"({threads} threads) {rates.cpu_alone / 1e9:,.1f} GB/s alone, {rates.cpu / 1e9:,.1f} beside "
-                f"the GPU, + {rates.cpu_fixed_s * 1e6:,.0f} us a layer; copy engine "
-                f"{rates.copy_engine / 1e9:,.1f} GB/s"
+                f"{rates.zero_copy * split.ZERO_COPY_EFFICIENCY / 1e9:,.1f}); {pool} "
+                f"{rates.cpu_alone / 1e9:,.1f} GB/s alone, {rates.cpu / 1e9:,.1f} beside the GPU, + "
+                f"{rates.cpu_fixed_s * 1e6:,.0f} us a layer; copy engine {rates.copy_engine / 1e9:,.1f} GB/s"
             )
         if must:  # a fixed set of CPU experts, the ones only it can read first (the cache marks them)
             if given is None:
