@@ -157,6 +157,29 @@ def test_the_compiled_request_equals_the_numpy_steps(kernels: Kernels, threads: 
         slow.close()
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_rows_together_equal_rows_alone(kernels: Kernels, threads: int) -> None:
+    """batched == solo: a request of n rows (experts shared between rows, read once for all of them) gives
+    each row the bits it gets alone: each row's inputs are quantized on their own, the int8 products are
+    exact integer sums for any row count, and a row's pairs are summed in expert order either way."""
+    _, ex = _experts((T.Q4_K, T.Q4_K, T.Q6_K))
+    srv = CpuShare(kernels, ex, E, _box(), threads)
+    rng = np.random.default_rng(11)
+    try:
+        for n in (2, 4, ROWS):
+            h = rng.standard_normal((n, D)).astype(np.float32)
+            ids = np.stack([rng.permutation(E)[:A] for _ in range(n)]).astype(np.int32)
+            ids[rng.random((n, A)) < 0.3] = -1
+            wts = rng.random((n, A)).astype(np.float32)
+            together = srv.layer(0, h, ids, wts)[0].copy()
+            alone = np.concatenate(
+                [srv.layer(0, h[t : t + 1], ids[t : t + 1], wts[t : t + 1])[0].copy() for t in range(n)]
+            )  # copies: an answer is a view of the server's buffer
+            assert np.array_equal(together, alone), f"{n} rows"
+    finally:
+        srv.close()
+
+
 def test_a_stand_in_answers_instead_of_the_compiled_server(kernels: Kernels) -> None:
     """With `compute` set, the compiled server leaves each request to Python, which answers with it (the GPU
     tests' int8 twin); unset, the compiled server answers again."""
