@@ -8,10 +8,12 @@ Feeds --tokens random token ids in one pass through the CPU model (every expert 
 picked take. A prefill chunk that stages only its routed misses (llama.cpp copies only the experts its
 ubatch routes to) moves distinct / E of what staging every miss moves.
 
-On the 30B synth file (`strata synth --arch qwen3moe --shape 30b-a3b --quant q4_k --router-skew 0`, 128
-experts, top-8), 512 tokens: layer 0 uses all 128, layer 1 73, from layer 2 on 16-45 (median 24), the top
-16 taking 94-100% of the picks: the random model's states share one direction, so its router, uniform on
-N(0, I) states (strata/synth/router.py), is not uniform on a prompt. ~60 s on 2 cores.
+On the synth files, 512 random tokens, 2026-12-05 (~60 s each on 2 cores): the 30B (`strata synth
+--arch qwen3moe --shape 30b-a3b --quant q4_k --router-skew 0`, 128 experts, top-8) uses all 128 experts in
+layer 0, 73 in layer 1, and from layer 2 on 16-45 (median 24), the top 16 taking 94-100% of the picks: the
+random model's states share one direction, so its router, uniform on N(0, I) states (strata/synth/router.py),
+is not uniform on a prompt. The 80B (qwen3next, 512 experts, top-10) stays uniform: 511-512 of 512 experts in
+every layer, the top 16 taking 5.4-6.6% of the picks.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--routes", type=Path, help="where the recorded trace goes (default: a new temp dir)")
     a = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "routes.npz"
-        measured_routes(a.model, out, a.tokens, a.tokens, backend="jit")  # one pass: a prompt
-        routes, n_e = trace.load(out)  # [T, L, A]
+    # the engine saves its recorder again at exit: the trace outlives the run (`tiers simulate` replays it)
+    out = a.routes or Path(tempfile.mkdtemp(prefix="strata-routes-")) / "routes.npz"
+    measured_routes(a.model, out, a.tokens, a.tokens, backend="jit")  # one pass: a prompt
+    routes, n_e = trace.load(out)  # [T, L, A]
+    print(f"routes: {out}")
     rows = []
     for li in range(routes.shape[1]):
         c = np.bincount(routes[:, li].ravel(), minlength=n_e)
