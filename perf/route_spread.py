@@ -13,7 +13,8 @@ On the synth files, 512 random tokens, 2026-12-05 (~60 s each on 2 cores): the 3
 layer 0, 73 in layer 1, and from layer 2 on 16-45 (median 24), the top 16 taking 94-100% of the picks: the
 random model's states share one direction, so its router, uniform on N(0, I) states (strata/synth/router.py),
 is not uniform on a prompt. The 80B (qwen3next, 512 experts, top-10) stays uniform: 511-512 of 512 experts in
-every layer, the top 16 taking 5.4-6.6% of the picks.
+every layer, the top 16 taking 5.4-6.6% of the picks. Since the writer's fix (strata/synth/plan.py QK_GAIN)
+the 30B file routes the prompt to all 128 experts in every layer, the top 16 taking 16.8-21.7%.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from strata.synth import (
     write_synth,
 )
 from strata.synth.blocks import pool
+from strata.synth.plan import QK_GAIN, attn_out_std
 from strata.synth.vocab import QWEN3_VOCAB_SIZE, vocab_base
 
 LLAMA_BIN = Path("~/.cache/strata-peer/build/bin").expanduser()
@@ -217,10 +218,12 @@ def test_written_weights_have_sane_magnitudes(tmp_path: Path, qwen3_tokenizer_di
         tmp_path / "m.gguf", SHAPES[("qwen3moe", "tiny")], qt, qt, 1.0, qwen3_tokenizer_dir
     ).path
     g = GGUFFile(path)
+    out_std = attn_out_std(SHAPES[("qwen3moe", "tiny")].n_layer)  # 0.02 / sqrt(2 n_layer)
     for name, lo, hi in (
         ("blk.0.attn_q.weight", 0.018, 0.022),
         ("blk.1.ffn_down_exps.weight", 0.018, 0.022),
         ("token_embd.weight", 0.018, 0.022),
+        ("blk.1.attn_output.weight", 0.9 * out_std, 1.1 * out_std),
         ("blk.0.attn_norm.weight", 0.0, 0.05),
     ):
         t = g.tensors[name]
@@ -230,6 +233,8 @@ def test_written_weights_have_sane_magnitudes(tmp_path: Path, qwen3_tokenizer_di
         )  # first rows suffice
         assert np.isfinite(y).all() and lo <= float(y.std()) <= hi, (name, float(y.std()))
     assert abs(float(dequantize(g.raw("output_norm.weight"), Q.F32).mean()) - 1.0) < 0.01  # norms ~ 1
+    qk = dequantize(g.raw("blk.0.attn_q_norm.weight"), Q.F32)
+    assert abs(float(qk.mean()) - QK_GAIN) < 0.05  # sharp attention (plan.py QK_GAIN)
 
 
 def test_same_seed_same_file(tmp_path: Path, qwen3_tokenizer_dir: Path) -> None:

@@ -40,8 +40,8 @@ def add_synth_flags(p: argparse.ArgumentParser) -> None:
         choices=MODES,
         help="skew: popularity from --router-skew, no drift; locality: routing that also drifts "
         "slowly over the tokens, as real routing does: on routes the CPU model recorded over "
-        "2,000 random tokens a per-layer LRU of 1/8 / 1/4 of the experts hits 70%% / 86%% (4 layers "
-        "qwen3moe), 63%% / 83%% (12 layers), 57-69%% / 78-88%% (qwen3next, from its first "
+        "2,000 random tokens a per-layer LRU of 1/8 / 1/4 of the experts hits 62%% / 81%% (4 layers "
+        "qwen3moe), 69%% / 85%% (12 layers), 59-73%% / 79-91%% (qwen3next, from its first "
         "attention layer on); published for 64 / 128 of 512: ~67%% / ~81%% "
         "(strata/synth/locality.py, perf/README.md)",
     )

@@ -3,25 +3,26 @@
 Real routing is bursty (tiers/trace.py: a per-layer LRU of 64 of 512 experts hits ~67%), because the hidden
 state carries the context, which drifts slowly. Random weights give no such drift: the skew mode's files route
 DeltaNet layers afresh every token (an LRU hits as a static cache does), and their attention layers, whose
-random scores are small, average values over the whole context, a common part that by the third qwen3moe layer
-routes nearly every token to the same few experts (see QK_GAIN). This mode builds a controlled drift into the
-model, so the model's own router (logits = router @ normed hidden state) has it on any token stream, GPU
-benchmarks' random prompts and greedy decodes included.
+random scores are small, would average values over the whole context, a common part that by the third qwen3moe
+layer routed nearly every token to the same few experts (plan.py's QK_GAIN, which every mode now has). This
+mode builds a controlled drift into the model, so the model's own router (logits = router @ normed hidden
+state) has it on any token stream, GPU benchmarks' random prompts and greedy decodes included.
 
 A "clock" head per attention layer (query head 0 and its KV head) averages its values over a window of recent
 tokens: its q and k rows are zero but one (row i0, a random row), so after the q/k RMSNorm each token's q and
-k are +-sqrt(hd) g along one rotary pair of frequency theta, and the score of key s for query t is
-+-A cos(theta (t - s)), A = sqrt(hd) g^2 (g: the q/k norm weight at i0). Near s = t that is a Gaussian window
-of width ~1/(theta sqrt(A)) over the recent keys of the query's sign (two interleaved streams; the cosine
-repeats every 2 pi / theta tokens, which mixes older windows in but slides them all alike). Its output, a
-moving average of values, drifts on that time scale and lands in the residual through the head's columns of
+k are +-sqrt(hd) g along one rotary pair of frequency theta, and the score of key s for query t is +-A
+cos(theta (t - s)), A = sqrt(hd) g^2 (g: the q/k norm weight at i0). Near s = t that is a Gaussian window of
+width ~1/(theta sqrt(A)) over the recent keys of the query's sign (two interleaved streams; the cosine repeats
+every 2 pi / theta tokens, which mixes older windows in but slides them all alike). Its output, a moving
+average of values, drifts on that time scale and lands in the residual through the head's columns of
 attn_output, W0 [D, hd]. The router rows of the layer (and, in Qwen3-Next, of the DeltaNet layers up to the
 next attention layer) read only that subspace: row e = s_e * unit(W0 u_e), u_e random, s_e the popularity
 scales of router.py. Consecutive tokens then see nearly the same logits (they share experts), and the set
 drifts as the window slides; the skew still comes from s_e. Layers before the first attention layer keep the
 plain router. Two gains set how local it is: the clock's values are amplified (V_GAIN, less in deeper layers,
-where the slow parts of the residual have added up), and every other head attends sharply (QK_GAIN), so
-nothing but the clocks drifts slowly. The file is written as usual, then patched in place (`patch`).
+where the slow parts of the residual have added up, and times WEIGHT_STD / attn_out_std, which restores what
+attn_output's smaller std takes from the clock), and every other head attends sharply (QK_GAIN), so nothing
+but the clocks drifts slowly. The file is written as usual, then patched in place (`patch`).
 
 Legend: D = hidden size, E = experts, hd = head dim.
 """
@@ -37,9 +38,9 @@ from gguf.constants import GGML_QUANT_SIZES
 from strata.gguf.names import T, tensor
 from strata.quants import dequantize
 from strata.synth.blocks import _rescale
-from strata.synth.plan import TensorSpec
+from strata.synth.plan import QK_GAIN, WEIGHT_STD, TensorSpec, attn_out_std
 from strata.synth.router import LOGIT_STD, popularity_scales
-from strata.synth.shapes import QWEN3NEXT, Shape
+from strata.synth.shapes import QWEN3MOE, QWEN3NEXT, Shape
 
 MODES = ("skew", "locality")
 # Calibrated with `tiers simulate --policy lru` on routes the CPU model recorded over 2,000 random tokens
@@ -47,17 +48,13 @@ MODES = ("skew", "locality")
 # ~82-86%.
 WINDOW = 16.0  # tokens the clock head's window spans (1/(theta sqrt(A))): how fast the routing drifts
 SHARPNESS = 96.0  # A, the clock's peak score
-# the clock's values are amplified V_GAIN (n + 1)^-V_DECAY at the n-th clock: the slow parts of the residual
-# add up over the layers, so deeper clocks are quieter (V_DECAY 1: deep layers over-local, 2: under-local)
-V_GAIN = 10.0
-V_DECAY = 1.5
-# Qwen3-Next's gated attention multiplies each head's output by sigmoid(gate), ~0.5 with random gate rows
-GATED_GAIN = 2.0
-# every other head's q/k norm weight, for sharper random attention. At the skew mode's ~1, attention is nearly
-# a running mean over the context, whose common part swamps the residual within a few layers (per-layer LRU of
-# 1/8 of the experts: 99-100% in layers 2+ of a 4- and a 12-layer qwen3moe shape); at 3 every layer without a
-# clock routes as uniformly as layer 0
-QK_GAIN = 3.0
+# the clock's values are amplified g (n + 1)^-decay at the n-th clock, (g, decay) = V_GAIN[arch]: the slow
+# parts of the residual add up over the layers, so deeper clocks are quieter (a smaller decay: deep layers
+# over-local). qwen3moe attends in every layer, qwen3next only in every 4th, behind an output gate whose
+# sigmoid of random gate rows is ~0.5: its clocks need more gain. Refitted when attn_output's std fell to
+# WEIGHT_STD / sqrt(2 n_layer) (plan.py; the clock's values are scaled back up by that factor, so only the
+# other heads' smaller outputs moved it): qwen3moe (10, 1.5) had become over-local (LRU-16 86-90%)
+V_GAIN = {QWEN3MOE: (4.5, 1.75), QWEN3NEXT: (20.0, 1.5)}
 
 
 def clock(s: Shape) -> tuple[int, float]:
@@ -101,7 +98,8 @@ def patch(fd: int, s: Shape, plan: list[TensorSpec], offsets: list[int], skew: f
     at = {spec.name: (spec, off) for spec, off in zip(plan, offsets)}
     i0, g = clock(s)
     hd = s.head_dim
-    gain = V_GAIN * (GATED_GAIN if s.arch == QWEN3NEXT else 1.0)
+    v_gain, v_decay = V_GAIN[s.arch]
+    gain = v_gain * WEIGHT_STD / attn_out_std(s.n_layer)
     w0, clocks = None, 0  # [D, hd]: the latest clock head's output columns; clocks so far
     for layer in range(s.n_layer):
         if not s.recurrent(layer):
@@ -112,7 +110,7 @@ def patch(fd: int, s: Shape, plan: list[TensorSpec], offsets: list[int], skew: f
                 gains = np.full(hd, QK_GAIN, np.float32)
                 gains[i0] = g
                 os.pwrite(fd, gains.tobytes(), off)
-            _scale_rows(fd, *at[tensor(T.ATTN_V, layer)], hd, gain * (clocks + 1) ** -V_DECAY)
+            _scale_rows(fd, *at[tensor(T.ATTN_V, layer)], hd, gain * (clocks + 1) ** -v_decay)
             out = _read(fd, *at[tensor(T.ATTN_OUT, layer)])  # [D, n_head * hd]
             w0, clocks = out[:, :hd], clocks + 1
         if w0 is None:

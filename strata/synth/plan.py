@@ -21,8 +21,24 @@ from gguf.constants import GGMLQuantizationType as Q
 from strata.gguf.names import Keys, T, tensor
 from strata.synth.shapes import QWEN3NEXT, Shape
 
-WEIGHT_STD = 0.02  # dequantized std of every projection, embedding and expert matrix
-NORM_STD = 0.02  # norms are 1 + N(0, NORM_STD)
+WEIGHT_STD = 0.02  # dequantized std of every projection, embedding and expert matrix but attn_output
+NORM_STD = 0.02  # norms are 1 + N(0, NORM_STD), the attention's q/k norms QK_GAIN times that
+# Random attention must not make every position alike. At q/k norms ~1 its scores are small, so it averages
+# values over the whole context, and that common part, added at attn_output's std 0.02, swamps the token's own
+# embedding in the residual: every router then sees one direction. Measured on the 30B shape
+# (perf/route_spread.py, 512 random tokens in one pass): from the third layer on the prompt went to 16-45 of
+# 128 experts (median 24), the top 16 taking 94-100% of the picks; with q/k norms at QK_GAIN alone 117-128,
+# the top 16 up to 55% in deep layers; with attn_output at WEIGHT_STD / sqrt(2 n_layer) (GPT-2's residual
+# output projections) alone 126-128, up to 35%; with both all 128 in every one of the 48 layers, the top 16
+# taking 17-22% (16 / 128 = 12.5% plus sampling noise): uniform, as router.py's design assumes.
+QK_GAIN = 3.0
+
+
+def attn_out_std(n_layer: int) -> float:
+    """attn_output's std (see QK_GAIN)."""
+    return WEIGHT_STD / math.sqrt(2 * n_layer)
+
+
 # Our own keys, so tools (the tier cache) can read back how a file was made; llama.cpp ignores them.
 KEY_SKEW = "strata.synth.router_skew"
 KEY_SEED = "strata.synth.seed"
@@ -60,6 +76,7 @@ FILE_TYPE: dict[Q, gguf.LlamaFileType] = {
 class Fill(enum.Enum):
     WEIGHT = "weight"  # blocks from the calibrated pool (any type)
     NORM = "norm"  # F32 ~ 1
+    QK_NORM = "qk_norm"  # F32 ~ QK_GAIN
     ROUTER = "router"  # F32, skewed popularity (router.py)
     SMALL = "small"  # F32 ~ N(0, WEIGHT_STD)
     SSM_A = "ssm_a"  # -exp(A_log), A ~ U(1, 16) as HF initialises it
@@ -73,6 +90,7 @@ class TensorSpec:
     shape: tuple[int, ...]
     qtype: Q
     fill: Fill
+    std: float = WEIGHT_STD  # Fill.WEIGHT: the dequantized std
 
     @property
     def numel(self) -> int:
@@ -95,8 +113,8 @@ def fitting_type(qtype: Q, n_cols: int) -> Q:
 def tensor_plan(s: Shape, quant: Q, output_quant: Q) -> list[TensorSpec]:
     """Every tensor of the file, in writing order."""
 
-    def mat(name: str, *shape: int, qtype: Q = quant) -> TensorSpec:
-        return TensorSpec(name, shape, fitting_type(qtype, shape[-1]), Fill.WEIGHT)
+    def mat(name: str, *shape: int, qtype: Q = quant, std: float = WEIGHT_STD) -> TensorSpec:
+        return TensorSpec(name, shape, fitting_type(qtype, shape[-1]), Fill.WEIGHT, std)
 
     def f32(name: str, fill: Fill, *shape: int) -> TensorSpec:
         return TensorSpec(name, shape, Q.F32, fill)
@@ -113,9 +131,9 @@ def tensor_plan(s: Shape, quant: Q, output_quant: Q) -> list[TensorSpec]:
                 mat(tensor(T.ATTN_Q, i), q_rows, d),
                 mat(tensor(T.ATTN_K, i), s.n_kv * s.head_dim, d),
                 mat(tensor(T.ATTN_V, i), s.n_kv * s.head_dim, d),
-                mat(tensor(T.ATTN_OUT, i), d, s.n_head * s.head_dim),
-                f32(tensor(T.ATTN_Q_NORM, i), Fill.NORM, s.head_dim),
-                f32(tensor(T.ATTN_K_NORM, i), Fill.NORM, s.head_dim),
+                mat(tensor(T.ATTN_OUT, i), d, s.n_head * s.head_dim, std=attn_out_std(s.n_layer)),
+                f32(tensor(T.ATTN_Q_NORM, i), Fill.QK_NORM, s.head_dim),
+                f32(tensor(T.ATTN_K_NORM, i), Fill.QK_NORM, s.head_dim),
             ]
         post_norm = T.ATTN_POST_NORM if s.arch == QWEN3NEXT else T.FFN_NORM
         out += [
@@ -158,6 +176,8 @@ def dense_values(spec: TensorSpec, rng: np.random.Generator) -> np.ndarray:
     n, shape = spec.numel, spec.shape
     if spec.fill is Fill.NORM:
         x = 1.0 + NORM_STD * rng.standard_normal(n)
+    elif spec.fill is Fill.QK_NORM:
+        x = QK_GAIN * (1.0 + NORM_STD * rng.standard_normal(n))
     elif spec.fill is Fill.SMALL:
         x = WEIGHT_STD * rng.standard_normal(n)
     elif spec.fill is Fill.SSM_A:

@@ -24,7 +24,7 @@ from gguf.constants import GGMLQuantizationType as Q
 from strata.errors import StrataError
 from strata.synth import locality
 from strata.synth.blocks import pool
-from strata.synth.plan import KEY_MODE, WEIGHT_STD, Fill, TensorSpec, add_metadata, dense_values, tensor_plan
+from strata.synth.plan import KEY_MODE, Fill, TensorSpec, add_metadata, dense_values, tensor_plan
 from strata.synth.router import router_weights
 from strata.synth.shapes import Shape
 from strata.synth.vocab import add_qwen3_tokenizer, missing_files
@@ -94,7 +94,7 @@ def _write_tensor(
     fd: int, spec: TensorSpec, pos: int, s: Shape, skew: float, rng: np.random.Generator
 ) -> None:
     if spec.fill is Fill.WEIGHT:
-        _stream_pool(fd, pool(spec.qtype, WEIGHT_STD), pos, spec.nbytes, rng)
+        _stream_pool(fd, pool(spec.qtype, spec.std), pos, spec.nbytes, rng)
         return
     if spec.fill is Fill.ROUTER:
         data = router_weights(s.d_model, s.n_expert, s.top_k, skew, rng)
