@@ -40,9 +40,9 @@ QMM = ctypes.CFUNCTYPE(
 )
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 EXPERT = ctypes.CFUNCTYPE(None, _P, _I, _P, _P, _P, _I, *([_P, _P, _I] * 3), _I, _P, _P)
-# its ctypes signatures from the IR's own argument lists: pointers as addresses, the rest as int64
 QUANTIZE = ctypes.CFUNCTYPE(None, _P, _I, _I, _I, _P, _I)
 SILU = ctypes.CFUNCTYPE(None, _P, _I, _I, _I)
+# its ctypes signatures from the IR's own argument lists: pointers as addresses, the rest as int64
 SHARE_REQUEST = ctypes.CFUNCTYPE(_I, *(_P if t.is_pointer else _I for t in share_ir.ARGS))
 SHARE_SERVE = ctypes.CFUNCTYPE(_I, *(_P if t.is_pointer else _I for t in share_ir.SERVE_ARGS))
 

@@ -40,7 +40,7 @@ ARGS = (
     *(P8, I64, P8, I64),
 )
 NAME, SERVE, SILU = "share_request", "share_serve", "share_silu"
-LAYOUT = "serve3"  # part of the disk-cache key: bump when the functions change
+LAYOUT = "serve4"  # part of the disk-cache key: bump when the functions change
 # share_serve(i64* mb, i64 last, i64 budget_us, i64 wait, i64 usleep, i64* args, i64 request, i64* stats,
 #             i64 clock): the mailbox's control words, the last ticket answered, the wait's budget and
 #             tasks.py's wait_change with libc's usleep, each layer's share_request arguments [L, len(ARGS)]
@@ -98,15 +98,15 @@ def _copy(
 def build(host: Host) -> ir.Module:
     mod = ir.Module(name=NAME)
     mod.triple = host.triple
-    _request(mod, host)
+    _request(mod, host, _silu_rows(mod, host))
     _serve(mod)
-    _silu_rows(mod, host)
     return mod
 
 
-def _silu_rows(mod: ir.Module, host: Host) -> None:
-    """share_silu(float* g, i64 rows, i64 F, i64 ldg): the request's own silu step, for the numpy steps (the
-    low-RAM arena's), so both ways quantize the same g for down."""
+def _silu_rows(mod: ir.Module, host: Host) -> ir.Function:
+    """share_silu(float* g, i64 rows, i64 F, i64 ldg): g [r, 0:F] = silu(g [r, 0:F]) * g [r, F:2F], the
+    request's step between its rounds, exported for the numpy steps (the low-RAM arena's), so both ways
+    quantize the same g for down."""
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), (PF32, I64, I64, I64)), SILU)
     g, rows, f, ldg = fn.args
     b = ir.IRBuilder(fn.append_basic_block("entry"))
@@ -114,6 +114,7 @@ def _silu_rows(mod: ir.Module, host: Host) -> None:
         gp = b.gep(g, [b.mul(p, ldg)])
         swiglu(b, gp, b.gep(gp, [f]), f, host.lanes)
     b.ret_void()
+    return fn
 
 
 def _serve(mod: ir.Module) -> None:
@@ -171,7 +172,7 @@ def _serve(mod: ir.Module) -> None:
     b.ret(out)
 
 
-def _request(mod: ir.Module, host: Host) -> None:
+def _request(mod: ir.Module, host: Host, silu: ir.Function) -> None:
     fn = ir.Function(mod, ir.FunctionType(I64, ARGS), NAME)
     ctl, run, table, tpl_gu, m_gu, tpl_dn, m_dn, ids, wts, n, a, h, x, g, f, ldg, y, d, out, calls = fn.args[
         :20
@@ -238,9 +239,7 @@ def _request(mod: ir.Module, host: Host) -> None:
         with b.if_then(b.icmp_signed(">", ldxq, c64(0))):
             b.call(quantize, [x, d, pairs, d, xq, ldxq])
         b.call(run_fn, [ctl, table, _tasks(b, table, tpl_gu, m_gu, grouped)])
-        with loop(b, c64(0), pairs, 1) as p:
-            gp = b.gep(g, [b.mul(p, ldg)])
-            swiglu(b, gp, b.gep(gp, [f]), f, width)
+        b.call(silu, [g, pairs, f, ldg])
         with b.if_then(b.icmp_signed(">", ldgq, c64(0))):
             b.call(quantize, [g, f, pairs, ldg, gq, ldgq])
         b.call(run_fn, [ctl, table, _tasks(b, table, tpl_dn, m_dn, grouped)])
