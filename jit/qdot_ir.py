@@ -99,7 +99,7 @@ def _hsum_i(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
 
 
 def _pairs(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
-    """<8 x i16> -> <16 x i16> with each lane twice (a 32-value sub-block's scale for its 16 pair sums)."""
+    """<8 x i16> -> <16 x i16>, each lane twice: a sub-block's min for both of its 16-code sums."""
     return b.shuffle_vector(v, v, cvec(I32, [i // 2 for i in range(16)]))
 
 
