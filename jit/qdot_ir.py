@@ -14,10 +14,11 @@ jit/reference.py):
     Q4_K, Q5_K: acc += (d_w * d_x) * float(sum_j sc_j (q_j . x_j))
                 acc -= (dmin_w * d_x) * float(sum_j m_j s_j)
     Q6_K: acc += (d_w * d_x) * float(sum_k sc_k (q_k . x_k - 32 s_k))
-(j over the 8 sub-blocks of 32, k over the 16 groups of 16; s the input's code sums). The integer sums are
-exact, so any row split, tile or token count gives the same bits (batch == solo).
+    IQ4_XS: acc += (d_w * d_x) * float(sum_j (ls_j - 32) (kv[q_j] . x_j))
+(j over the 8 sub-blocks of 32, k over the 16 groups of 16; s the input's code sums; kv the IQ4_NL code
+book). The integer sums are exact, so any row split, tile or token count gives the same bits (batch == solo).
 
-Types: Q4_K, Q5_K, Q6_K (`TYPES`; the others keep matmul_ir's float kernels). Exported as qdot_<type>,
+Types: Q4_K, Q5_K, Q6_K, IQ4_XS (`TYPES`; the others keep matmul_ir's float kernels). Exported as qdot_<type>,
 with matmul_ir's arguments so a task table can hold either kernel:
     void qdot(i8* w, i64 row_bytes, i8* xq, i64 ldx_bytes, i64 n_tok, float* y, i64 ldy, i64 r0, i64 r1)
 and q8_quantize(float* x, i64 cols, i64 n_tok, i64 ldx, i8* out, i64 ld_out_bytes).
@@ -45,10 +46,12 @@ from strata.jit.irutil import (
     lanes,
     load,
     loop,
+    nibbles,
     splat,
     vec,
 )
-from strata.jit.matmul_ir import QMM_ARGS
+from strata.jit.matmul_ir import QMM_ARGS, ctx_for
+from strata.quants.iq_tables import KVALUES_IQ4NL
 
 Q8_BLOCK, Q8_BYTES = 256, 4 + 32 + 256
 _SUMS, _CODES = 4, 36  # byte offsets in a q8 block
@@ -62,8 +65,8 @@ def _i32(v: int) -> ir.Constant:
 
 
 class _Ops:
-    """The two integer multiply-adds: x86 instructions where the host has them, else plain IR that
-    computes the same integers (no sum here can saturate: |codes| <= 63, |inputs| <= 127)."""
+    """The integer multiply-adds: x86 instructions where the host has them, else plain IR that computes the
+    same integers (no sum here can saturate: codes 0..63 or |values| <= 128, |inputs| <= 127)."""
 
     def __init__(self, b: ir.IRBuilder, host: Host) -> None:
         self.b, self.avx2 = b, host.x86 and host.has("avx2")
@@ -74,6 +77,15 @@ class _Ops:
         if self.avx2:
             return intrinsic(b, "llvm.x86.avx2.pmadd.ub.sw", vec(I16, 16), [u, s])
         return _pair_sums(b, b.mul(b.zext(u, vec(I16, 32)), b.sext(s, vec(I16, 32))))
+
+    def maddbs(self, w: ir.Value, x: ir.Value) -> ir.Value:
+        """<32 x i8> signed weights, <32 x i8> signed inputs -> <16 x i16> sums of adjacent products: |w|
+        times x with w's sign (pmaddubsw takes its first operand unsigned; |-128| reads as 128)."""
+        b = self.b
+        if self.avx2:
+            mag = intrinsic(b, "llvm.abs.v32i8", w.type, [w, ir.Constant(ir.IntType(1), 0)])
+            return self.maddubs(mag, intrinsic(b, "llvm.x86.avx2.psign.b", x.type, [x, w]))
+        return _pair_sums(b, b.mul(b.sext(w, vec(I16, 32)), b.sext(x, vec(I16, 32))))
 
     def maddwd(self, a: ir.Value, c: ir.Value) -> ir.Value:
         """<16 x i16> x <16 x i16> -> <8 x i32> sums of adjacent products."""
@@ -192,7 +204,42 @@ class _Q6K:
         return b.fadd(acc, b.fmul(b.fmul(d, dx), b.sitofp(b.sub(_hsum_i(b, isum), _hsum_i(b, bias)), F32)))
 
 
-_BLOCKS: dict[T, type[_Q4K] | type[_Q6K]] = {T.Q4_K: _Q4K, T.Q5_K: _Q5K, T.Q6_K: _Q6K}
+class _IQ4XS:
+    """IQ4_XS super-block (d | scales_h u16 | scales_l[4] | qs[128]): 8 sub-blocks of 32 4-bit indices into
+    the IQ4_NL code book (-127..113), low nibbles first; sub-block j's scale is its 6-bit ls_j - 32."""
+
+    size = 136
+
+    @staticmethod
+    def prepare(b: ir.IRBuilder, host: Host, w: ir.Value) -> tuple[ir.Value, ...]:
+        sh = b.zext(load(b, w, 2, I16), I32)
+        scales = ir.Constant(vec(I16, 8), None)
+        for j in range(8):
+            lo = b.and_(b.lshr(b.zext(load(b, w, 4 + j // 2, I8), I32), _i32(4 * (j % 2))), _i32(15))
+            hi = b.shl(b.and_(b.lshr(sh, _i32(2 * j)), _i32(3)), _i32(4))
+            scales = b.insert_element(scales, b.trunc(b.sub(b.or_(lo, hi), _i32(32)), I16), _i32(j))
+        c = ctx_for(b, host)
+        codes = [c.lookup(nibbles(b, load(b, w, 8 + 16 * j, vec(I8, 16))), KVALUES_IQ4NL) for j in range(8)]
+        return half(b, w, 0, host.has("f16c")), scales, codes
+
+    @staticmethod
+    def dot(b: ir.IRBuilder, ops: _Ops, prep: tuple[ir.Value, ...], x: ir.Value, acc: ir.Value) -> ir.Value:
+        d, scales, values = prep
+        dx = b.load(b.bitcast(x, PF32), align=1)
+        isum = None
+        for j in range(8):
+            p = ops.maddbs(values[j], load(b, x, _CODES + 32 * j, vec(I8, 32)))
+            s = ops.maddwd(p, _bcast(b, scales, j, 16))
+            isum = s if isum is None else b.add(isum, s)
+        return b.fadd(acc, b.fmul(b.fmul(d, dx), b.sitofp(_hsum_i(b, isum), F32)))
+
+
+_BLOCKS: dict[T, type[_Q4K] | type[_Q6K] | type[_IQ4XS]] = {
+    T.Q4_K: _Q4K,
+    T.Q5_K: _Q5K,
+    T.Q6_K: _Q6K,
+    T.IQ4_XS: _IQ4XS,
+}
 
 
 def _tile(mod: ir.Module, qtype: T, host: Host, rt: int, tt: int) -> ir.Function:

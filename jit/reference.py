@@ -11,6 +11,7 @@ from gguf.constants import GGMLQuantizationType as T
 
 from strata.blocks.norms import silu
 from strata.quants import dequantize
+from strata.quants.iq_tables import KVALUES_IQ4NL
 
 
 def matmul(raw: np.ndarray, qtype: T | int, x: np.ndarray) -> np.ndarray:
@@ -94,21 +95,36 @@ def _k_codes(b: np.ndarray, qtype: T) -> np.ndarray:
     return np.concatenate(parts, axis=-1)
 
 
+def _iq4xs_parts(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """IQ4_XS blocks [..., 136] -> code-book values [..., 256] and sub-block scales ls - 32 [..., 8], i64."""
+    sh = np.ascontiguousarray(b[..., 2:4]).view(np.uint16)[..., 0].astype(np.int64)
+    sl = b[..., 4:8].astype(np.int64)
+    j = np.arange(8)
+    ls = ((sl[..., j // 2] >> (4 * (j % 2))) & 15) | (((sh[..., None] >> (2 * j)) & 3) << 4)
+    qs = b[..., 8:136].reshape(*b.shape[:-1], 8, 16).astype(np.int64)
+    codes = np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(*b.shape[:-1], 256)
+    return np.asarray(KVALUES_IQ4NL, np.int64)[codes], ls - 32
+
+
 def qdot(raw: np.ndarray, qtype: T | int, xq: np.ndarray) -> np.ndarray:
-    """q8 rows xq [N, .] times the K-quant matrix raw [R, row_bytes]: y [N, R] float32, with the integer
-    sums and the float32 steps of qdot_ir.py in its order."""
+    """q8 rows xq [N, .] times the matrix raw [R, row_bytes] (Q4_K, Q5_K, Q6_K, IQ4_XS): y [N, R] float32,
+    with the integer sums and the float32 steps of qdot_ir.py in its order."""
     qt = T(qtype)
-    size = {T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210}[qt]
+    size = {T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210, T.IQ4_XS: 136}[qt]
     blocks = raw.reshape(raw.shape[0], -1, size)  # [R, B, size]
     dx, sx, cx = _q8_parts(xq)  # [N, B], [N, B, 16], [N, B, 256]
-    codes = _k_codes(blocks, qt)  # [R, B, 256]
+    codes = _iq4xs_parts(blocks)[0] if qt == T.IQ4_XS else _k_codes(blocks, qt)  # [R, B, 256]
     prods = np.einsum(
         "rbjl,nbjl->nrbj", codes.reshape(*codes.shape[:2], -1, 16), cx.reshape(*cx.shape[:2], -1, 16)
     )
+    msum = dmin = None
     if qt == T.Q6_K:
         sc = blocks[..., 192:208].view(np.int8).astype(np.int64)  # [R, B, 16]
         isum = (sc[None] * (prods - 32 * sx[:, None])).sum(axis=3)
-        d, msum, dmin = _f16(blocks, 208), None, None
+        d = _f16(blocks, 208)
+    elif qt == T.IQ4_XS:
+        isum = (np.repeat(_iq4xs_parts(blocks)[1], 2, axis=-1)[None] * prods).sum(axis=3)
+        d = _f16(blocks, 0)
     else:
         sc, mn = _k4_scales(blocks)
         isum = (np.repeat(sc, 2, axis=-1)[None] * prods).sum(axis=3)

@@ -16,7 +16,7 @@ from strata.jit import reference
 from strata.jit.host import detect, with_features
 from strata.jit.kernels import Kernels
 
-TYPES = [T.Q4_K, T.Q5_K, T.Q6_K]
+TYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS]
 # (rows, cols, tokens): ragged row tails (rows % 2), ragged token tails (n % 4), the experts' shapes
 SHAPES = [(1, 256, 1), (7, 512, 3), (37, 1024, 5), (64, 2048, 4), (130, 512, 9)]
 
