@@ -81,7 +81,9 @@ def _box() -> Mailbox:
     return Mailbox.over(buf[off:], ROWS, A, D)
 
 
-@pytest.mark.parametrize("qtypes", [(T.Q4_K, T.Q4_K, T.Q6_K), (T.Q8_0, T.Q8_0, T.Q8_0)])
+@pytest.mark.parametrize(
+    "qtypes", [(T.Q4_K, T.Q4_K, T.Q6_K), (T.IQ4_XS, T.IQ4_XS, T.Q5_K), (T.Q8_0, T.Q8_0, T.Q8_0)], ids=str
+)
 @pytest.mark.parametrize("threads", [1, 3])
 def test_server_answers_the_twins_requests(kernels: Kernels, qtypes, threads: int) -> None:
     raws, ex = _experts(qtypes)
@@ -89,7 +91,8 @@ def test_server_answers_the_twins_requests(kernels: Kernels, qtypes, threads: in
     box = _box()
     srv = CpuShare(kernels, ex, E, box, threads)
     assert srv.int8.all() == (qtypes[0] != T.Q8_0), "the K-quants' products take int8 inputs, Q8_0's floats"
-    assert srv.products == ("float inputs (Q8_0)" if qtypes[0] == T.Q8_0 else "int8 inputs (Q4_K, Q6_K)")
+    names = ", ".join(sorted({q.name for q in qtypes}))
+    assert srv.products == (f"float inputs ({names})" if qtypes[0] == T.Q8_0 else f"int8 inputs ({names})")
     rng = np.random.default_rng(threads)
     ticket = np.zeros(1, np.int64)
     try:
