@@ -129,7 +129,12 @@ class Kernels:
         fn = self.dot_fn(qtype)
         n_rows, row_bytes = raw.shape
         block, size = GGML_QUANT_SIZES[T(qtype)]
-        if fn is None or xq.shape[1] != row_bytes // size * block // qdot_ir.Q8_BLOCK * qdot_ir.Q8_BYTES:
+        cols = row_bytes // size * block
+        if (
+            fn is None
+            or cols % qdot_ir.Q8_BLOCK
+            or xq.shape[1] != cols // qdot_ir.Q8_BLOCK * qdot_ir.Q8_BYTES
+        ):
             raise ValueError(f"no int8 product for {T(qtype).name} on q8 rows {xq.shape}")
         out = np.zeros((xq.shape[0], n_rows), np.float32)
         r0, r1 = rows or (0, n_rows)

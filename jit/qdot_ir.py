@@ -15,11 +15,12 @@ jit/reference.py):
                 acc -= (dmin_w * d_x) * float(sum_j m_j s_j)
     Q6_K: acc += (d_w * d_x) * float(sum_k sc_k (q_k . x_k - 32 s_k))
     IQ4_XS: acc += (d_w * d_x) * float(sum_j (ls_j - 32) (kv[q_j] . x_j))
+    Q8_0: for each of its 8 blocks of 32 in turn, acc += (d_k * d_x) * float(q_k . x_k)
 (j over the 8 sub-blocks of 32, k over the 16 groups of 16; s the input's code sums; kv the IQ4_NL code
 book). The integer sums are exact, so any row split, tile or token count gives the same bits (batch == solo).
 
-Types: Q4_K, Q5_K, Q6_K, IQ4_XS (`TYPES`; the others keep matmul_ir's float kernels). Exported as qdot_<type>,
-with matmul_ir's arguments so a task table can hold either kernel:
+Types: Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0 (`TYPES`, rows of whole 256-blocks; the others keep matmul_ir's float
+kernels). Exported as qdot_<type>, with matmul_ir's arguments so a task table can hold either kernel:
     void qdot(i8* w, i64 row_bytes, i8* xq, i64 ldx_bytes, i64 n_tok, float* y, i64 ldy, i64 r0, i64 r1)
 and q8_quantize(float* x, i64 cols, i64 n_tok, i64 ldx, i8* out, i64 ld_out_bytes).
 """
@@ -234,7 +235,29 @@ class _IQ4XS:
         return b.fadd(acc, b.fmul(b.fmul(d, dx), b.sitofp(_hsum_i(b, isum), F32)))
 
 
-_BLOCKS: dict[T, type[_Q4K] | type[_Q6K] | type[_IQ4XS]] = {
+class _Q80:
+    """Eight Q8_0 blocks (d | qs[32] int8, 34 bytes each) against one q8 block: a float step per 32 values,
+    each block with its own scale."""
+
+    size = 8 * 34
+
+    @staticmethod
+    def prepare(b: ir.IRBuilder, host: Host, w: ir.Value) -> tuple[ir.Value, ...]:
+        f16c = host.has("f16c")
+        return tuple((half(b, w, 34 * k, f16c), load(b, w, 34 * k + 2, vec(I8, 32))) for k in range(8))
+
+    @staticmethod
+    def dot(b: ir.IRBuilder, ops: _Ops, prep: tuple[ir.Value, ...], x: ir.Value, acc: ir.Value) -> ir.Value:
+        dx = b.load(b.bitcast(x, PF32), align=1)
+        ones = cvec(I16, [1] * 16)
+        for k, (d, q) in enumerate(prep):
+            isum = _hsum_i(b, ops.maddwd(ops.maddbs(q, load(b, x, _CODES + 32 * k, vec(I8, 32))), ones))
+            acc = b.fadd(acc, b.fmul(b.fmul(d, dx), b.sitofp(isum, F32)))
+        return acc
+
+
+_BLOCKS: dict[T, type[_Q4K] | type[_Q6K] | type[_IQ4XS] | type[_Q80]] = {
+    T.Q8_0: _Q80,
     T.Q4_K: _Q4K,
     T.Q5_K: _Q5K,
     T.Q6_K: _Q6K,

@@ -107,12 +107,21 @@ def _iq4xs_parts(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def qdot(raw: np.ndarray, qtype: T | int, xq: np.ndarray) -> np.ndarray:
-    """q8 rows xq [N, .] times the matrix raw [R, row_bytes] (Q4_K, Q5_K, Q6_K, IQ4_XS): y [N, R] float32,
-    with the integer sums and the float32 steps of qdot_ir.py in its order."""
+    """q8 rows xq [N, .] times the matrix raw [R, row_bytes] (Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_0): y [N, R]
+    float32, with the integer sums and the float32 steps of qdot_ir.py in its order."""
     qt = T(qtype)
+    dx, sx, cx = _q8_parts(xq)  # [N, B], [N, B, 16], [N, B, 256]
+    if qt == T.Q8_0:  # eight blocks of 32 a q8 block, each its own float step
+        blocks = raw.reshape(raw.shape[0], -1, 8, 34)  # [R, B, 8, 34]
+        d, q = _f16(blocks, 0), blocks[..., 2:].view(np.int8).astype(np.int64)
+        isum = np.einsum("rbkl,nbkl->nrbk", q, cx.reshape(*cx.shape[:2], 8, 32))
+        acc = np.zeros((xq.shape[0], raw.shape[0]), np.float32)
+        for b in range(blocks.shape[1]):
+            for k in range(8):
+                acc = acc + (d[None, :, b, k] * dx[:, b, None]) * isum[:, :, b, k].astype(np.float32)
+        return acc
     size = {T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210, T.IQ4_XS: 136}[qt]
     blocks = raw.reshape(raw.shape[0], -1, size)  # [R, B, size]
-    dx, sx, cx = _q8_parts(xq)  # [N, B], [N, B, 16], [N, B, 256]
     codes = _iq4xs_parts(blocks)[0] if qt == T.IQ4_XS else _k_codes(blocks, qt)  # [R, B, 256]
     prods = np.einsum(
         "rbjl,nbjl->nrbj", codes.reshape(*codes.shape[:2], -1, 16), cx.reshape(*cx.shape[:2], -1, 16)

@@ -16,7 +16,7 @@ from strata.jit import reference
 from strata.jit.host import detect, with_features
 from strata.jit.kernels import Kernels
 
-TYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS]
+TYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS, T.Q8_0]
 # (rows, cols, tokens): ragged row tails (rows % 2), ragged token tails (n % 4), the experts' shapes
 SHAPES = [(1, 256, 1), (7, 512, 3), (37, 1024, 5), (64, 2048, 4), (130, 512, 9)]
 
@@ -81,8 +81,10 @@ def test_plain_ir_gives_the_same_bits(tmp_path) -> None:
 
 
 def test_types_without_an_int8_product_and_bad_inputs_are_refused(kernels: Kernels) -> None:
-    assert kernels.dot_fn(T.Q8_0) is None and kernels.dot_fn(T.F16) is None
+    assert kernels.dot_fn(T.Q4_0) is None and kernels.dot_fn(T.F16) is None
     with pytest.raises(ValueError, match="multiple of 256"):
         kernels.quantize(np.zeros((1, 100), np.float32))
     with pytest.raises(ValueError, match="no int8 product"):
-        kernels.dot(random_blocks(T.Q8_0, 2, 256), T.Q8_0, kernels.quantize(np.zeros((1, 256), np.float32)))
+        kernels.dot(random_blocks(T.Q4_0, 2, 256), T.Q4_0, kernels.quantize(np.zeros((1, 256), np.float32)))
+    with pytest.raises(ValueError, match="no int8 product"):  # rows of whole 256-blocks only
+        kernels.dot(random_blocks(T.Q8_0, 2, 96), T.Q8_0, np.zeros((1, 0), np.uint8))
