@@ -12,8 +12,8 @@ An expert of a decode row is far too small to split across experts alone (a 24 G
 a layer, ~1.8 MB each, in ~150 us), so every matrix is split by rows: gate and up of every CPU expert in one
 round of row-range tasks, silu(g) * u, then down in a second round, over a TaskGroup of spinning helpers
 (tasks.py): two hand-offs a layer. Q4_K, Q5_K, Q6_K, IQ4_XS and Q8_0 products take int8 inputs (qdot_ir.py,
-2-3x the float kernels a row): each round's inputs are first quantized into q8 rows. The low-RAM arena's per-
-expert addresses, and a stand-in for the arithmetic (`compute`), are answered in Python, with numpy steps
+2-3x the float kernels a row): each round's inputs are first quantized into q8 rows. The low-RAM arena's
+per-expert addresses, and a stand-in for the arithmetic (`compute`), are answered in Python, with numpy steps
 between the rounds.
 
 Legend: n = rows (<= 8), A = experts per row, D = hidden, F = expert width, p = CPU pairs, k = their experts.
