@@ -1,7 +1,8 @@
 #!/bin/bash
 # The CPU share of the decode misses on the GPU machine (the device tool's `run`), from the repo root:
 #   perf/run_share.sh [tests] [share] [bench]   (output under ${OUT:-/tmp/out})
-# tests: the share's GPU tests (test_gpu_share.py, and TEST_FILES); share: perf/bench_share.py on the 80B
+# tests: the share's GPU tests (test_gpu_share.py), then TEST_FILES (default: the int8 products against their
+# twins and the share's CPU tests, compiled for the host's own CPU); share: perf/bench_share.py on the 80B
 # shape's real-size experts, then the mailbox round trip of the compiled server (THREADS, default 15);
 # bench: perf/bench_gpu.py at CAP (default 22528 MiB) on the 80B synth file once per --pcie-frac in
 # PCIE_FRACS (default auto,1), then once per value in EFFS with tiers/share.py's CPU_EFFICIENCY (the rate a
@@ -23,7 +24,8 @@ show() { grep -v "^WARNING" | grep -E "strata|tok/s|CPU share|misses|probe|hit r
 case " $STEPS " in *" bench "*) start_synth ;; esac
 case " $STEPS " in *" tests "*)
   (cd /tmp && timeout ${TEST_TIMEOUT:-200} python3 -m pytest -q -rA -p no:cacheprovider -W "ignore:::cupy" \
-    -k "${TEST_K:-not qwen4exp}" $REPO/tests/test_gpu_share.py ${TEST_FILES:-} >"$OUT/tests.log" 2>&1)
+    -k "${TEST_K:-not qwen4exp}" $REPO/tests/test_gpu_share.py \
+    ${TEST_FILES:-$REPO/tests/test_jit_qdot.py $REPO/tests/test_cpu_share.py} >"$OUT/tests.log" 2>&1)
   echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|Error" "$OUT/tests.log" | tail -30 ;; esac
 case " $STEPS " in *" bench "*) wait $SYNTH_PID; tail -1 "$OUT/synth.log" ;; esac
 case " $STEPS " in *" share "*)
