@@ -58,7 +58,7 @@ Q8_BLOCK, Q8_BYTES = 256, 4 + 32 + 256
 _SUMS, _CODES = 4, 36  # byte offsets in a q8 block
 QUANT_ARGS = (PF32, I64, I64, I64, P8, I64)
 QUANTIZE = "q8_quantize"
-LAYOUT = "q8k1"  # part of the disk-cache key: bump when the layout or the order of operations changes
+LAYOUT = "q8k2"  # part of the disk-cache key: bump when the layout or the order of operations changes
 
 
 def _i32(v: int) -> ir.Constant:
@@ -111,6 +111,15 @@ def _hsum_i(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
     return b.extract_element(v, _i32(0))
 
 
+def _scaled_sum(b: ir.IRBuilder, ops: _Ops, pair_sums: list[ir.Value], scales: list[ir.Value]) -> ir.Value:
+    """The sub-blocks' <16 x i16> pair sums times their <16 x i16> scale lanes, summed as one i32."""
+    acc = None
+    for p, sc in zip(pair_sums, scales):
+        s = ops.maddwd(p, sc)
+        acc = s if acc is None else b.add(acc, s)
+    return _hsum_i(b, acc)
+
+
 def _pairs(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
     """<8 x i16> -> <16 x i16>, each lane twice: a sub-block's min for both of its 16-code sums."""
     return b.shuffle_vector(v, v, cvec(I32, [i // 2 for i in range(16)]))
@@ -149,15 +158,11 @@ class _Q4K:
     def dot(b: ir.IRBuilder, ops: _Ops, prep: tuple[ir.Value, ...], x: ir.Value, acc: ir.Value) -> ir.Value:
         d, dmin, sm, codes = prep
         dx = b.load(b.bitcast(x, PF32), align=1)
-        isum = None
-        for j in range(8):
-            s = ops.maddwd(
-                ops.maddubs(codes[j], load(b, x, _CODES + 32 * j, vec(I8, 32))), _bcast(b, sm, j, 16)
-            )
-            isum = s if isum is None else b.add(isum, s)
+        pair_sums = [ops.maddubs(codes[j], load(b, x, _CODES + 32 * j, vec(I8, 32))) for j in range(8)]
+        isum = _scaled_sum(b, ops, pair_sums, [_bcast(b, sm, j, 16) for j in range(8)])
         mins = _pairs(b, lanes(b, sm, 8, 8))
         msum = ops.maddwd(load(b, x, _SUMS, vec(I16, 16)), mins)
-        acc = b.fadd(acc, b.fmul(b.fmul(d, dx), b.sitofp(_hsum_i(b, isum), F32)))
+        acc = b.fadd(acc, b.fmul(b.fmul(d, dx), b.sitofp(isum, F32)))
         return b.fsub(acc, b.fmul(b.fmul(dmin, dx), b.sitofp(_hsum_i(b, msum), F32)))
 
 
@@ -196,13 +201,12 @@ class _Q6K:
     def dot(b: ir.IRBuilder, ops: _Ops, prep: tuple[ir.Value, ...], x: ir.Value, acc: ir.Value) -> ir.Value:
         d, scales, codes = prep
         dx = b.load(b.bitcast(x, PF32), align=1)
-        isum = None
-        for j in range(8):  # sub-block j of 32: groups 2j and 2j + 1
-            sc = b.shuffle_vector(scales, scales, cvec(I32, [2 * j] * 8 + [2 * j + 1] * 8))
-            s = ops.maddwd(ops.maddubs(codes[j], load(b, x, _CODES + 32 * j, vec(I8, 32))), sc)
-            isum = s if isum is None else b.add(isum, s)
+        pair_sums = [ops.maddubs(codes[j], load(b, x, _CODES + 32 * j, vec(I8, 32))) for j in range(8)]
+        # sub-block j's 16 pair sums: 8 of group 2j, then 8 of group 2j + 1
+        picks = [cvec(I32, [2 * j] * 8 + [2 * j + 1] * 8) for j in range(8)]
+        isum = _scaled_sum(b, ops, pair_sums, [b.shuffle_vector(scales, scales, m) for m in picks])
         bias = ops.maddwd(load(b, x, _SUMS, vec(I16, 16)), b.shl(scales, cvec(I16, [5] * 16)))  # 32 s_k sc_k
-        return b.fadd(acc, b.fmul(b.fmul(d, dx), b.sitofp(b.sub(_hsum_i(b, isum), _hsum_i(b, bias)), F32)))
+        return b.fadd(acc, b.fmul(b.fmul(d, dx), b.sitofp(b.sub(isum, _hsum_i(b, bias)), F32)))
 
 
 class _IQ4XS:
@@ -227,12 +231,9 @@ class _IQ4XS:
     def dot(b: ir.IRBuilder, ops: _Ops, prep: tuple[ir.Value, ...], x: ir.Value, acc: ir.Value) -> ir.Value:
         d, scales, values = prep
         dx = b.load(b.bitcast(x, PF32), align=1)
-        isum = None
-        for j in range(8):
-            p = ops.maddbs(values[j], load(b, x, _CODES + 32 * j, vec(I8, 32)))
-            s = ops.maddwd(p, _bcast(b, scales, j, 16))
-            isum = s if isum is None else b.add(isum, s)
-        return b.fadd(acc, b.fmul(b.fmul(d, dx), b.sitofp(_hsum_i(b, isum), F32)))
+        pair_sums = [ops.maddbs(values[j], load(b, x, _CODES + 32 * j, vec(I8, 32))) for j in range(8)]
+        isum = _scaled_sum(b, ops, pair_sums, [_bcast(b, scales, j, 16) for j in range(8)])
+        return b.fadd(acc, b.fmul(b.fmul(d, dx), b.sitofp(isum, F32)))
 
 
 class _Q80:
