@@ -10,8 +10,10 @@ import numpy as np
 from gguf.constants import GGMLQuantizationType as T
 
 from strata.blocks.norms import silu
+from strata.jit.qdot_ir import Q8_BLOCK, Q8_BYTES
 from strata.quants import dequantize
 from strata.quants.iq_tables import KVALUES_IQ4NL
+from strata.quants.kquants import _scale_min_k4
 
 
 def matmul(raw: np.ndarray, qtype: T | int, x: np.ndarray) -> np.ndarray:
@@ -36,11 +38,10 @@ def expert(
 
 
 # ---- the int8-input products (qdot_ir.py): the kernels' own operations, so the twins agree to the bit ----
-Q8_BLOCK, Q8_BYTES = 256, 292
 
 
 def quantize_q8(x: np.ndarray) -> np.ndarray:
-    """x [N, C] (C a multiple of 256) -> q8 rows [N, C / 256 * 292] uint8: per block f32 d = amax / 127,
+    """x [N, C] (C a multiple of 256) -> q8 rows [N, C / 256 * Q8_BYTES] uint8: per block f32 d = amax / 127,
     i16 sums of each 16 codes, i8 codes rint(x * (127 / amax))."""
     n, c = x.shape
     xb = x.astype(np.float32).reshape(n, c // Q8_BLOCK, Q8_BLOCK)
@@ -65,14 +66,6 @@ def _q8_parts(xq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _f16(b: np.ndarray, off: int) -> np.ndarray:
     return np.ascontiguousarray(b[..., off : off + 2]).view(np.float16)[..., 0].astype(np.float32)
-
-
-def _k4_scales(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """get_scale_min_k4 of Q4_K / Q5_K blocks [..., size] -> scales, mins [..., 8] i64."""
-    q = b[..., 4:16].astype(np.int64)
-    sc = np.concatenate([q[..., 0:4] & 63, (q[..., 8:12] & 15) | ((q[..., 0:4] >> 6) << 4)], axis=-1)
-    mn = np.concatenate([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | ((q[..., 4:8] >> 6) << 4)], axis=-1)
-    return sc, mn
 
 
 def _k_codes(b: np.ndarray, qtype: T) -> np.ndarray:
@@ -135,7 +128,8 @@ def qdot(raw: np.ndarray, qtype: T | int, xq: np.ndarray) -> np.ndarray:
         isum = (np.repeat(_iq4xs_parts(blocks)[1], 2, axis=-1)[None] * prods).sum(axis=3)
         d = _f16(blocks, 0)
     else:
-        sc, mn = _k4_scales(blocks)
+        sm = _scale_min_k4(blocks.reshape(-1, size)).astype(np.int64).reshape(*blocks.shape[:2], 2, 8)
+        sc, mn = sm[..., 0, :], sm[..., 1, :]  # [R, B, 8]: the dequantizer's own unpacking
         isum = (np.repeat(sc, 2, axis=-1)[None] * prods).sum(axis=3)
         msum = (np.repeat(mn, 2, axis=-1)[None] * sx[:, None]).sum(axis=3)
         d, dmin = _f16(blocks, 0), _f16(blocks, 2)

@@ -10,7 +10,7 @@ H200 host the share did not pay at batch 1 while this part was 86-108 us (perf/R
 `--shape 80b` times one-row requests on experts of the 80B shape instead (2048 x 512, Q4_K, 512 a layer, read
 cold as decode reads them), K experts a request, and fits the fixed cost a request and the rate.
 
-`--products int8,float` runs each case with the K-quants' int8-input products (qdot_ir.py, the share's own)
+`--products int8,float` runs each case with the int8-input products (qdot_ir.py, the share's own)
 and with the float kernels alone (the share before them), one after the other in the same run. On this
 project's 2-core AVX2 machine (2026-12-05, `--shape 80b --threads 2`): float 83.0 us a request + 395 us an
 expert (4.5 GB/s), int8 68.2 + 158 (11.2 GB/s).
