@@ -1,6 +1,6 @@
 """Issue 13, item 1 and 5: the scheduler loop survives errors in one request, the watchdog sees a
 stalled loop, and the queue limit counts only requests without a slot. On fabricated model
-outputs (test_scheduler's fakes): no model, no HTTP."""
+outputs (tests/sched_fakes.py): no model, no HTTP."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 from llguidance import LLMatcher
-from test_scheduler import PROMPTS, FakeEngine, drain, make, run, solo
+from sched_fakes import PROMPTS, FakeEngine, drain, make, run, solo
 
 from strata.constraints.schema import Grammar, grammar_text
 from strata.constraints.vocab import byte_vocab

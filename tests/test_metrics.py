@@ -1,4 +1,4 @@
-"""/metrics as Prometheus reads it, on the scheduler's fabricated model (test_scheduler's fakes): the output
+"""/metrics as Prometheus reads it, on the scheduler's fabricated model (tests/sched_fakes.py): the output
 parses with prometheus-client's own parser, the histograms count what the requests did, the counters are the
 requests' own numbers, and two schedulers in one process keep apart registries."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from prometheus_client.parser import text_string_to_metric_families
-from test_scheduler import PROMPTS, FakeEngine, drain, make, run, solo
+from sched_fakes import PROMPTS, FakeEngine, drain, make, run, solo
 
 from strata.sched.request import DoneEvent, ErrorEvent
 from strata.sched.scheduler import Scheduler
