@@ -48,13 +48,7 @@ from strata.sched.faults import FaultHook
 from strata.sched.metrics import Metrics
 from strata.sched.pacer import PrefillPacer
 from strata.sched.prefix_cache import PrefixCache
-from strata.sched.request import (
-    DoneEvent,
-    ErrorEvent,
-    Request,
-    RequestState,
-    TokenEvent,
-)
+from strata.sched.request import DoneEvent, ErrorEvent, Request, RequestState, TokenEvent
 from strata.sched.slots import Counters, QueueFullError, Slot
 from strata.sched.snapshots import Snapshots
 from strata.tiers.telemetry import hit_rate_line, note
@@ -101,14 +95,11 @@ class Scheduler:
         # the model's own pipeline (the GPU's draws inside the decode graph) or the host's, for any model
         make = getattr(engine.model, "decode_ahead", None)
         self._ahead: Ahead = (make() if make is not None else None) or HostAhead(engine.model, parallel)
-        self.decode_ahead = (
-            decode_ahead  # False: every window waits for the host's work on the last (--decode-ahead off)
-        )
+        # False: every window waits for the host's work on the last (--decode-ahead off)
+        self.decode_ahead = decode_ahead
         self._live: list[Slot] | None = None  # the slots of the pipeline's launch in flight
         self._reset_due = False  # a failed window left the pipeline with launches to drop
-        self._decode_mark: float | None = (
-            None  # when the last decode-only window's tokens came (pacer cadence)
-        )
+        self._decode_mark: float | None = None  # when the last decode-only window's tokens came (pacer)
 
     # ---- public, on the loop ----------------------------------------------------------------
     def start(self) -> None:
