@@ -26,11 +26,11 @@ import gguf
 import numpy as np
 import pytest
 from gguf.constants import GGMLQuantizationType as Q
+from gpu_fixtures import FIXTURES, f32_copy, fixture
 from test_gpu_kernels import weights
 
 from strata.gguf import GGUFFile
 from strata.models import model_class
-from strata.quants import dequantize
 from strata.runtime.weights import WeightStore
 from strata.synth.shapes import SHAPES
 from strata.synth.writer import write_synth
@@ -240,7 +240,7 @@ def tiny_file(tmp_path: Path, arch: str) -> Path:
     """The tiny Q4_K file of a MoE architecture: qwen3moe, or qwen3next through the synth writer; for qwen4exp
     the Q8_0 copy of its oracle fixture (hyper-connections, QSA and PLE need the converter's tensors)."""
     if arch == "qwen4exp":
-        return _fixture("qwen4exp")
+        return fixture("qwen4exp")
     if arch == "qwen3moe":
         return write_tiny(tmp_path / "tiny.gguf", "qwen3moe", "q4_k_m")
     return write_next(tmp_path, "tiny", Q.Q4_K)
@@ -262,7 +262,7 @@ def test_qwen4exp_matches_cpu(chunk, q8):
     """Hyper-connection streams, QSA (41 tokens: 10 blocks of 4, 4 kept per query) and the PLE conv across
     chunk boundaries (chunks of 5 end inside a QSA block and inside the conv window), then graph decode.
     Chunks of 5 are gemv passes, whose int8 inputs the plain CPU prompt would not match: fp32 there."""
-    _compare(*_models(_fixture("qwen4exp"), chunk=chunk, q8=q8), q8, f"qwen4exp chunk {chunk}")
+    _compare(*_models(fixture("qwen4exp"), chunk=chunk, q8=q8), q8, f"qwen4exp chunk {chunk}")
 
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next", "qwen4exp"])
@@ -297,7 +297,7 @@ def test_graph_replay_equals_eager_and_batch_equals_solo(tmp_path, arch):
 @pytest.mark.parametrize("arch", ["llama", "qwen3next", "qwen4exp"])
 def test_mixed_window_and_checkpoint(tmp_path, arch):
     if arch == "qwen4exp":
-        path = _fixture("qwen4exp")
+        path = fixture("qwen4exp")
     elif arch == "llama":
         path = write_tiny(tmp_path / "m.gguf", "llama", "q8_0")
     else:
@@ -371,69 +371,6 @@ def test_decode_pipeline_equals_plain_windows(tmp_path, arch):
     pipelined_equals_plain(gpu, prompts, draws, 300)  # the KV grows past its first capacity (256) on the way
 
 
-FIXTURES = {
-    "qwen3moe": "tiny_qwen3moe/tiny-q8_0.gguf",
-    "qwen3next": "tiny_qwen3next/strata-tiny-qwen3next-q8_0.gguf",
-    "qwen4exp": "tiny_qwen4exp/strata-tiny-qwen4exp-q8_0.gguf",  # q8_copy of the F32 oracle fixture
-}
-QWEN4EXP_F32 = "tiny_qwen4exp/strata-tiny-qwen4exp-f32.gguf"
-
-
-def _fixture(arch: str = "qwen3moe") -> Path:
-    root = Path(os.environ.get("STRATA_FIXTURES", Path.home() / ".cache/strata/fixtures"))
-    path = root / FIXTURES[arch]
-    if not path.exists() and arch == "qwen4exp" and (root / QWEN4EXP_F32).exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        q8_copy(root / QWEN4EXP_F32, path)
-    if not path.exists():
-        pytest.skip(f"{path} not found (build the oracle fixtures, or carry it to the GPU machine)")
-    return path
-
-
-def _copy_fields(r: gguf.GGUFReader, w: gguf.GGUFWriter) -> None:
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue
-        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(f.name, f.contents(), f.types[0], sub_type=sub)
-
-
-def q8_copy(src: Path, dst: Path) -> Path:
-    """The F32 qwen4exp oracle fixture as the converter's Q8_0 would write it: every matrix whose rows are
-    whole 32-value blocks in Q8_0 (gguf's own quantizer), the rest (norms, conv kernels, the mixers' rank-16
-    up matrices, the PLE table's rows of 16) kept F32. Written once: a fixture the GPU machine is given."""
-    r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), str(r.fields["general.architecture"].contents()))
-    _copy_fields(r, w)
-    for t in r.tensors:
-        shape = tuple(int(v) for v in reversed(t.shape))
-        data = dequantize(np.asarray(t.data), t.tensor_type).reshape(shape).astype(np.float32)
-        if len(shape) > 1 and shape[-1] % 32 == 0 and "per_layer_token_embd" not in t.name:
-            w.add_tensor(t.name, gguf.quants.quantize(data, Q.Q8_0), raw_dtype=Q.Q8_0)
-        else:
-            w.add_tensor(t.name, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
-
-
-def _f32_copy(src: Path, dst: Path) -> Path:
-    """The same model with every tensor dequantized to F32 (metadata and tokenizer copied)."""
-    r = gguf.GGUFReader(str(src))
-    w = gguf.GGUFWriter(str(dst), str(r.fields["general.architecture"].contents()))
-    _copy_fields(r, w)
-    for t in r.tensors:
-        shape = tuple(int(v) for v in reversed(t.shape))
-        w.add_tensor(t.name, dequantize(np.asarray(t.data), t.tensor_type).reshape(shape).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
-
-
 @pytest.mark.parametrize("kind", ["q8_0", "f32", "q8_0-int8-kv"])
 @pytest.mark.parametrize("arch", list(FIXTURES))
 def test_oracle_fixture_engine_matches_cpu(tmp_path, arch, kind):
@@ -446,9 +383,7 @@ def test_oracle_fixture_engine_matches_cpu(tmp_path, arch, kind):
     from strata.engine import Engine
     from strata.sampling.params import SamplingParams
 
-    path = (
-        _fixture(arch) if kind.startswith("q8_0") else _f32_copy(_fixture(arch), tmp_path / "tiny-f32.gguf")
-    )
+    path = fixture(arch) if kind.startswith("q8_0") else f32_copy(fixture(arch), tmp_path / "tiny-f32.gguf")
     kv = "int8" if kind.endswith("int8-kv") else "auto"
     gpu, cpu = Engine.load(path, device="cuda", kv_type=kv), Engine.load(path, device="cpu", kv_type=kv)
     assert type(gpu.model).__name__ == "GpuModel" and type(cpu.model).__name__ != "GpuModel"
@@ -503,11 +438,11 @@ def test_budget_too_small_fails_with_a_plan():
     from strata.errors import ConfigError
 
     with pytest.raises(ConfigError) as err:
-        Engine.load(_fixture(), device="cuda", vram_budget_mib=8)
+        Engine.load(fixture(), device="cuda", vram_budget_mib=8)
     msg = str(err.value)
     print(f"\n{msg}")
     assert msg.startswith("vram_budget_mib=8") and "dense part does not fit" in msg and "KV cache" in msg
-    Engine.load(_fixture(), device="cuda", vram_budget_mib=2048)
+    Engine.load(fixture(), device="cuda", vram_budget_mib=2048)
 
 
 def test_synth_tiny_matches_cpu(tmp_path):

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import fake_cupy
 import numpy as np
-from test_gpu_model import _fixture
+from gpu_fixtures import fixture
 
 from strata.blocks.ple import embeddings, ple_rows
 from strata.gguf import GGUFFile
@@ -23,7 +23,7 @@ def test_uploaded_rows_decode_to_the_hosts_embeddings(monkeypatch) -> None:
 
     cp = fake_cupy.install(monkeypatch)
     monkeypatch.setattr(q4, "cupy_module", lambda: cp)
-    g = GGUFFile(_fixture("qwen4exp"))
+    g = GGUFFile(fixture("qwen4exp"))
     cpu = model_class(g)(g, WeightStore(g, 1 << 30))
     pd = q4.hc_dims(cpu, 256).ple
     assert pd is not None and pd.qtype is not None, "the fixture's table is a type the GPU decodes"

@@ -230,7 +230,7 @@ def tiny_qwen3next() -> dict[str, Path]:
         _randomize(model, ("layernorm.weight", "q_norm.weight", "k_norm.weight", "model.norm.weight"))
         # The tiny checkpoint has no MTP block; --no-mtp stops the converter from looking for one.
         _build(tmp, model, "strata-tiny-qwen3next", config, ("--no-mtp",))
-        # the converter's q8_0 as well: small enough to carry to the GPU machine (tests/test_gpu_model.py)
+        # the converter's q8_0 as well: small enough to carry to the GPU machine (tests/gpu_fixtures.py)
         _convert(
             tmp / "hf",
             tmp / "strata-tiny-qwen3next-q8_0.gguf",
