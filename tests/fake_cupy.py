@@ -82,6 +82,7 @@ def module() -> types.ModuleType:
 def install(monkeypatch: Any) -> types.ModuleType:
     """Point strata.gpu's cupy access (and `import cupyx`) at the stand-in for one test."""
     import strata.gpu.kv as kv
+    import strata.gpu.pinned as pinned
     import strata.gpu.runtime as runtime
 
     cp = module()
@@ -90,4 +91,13 @@ def install(monkeypatch: Any) -> types.ModuleType:
     monkeypatch.setitem(sys.modules, "cupyx", cupyx)
     monkeypatch.setattr(runtime, "cupy_module", lambda: cp)
     monkeypatch.setattr(kv, "cupy_module", lambda: cp)
+    # snapshots from a pool of this test's own host blocks (the real one asks cupy to pin them)
+    pool = pinned.PinnedPool(_host_block)
+    monkeypatch.setattr(pinned, "snapshot_pool", lambda: pool)
+    monkeypatch.setattr(kv, "snapshot_pool", lambda: pool)
     return cp
+
+
+def _host_block(n: int) -> tuple[np.ndarray, int]:
+    b = np.zeros(n, np.uint8)
+    return b, b.ctypes.data

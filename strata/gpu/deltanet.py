@@ -19,7 +19,8 @@ from strata.blocks.linear_attn import DeltaNetParams, HeadOrder
 from strata.errors import ConfigError
 from strata.gguf.names import T, tensor
 from strata.gpu.kernels import deltanet as dk
-from strata.gpu.runtime import cupy_module, ptr, to_pinned
+from strata.gpu.pinned import to_pinned
+from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.weights import DevMatrix, GpuWeights
 from strata.tiers.budget import Ledger
 

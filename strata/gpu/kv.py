@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from strata.gpu.runtime import cupy_module, to_pinned
+from strata.gpu.pinned import snapshot_pool, to_pinned
+from strata.gpu.runtime import cupy_module
 from strata.runtime.kvcache import KVCache, KVType, dequantize_rows, group_of
 from strata.tiers.budget import Ledger
 from strata.tiers.kvwindow import KVWindow
@@ -309,9 +310,7 @@ class GpuKV:
         b, rows = self.base, self.length - self.base
         if not b:
             return to_pinned(dev[:, :, : self.length])
-        import cupyx
-
-        out = cupyx.empty_pinned((*dev.shape[:2], self.length, dev.shape[3]), dev.dtype)
+        out = snapshot_pool().empty((*dev.shape[:2], self.length, dev.shape[3]), dev.dtype)
         cupy_module().cuda.get_current_stream().synchronize()  # the host cells' copies in flight
         out[:, :, :b] = self.host_cells[name][:, :, :b]
         if rows:

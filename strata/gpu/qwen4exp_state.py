@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from strata.gpu.runtime import cupy_module, to_pinned
+from strata.gpu.pinned import to_pinned
+from strata.gpu.runtime import cupy_module
 from strata.tiers.budget import Ledger
 
 

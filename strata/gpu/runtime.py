@@ -94,17 +94,6 @@ def side_branch() -> SideBranch:
 HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE = 1, 2, 3  # cudaMemcpyKind, for cudaMemcpyAsync
 
 
-def to_pinned(a: Any) -> np.ndarray:
-    """A device array's copy in page-locked host memory (cupy's pinned pool, which keeps what is freed for the
-    next copy): its DMA runs at PCIe speed where the driver stages a pageable copy at ~3 GB/s. For the prefix
-    cache's snapshots, whose copy time a repeated prompt or the next turn waits on."""
-    import cupyx
-
-    out = cupyx.empty_pinned(a.shape, a.dtype)
-    a.get(out=out)
-    return out
-
-
 def launch(fn: Any, grid: tuple[int, ...], block: int, args: tuple[Any, ...], smem: int = 0) -> None:
     """Launch on the current stream, raising the kernel's dynamic shared-memory cap when needed."""
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
