@@ -116,3 +116,22 @@ def test_counts_stay_exact_under_threads():
     assert pool.allocs < sum(len(p) for p in plans) / 2  # most snapshots reuse a freed block
     pool.empty((1,), np.uint8)  # drops what went over the cap
     assert drv.alive_bytes() <= pool.cap + size_class(1)  # what the driver still holds: the freed, capped
+
+
+@pytest.mark.gpu
+def test_snapshots_land_in_page_locked_blocks_that_come_back():
+    import cupy as cp
+
+    from strata.gpu.pinned import snapshot_pool, to_pinned
+
+    pool = snapshot_pool()
+    dev = cp.arange(3 * 1000 * 64, dtype=cp.float32).reshape(3, 1000, 64)
+    host = to_pinned(dev[:, :900])
+    assert np.array_equal(host, dev[:, :900].get())
+    attrs = cp.cuda.runtime.pointerGetAttributes(host.ctypes.data)
+    assert attrs.type == cp.cuda.runtime.memoryTypeHost  # page-locked: the copy ran as DMA
+    addr, allocs = host.ctypes.data, pool.allocs
+    del host
+    gc.collect()
+    again = to_pinned(dev[:, :950])  # a few more cells: the freed block again, no new pinning
+    assert again.ctypes.data == addr and pool.allocs == allocs
