@@ -82,7 +82,8 @@ class PinnedPool:
                 with self._lock:
                     self.held_bytes -= size
                 raise
-            self.allocs += 1
+            with self._lock:  # other threads allocate too
+                self.allocs += 1
         lease = _Lease(block, block[1], tuple(int(v) for v in shape), dtype)
         weakref.finalize(lease, self._give_back, block, size)
         return np.asarray(lease)
