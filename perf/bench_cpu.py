@@ -14,10 +14,8 @@ The table and the --json file are in `strata bench`'s shape (strata.bench.report
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from strata.bench import peer
 from strata.bench.report import engine_result, engine_tables, run_meta, write_json
 from strata.console.logs import configure_logging
 
@@ -58,30 +57,9 @@ def strata_speed(model: Path, n_prompt: int, n_gen: int, reps: int, **options: o
 def llama_speed(
     bench: Path, model: Path, threads: int, n_prompt: int, n_gen: int, reps: int
 ) -> tuple[float, float]:
-    out = subprocess.run(
-        [
-            str(bench),
-            "-m",
-            str(model),
-            "-t",
-            str(threads),
-            "-p",
-            str(n_prompt),
-            "-n",
-            str(n_gen),
-            "-r",
-            str(reps),
-            "-o",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    rows = json.loads(out.stdout)
-    pp = next(r["avg_ts"] for r in rows if r["n_prompt"] == n_prompt and r["n_gen"] == 0)
-    tg = next(r["avg_ts"] for r in rows if r["n_gen"] == n_gen and r["n_prompt"] == 0)
-    return float(pp), float(tg)
+    flags = ["-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen), "-r", str(reps)]
+    speeds = peer.bench_speeds(bench, model, flags)
+    return speeds[f"pp{n_prompt}"], speeds[f"tg{n_gen}_b1"]
 
 
 def bench_moe(root: Path) -> Path:

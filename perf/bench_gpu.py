@@ -18,13 +18,13 @@ import argparse
 import dataclasses
 import json
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from strata.bench import peer
 from strata.bench.gpu_profile import Profile, graph_profile
 from strata.bench.report import args_config, engine_result, engine_tables, run_meta, write_json
 from strata.console.logs import configure_logging
@@ -49,12 +49,8 @@ def step_bytes(gpu: Any, b: int) -> float:
     d = gpu.dims
     total = gpu.head.data.nbytes + b * gpu.embd.row_bytes
     for L in gpu.layers:
-        dense = [
-            *L.qkv,
-            L.o,
-            L.attn_gate,
-            L.router,
-        ]  # Qwen3-Next: a DeltaNet layer's projections, the shared expert
+        # Qwen3-Next: a DeltaNet layer's projections, the shared expert
+        dense = [*L.qkv, L.o, L.attn_gate, L.router]
         dense += [*L.dn.proj, L.dn.out] if L.dn is not None else []
         dense += [*L.shared.gate_up, L.shared.down, L.shared.gate_inp] if L.shared is not None else []
         total += sum(m.data.nbytes for m in dense if m is not None)
@@ -349,57 +345,9 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
 
 def llama(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     bin_ = Path(a.llama_bin)
-    res: dict[str, Any] = {}
-    out = subprocess.run(
-        [
-            str(bin_ / "llama-bench"),
-            "-m",
-            str(path),
-            "-ngl",
-            "99",
-            "-p",
-            ",".join(map(str, a.prompts)),
-            "-n",
-            str(a.gen),
-            "-r",
-            "3",
-            "-o",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    for r in json.loads(out.stdout):
-        key = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}_b1"
-        res[key] = float(r["avg_ts"])
-        res["flash_attn"] = r.get("flash_attn")
-    out = subprocess.run(
-        [
-            str(bin_ / "llama-batched-bench"),
-            "-m",
-            str(path),
-            "-ngl",
-            "99",
-            "-c",
-            "4096",
-            "-npp",
-            "128",
-            "-ntg",
-            str(a.gen),
-            "-npl",
-            ",".join(map(str, a.batches)),
-            "--output-format",
-            "jsonl",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    for line in (out.stdout + out.stderr).splitlines():
-        if line.startswith('{"n_kv_max"'):
-            r = json.loads(line)
-            res[f"batched_tg{r['tg']}_b{r['pl']}"] = float(r["speed_tg"])
+    flags = ["-ngl", "99", "-p", ",".join(map(str, a.prompts)), "-n", str(a.gen), "-r", "3"]
+    res: dict[str, Any] = peer.bench_speeds(bin_ / "llama-bench", path, flags)
+    res.update(peer.batched_speeds(bin_ / "llama-batched-bench", path, a.gen, a.batches, ["-ngl", "99"]))
     return res
 
 

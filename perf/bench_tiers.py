@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from strata.bench import peer
 from strata.bench.report import args_config, engine_result, engine_tables, run_meta, write_json
 
 HERE = Path(__file__).resolve().parent
@@ -106,38 +107,17 @@ def llama_at(
     sweep = LLAMA_QUICK if a.llama_quick else [(f, "both") for f in LLAMA_FLAGS]
     for n in (fit, min(n_layer, fit + 2)):
         for flags, part in sweep:
-            cmd = [
-                str(Path(a.llama_bin) / "llama-bench"),
-                "-m",
-                str(a.model),
-                "-ngl",
-                "99",
-                "-ncmoe",
-                str(n),
-                "-p",
-                ",".join(map(str, a.prompts)) if part != "decode" else "0",
-                "-n",
-                str(a.gen) if part != "prefill" else "0",
-                "-r",
-                "2",
-                "-o",
-                "json",
-                *flags,
-            ]
-            run = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            if run.returncode != 0:  # out of memory at this cap (or a file it cannot read): not a candidate
-                tail = " | ".join(run.stderr.strip().splitlines()[-3:])
-                print(f"llama.cpp -ncmoe {n} {' '.join(flags)}: exit {run.returncode}: {tail}", flush=True)
+            flags_ = ["-ngl", "99", "-ncmoe", str(n), "-r", "2", *flags]
+            flags_ += ["-p", ",".join(map(str, a.prompts)) if part != "decode" else "0"]
+            flags_ += ["-n", str(a.gen) if part != "prefill" else "0"]
+            try:
+                speeds = peer.bench_speeds(Path(a.llama_bin) / "llama-bench", a.model, flags_)
+            except peer.PeerError as e:  # out of memory at this cap, or a file it cannot read: no candidate
+                print(f"llama.cpp -ncmoe {n} {' '.join(flags)}: {e}", flush=True)
                 continue
-            for r in json.loads(run.stdout):
-                if r["n_prompt"] == 0 and r["n_gen"] == 0:
-                    continue
-                key = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}_b1"
-                if float(r["avg_ts"]) > best.get(key, 0.0):
-                    best[key], best[key + "_flags"] = (
-                        float(r["avg_ts"]),
-                        f"-ncmoe {n} {' '.join(flags)}".strip(),
-                    )
+            for key, tok_s in speeds.items():
+                if tok_s > best.get(key, 0.0):
+                    best[key], best[key + "_flags"] = tok_s, f"-ncmoe {n} {' '.join(flags)}".strip()
     return best
 
 
