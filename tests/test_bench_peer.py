@@ -1,6 +1,6 @@
-"""strata.bench.peer reads llama.cpp's bench output into the benches' speed keys: on stand-in tools that print
-what llama-bench and llama-batched-bench print (their JSON fields as the sdist's tools/ write them), and on the
-real llama-bench when the peer is built (../shared/peer/build-cpu.sh)."""
+"""strata.bench.peer reads llama.cpp's bench output into the benches' speed keys: on stand-in tools that
+print what llama-bench and llama-batched-bench print (their JSON fields as the sdist's tools/ write them), and
+on the real llama-bench when the peer is built (../shared/peer/build-cpu.sh)."""
 
 from __future__ import annotations
 

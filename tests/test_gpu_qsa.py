@@ -16,6 +16,7 @@ import pytest
 from strata.blocks.rope import Rope, RopeStyle
 from strata.gpu.kernels import attention, rows
 from strata.gpu.kernels import qsa as qk
+from strata.gpu.kernels import qsa_select as qsel
 from strata.runtime.kvcache import group_of, quantize_rows
 
 pytestmark = pytest.mark.gpu
@@ -147,7 +148,7 @@ def _check_selection(scores, sel, nsel, q, states, runs, stride, max_blocks, rat
         blocks, _ = qk.record_views(states[i][stride:], max_blocks, ratio, d)
         mine = slice(r0, r0 + pos.size)
         complete = (pos + 1) // ratio
-        want = qk.ref_qsa_scores(q[mine], blocks[: complete.max()])
+        want = qsel.ref_qsa_scores(q[mine], blocks[: complete.max()])
         for r, c in enumerate(complete):
             got = scores[r0 + r, :c]
             if integer:  # exact sums of small integers, one correctly rounded division
@@ -155,11 +156,11 @@ def _check_selection(scores, sel, nsel, q, states, runs, stride, max_blocks, rat
             else:
                 err = np.abs(got - want[r, :c])
                 assert err.max(initial=0) <= 1e-5 * max(1.0, want[r, :c].max(initial=0)), f"row {r0 + r}"
-            ws, wn = qk.ref_qsa_pick(got[None], complete[r : r + 1], top)
+            ws, wn = qsel.ref_qsa_pick(got[None], complete[r : r + 1], top)
             np.testing.assert_array_equal(sel[r0 + r], ws[0], err_msg=f"row {r0 + r}: {c} blocks")
             assert nsel[r0 + r] == wn[0]
         if integer:
-            ws, wn = qk.ref_qsa_select(q[mine], blocks[: complete.max()], pos, ratio, top)
+            ws, wn = qsel.ref_qsa_select(q[mine], blocks[: complete.max()], pos, ratio, top)
             np.testing.assert_array_equal(sel[mine], ws)
             np.testing.assert_array_equal(nsel[mine], wn)
         r0 += pos.size
@@ -186,7 +187,7 @@ def test_tiled_scores_short_rows(cp, ops, d):
                         scratch, 340 // ratio)  # fmt: skip
     assert ld == 88
     last = scratch.get().reshape(-1)[:ld]  # the last launch's one row: position 8, two complete blocks
-    want = qk.ref_qsa_scores(q[-1:], qk.record_views(states[1], max_blocks, ratio, d)[0][:2])
+    want = qsel.ref_qsa_scores(q[-1:], qk.record_views(states[1], max_blocks, ratio, d)[0][:2])
     np.testing.assert_allclose(last[:2], want[0], rtol=1e-5, atol=1e-5)
     r0, sel, nsel = 0, sel.get(), nsel.get()
     for i, pos in enumerate(runs):
@@ -194,8 +195,8 @@ def test_tiled_scores_short_rows(cp, ops, d):
         complete = (pos + 1) // ratio
         mine = slice(r0, r0 + pos.size)
         blocks = blocks[: max(complete.max(), 1)]
-        ws, wn = qk.ref_qsa_select(q[mine], blocks, pos, ratio, top)
-        scores = qk.ref_qsa_scores(q[mine], blocks)
+        ws, wn = qsel.ref_qsa_select(q[mine], blocks, pos, ratio, top)
+        scores = qsel.ref_qsa_scores(q[mine], blocks)
         scores[np.arange(len(blocks))[None] >= complete[:, None]] = -np.inf
         near = np.sort(scores, axis=1)
         for r in range(pos.size):  # a row whose k-th and k+1-th scores nearly tie may pick either
@@ -249,7 +250,9 @@ def test_attention_over_selected_blocks(cp, ops, hd, q8, split):
         kvs.append((k, v))
         tab_rows += [_row(int(p), 0, cells) for p in pos]
         complete = (pos + 1) // ratio
-        sels.append(qk.ref_qsa_pick(rng.random((pos.size, complete.max())).astype(np.float32), complete, top))
+        sels.append(
+            qsel.ref_qsa_pick(rng.random((pos.size, complete.max())).astype(np.float32), complete, top)
+        )
     n = len(tab_rows)
     tab = cp.asarray(np.array(tab_rows, np.int64))
     sel = np.concatenate([s for s, _ in sels])

@@ -14,6 +14,7 @@ from strata.blocks.rope import Rope, RopeStyle
 from strata.gguf.names import X, tensor
 from strata.gpu.kernels import attention
 from strata.gpu.kernels import qsa as qk
+from strata.gpu.kernels import qsa_select as qsel
 
 LAYER, D_MODEL, EPS = 3, 32, 1e-6
 H, KV, HD = 4, 2, 16  # the attention that the selection restricts
@@ -92,12 +93,14 @@ def test_twins_compose_to_qsa_select_and_attend_masked(chunks, ratio, top, hi, d
         n_blocks = s // ratio
         np.testing.assert_array_equal(blocks[:n_blocks], st.blocks)
         np.testing.assert_array_equal(ring[np.arange(n_blocks * ratio, s) % ratio], st.tail)
-        sel, nsel = qk.ref_qsa_select(q, blocks[:n_blocks], pos, ratio, top)
+        sel, nsel = qsel.ref_qsa_select(q, blocks[:n_blocks], pos, ratio, top)
         np.testing.assert_array_equal(
             qk.ref_qsa_mask(sel, nsel, pos, ratio, s), mask, err_msg=f"rows {n_past}.."
         )
         if ties:
-            ties_bit |= _earliest_ties(qk.ref_qsa_scores(q, blocks[:n_blocks]), sel, nsel, (pos + 1) // ratio)
+            ties_bit |= _earliest_ties(
+                qsel.ref_qsa_scores(q, blocks[:n_blocks]), sel, nsel, (pos + 1) // ratio
+            )
         budget_bit |= bool((nsel < (pos + 1) // ratio).any())
         got = qk.ref_qsa_attend(qa[n_past:s], k[:s], v[:s], pos, sel, nsel, ratio, scale)
         cells = attention.ref_cells(k[:s], False), attention.ref_cells(v[:s], False)
@@ -115,7 +118,7 @@ def test_pick_keeps_the_best_and_the_earliest_ties():
     scores[3] = 0.0
     complete = rng.integers(0, 61, 40)
     for top in (1, 7, 60):
-        sel, nsel = qk.ref_qsa_pick(scores, complete, top)
+        sel, nsel = qsel.ref_qsa_pick(scores, complete, top)
         for r in range(40):
             keep = sorted(range(complete[r]), key=lambda b, r=r: (-scores[r, b], b))[:top]
             assert nsel[r] == len(keep)

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from strata.gpu.kernels import attention, hyper, qsa
+from strata.gpu.kernels import qsa_select as qsel
 from strata.gpu.runtime import NULL, dev_ptr, f32, i32, i64, launch
 from strata.gpu.weights import DevMatrix
 
@@ -284,11 +285,11 @@ class Qwen4ExpOps:
         the score rows' stride: the scratch holds the last rows' scores afterwards, a row each."""
         rows_, max_blocks = scratch.shape
         ld, per, tiled = max_blocks, rows_, False
-        if blocks_seen is not None and n >= qsa.SCORE_TILE_ROWS and qsa.tiles_dim(d):
+        if blocks_seen is not None and n >= qsel.SCORE_TILE_ROWS and qsel.tiles_dim(d):
             ld = min(max_blocks, -(-max(blocks_seen, 1) // 4) * 4)
             fit = scratch.size // ld  # rows of scores at once; a row tile's multiple unless all of them
-            per = n if n <= fit else fit // qsa.SCORE_TILE_ROWS * qsa.SCORE_TILE_ROWS
-            tiled = per >= qsa.SCORE_TILE_ROWS
+            per = n if n <= fit else fit // qsel.SCORE_TILE_ROWS * qsel.SCORE_TILE_ROWS
+            tiled = per >= qsel.SCORE_TILE_ROWS
             if not tiled:
                 ld, per = max_blocks, rows_
         for r0 in range(0, n, per):
@@ -296,16 +297,16 @@ class Qwen4ExpOps:
             head = (dev_ptr(q), i32(hi), dev_ptr(tab), i32(tab_stride), i32(r0))
             tail = (i32(j), i32(stride), i32(ratio), f32(np.sqrt(d)), scratch, i32(ld))
             if tiled:
-                grid = (-(-ld // qsa.SCORE_TILE_KEYS), -(-m // qsa.SCORE_TILE_ROWS))
-                launch(self.qsa[qsa.tiled_score_name(d)], grid, 256, (*head, i32(m), *tail))
+                grid = (-(-ld // qsel.SCORE_TILE_KEYS), -(-m // qsel.SCORE_TILE_ROWS))
+                launch(self.qsa[qsel.tiled_score_name(d)], grid, 256, (*head, i32(m), *tail))
             else:
-                tiles = -(-max_blocks // qsa.SCORE_KT)
-                grid = (min(tiles, -(-qsa.SCORE_BLOCKS // m)), m)
-                launch(self.qsa[qsa.score_name(d)], grid, 256, (*head, *tail), smem=qsa.score_smem(hi, d))
+                tiles = -(-max_blocks // qsel.SCORE_KT)
+                grid = (min(tiles, -(-qsel.SCORE_BLOCKS // m)), m)
+                launch(self.qsa[qsel.score_name(d)], grid, 256, (*head, *tail), smem=qsel.score_smem(hi, d))
             launch(
                 self.qsa["qsa_pick"],
                 (m,),
-                qsa.PICK_THREADS,
+                qsel.PICK_THREADS,
                 (
                     scratch,
                     i32(ld),
