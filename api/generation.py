@@ -26,8 +26,7 @@ from strata.constraints.schema import Grammar
 from strata.runtime.finish import FinishReason
 from strata.sampling.params import SamplingParams
 from strata.sched.request import DoneEvent, ErrorEvent, Request, TokenEvent
-from strata.sched.scheduler import ShuttingDownError
-from strata.sched.slots import QueueFullError
+from strata.sched.slots import QueueFullError, ShuttingDownError
 
 Delta = ContentDelta | ReasoningDelta | ToolCallDelta
 

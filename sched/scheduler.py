@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 
 from strata.engine import Engine
-from strata.errors import StrataError
 from strata.runtime.finish import FinishReason
 from strata.runtime.sequence import ActiveSequence, Chunk
 from strata.sched.ahead import Ahead, HostAhead
@@ -49,17 +48,13 @@ from strata.sched.metrics import Metrics
 from strata.sched.pacer import PrefillPacer
 from strata.sched.prefix_cache import PrefixCache
 from strata.sched.request import DoneEvent, ErrorEvent, Request, RequestState, TokenEvent
-from strata.sched.slots import Counters, QueueFullError, Slot
+from strata.sched.slots import Counters, QueueFullError, ShuttingDownError, Slot
 from strata.sched.snapshots import Snapshots
 from strata.tiers.telemetry import hit_rate_line, note
 
 __all__ = ["QueueFullError", "Scheduler", "ShuttingDownError"]
 
 log = logging.getLogger("strata.scheduler")
-
-
-class ShuttingDownError(StrataError):
-    """The server is draining after SIGTERM and takes no new requests."""
 
 
 class Scheduler:
@@ -238,7 +233,7 @@ class Scheduler:
         """Whether the next window reads prompt tokens: the streams are owed no decode-only window, or every
         prompt being read has one token left, which rides along as a decode row does."""
         reading = self._reading()
-        return bool(reading) and (self.pacer.owed == 0 or all(_left(s) == 1 for s in reading))
+        return bool(reading) and (self.pacer.owed == 0 or all(s.prompt_left == 1 for s in reading))
 
     def _pipelined(self, window: list[tuple[Slot, np.ndarray]]) -> bool:
         ahead = self._ahead
@@ -332,7 +327,7 @@ class Scheduler:
         if not self._queue or len(self._slots) >= self.parallel:
             return None
         req = self._queue[0]
-        left = sum(_left(s) for s in self._admitting())
+        left = sum(s.prompt_left for s in self._admitting())
         if left and left + len(req.prompt_ids) > self.engine.options.prefill_chunk:
             return None
         return None if self._copies_for_next() else req
@@ -393,7 +388,7 @@ class Scheduler:
         """Prompt tokens each newcomer feeds in the next window: the pacer's chunk beside running streams (a
         full chunk without them), shared out in the order they came."""
         admitting = self._reading()
-        left = [_left(s) for s in admitting]
+        left = [s.prompt_left for s in admitting]
         full = self.engine.options.prefill_chunk
         # a last prompt token costs what a decode row does (it is one): it never waits for owed windows
         paced = beside_streams and any(n > 1 for n in left)
@@ -496,11 +491,6 @@ class Scheduler:
         req.state, req.finish = RequestState.FINISHED, FinishReason.ERROR
         req.events.put_nowait(ErrorEvent(reason))
         self.counters.ended(FinishReason.ERROR)
-
-
-def _left(slot: Slot) -> int:
-    """Prompt tokens the slot has still to feed."""
-    return len(slot.seq.prompt) - slot.seq.state.n_past
 
 
 def _describe(e: BaseException) -> str:

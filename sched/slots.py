@@ -12,6 +12,10 @@ from strata.runtime.sequence import ActiveSequence, GenerationResult
 from strata.sched.request import Request
 
 
+class ShuttingDownError(StrataError):
+    """The server is draining after SIGTERM and takes no new requests."""
+
+
 class QueueFullError(StrataError):
     """Every slot is busy and the queue is at --queue-limit."""
 
@@ -33,6 +37,11 @@ class Slot:
     @property
     def copying(self) -> bool:
         return self.copy is not None and not self.copy.done()
+
+    @property
+    def prompt_left(self) -> int:
+        """Prompt tokens the slot has still to feed."""
+        return len(self.seq.prompt) - self.seq.state.n_past
 
 
 @dataclass(slots=True)
