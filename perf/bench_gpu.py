@@ -151,6 +151,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
                 swap_budget=a.swap_budget_mib << 20,
                 profile=filled,
                 prefetch=a.prefetch,
+                ram_budget_mib=a.ram_budget_mib,
             ),
         ),
     )
@@ -176,6 +177,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
             "pcie_frac": cache.pcie_frac,
             "pageable": gpu.tiers.pageable,
             "policy": a.cache_policy,
+            "ram_budget_mib": a.ram_budget_mib,
             "swap_budget_mib": a.swap_budget_mib,
             "prefetch": a.prefetch,
             "rates": None if gpu.tiers.rates is None else dataclasses.asdict(gpu.tiers.rates),
@@ -430,6 +432,7 @@ def main() -> None:
         "--cache-policy", default="static", help="Strata's --cache-policy (static, lru, adaptive)"
     )
     ap.add_argument("--swap-budget-mib", type=int, default=64, help="Strata's --swap-budget-mib")
+    ap.add_argument("--ram-budget-mib", type=float, default=0, help="Strata's --ram-budget-mib (0: none)")
     ap.add_argument("--prefetch", type=int, default=PREFETCH_DEFAULT, help="Strata's --prefetch (0: off)")
     ap.add_argument(
         "--routing-profile-out",

@@ -2,10 +2,16 @@
 same GGUF, with the bandwidth bound and the planner's prediction. Not a test.
 
     python perf/bench_tiers.py --model F.gguf --caps 22528,11264,7168 [--llama-bin DIR | --llama-json F]
-                               [--prompts 512,4096] [--gen 64] [--batches 1,4] --out DIR
+                               [--prompts 512,4096] [--gen 64] [--batches 1,4]
+                               [--policies static,lru,adaptive] --out DIR
 
 The table on stdout and tiers.json are in `strata bench`'s shape (strata.bench.report: meta, the `tiers`
 scenario's rows, and every run's numbers under `runs`); tiers.md keeps the markdown table.
+
+`--policies` runs each cap once per cache policy: static at each `--pcie-fracs` value, lru and adaptive over
+PCIe alone after `--warm-decode` tokens of learning (issue 17's comparison, on a file whose router has
+locality: `strata synth --router-mode locality`). The bound counts each run's measured misses; the planner
+assumes uniform routing's hit rate, so it is given (and the plot draws the bounds) for static runs only.
 
 Each cap runs `perf/bench_gpu.py --vram-budget-mib CAP` in its own process (each pins every expert, so one at
 a time). The bound of one decode token: the bytes it reads from VRAM (dense weights and hits) at the measured
@@ -37,8 +43,17 @@ LLAMA_FLAGS = ([], ["-lm", "none"], ["-lm", "none", "-ub", "2048", "-b", "4096"]
 LLAMA_QUICK = (([], "decode"), (["-lm", "none", "-ub", "2048", "-b", "4096"], "prefill"))
 
 
-def strata_at(a: argparse.Namespace, cap: int, frac: str, out: Path) -> dict[str, Any]:
-    js = out / f"strata_{cap}_{frac}.json"
+def variants(a: argparse.Namespace) -> list[tuple[str, str]]:
+    """(cache policy, --pcie-frac) per run at a cap: static at each --pcie-fracs value, a learning policy
+    over PCIe alone (the CPU share keeps a fixed set of experts, so the engine turns it off under one)."""
+    return [
+        (p, f) for p in a.policies.split(",") for f in (a.pcie_fracs.split(",") if p == "static" else ["1"])
+    ]
+
+
+def strata_at(a: argparse.Namespace, cap: int, policy: str, frac: str, out: Path) -> dict[str, Any]:
+    name = frac if policy == "static" else policy
+    js = out / f"strata_{cap}_{name}.json"
     cmd = [
         sys.executable,
         str(HERE / "bench_gpu.py"),
@@ -56,10 +71,14 @@ def strata_at(a: argparse.Namespace, cap: int, frac: str, out: Path) -> dict[str
         str(a.chunk),
         "--pcie-frac",
         frac,
+        "--cache-policy",
+        policy,
         "--no-table",
         "--json",
         str(js),
     ]
+    if policy != "static":  # it learns the routing first, as a server does over its first requests
+        cmd += ["--warm-decode", str(a.warm_decode), "--swap-budget-mib", str(a.swap_budget_mib)]
     subprocess.run(cmd, check=True)
     return json.loads(js.read_text())["strata"]
 
@@ -137,8 +156,8 @@ def bound(s: dict[str, Any], b: int, cpu_too: bool = True) -> float:
 
 
 def table_rows(rows: list[dict[str, Any]], a: argparse.Namespace) -> list[dict[str, Any]]:
-    """A row per cap, pcie_frac and test: Strata's and llama.cpp's tok/s; for decode, the bound and the
-    planner's."""
+    """A row per cap, run (policy, pcie_frac) and test: Strata's and llama.cpp's tok/s; for decode, the bound
+    and the planner's (whose hit rate is uniform routing's: static runs only)."""
     out = []
     for r in rows:
         s, peer = r["strata"], r["llama"]
@@ -151,6 +170,7 @@ def table_rows(rows: list[dict[str, Any]], a: argparse.Namespace) -> list[dict[s
             out.append(
                 {
                     "cap_mib": r["cap"],
+                    "policy": r["policy"],
                     "pcie_frac": s["tiers"]["pcie_frac"],
                     "hit_rate": hit,
                     "test": key,
@@ -161,7 +181,9 @@ def table_rows(rows: list[dict[str, Any]], a: argparse.Namespace) -> list[dict[s
                     "of_bound": mine / bd if bd else None,
                     "bound_pcie_tok_s": bd_link,
                     "of_bound_pcie": mine / bd_link if bd_link else None,
-                    "planner_tok_s": r["plan"]["decode_tok_s"] if b == 1 else None,
+                    "planner_tok_s": r["plan"]["decode_tok_s"]
+                    if b == 1 and r["policy"] == "static"
+                    else None,
                 }
             )
     return out
@@ -172,10 +194,10 @@ def table(rows: list[dict[str, Any]], a: argparse.Namespace) -> str:
     out = [
         f"llama.cpp: {src}",
         (
-            "| cap MiB | pcie_frac | hit rate | test | Strata | llama.cpp | ratio | bound PCIe + CPU "
-            "| % of bound | bound PCIe alone | % of it | planner |"
+            "| cap MiB | policy | pcie_frac | hit rate | test | Strata | llama.cpp | ratio "
+            "| bound PCIe + CPU | % of bound | bound PCIe alone | % of it | planner |"
         ),
-        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for t in table_rows(rows, a):
         peer, ratio = (f"{t['llama_tok_s']:,.1f}", f"{t['ratio']:.2f}") if t["llama_tok_s"] else ("-", "-")
@@ -185,14 +207,15 @@ def table(rows: list[dict[str, Any]], a: argparse.Namespace) -> str:
             extra = [f"{t['bound_tok_s']:,.1f}", f"{t['of_bound']:.0%}"]
             extra += [f"{t['bound_pcie_tok_s']:,.1f}", f"{t['of_bound_pcie']:.0%}", planner]
         out.append(
-            f"| {t['cap_mib']:,} | {t['pcie_frac']:.2f} | {t['hit_rate']:.1%} | {t['test']} | "
-            f"{t['strata_tok_s']:,.1f} | {peer} | {ratio} | " + " | ".join(extra) + " |"
+            f"| {t['cap_mib']:,} | {t['policy']} | {t['pcie_frac']:.2f} | {t['hit_rate']:.1%} | "
+            f"{t['test']} | {t['strata_tok_s']:,.1f} | {peer} | {ratio} | " + " | ".join(extra) + " |"
         )
     for r in rows:
         s = r["strata"]
         out.append(
-            f"cap {r['cap']:,} MiB, pcie_frac {s['tiers']['pcie_frac']:.2f} (asked {r['frac']}): rates "
-            f"{s['tiers'].get('rates')}; Strata used {s['vram_used_mib']:,.0f} MiB of VRAM; PCIe probe "
+            f"cap {r['cap']:,} MiB, {r['policy']}, pcie_frac {s['tiers']['pcie_frac']:.2f} "
+            f"(asked {r['frac']}): rates {s['tiers'].get('rates')}; Strata used "
+            f"{s['vram_used_mib']:,.0f} MiB of VRAM; PCIe probe "
             f"zero-copy {s['tiers']['pcie']['zero_copy'] / 1e9:.1f} GB/s, copy engine "
             f"{s['tiers']['pcie']['copy_engine'] / 1e9:.1f} GB/s; planner "
             f"{r['plan']['decode_tok_s']:,.1f} tok/s"
@@ -208,17 +231,19 @@ def plot(rows: list[dict[str, Any]], a: argparse.Namespace, path: Path) -> None:
 
     key = f"tg{a.gen}_b1"
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for frac in dict.fromkeys(r["frac"] for r in rows):
-        mine = [r for r in rows if r["frac"] == frac]
+    for run in dict.fromkeys((r["policy"], r["frac"]) for r in rows):
+        mine = [r for r in rows if (r["policy"], r["frac"]) == run]
         caps = [r["cap"] / 1024 for r in mine]
-        tag = f" (--pcie-frac {frac})"
+        tag = f" ({run[0]}, --pcie-frac {run[1]})"
         ax.plot(caps, [r["strata"][key] for r in mine], "o-", label="Strata" + tag)
+        if run[0] != "static":  # the plan assumes uniform routing's hit rate; one set of bounds reads best
+            continue
         ax.plot(caps, [bound(r["strata"], 1) for r in mine], "--", label="bound, PCIe + CPU pool" + tag)
         ax.plot(
             caps, [bound(r["strata"], 1, cpu_too=False) for r in mine], ":", label="bound, PCIe alone" + tag
         )
         ax.plot(caps, [r["plan"]["decode_tok_s"] for r in mine], "x:", label="strata plan" + tag)
-    rows = [r for r in rows if r["frac"] == rows[0]["frac"]]
+    rows = [r for r in rows if (r["policy"], r["frac"]) == (rows[0]["policy"], rows[0]["frac"])]
     caps = [r["cap"] / 1024 for r in rows]
     if any(r["llama"].get(key) for r in rows):
         ax.plot(
@@ -254,6 +279,15 @@ def main() -> None:
     ap.add_argument(
         "--pcie-fracs", default="auto", help="Strata's --pcie-frac values to run at each cap (commas)"
     )
+    ap.add_argument(
+        "--policies",
+        default="static",
+        help="Strata's --cache-policy values to run at each cap (commas; a learning one over PCIe alone)",
+    )
+    ap.add_argument(
+        "--warm-decode", type=int, default=256, help="tokens a learning policy decodes before it is measured"
+    )
+    ap.add_argument("--swap-budget-mib", type=int, default=64, help="Strata's --swap-budget-mib for those")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -266,11 +300,11 @@ def main() -> None:
     rows = []
     peer: dict[int, dict[str, Any]] = {}
     for cap in a.caps:
-        for frac in a.pcie_fracs.split(","):
-            s = strata_at(a, cap, frac, a.out)
+        for policy, frac in variants(a):
+            s = strata_at(a, cap, policy, frac, a.out)
             if "tiers" not in s:  # every expert fits: no tiers, so no bound or plan of misses to set beside
-                print(f"cap {cap:,} MiB holds every expert: all-resident, see strata_{cap}_{frac}.json")
-                continue
+                print(f"cap {cap:,} MiB holds every expert: all-resident, see strata_{cap}_*.json")
+                break
             rates = s["tiers"].get("rates") or {}
             plan = plan_at(
                 a,
@@ -289,7 +323,9 @@ def main() -> None:
                     )
                 else:
                     peer[cap] = earlier.get(str(cap), {})
-            rows.append({"cap": cap, "frac": frac, "strata": s, "plan": plan, "llama": peer[cap]})
+            rows.append(
+                {"cap": cap, "policy": policy, "frac": frac, "strata": s, "plan": plan, "llama": peer[cap]}
+            )
         result = engine_result(meta, {"tiers": table_rows(rows, a)}, runs=rows)  # runs: every run's numbers
         write_json(result, a.out / "tiers.json")
     if not rows:

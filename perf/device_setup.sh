@@ -9,7 +9,8 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 STRATA_FIXTURES=$REPO/.gpu_fixtur
 tok=.gpu_fixtures/qwen3_tokenizer/package/models
 [ -f $tok/tokenizer.json ] || gunzip -k $tok/tokenizer.json.gz
 
-# Write $MODEL (strata synth: $ARCH, $SHAPE, router skew ${SKEW:-0}, Q4_K experts, Q6_K output; ARCH=qwen4exp
+# Write $MODEL (strata synth: $ARCH, $SHAPE, router skew ${SKEW:-0}, ROUTER_MODE=locality for routing with
+# temporal locality, Q4_K experts, Q6_K output; ARCH=qwen4exp
 # SHAPE=seeds: perf/synth_qwen4exp.py's seeds preset; PLE_DIM=2048 for a file llama.cpp loads) in the background, or keep the one already there with REUSE=1;
 # the log goes to $OUT/synth.log and SYNTH_PID is the job to wait for.
 start_synth() {
@@ -22,7 +23,7 @@ start_synth() {
       echo "rc=$?" >>"$OUT/synth.log"
     else
       cd /tmp && python3 -m strata synth --arch $ARCH --shape $SHAPE --quant q4_k --output-quant q6_k \
-        --router-skew ${SKEW:-0} -o $MODEL >"$OUT/synth.log" 2>&1
+        --router-skew ${SKEW:-0} ${ROUTER_MODE:+--router-mode $ROUTER_MODE} -o $MODEL >"$OUT/synth.log" 2>&1
       echo "rc=$?" >>"$OUT/synth.log"
     fi
   ) &

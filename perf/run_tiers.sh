@@ -7,6 +7,8 @@
 # CAPS the VRAM budgets in MiB (commas); the `policies` step runs bench_gpu.py at CAP (default 22528) once per
 # RUNS entry (policy:swap-budget[:out|:in], see below), after WARM (default 256) decode tokens;
 # the `prefetch` step runs bench_gpu.py at CAP once per --prefetch value in PREFETCHES (default 0,1,2,3);
+# the `lowram` step runs bench_gpu.py at CAP once per --ram-budget-mib value in RAMS (default 0,20736: every
+# expert pinned, then half the 80B's experts, the rest read from the file's mapping, warm after the synth wrote it);
 # the `long` step runs perf/bench_long.py at CAP once per LONG_RUNS entry (splits:kv-type:contexts, all on the
 # plan of N_CTX positions, default 262272);
 # PCIE_FRACS the --pcie-frac values per cap (default auto); BENCH_ARGS adds perf/bench_tiers.py options; LLAMA_BIN (a llama.cpp CUDA build's bin) sweeps llama.cpp in the
@@ -15,10 +17,11 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STEPS=${*:-tests bench}
 PREFETCHES=${PREFETCHES:-0,1,2,3}
+RAMS=${RAMS:-0,20736}
 source perf/device_setup.sh
 ARCH=${ARCH:-qwen3next}; SHAPE=${SHAPE:-80b-a3b}
 MODEL=/tmp/$ARCH-$SHAPE-q4_k.gguf
-case " $STEPS " in *" bench "*|*" policies "*|*" prefetch "*|*" long "*)
+case " $STEPS " in *" bench "*|*" policies "*|*" prefetch "*|*" long "*|*" lowram "*)
   start_synth ;; esac
 case " $STEPS " in *" tests "*)
   (cd /tmp && timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -rA -s -p no:cacheprovider -W "ignore:::cupy" \
@@ -53,6 +56,15 @@ case " $STEPS " in *" prefetch "*)
       --prompts ${PROMPTS:-512} --gen ${GEN:-64} --batches ${BATCHES:-1,4} --pcie-frac 1 --prefetch $k --no-table \
       --json "$OUT/prefetch_$k.json" ${BENCH_ARGS:-} 2>&1 | grep -v "^WARNING" \
       | grep -E "strata|lookahead|hit rate|VRAM|rc=|Error|error" | tail -20
+  done ;; esac
+case " $STEPS " in *" lowram "*)
+  wait $SYNTH_PID 2>/dev/null; tail -2 "$OUT/synth.log"
+  for ram in ${RAMS//,/ }; do
+    echo "== --ram-budget-mib $ram"
+    timeout ${BENCH_TIMEOUT:-300} python3 $REPO/perf/bench_gpu.py --model $MODEL --vram-budget-mib ${CAP:-22528} \
+      --prompts ${PROMPTS:-512} --gen ${GEN:-64} --batches ${BATCHES:-1,4} --ram-budget-mib $ram --no-table \
+      --json "$OUT/lowram_$ram.json" ${BENCH_ARGS:-} 2>&1 | grep -v "^WARNING" \
+      | grep -E "strata|RAM|mapping|share|hit rate|VRAM|rc=|Error|error" | tail -20
   done ;; esac
 case " $STEPS " in *" long "*)
   wait $SYNTH_PID 2>/dev/null; tail -2 "$OUT/synth.log"
