@@ -1,12 +1,15 @@
 """The expert-cache policies (tiers/policy.py) replayed by the simulator (tiers/sim.py) on the calibrated
 synthetic trace (tiers/trace.py): its LRU hit rates are close to the published Qwen3.8-Flash-Next figures
 (LRU-64 ~67%, LRU-128 ~81%, a static top-32 profile ~10% on the other half of the workload); the adaptive
-policy hits as often as LRU within half a point at every size from 32 to 256 slots per layer, with no more
-copies (within 1%). Measured on this trace (2 layers, 1,500 tokens, one-token windows): 32 slots 34.7% vs
-34.3% with 21% fewer copies; 64 slots 68.8% vs 68.8% (10,317 vs 10,327 hits, 4,683 vs 4,673 copies); 128 and
-256 within 0.1 point. So "adaptive >= LRU at every size" holds except by 10 hits at 64 slots; at 64 slots
-adaptive hits more than twice as often as the static profile. The cache changes between windows; a window's
-lookups see it as it was."""
+policy hits at least as often as LRU at every size from 32 to 256 slots per layer, with no more copies (within
+1%). Measured on this trace (seed 2, 2 layers, 1,500 tokens, one-token windows), adaptive vs LRU hits and
+copies: 32 slots 5,199 vs 5,150 (34.7% vs 34.3%), 4,944 vs 9,850 copies; 64 slots 10,339 vs 10,327 (68.9% vs
+68.9%), 4,661 vs 4,673; 128 slots 12,972 vs 12,823 (86.5% vs 85.5%), 2,028 vs 2,177; 256 slots 13,733 vs
+13,652 (91.6% vs 91.0%), 1,267 vs 1,348. At 64 slots adaptive hits 3.8 times as often as the static profile.
+On seed 7 (same shape): +104, +18, +137 and +90 hits at 32, 64, 128 and 256 slots. 64 slots is the thin one:
+the cache is smaller than the set of recently used experts (~79), so what LRU keeps is nearly what any policy
+can keep, and the margin is a few tens of hits on 15,000 lookups. The cache changes between windows; a
+window's lookups see it as it was."""
 
 from __future__ import annotations
 
@@ -36,8 +39,15 @@ def test_calibrated_trace_matches_the_published_lru_rates(ids) -> None:
 @pytest.mark.parametrize("slots", [32, 64, 128, 256])
 def test_adaptive_is_at_least_lru_with_fewer_swaps(ids, slots) -> None:
     lru, ada = sim.simulate(ids, 512, slots, "lru"), sim.simulate(ids, 512, slots, "adaptive")
-    assert ada.hit_rate >= lru.hit_rate - 0.005 and ada.swaps <= 1.01 * lru.swaps
+    assert ada.hits >= lru.hits and ada.swaps <= 1.01 * lru.swaps
     assert ada.lookups == lru.lookups == 750 * 2 * 10
+
+
+def test_adaptive_is_at_least_lru_on_another_seed() -> None:
+    other = trace.synthetic(trace.Synthetic(**{**_fields(trace.CALIBRATED), "layers": 2}), 1500, seed=7)
+    for slots in (32, 64, 128, 256):
+        lru, ada = sim.simulate(other, 512, slots, "lru"), sim.simulate(other, 512, slots, "adaptive")
+        assert ada.hits >= lru.hits and ada.swaps <= 1.01 * lru.swaps, slots
 
 
 def test_adaptive_doubles_the_static_profile_at_64(ids) -> None:
@@ -64,10 +74,14 @@ def _one_layer(name: str, slots: int, n_expert: int = 8, **kw) -> policy.Policy:
 def test_policies_on_hand_made_streams() -> None:
     lru = _one_layer("lru", 2)
     assert [_step(lru, r) for r in ([1], [2], [1], [3], [2])] == [0, 0, 1, 0, 0]  # 3 evicted 2
-    ada = _one_layer("adaptive", 1, decay=1.0, margin=0.5)
-    for _ in range(4):
-        _step(ada, [5])
-    assert _step(ada, [6]) == 0 and ada.resident[0, 5]  # one use does not push out four
+    # adaptive, one slot, a window of one token: an expert that keeps coming back keeps its slot against
+    # one-offs (LRU would swap every token and never hit); when nothing comes back but each expert is used
+    # twice in a row, recency decides, as in LRU
+    ada = _one_layer("adaptive", 1, 16, window=1)
+    back = [[5], [1], [5], [2], [5], [3], [5], [4], [5]]
+    assert [_step(ada, r) for r in back] == [0, 0, 1, 0, 1, 0, 1, 0, 1] and ada.resident[0, 5]
+    ada = _one_layer("adaptive", 1, 16, window=1)
+    assert [_step(ada, r) for r in ([1], [1], [2], [2], [3], [3])] == [0, 1, 0, 1, 0, 1]
     assert _step(policy.Static(np.isin(np.arange(8), [1, 2])[None]), [1, 3, 2]) == 2
     with pytest.raises(ValueError, match="known"):
         policy.make("mru", 4, 8)
@@ -79,6 +93,20 @@ def test_policies_on_hand_made_streams() -> None:
     assert policy.window_hits(lru, w).sum() == 0
     lru.update(w)
     assert lru.resident[0, 1] and lru.resident.sum() == 1
+
+
+def test_admit_swaps_only_past_the_margin() -> None:
+    """A candidate replaces the weakest resident only when its priority beats it by the margin; a free slot
+    takes it whatever its priority."""
+    prio = np.array([[1.0, 1.2, 0.5, 0.0]])
+    cand = np.array([[False, True, False, False]])
+    for margin, swapped in ((0.25, False), (0.1, True)):
+        resident = np.array([[True, False, False, False]])
+        policy._admit(resident, prio, cand, np.array([1]), margin, None)
+        assert resident[0, 1] == swapped and resident[0, 0] != swapped
+    resident = np.array([[True, False, False, False]])
+    policy._admit(resident, prio, cand, np.array([2]), 5.0, None)
+    assert resident[0, :2].all()
 
 
 def test_lru_matches_an_ordered_per_token_lru() -> None:
