@@ -157,6 +157,28 @@ def test_cli_round_trip(tmp_path, capsys) -> None:
     assert next(r for r in got if r["policy"] == "lru" and r["slots"] == 64)["hits"] == want.hits
 
 
+def test_the_sweep_prints_seed_003s_table_and_draws_the_curve(tmp_path, capsys) -> None:
+    from strata.cli import main
+
+    out, png = tmp_path / "t.npz", tmp_path / "curve" / "sweep.png"
+    assert main(["tiers", "trace", "--synthetic", "--tokens", "120", "--layers", "2", "-o", str(out)]) == 0
+    capsys.readouterr()
+    ids, n_expert = trace.load(out)
+    args = ["tiers", "simulate", str(out), "--sweep", "--sizes", "64,16", "--plot", str(png)]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:2] == ["slots/layer", "experts"]
+    assert [line.split()[:2] for line in lines[1:3]] == [["16", "3.1%"], ["64", "12.5%"]]
+    want = sim.simulate(ids, n_expert, 16, "adaptive")
+    cells = lines[1].split("|")[1 + policy.POLICIES.index("adaptive")].split()
+    assert cells == [f"{want.hit_rate:.1%}", f"{(1 - want.hit_rate) * 2 * ids.shape[2]:.1f}"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and lines[-1] == f"curve: {png}"
+    for bad in (["--sizes", "0,600"], ["--sizes", "a"], ["--plot", str(png)]):
+        extra = [] if bad[0] == "--plot" else ["--sweep"]
+        assert main(["tiers", "simulate", str(out), *extra, *bad]) == 1
+        assert bad[0] in capsys.readouterr().err
+
+
 def test_a_recorded_trace_replays_to_the_engines_own_counters(tmp_path, capsys) -> None:
     """--record-routes on the CPU tiers, then `strata tiers simulate --policy static --recorded`: the same
     lookups and hits the engine counted (prefill and decode), exactly."""

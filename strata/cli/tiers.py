@@ -1,12 +1,13 @@
 """`strata tiers trace --synthetic ... -o F.npz` and
-`strata tiers simulate TRACE --slots N --policy P [--sweep] [--prefetch K] [--json]`: routing traces and the
-policy simulator (strata.tiers.trace, .sim) for tier-tuning experiments."""
+`strata tiers simulate TRACE --slots N --policy P [--sweep [--sizes S,..] [--plot PNG]] [--prefetch K]
+[--json]`: routing traces and the policy simulator (strata.tiers.trace, .sim) for tier-tuning experiments."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from strata.cli.output import dump_json
 from strata.errors import ConfigError
@@ -36,7 +37,11 @@ def add_tiers_flags(p: argparse.ArgumentParser) -> None:
     s.add_argument("trace", type=Path)
     s.add_argument("--slots", type=int, default=64, help="slots per layer")
     s.add_argument("--policy", default="adaptive", choices=policy.POLICIES)
-    s.add_argument("--sweep", action="store_true", help="every policy at 32, 64, 128 and 256 slots per layer")
+    s.add_argument(
+        "--sweep", action="store_true", help="every policy at each of --sizes: hit rate vs cache size"
+    )
+    s.add_argument("--sizes", default="32,64,128,256", help="--sweep's slots per layer (default %(default)s)")
+    s.add_argument("--plot", type=Path, default=None, metavar="PNG", help="with --sweep: the curve as a PNG")
     s.add_argument(
         "--recorded",
         action="store_true",
@@ -91,6 +96,8 @@ def run_tiers(args: argparse.Namespace) -> int:
     ids, n_expert = trace.load(args.trace)
     if args.slots < 0:
         raise ConfigError("--slots", args.slots, "must be >= 0")
+    if args.plot is not None and not args.sweep:
+        raise ConfigError("--plot", args.plot, "draws the --sweep curve: add --sweep")
     ahead = _ahead(args)
     if args.recorded:
         resident, windows, budget = trace.load_recorded(args.trace)
@@ -102,17 +109,24 @@ def run_tiers(args: argparse.Namespace) -> int:
             )
         ]
     elif args.sweep:
-        results = sim.sweep(ids, n_expert, [32, 64, 128, 256])
+        results = sim.sweep(ids, n_expert, _sizes(args.sizes, n_expert))
     else:
         results = [sim.simulate(ids, n_expert, args.slots, args.policy, ahead=ahead)]
     rows = [r.json() for r in results]
     if args.model is not None:
         for row, r in zip(rows, results):
             row["predicted_decode_tok_s"] = _predicted(args, ids, n_expert, r)
+    if args.plot is not None:
+        _plot(results, ids.shape, n_expert, args.trace.name, args.plot)
     if args.json:
         dump_json(rows)
         return 0
     pred = args.model is not None
+    if args.sweep:
+        _print_sweep(rows, ids.shape, n_expert, pred)
+        if args.plot is not None:
+            print(f"curve: {args.plot}")
+        return 0
     print(
         f"{'slots/layer':>11}  {'policy':<9} {'hit rate':>8} {'swaps':>8}" + ("  pred tok/s" if pred else "")
     )
@@ -127,6 +141,67 @@ def run_tiers(args: argparse.Namespace) -> int:
                 f"{pf['wasted_bytes']:,} wasted"
             )
     return 0
+
+
+def _sizes(text: str, n_expert: int) -> list[int]:
+    try:
+        sizes = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        sizes = []
+    if not sizes or sizes[0] < 0 or sizes[-1] > n_expert:
+        raise ConfigError("--sizes", text, f"slots per layer, comma-separated, each 0..{n_expert}")
+    return sizes
+
+
+def _print_sweep(rows: list[dict[str, Any]], shape: tuple[int, ...], n_expert: int, pred: bool) -> None:
+    """Seed 003's table: cache size (slots a layer and the share of experts it holds) -> each policy's hit
+    rate and the misses a token that are left, which set the speed (a 99% hit rate has a quarter of 96%'s)."""
+    names = list(dict.fromkeys(str(r["policy"]) for r in rows))
+    head = f"{'slots/layer':>11} {'experts':>8}"
+    for n in names:
+        head += f" | {n + ' hit':>12} {'miss/tok':>8}" + (f" {'tok/s':>7}" if pred else "")
+    print(head)
+    per_token = shape[1] * shape[2]  # routed lookups a token
+    for size in dict.fromkeys(int(r["slots"]) for r in rows):  # type: ignore[call-overload]
+        line = f"{size:>11} {size / n_expert:>8.1%}"
+        for n in names:
+            r = next(r for r in rows if r["slots"] == size and r["policy"] == n)
+            line += f" | {r['hit_rate']:>12.1%} {(1 - r['hit_rate']) * per_token:>8.1f}"  # type: ignore[operator]
+            line += f" {r['predicted_decode_tok_s']:>7.1f}" if pred else ""
+        print(line)
+
+
+def _plot(results: list[sim.Result], shape: tuple[int, ...], n_expert: int, title: str, path: Path) -> None:
+    """Hit rate and misses a token against slots per layer, a line per policy."""
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ConfigError("--plot", path, "needs matplotlib (pip install 'strata[bench]')") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, low) = plt.subplots(2, 1, figsize=(6.4, 6.4), sharex=True)
+    per_token = shape[1] * shape[2]
+    for name in dict.fromkeys(r.policy for r in results):
+        mine = [r for r in results if r.policy == name]
+        x = [r.slots for r in mine]
+        top.plot(x, [100 * r.hit_rate for r in mine], "o-", label=name)
+        low.plot(x, [(1 - r.hit_rate) * per_token for r in mine], "o-", label=name)
+    top.set_ylabel("hit rate (%)")
+    low.set_ylabel("misses a token (all layers)")
+    low.set_xlabel(f"slots per layer (of {n_expert} experts)")
+    sizes = sorted({r.slots for r in results})
+    if sizes[0] > 0:
+        low.set_xscale("log", base=2)
+    low.set_xticks(sizes, [str(v) for v in sizes])
+    for ax in (top, low):
+        ax.grid(alpha=0.3)
+    top.legend(fontsize=8)
+    top.set_title(f"{title}: {shape[0]:,} tokens, {shape[1]} layers, top-{shape[2]}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _predicted(args: argparse.Namespace, ids: object, n_expert: int, r: sim.Result) -> float:
