@@ -164,19 +164,20 @@ def test_the_sweep_prints_seed_003s_table_and_draws_the_curve(tmp_path, capsys) 
     assert main(["tiers", "trace", "--synthetic", "--tokens", "120", "--layers", "2", "-o", str(out)]) == 0
     capsys.readouterr()
     ids, n_expert = trace.load(out)
-    args = ["tiers", "simulate", str(out), "--sweep", "--sizes", "64,16", "--plot", str(png)]
+    args = ["tiers", "simulate", str(out), "--sweep", "--sizes", "64,16,600", "--plot", str(png)]
     assert main(args) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:2] == ["slots/layer", "experts"]
-    assert [line.split()[:2] for line in lines[1:3]] == [["16", "3.1%"], ["64", "12.5%"]]
+    got = [line.split()[:2] for line in lines[1:4]]
+    assert got == [["16", "3.1%"], ["64", "12.5%"], ["512", "100.0%"]]  # past the experts: the whole layer
     want = sim.simulate(ids, n_expert, 16, "adaptive")
     cells = lines[1].split("|")[1 + policy.POLICIES.index("adaptive")].split()
     assert cells == [f"{want.hit_rate:.1%}", f"{(1 - want.hit_rate) * 2 * ids.shape[2]:.1f}"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and lines[-1] == f"curve: {png}"
-    for bad in (["--sizes", "0,600"], ["--sizes", "a"], ["--plot", str(png)]):
+    for bad in (["--sizes=-1,64"], ["--sizes", "a"], ["--plot", str(png)]):
         extra = [] if bad[0] == "--plot" else ["--sweep"]
         assert main(["tiers", "simulate", str(out), *extra, *bad]) == 1
-        assert bad[0] in capsys.readouterr().err
+        assert bad[0].split("=")[0] in capsys.readouterr().err
 
 
 def test_a_recorded_trace_replays_to_the_engines_own_counters(tmp_path, capsys) -> None:

@@ -144,13 +144,15 @@ def run_tiers(args: argparse.Namespace) -> int:
 
 
 def _sizes(text: str, n_expert: int) -> list[int]:
+    """Slots per layer; a size past the layer's experts is the whole layer (the default list meets small
+    models)."""
     try:
-        sizes = sorted({int(v) for v in text.split(",") if v.strip()})
+        sizes = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         sizes = []
-    if not sizes or sizes[0] < 0 or sizes[-1] > n_expert:
-        raise ConfigError("--sizes", text, f"slots per layer, comma-separated, each 0..{n_expert}")
-    return sizes
+    if not sizes or min(sizes) < 0:
+        raise ConfigError("--sizes", text, "slots per layer, comma-separated, each >= 0")
+    return sorted({min(v, n_expert) for v in sizes})
 
 
 def _print_sweep(rows: list[dict[str, Any]], shape: tuple[int, ...], n_expert: int, pred: bool) -> None:
