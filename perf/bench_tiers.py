@@ -8,9 +8,9 @@ same GGUF, with the bandwidth bound and the planner's prediction. Not a test.
 The table on stdout and tiers.json are in `strata bench`'s shape (strata.bench.report: meta, the `tiers`
 scenario's rows, and every run's numbers under `runs`); tiers.md keeps the markdown table.
 
-`--policies` runs each cap once per cache policy: static at each `--pcie-fracs` value, lru and adaptive over
-PCIe alone after `--warm-decode` tokens of learning (issue 17's comparison, on a file whose router has
-locality: `strata synth --router-mode locality`). The bound counts each run's measured misses; the planner
+`--policies` runs each cap once per cache policy and `--pcie-fracs` value, lru and adaptive after
+`--warm-decode` tokens of learning (issue 17's comparison, on a file whose router has locality:
+`strata synth --router-mode locality`). The bound counts each run's measured misses; the planner
 assumes uniform routing's hit rate, so it is given (and the plot draws the bounds) for static runs only.
 
 Each cap runs `perf/bench_gpu.py --vram-budget-mib CAP` in its own process (each pins every expert, so one at
@@ -44,16 +44,13 @@ LLAMA_QUICK = (([], "decode"), (["-lm", "none", "-ub", "2048", "-b", "4096"], "p
 
 
 def variants(a: argparse.Namespace) -> list[tuple[str, str]]:
-    """(cache policy, --pcie-frac) per run at a cap: static at each --pcie-fracs value, a learning policy
-    over PCIe alone (the CPU share keeps a fixed set of experts, so the engine turns it off under one)."""
-    return [
-        (p, f) for p in a.policies.split(",") for f in (a.pcie_fracs.split(",") if p == "static" else ["1"])
-    ]
+    """(cache policy, --pcie-frac) per run at a cap: every policy at each --pcie-fracs value (the CPU share's
+    per-token split follows a learning policy's swaps)."""
+    return [(p, f) for p in a.policies.split(",") for f in a.pcie_fracs.split(",")]
 
 
 def strata_at(a: argparse.Namespace, cap: int, policy: str, frac: str, out: Path) -> dict[str, Any]:
-    name = frac if policy == "static" else policy
-    js = out / f"strata_{cap}_{name}.json"
+    js = out / f"strata_{cap}_{policy}_{frac}.json"
     cmd = [
         sys.executable,
         str(HERE / "bench_gpu.py"),

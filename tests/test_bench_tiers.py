@@ -1,6 +1,6 @@
-"""perf/bench_tiers.py without a GPU: each cap runs once per cache policy (static at each --pcie-frac, a
-learning policy over PCIe alone after its warm-up), llama.cpp once per cap, and the table, JSON and plot carry
-every run, with the plan (uniform routing) beside static runs only."""
+"""perf/bench_tiers.py without a GPU: each cap runs once per cache policy and --pcie-frac (a learning policy
+after its warm-up), llama.cpp once per cap, and the table, JSON and plot carry every run, with the plan
+(uniform routing) beside static runs only."""
 
 from __future__ import annotations
 
@@ -63,14 +63,13 @@ def test_each_cap_runs_every_policy_beside_one_llama_sweep(tmp_path, monkeypatch
     monkeypatch.setattr(sys, "argv", argv)
     bt.main()
 
-    want = [(c, "static", "auto") for c in (22528,)] + [(22528, "static", "1")]
-    want += [(22528, "adaptive", "1"), (22528, "lru", "1")]
+    want = [(22528, p, f) for p in ("static", "adaptive", "lru") for f in ("auto", "1")]
     assert runs == want + [(11264, p, f) for _, p, f in want]
     assert llama_caps == [22528, 11264]  # once a cap, whatever the runs
     rows = json.loads((tmp_path / "out" / "tiers.json").read_text())["scenarios"]["tiers"]["rows"]
     tg = [r for r in rows if r["test"] == "tg64_b1" and r["cap_mib"] == 22528]
-    assert [r["policy"] for r in tg] == ["static", "static", "adaptive", "lru"]
-    ada = tg[2]
+    assert [r["policy"] for r in tg] == ["static", "static", "adaptive", "adaptive", "lru", "lru"]
+    ada = tg[3]
     assert ada["ratio"] == pytest.approx(150.0 / 60.0) and ada["hit_rate"] == pytest.approx(0.9)
     assert ada["planner_tok_s"] is None and tg[0]["planner_tok_s"] == pytest.approx(95.0)
     md = (tmp_path / "out" / "tiers.md").read_text()
@@ -79,7 +78,7 @@ def test_each_cap_runs_every_policy_beside_one_llama_sweep(tmp_path, monkeypatch
     assert (tmp_path / "out" / "tiers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_learning_policy_warms_up_over_pcie_alone(tmp_path, monkeypatch):
+def test_a_learning_policy_warms_up_first(tmp_path, monkeypatch):
     bt = _load()
     calls = []
 

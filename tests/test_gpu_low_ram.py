@@ -7,7 +7,8 @@ through the ring) read the very bytes all-resident reads: their logits are bit-i
 mapped-only misses to the CPU share, whose kernels round differently (tests/test_gpu_share.py says how much),
 so decode is held to all-resident with the share's tolerance, and exactly with a CPU side that computes the
 GPU's own int8 arithmetic from each expert's home address. The counters add up, borrowed slots get their
-bytes back, and a learning cache policy is refused (the CPU share runs with the static cache only).
+bytes back, and a learning cache policy is refused (the mapped-only misses are a fixed set of CPU experts,
+which a policy's swaps would change).
 """
 
 from __future__ import annotations

@@ -76,6 +76,36 @@ def test_cpu_share_agrees_with_all_resident(tmp_path, arch, frac):
     m.close()
 
 
+@pytest.mark.parametrize("name", ["lru", "adaptive"])
+def test_a_learning_cache_keeps_the_cpu_share(tmp_path, name):
+    """--cache-policy with --pcie-frac 0.5: the per-token split hands the CPU part of each pass's misses while
+    swaps change which experts are misses; the logits stay within the share's rounding of all-resident, the
+    counters add up, and after the run the device tables equal the bookkeeping (the publish put every entry
+    it pointed at the zero slot back)."""
+    from strata.gpu import tiers as gt
+
+    path = tiny_file(tmp_path, "qwen3next")
+    prompt = np.random.default_rng(2).integers(0, 900, 20)
+    steps = 6 * gt.LEARN_EVERY
+    ref, _ = _run(_model(path), prompt, steps)
+    m = _model(path, "50%", pcie_frac=0.5, cache_policy=name)
+    cache = m.expert_cache
+    assert m.tiers.share is not None and cache.policy is not None and not cache.cpu.any()
+    got, st = _forced(m, prompt, [int(r[-1].argmax()) for r in ref[:-1]])
+    for k, (g, r) in enumerate(zip(got, ref)):
+        _close(g, r, f"{name} step {k}")
+    assert cache.swaps > 0
+    d = st.experts.decode
+    assert d.lookups == steps * cache.layout.top_k * len(cache.layout.layers)
+    assert d.cpu_calls > 0 and d.hits + d.cpu_calls <= d.lookups
+    m.stream.synchronize()
+    m.tiers.copy_stream.synchronize()
+    m.tiers.publish()
+    assert np.array_equal(m.tiers.table.get(), cache.table) and np.array_equal(m.tiers.full.get(), cache.full)
+    assert np.array_equal(m.tiers.where.get(), cache.where_kinds())
+    m.close()
+
+
 def test_pageable_arena_runs_every_decode_miss_on_the_cpu(tmp_path):
     path = tiny_file(tmp_path, "qwen3next")
     prompt = np.random.default_rng(2).integers(0, 900, 20)  # 16 rows (staged), then 4 (the CPU's)

@@ -89,19 +89,16 @@ class CpuShareSide:
         must = self.pageable or c.mapped_misses  # misses the graph cannot read: the CPU's, whatever the split
         if miss == 0 or (opts.pcie_frac == 1.0 and not must):
             return
-        if c.policy is not None:  # the CPU's experts would change under it between windows
-            if must:  # (ram_budget_mib refused the policy already: ExpertCache.use_policy)
-                raise ConfigError(
-                    "cache_policy",
-                    opts.cache_policy,
-                    "a pageable arena needs the CPU share of the "
-                    "misses, which runs with the static cache only",
-                )
-            note(
-                f"CPU share of the misses: off with --cache-policy {opts.cache_policy}; every miss is read "
-                "over PCIe"
+        # a fixed set of CPU experts would change under a learning policy between windows; the per-token
+        # split below reads each pass's own misses, so it follows the swaps (ram_budget_mib refused the policy
+        # already: ExpertCache.use_policy)
+        if c.policy is not None and must:
+            raise ConfigError(
+                "cache_policy",
+                opts.cache_policy,
+                "a pageable arena needs a fixed CPU share of the misses, which runs with the static "
+                "cache only",
             )
-            return
         if platform.machine() not in ("x86_64", "AMD64"):  # the mailbox's store order is x86's
             if must:
                 raise ConfigError(

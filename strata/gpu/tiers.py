@@ -19,7 +19,10 @@ budget's experts to bring in, while the GPU runs the next pass (`overlap`, calle
 its wait). A swap points the leaving expert's table entries at the arena (a patch queued behind the running
 pass, so every later pass reads it from there), copies the newcomer into the slot on the copy stream once the
 running pass is done with the slot, and flips the newcomer's entries to the slot at the first pass that starts
-after the copy landed: decode never waits for a swap, nor for the policy.
+after the copy landed: decode never waits for a swap, nor for the policy. The CPU share runs beside a policy:
+its per-token split (`take`) hands the CPU part of the misses each pass finds in `where`, so it follows the
+swaps; only a fixed set of CPU experts (a pageable arena, experts only in the file's mapping) needs the
+static cache.
 
 Under `--ram-budget-mib` (tiers/ram.py) the pinned arena holds only the likeliest misses (and the borrowed
 slots' experts), the rest stay in the file's mapping: decode rows give every such miss to the CPU share (the
@@ -112,7 +115,7 @@ class TierOptions:
     aux_cpus: str = "auto"
     cache_dir: str | None = None  # jit kernels; the probe's rates go beside it
     pin: bool = True  # False: act as if pinning the arena failed (tests the fallback)
-    cache_policy: str = "static"  # --cache-policy; lru and adaptive keep every miss on PCIe (no CPU share)
+    cache_policy: str = "static"  # --cache-policy (the CPU share splits each pass's misses under any)
     swap_budget: int = 64 << 20  # --swap-budget-mib: bytes a pass may copy into slots
     profile: Profile | None = None  # a saved routing profile: the fill takes each layer's most used experts
     prefetch: int = PREFETCH_DEFAULT  # --prefetch: experts a decode layer copies ahead of its router (0: off)
