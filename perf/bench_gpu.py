@@ -4,8 +4,10 @@ Not a test: prints a table with the Strata/llama.cpp ratios and writes the numbe
     python perf/bench_gpu.py --model F.gguf [--llama-bin DIR] [--prompts 512,4096,16384] [--gen 128]
                              [--batches 1,4] [--chunk 4096] [--profile] [--json OUT.json]
 
-Decode is greedy on the device, replaying the captured graph step by step (as llama-bench's tg,
-which samples nothing, and llama-batched-bench's S_TG for several sequences); prefill is
+Decode replays the captured graph step by step, each step fed the next token of a seeded random stream
+(`--feed random`, as llama-bench's tg feeds `rand() % n_vocab`; llama-batched-bench's S_TG for several
+sequences): a random-weight model's greedy text soon repeats one token, whose routing never changes, and a
+cache that learns would count that as hits (`--feed greedy` passes the draws on instead); prefill is
 forward() over a fresh sequence in `--chunk`-token passes. Bytes of weights read per decode step
 are counted from the resident tensors (B sequences touch E(1 - (1 - A/E)^B) experts per layer
 under uniform routing) and set against the device-to-device copy bandwidth measured here.
@@ -189,6 +191,11 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
         )
     rng = np.random.default_rng(0)
     vocab = gpu.params.vocab
+
+    def feed(steps: int, b: int) -> np.ndarray | None:
+        """--feed random: the next [steps, b] tokens of the stream (a new stretch each call); greedy: none."""
+        return rng.integers(0, vocab, (steps, b)) if a.feed == "random" else None
+
     gpu.forward(rng.integers(0, vocab, 600), gpu.new_state(), all_logits=False)  # warm: modules, pool
     for p in a.prompts:
         times = []
@@ -212,7 +219,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
             print(f"strata pp{p} borrowing slots: {res[f'pp{p}_borrowing']:.0f} tok/s", flush=True)
     if cache is not None and a.warm_decode:  # a cache that learns: let it follow the routing first
         t, s0, b0 = time.perf_counter(), cache.swaps, cache.swap_bytes
-        gpu.graphs.greedy_loop([1], [gpu.new_state()], a.warm_decode)
+        gpu.graphs.greedy_loop([1], [gpu.new_state()], a.warm_decode, feed(a.warm_decode, 1))
         res["warm_decode"] = {
             "tokens": a.warm_decode,
             "s": time.perf_counter() - t,
@@ -236,7 +243,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
         pf0 = dataclasses.replace(cache.prefetch) if cache is not None else None
         parts0 = dict(gpu.hc.host_parts) if gpu.hc is not None else {}
         t = time.perf_counter()
-        gpu.graphs.greedy_loop(list(range(1, b + 1)), states, a.gen)
+        gpu.graphs.greedy_loop(list(range(1, b + 1)), states, a.gen, feed(a.gen, b))
         dt = time.perf_counter() - t
         res[f"tg{a.gen}_b{b}"] = b * a.gen / dt
         if gpu.hc is not None and gpu.hc.dims.ple is not None:  # the PLE rows' hash, gather and upload
@@ -442,6 +449,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--routing-profile-in", type=Path, default=None, help="fill the cache from this profile file"
+    )
+    ap.add_argument(
+        "--feed",
+        choices=("random", "greedy"),
+        default="random",
+        help="decode's next tokens: a seeded random stream (as llama-bench's tg) or the greedy draws",
     )
     ap.add_argument(
         "--warm-decode",

@@ -9,6 +9,11 @@ the experts and a static profile of 1/16 (tiers/sim.py: learned on the first hal
 greedy-decodes --decode tokens with a 25% expert cache and --prefetch 4 and reports the lookahead's accuracy
 (the engine's counters; `tiers simulate --recorded` replays them exactly). CPU only; ~10 s per mode at the
 default shape, a few minutes at 12 layers.
+
+`--streams N` (locality mode): why GPU benchmarks feed decode a random stream (perf/bench_gpu.py --feed).
+From N random 32-token prompts, 288 decode tokens either greedy or fed random tokens, as bench_gpu.py's warm
+decode and tg64; LRU and adaptive with `--share` of the experts warmed on all but the last 64 tokens and
+scored on those. A random-weight model's greedy text soon repeats one token, whose routing then never changes.
 """
 
 from __future__ import annotations
@@ -74,9 +79,14 @@ def main() -> None:
     ):
         ap.add_argument(f"--{flag}", type=int, default=default)
     ap.add_argument("--modes", default="skew,locality")
+    ap.add_argument("--streams", type=int, default=0, help="greedy against fed decode from this many prompts")
+    ap.add_argument("--share", type=float, default=0.455, help="--streams: the cache's share of the experts")
     a = ap.parse_args()
     s, e = shape(a), a.experts
     root = Path(tempfile.mkdtemp(prefix="synth_locality_"))
+    if a.streams:
+        streams(a, s, root)
+        return
     for mode in a.modes.split(","):
         path = write_synth(
             root / f"{mode}.gguf", s, Q.Q8_0, Q.Q8_0, 0.0, TOKENIZER, seed=1, router_mode=mode
@@ -100,6 +110,51 @@ def main() -> None:
                 ignore_eos=True,
             ).run()
             print(f"  decode {a.decode} tokens, 25% cache: {eng.expert_cache.prefetch.line()}")
+
+
+def streams(a: argparse.Namespace, s: Shape, root: Path, prompt: int = 32, decode: int = 288) -> None:
+    import numpy as np
+
+    from strata.tiers import trace
+
+    path = write_synth(
+        root / "locality.gguf", s, Q.Q8_0, Q.Q8_0, 0.0, TOKENIZER, seed=1, router_mode="locality"
+    )
+    slots = int(a.share * a.experts)
+    for seed in range(a.streams):
+        rng = np.random.default_rng(seed)
+        ids = rng.integers(10, 150_000, prompt)
+        for how in ("greedy", "random"):
+            out = root / f"{how}{seed}.npz"
+            eng = Engine.load(
+                path.path,
+                device="cpu",
+                backend="numpy",
+                expert_cache="off",
+                prefetch=0,
+                routing_profile="off",
+                record_routes=str(out),
+            )
+            st = eng.new_state()
+            logits = eng.model.forward(ids, st, all_logits=False)
+            fed = rng.integers(10, 150_000, decode)
+            toks = []
+            for k in range(decode):
+                toks.append(int(logits[-1].argmax()) if how == "greedy" else int(fed[k]))
+                logits = eng.model.forward(np.array([toks[-1]]), st, all_logits=False)
+            eng.expert_cache.recorder.save()
+            routes = trace.load(out)[0]
+            warm = (len(routes) - 64) / len(routes)
+            hits = [
+                sim.simulate(routes, a.experts, slots, p, profile_share=warm).hit_rate
+                for p in ("lru", "adaptive")
+            ]
+            distinct = len(set(toks[-64:]))
+            print(
+                f"prompt {seed}, {how}: {distinct} of the last 64 tokens distinct, {slots} slots: "
+                f"LRU {hits[0]:.1%}, adaptive {hits[1]:.1%}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -377,6 +377,26 @@ def test_a_learning_cache_equals_all_resident(tmp_path, name):
     assert cache.swaps >= before
 
 
+@pytest.mark.parametrize("cache", ["auto", "50%"])
+def test_the_greedy_loop_passes_on_a_fed_stream(tmp_path, cache):
+    """greedy_loop(feed=...): each step embeds the fed token, not its draw (the benchmark's fixed stream), and
+    still returns its draws: the same as step-by-step decode fed those tokens, with or without a cache that
+    learns, and the state's tokens are the fed ones."""
+    path = tiny_file(tmp_path, "qwen3next")
+    prompt = np.random.default_rng(5).integers(0, 900, 20)
+    feed = np.random.default_rng(6).integers(0, 900, (8, 1))
+    kw = {"cache_policy": "adaptive"} if cache != "auto" else {}
+    m, ref = _model(path, cache, **kw), _model(path, cache, **kw)
+    st, st_ref = m.new_state(), ref.new_state()
+    m.forward(prompt, st, all_logits=False)
+    ref.forward(prompt, st_ref, all_logits=False)
+    drawn = m.graphs.greedy_loop([5], [st], len(feed), feed)
+    fed = [5, *feed[:-1, 0]]
+    want = [int(ref.forward(np.array([t]), st_ref, all_logits=False)[-1].argmax()) for t in fed]
+    assert drawn[:, 0].tolist() == want
+    assert st.tokens == st_ref.tokens and st.n_past == st_ref.n_past
+
+
 def test_recorded_gpu_routes_replay_to_the_counters(tmp_path):
     """--record-routes on the GPU: the routed ids the graph leaves behind, replayed by the simulator with the
     static policy from the engine's placement, give exactly the lookups and hits the device counted. The

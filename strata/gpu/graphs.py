@@ -159,8 +159,13 @@ class DecodeGraphs:
             s.kv.length = s.n_past  # type: ignore[attr-defined]
         return logits
 
-    def greedy_loop(self, tokens: list[int], states: list[SequenceState], steps: int) -> np.ndarray:
-        """`steps` greedy tokens per sequence, chosen on the device; returns them [steps, B]."""
+    def greedy_loop(
+        self, tokens: list[int], states: list[SequenceState], steps: int, feed: np.ndarray | None = None
+    ) -> np.ndarray:
+        """`steps` greedy tokens per sequence, chosen on the device; returns them [steps, B]. feed [steps, B]:
+        the tokens each step passes on instead of its draw (a benchmark's fixed stream: a random-weight
+        model's greedy text soon repeats one token, whose routing never changes, which a learning cache
+        would turn into hits no real text gives)."""
         b = len(tokens)
         cp = cupy_module()
         with self.model.stream:
@@ -169,6 +174,8 @@ class DecodeGraphs:
             self._load(tokens, states, extra=steps)
             self.model.prepare([np.asarray([t]) for t in tokens], states, act)
             out = cp.empty((steps, b), cp.int64)
+            given = None if feed is None else np.asarray(feed, np.int64).reshape(steps, b)
+            fed = None if given is None else cp.asarray(given)
             tiers = self.model.tiers
             # a cache that learns sees every pass (a round trip each); a static one counts once at the end
             learning = tiers is not None and tiers.cache.policy is not None
@@ -177,8 +184,10 @@ class DecodeGraphs:
                     tiers.publish()
                 self._launch(b)
                 out[k] = self.tab[:b, 4]
-                if self.model.host_inputs and k + 1 < steps:  # the next step's inputs, from the drawn tokens
-                    drawn = self.tab[:b, 4].get(stream=self.model.stream)
+                if fed is not None:  # over the draw, behind the step on the stream: the next step embeds it
+                    self.tab[:b, 4] = fed[k]
+                if self.model.host_inputs and k + 1 < steps:  # the next step's inputs, from its tokens
+                    drawn = given[k] if given is not None else self.tab[:b, 4].get(stream=self.model.stream)
                     self.model.prepare([np.asarray([t]) for t in drawn], states, act)
                 if learning:
                     tiers.overlap()
@@ -187,8 +196,9 @@ class DecodeGraphs:
             chosen = out.get(stream=self.model.stream)
             if tiers is not None and not learning:  # every row decoded `steps` tokens: decode counters
                 tiers.cache.settle(tiers.take_counts(b), 0, [s.experts for s in states], [1] * b)
+        passed = chosen if given is None else given
         for j, s in enumerate(states):
-            s.tokens.extend([tokens[j]] + [int(v) for v in chosen[:-1, j]])
+            s.tokens.extend([tokens[j]] + [int(v) for v in passed[:-1, j]])
             s.n_past += steps
             s.kv.length = s.n_past  # type: ignore[attr-defined]
         return chosen
