@@ -19,6 +19,7 @@ scored on those. A random-weight model's greedy text soon repeats one token, who
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 from pathlib import Path
 
@@ -28,41 +29,24 @@ from strata.engine import Engine
 from strata.sampling.params import SamplingParams
 from strata.synth import write_synth
 from strata.synth.locality import measured_routes
-from strata.synth.shapes import QWEN3NEXT, Shape
+from strata.synth.shapes import SHAPES, Shape
 from strata.tiers import sim
 
 TOKENIZER = Path.home() / ".cache/strata/fixtures/qwen3_tokenizer/package/models"
 
 
 def shape(a: argparse.Namespace) -> Shape:
-    common = {
-        "n_layer": a.layers,
-        "d_model": a.d_model,
-        "n_head": 4,
-        "n_kv": 2,
-        "head_dim": a.head_dim,
-        "n_expert": a.experts,
-        "top_k": a.top_k,
-        "expert_ff": 256,
-        "dense_ff": 768,
-        "n_ctx": 8192,
-        "tied": True,
-    }
-    if a.arch == QWEN3NEXT:
-        return Shape(
-            QWEN3NEXT,
-            "locality",
-            rope_base=1e7,
-            shared_ff=256,
-            full_attn_interval=4,
-            lin_k_heads=2,
-            lin_v_heads=4,
-            lin_head_dim=64,
-            conv_kernel=4,
-            rotary_factor=0.25,
-            **common,
-        )
-    return Shape("qwen3moe", "locality", rope_base=1e6, **common)
+    """The tiny fixture shape of --arch, resized by the flags."""
+    return dataclasses.replace(
+        SHAPES[(a.arch, "tiny")],
+        name="locality",
+        n_layer=a.layers,
+        d_model=a.d_model,
+        head_dim=a.head_dim,
+        n_expert=a.experts,
+        top_k=a.top_k,
+        n_ctx=8192,
+    )
 
 
 def main() -> None:

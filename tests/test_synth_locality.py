@@ -7,6 +7,7 @@ Margins, not the calibrated values (perf/README.md "synth locality router" has t
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -16,26 +17,11 @@ from strata.gguf import GGUFFile
 from strata.synth import write_synth
 from strata.synth.locality import measured_routes
 from strata.synth.plan import KEY_MODE
-from strata.synth.shapes import Shape
+from strata.synth.shapes import QWEN3MOE, SHAPES
 from strata.tiers import sim
 
 E, TOKENS = 128, 600
-SHAPE = Shape(
-    "qwen3moe",
-    "locality-test",
-    n_layer=4,
-    d_model=256,
-    n_head=4,
-    n_kv=2,
-    head_dim=64,
-    n_expert=E,
-    top_k=4,
-    expert_ff=256,
-    dense_ff=768,
-    n_ctx=4096,
-    rope_base=1e6,
-    tied=True,
-)
+SHAPE = dataclasses.replace(SHAPES[(QWEN3MOE, "tiny")], name="locality-test", n_layer=4, n_expert=E, top_k=4)
 
 
 def _lru(tmp_path: Path, tokenizer: Path, mode: str) -> list[float]:
