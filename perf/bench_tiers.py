@@ -10,8 +10,9 @@ scenario's rows, and every run's numbers under `runs`); tiers.md keeps the markd
 
 `--policies` runs each cap once per cache policy and `--pcie-fracs` value, lru and adaptive after
 `--warm-decode` tokens of learning (issue 17's comparison, on a file whose router has locality:
-`strata synth --router-mode locality`). The bound counts each run's measured misses; the planner
-assumes uniform routing's hit rate, so it is given (and the plot draws the bounds) for static runs only.
+`strata synth --router-mode locality`). The bound counts each run's measured misses and swaps; the
+planner assumes uniform routing's hit rate, so it is given (and the plot draws the bounds) for static runs
+only.
 
 Each cap runs `perf/bench_gpu.py --vram-budget-mib CAP` in its own process (each pins every expert, so one at
 a time). The bound of one decode token: the bytes it reads from VRAM (dense weights and hits) at the measured
@@ -137,19 +138,23 @@ def llama_at(
     return best
 
 
-def bound(s: dict[str, Any], b: int, cpu_too: bool = True) -> float:
+def bound(s: dict[str, Any], b: int, gen: int, cpu_too: bool = True) -> float:
     """Decode tok/s if every byte moved at its measured rate: VRAM bytes at the copy rate, then the misses
     over PCIe at the probed zero-copy rate, with cpu_too beside the CPU pool at its probed rate, the misses
-    split between the two at their best (each side's share in proportion to its rate). The CPU pool's rate
-    is that of the probe, which was run when the split is auto or given (a run without a share has none)."""
+    split between the two at their best (each side's share in proportion to its rate). A learning policy's
+    swaps (bytes copied into slots during the `gen` measured steps) cross the same link: they count as PCIe
+    bytes (the CPU's side takes that many more misses, so the sum over both rates holds). The CPU pool's
+    rate is that of the probe, which was run when the split is auto or given (a run without a share has
+    none)."""
     t = s[f"tiers_b{b}"]
     miss = t["pcie_bytes_per_token"] + t.get("cpu_bytes_per_token", 0.0)
     vram = (
         s[f"bytes_b{b}"] / b - miss
     )  # bytes_b: the step's weight bytes as if resident, per step of b tokens
+    swap = (s.get(f"swaps_b{b}") or {}).get("bytes", 0) / (b * gen)
     rates = s["tiers"].get("rates") or {}
     link = s["tiers"]["pcie"]["zero_copy"] + (rates.get("cpu", 0.0) if cpu_too else 0.0)
-    return 1 / (vram / s["copy_bw"] + miss / link)
+    return 1 / (vram / s["copy_bw"] + (miss + swap) / link)
 
 
 def table_rows(rows: list[dict[str, Any]], a: argparse.Namespace) -> list[dict[str, Any]]:
@@ -161,8 +166,8 @@ def table_rows(rows: list[dict[str, Any]], a: argparse.Namespace) -> list[dict[s
         for key in [f"pp{p}" for p in a.prompts] + [f"tg{a.gen}_b{b}" for b in a.batches]:
             mine, theirs = s.get(key, 0.0), peer.get(key, 0.0)
             b = int(key.rsplit("b", 1)[1]) if key.startswith("tg") else 0
-            bd = bound(s, b) if b else None
-            bd_link = bound(s, b, cpu_too=False) if b else None
+            bd = bound(s, b, a.gen) if b else None
+            bd_link = bound(s, b, a.gen, cpu_too=False) if b else None
             hit = s[f"tiers_b{a.batches[0]}"]["hit_rate"]
             out.append(
                 {
@@ -235,10 +240,9 @@ def plot(rows: list[dict[str, Any]], a: argparse.Namespace, path: Path) -> None:
         ax.plot(caps, [r["strata"][key] for r in mine], "o-", label="Strata" + tag)
         if run[0] != "static":  # the plan assumes uniform routing's hit rate; one set of bounds reads best
             continue
-        ax.plot(caps, [bound(r["strata"], 1) for r in mine], "--", label="bound, PCIe + CPU pool" + tag)
-        ax.plot(
-            caps, [bound(r["strata"], 1, cpu_too=False) for r in mine], ":", label="bound, PCIe alone" + tag
-        )
+        for cpu_too, style, what in ((True, "--", "PCIe + CPU pool"), (False, ":", "PCIe alone")):
+            bounds = [bound(r["strata"], 1, a.gen, cpu_too) for r in mine]
+            ax.plot(caps, bounds, style, label=f"bound, {what}{tag}")
         ax.plot(caps, [r["plan"]["decode_tok_s"] for r in mine], "x:", label="strata plan" + tag)
     rows = [r for r in rows if (r["policy"], r["frac"]) == (rows[0]["policy"], rows[0]["frac"])]
     caps = [r["cap"] / 1024 for r in rows]

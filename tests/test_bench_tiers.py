@@ -105,3 +105,19 @@ def test_a_learning_policy_warms_up_first(tmp_path, monkeypatch):
     static, ada = calls
     assert "--warm-decode" not in static and static[static.index("--cache-policy") + 1] == "static"
     assert ada[ada.index("--warm-decode") + 1] == "128" and ada[ada.index("--swap-budget-mib") + 1] == "32"
+
+
+def test_the_bound_counts_a_learning_policys_swaps_as_pcie_bytes():
+    """Swaps cross the link the misses use: the bound adds their bytes a token to the misses', over PCIe and
+    the CPU pool together (or PCIe alone), so a policy that buys hits with copies is held to what it moved."""
+    bt = _load()
+    s = _strata(0.9, 150.0)  # 40 MB of misses a token, 1.5 GB read from VRAM
+    s["tiers"]["rates"] = {"cpu": 30e9}
+    plain = bt.bound(s, 1, 64)
+    s["swaps_b1"] = {"swaps": 1_000, "bytes": 64 * 20e6}  # 20 MB a token over 64 steps of one row
+    miss, vram = 0.1 * 400e6, 1.5e9
+    with_swaps = bt.bound(s, 1, 64)
+    assert with_swaps == pytest.approx(1 / (vram / 3e12 + (miss + 20e6) / 80e9)) and with_swaps < plain
+    assert bt.bound(s, 1, 64, cpu_too=False) == pytest.approx(1 / (vram / 3e12 + (miss + 20e6) / 50e9))
+    s["swaps_b4"] = {"swaps": 1_000, "bytes": 4 * 64 * 20e6}  # per token: the steps' rows count
+    assert bt.bound(s, 4, 64, cpu_too=False) == pytest.approx(1 / (vram / 3e12 + (miss + 20e6) / 50e9))
