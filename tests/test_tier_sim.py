@@ -172,12 +172,45 @@ def test_the_sweep_prints_seed_003s_table_and_draws_the_curve(tmp_path, capsys) 
     assert got == [["16", "3.1%"], ["64", "12.5%"], ["512", "100.0%"]]  # past the experts: the whole layer
     want = sim.simulate(ids, n_expert, 16, "adaptive")
     cells = lines[1].split("|")[1 + policy.POLICIES.index("adaptive")].split()
-    assert cells == [f"{want.hit_rate:.1%}", f"{(1 - want.hit_rate) * 2 * ids.shape[2]:.1f}"]
+    scored = want.lookups / (2 * ids.shape[2])
+    assert cells == [
+        f"{want.hit_rate:.1%}",
+        f"{(1 - want.hit_rate) * 2 * ids.shape[2]:.1f}",
+        f"{want.swaps / scored:.1f}",
+    ]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and lines[-1] == f"curve: {png}"
     for bad in (["--sizes=-1,64"], ["--sizes", "a"], ["--plot", str(png)]):
         extra = [] if bad[0] == "--plot" else ["--sweep"]
         assert main(["tiers", "simulate", str(out), *extra, *bad]) == 1
         assert bad[0].split("=")[0] in capsys.readouterr().err
+
+
+def test_windows_and_a_swap_budget_replay_as_the_engine_learns(tmp_path, capsys) -> None:
+    """--window T --swap-budget E: the policy learns every T tokens and copies at most E experts a window (the
+    engine's LEARN_EVERY passes and --swap-budget-mib); the JSON gives what sim.simulate gives for the same
+    windows, with the misses and swaps a token, and fewer swaps than with no budget. Bad values, and either
+    flag with --recorded (which replays the run's own), are refused."""
+    from strata.cli import main
+
+    out = tmp_path / "t.npz"
+    assert main(["tiers", "trace", "--synthetic", "--tokens", "402", "--layers", "2", "-o", str(out)]) == 0
+    capsys.readouterr()
+    ids, n_expert = trace.load(out)
+    base = ["tiers", "simulate", str(out), "--slots", "64", "--policy", "lru", "--json"]
+    assert main([*base, "--window", "4", "--swap-budget", "6"]) == 0
+    got = json.loads(capsys.readouterr().out)[0]
+    windows = np.array([4] * 100 + [2])
+    want = sim.simulate(ids, n_expert, 64, "lru", windows=windows, budget=6)
+    assert (got["hits"], got["swaps"]) == (want.hits, want.swaps)
+    scored = want.lookups / (2 * ids.shape[2])
+    assert got["swaps_per_token"] == pytest.approx(want.swaps / scored)
+    assert got["misses_per_token"] == pytest.approx((want.lookups - want.hits) / scored)
+    assert main([*base, "--window", "4"]) == 0
+    free = json.loads(capsys.readouterr().out)[0]
+    assert 0 < got["swaps"] < free["swaps"] and got["swaps"] <= 6 * 51  # the scored half's windows, 6 each
+    for bad in (["--window", "0"], ["--swap-budget", "-1"], ["--window", "4", "--recorded"]):
+        assert main([*base, *bad]) == 1
+        assert bad[0] in capsys.readouterr().err
 
 
 def test_a_recorded_trace_replays_to_the_engines_own_counters(tmp_path, capsys) -> None:

@@ -90,7 +90,12 @@ def _stage(pf: PrefetchCounts, resident: np.ndarray, pred: np.ndarray, ids: np.n
 
 
 def sweep(
-    ids: np.ndarray, n_expert: int, sizes: list[int], names: tuple[str, ...] = policy.POLICIES
+    ids: np.ndarray,
+    n_expert: int,
+    sizes: list[int],
+    names: tuple[str, ...] = policy.POLICIES,
+    windows: np.ndarray | None = None,
+    budget: int | None = None,
 ) -> list[Result]:
-    """The hit-rate vs cache-size curve of every policy."""
-    return [simulate(ids, n_expert, s, n) for s in sizes for n in names]
+    """The hit-rate vs cache-size curve of every policy (windows, budget: as simulate's)."""
+    return [simulate(ids, n_expert, s, n, windows=windows, budget=budget) for s in sizes for n in names]

@@ -1,6 +1,7 @@
 """`strata tiers trace --synthetic ... -o F.npz` and
-`strata tiers simulate TRACE --slots N --policy P [--sweep [--sizes S,..] [--plot PNG]] [--prefetch K]
-[--json]`: routing traces and the policy simulator (strata.tiers.trace, .sim) for tier-tuning experiments."""
+`strata tiers simulate TRACE --slots N --policy P [--sweep [--sizes S,..] [--plot PNG]] [--window T]
+[--swap-budget E] [--prefetch K] [--json]`: routing traces and the policy simulator (strata.tiers.trace, .sim)
+for tier-tuning experiments."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import argparse
 import dataclasses
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from strata.cli.output import dump_json
 from strata.errors import ConfigError
@@ -42,6 +45,22 @@ def add_tiers_flags(p: argparse.ArgumentParser) -> None:
     )
     s.add_argument("--sizes", default="32,64,128,256", help="--sweep's slots per layer (default %(default)s)")
     s.add_argument("--plot", type=Path, default=None, metavar="PNG", help="with --sweep: the curve as a PNG")
+    s.add_argument(
+        "--window",
+        type=int,
+        default=1,
+        metavar="TOKENS",
+        help="tokens between the policy's updates (default 1; the engine learns every 4 passes, 4 tokens at "
+        "b=1)",
+    )
+    s.add_argument(
+        "--swap-budget",
+        type=int,
+        default=None,
+        metavar="EXPERTS",
+        help="experts a window may copy into slots, over all layers (default: any; the engine's "
+        "--swap-budget-mib M allows 4 M / the expert's MiB a window)",
+    )
     s.add_argument(
         "--recorded",
         action="store_true",
@@ -99,7 +118,17 @@ def run_tiers(args: argparse.Namespace) -> int:
     if args.plot is not None and not args.sweep:
         raise ConfigError("--plot", args.plot, "draws the --sweep curve: add --sweep")
     ahead = _ahead(args)
+    if args.window < 1:
+        raise ConfigError("--window", args.window, "tokens a window: at least 1")
+    if args.swap_budget is not None and args.swap_budget < 0:
+        raise ConfigError("--swap-budget", args.swap_budget, "experts a window: at least 0")
+    t = len(ids)
+    windows = np.array([args.window] * (t // args.window) + ([t % args.window] if t % args.window else []))
+    budget = args.swap_budget
     if args.recorded:
+        if args.window != 1 or budget is not None:
+            flag, value = ("--window", args.window) if args.window != 1 else ("--swap-budget", budget)
+            raise ConfigError(flag, value, "--recorded replays the run's own windows and swap budget")
         resident, windows, budget = trace.load_recorded(args.trace)
         if resident is None:
             raise ConfigError("--recorded", args.trace, "needs a trace written by --record-routes")
@@ -109,10 +138,17 @@ def run_tiers(args: argparse.Namespace) -> int:
             )
         ]
     elif args.sweep:
-        results = sim.sweep(ids, n_expert, _sizes(args.sizes, n_expert))
+        results = sim.sweep(ids, n_expert, _sizes(args.sizes, n_expert), windows=windows, budget=budget)
     else:
-        results = [sim.simulate(ids, n_expert, args.slots, args.policy, ahead=ahead)]
+        results = [
+            sim.simulate(ids, n_expert, args.slots, args.policy, windows=windows, budget=budget, ahead=ahead)
+        ]
     rows = [r.json() for r in results]
+    # what crosses PCIe a token: a miss reads an expert, a swap copies one
+    for row, r in zip(rows, results):
+        scored = r.lookups / (ids.shape[1] * ids.shape[2])
+        row["misses_per_token"] = (r.lookups - r.hits) / scored if scored else 0.0
+        row["swaps_per_token"] = r.swaps / scored if scored else 0.0
     if args.model is not None:
         for row, r in zip(rows, results):
             row["predicted_decode_tok_s"] = _predicted(args, ids, n_expert, r)
@@ -128,11 +164,15 @@ def run_tiers(args: argparse.Namespace) -> int:
             print(f"curve: {args.plot}")
         return 0
     print(
-        f"{'slots/layer':>11}  {'policy':<9} {'hit rate':>8} {'swaps':>8}" + ("  pred tok/s" if pred else "")
+        f"{'slots/layer':>11}  {'policy':<9} {'hit rate':>8} {'swaps':>8} {'miss/tok':>8} {'swap/tok':>8}"
+        + ("  pred tok/s" if pred else "")
     )
     for row, r in zip(rows, results):
         tail = f"  {row['predicted_decode_tok_s']:>10.1f}" if pred else ""
-        print(f"{r.slots:>11}  {r.policy:<9} {r.hit_rate:>8.1%} {r.swaps:>8,}{tail}")
+        print(
+            f"{r.slots:>11}  {r.policy:<9} {r.hit_rate:>8.1%} {r.swaps:>8,} {row['misses_per_token']:>8.1f} "
+            f"{row['swaps_per_token']:>8.1f}{tail}"
+        )
         if r.prefetch is not None:
             pf = r.prefetch
             print(
@@ -157,18 +197,18 @@ def _sizes(text: str, n_expert: int) -> list[int]:
 
 def _print_sweep(rows: list[dict[str, Any]], shape: tuple[int, ...], n_expert: int, pred: bool) -> None:
     """Seed 003's table: cache size (slots a layer and the share of experts it holds) -> each policy's hit
-    rate and the misses a token that are left, which set the speed (a 99% hit rate has a quarter of 96%'s)."""
+    rate and the misses a token that are left, which set the speed (a 99% hit rate has a quarter of 96%'s),
+    and the swaps a token its hits cost (each copies an expert over the same link a miss reads)."""
     names = list(dict.fromkeys(str(r["policy"]) for r in rows))
     head = f"{'slots/layer':>11} {'experts':>8}"
     for n in names:
-        head += f" | {n + ' hit':>12} {'miss/tok':>8}" + (f" {'tok/s':>7}" if pred else "")
+        head += f" | {n + ' hit':>12} {'miss/tok':>8} {'swap/tok':>8}" + (f" {'tok/s':>7}" if pred else "")
     print(head)
-    per_token = shape[1] * shape[2]  # routed lookups a token
     for size in dict.fromkeys(int(r["slots"]) for r in rows):  # type: ignore[call-overload]
         line = f"{size:>11} {size / n_expert:>8.1%}"
         for n in names:
             r = next(r for r in rows if r["slots"] == size and r["policy"] == n)
-            line += f" | {r['hit_rate']:>12.1%} {(1 - r['hit_rate']) * per_token:>8.1f}"  # type: ignore[operator]
+            line += f" | {r['hit_rate']:>12.1%} {r['misses_per_token']:>8.1f} {r['swaps_per_token']:>8.1f}"
             line += f" {r['predicted_decode_tok_s']:>7.1f}" if pred else ""
         print(line)
 
