@@ -321,6 +321,21 @@ def test_simulate_predicts_decode_as_the_planner_does(tmp_path, capsys) -> None:
     assert want == pytest.approx(plan["decode_tok_s"], rel=1e-9)
 
 
+def test_the_prediction_holds_swaps_to_the_misses_link():
+    """A learning policy's swaps copy on a side stream: beside a long enough step they cost nothing, and past
+    it the token lasts its misses and swaps over the link."""
+    from strata.tiers.plan import MISS_EFFICIENCY, pcie_decode_tok_s
+
+    dense, routed, hit = 2e9, 500e6, 0.8  # 100 MB of misses a token
+    step, misses = 2.4e9 / 1e12, 100e6 / (50e9 * MISS_EFFICIENCY)  # the dense and hit bytes at 1 TB/s
+    plain = pcie_decode_tok_s(dense, routed, hit, 1000.0, 50.0)
+    assert plain == pytest.approx(1 / (step + misses))
+    beside = pcie_decode_tok_s(dense, routed, hit, 1000.0, 50.0, swap=50e6)  # 1 ms of copies, 2.4 of step
+    assert beside == pytest.approx(plain)
+    slow = pcie_decode_tok_s(dense, routed, hit, 1000.0, 50.0, swap=200e6)
+    assert slow == pytest.approx(1 / (misses + 200e6 / 50e9)) and slow < plain
+
+
 def test_the_planner_credits_the_lookahead_with_what_its_window_copies(capsys):
     """The lookahead's credit against the H200's counts at 24 GB, one sequence (perf/README.md): 80B shape
     (Q4_K experts of 3 x 589,824 bytes, 43 us a layer at 51 GB/s probed) used 64 MB a token, the flagship

@@ -258,13 +258,16 @@ def pcie_decode_tok_s(
     pcie_gbps: float,
     ahead: float = 0.0,
     floor_s: float = 0.0,
+    swap: float = 0.0,
 ) -> float:
     """Decode tok/s of one sequence when every miss is read over PCIe (the planner at --pcie-frac 1): the
     all-resident step (floor_s, or the dense and hit bytes at the VRAM rate if longer), then the misses at the
     in-graph zero-copy rate; `ahead`: miss bytes a token the lookahead copies beside the mixers (off the
-    critical path)."""
+    critical path); `swap`: bytes a token a learning policy copies into slots, on a side stream beside the
+    step but on the misses' link, so the token lasts at least its misses and swaps there."""
     step = max(floor_s, (dense_per_token + hit * routed) / (hbm_gbps * 1e9))
-    return 1 / (step + max(0.0, (1 - hit) * routed - ahead) / (pcie_gbps * 1e9 * MISS_EFFICIENCY))
+    misses = max(0.0, (1 - hit) * routed - ahead) / (pcie_gbps * 1e9 * MISS_EFFICIENCY)
+    return 1 / max(step + misses, misses + swap / (pcie_gbps * 1e9))
 
 
 def borrowed_estimate(n_slots: int, layout: ExpertLayout) -> int:

@@ -247,7 +247,8 @@ def _plot(results: list[sim.Result], shape: tuple[int, ...], n_expert: int, titl
 
 
 def _predicted(args: argparse.Namespace, ids: object, n_expert: int, r: sim.Result) -> float:
-    """The planner's decode tok/s at the simulated hit rate, from the model's header (strata.tiers.plan)."""
+    """The planner's decode tok/s at the simulated hit rate and swaps, from the model's header
+    (strata.tiers.plan)."""
     from strata.cli.plan import layer_us
     from strata.gguf import GGUFFile
     from strata.gpu.weights import weight_bytes
@@ -270,14 +271,16 @@ def _predicted(args: argparse.Namespace, ids: object, n_expert: int, r: sim.Resu
             f"does not have the trace's {shape[1]} MoE layers of {n_expert} experts, top-{shape[2]}",
         )
     dense = sum(v for k, v in weight_bytes(g).items() if k not in ("experts", "embeddings"))
-    ahead = 0.0
-    if r.prefetch is not None and shape[0]:  # bytes read ahead a scored token
-        ahead = float(r.prefetch["saved_bytes"]) / (r.lookups / (shape[1] * shape[2]))
+    scored = r.lookups / (shape[1] * shape[2])  # tokens
+    ahead = swap = 0.0
+    if r.prefetch is not None and scored:  # bytes read ahead a scored token
+        ahead = float(r.prefetch["saved_bytes"]) / scored
+    routed = layout.routed_bytes_per_token()
+    if scored:  # each swap copies an expert of the mean routed size
+        swap = r.swaps / scored * routed / (shape[1] * shape[2])
     cpu = model_class(g)(g, WeightStore(g, 0))
     floor = cpu.params.n_layer * layer_us(args, cpu) * 1e-6  # type: ignore[attr-defined]
-    return pcie_decode_tok_s(
-        dense, layout.routed_bytes_per_token(), r.hit_rate, args.hbm_gbps, args.pcie_gbps, ahead, floor
-    )
+    return pcie_decode_tok_s(dense, routed, r.hit_rate, args.hbm_gbps, args.pcie_gbps, ahead, floor, swap)
 
 
 def _ahead(args: argparse.Namespace) -> trace.Ahead | None:
