@@ -265,8 +265,8 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
         default="static",
         choices=POLICIES,
         help="which experts the cache keeps: static "
-        "(the fill), lru, adaptive (decayed use counts with hysteresis), swapped between passes beside the "
-        "decode (on the GPU every miss is then read over PCIe: no CPU share)",
+        "(the fill), lru, adaptive (the uses an expert can expect while it holds a slot, with hysteresis), "
+        "swapped between passes beside the decode; the CPU share's per-token split follows the swaps",
     )
     p.add_argument(
         "--routing-profile",
