@@ -186,8 +186,9 @@ class DecodeGraphs:
                 out[k] = self.tab[:b, 4]
                 if fed is not None:  # over the draw, behind the step on the stream: the next step embeds it
                     self.tab[:b, 4] = fed[k]
-                if self.model.host_inputs and k + 1 < steps:  # the next step's inputs, from its tokens
-                    drawn = given[k] if given is not None else self.tab[:b, 4].get(stream=self.model.stream)
+                if self.model.host_inputs and k + 1 < steps:  # the next step's inputs, from its tokens (drawn
+                    # or fed: both are in the column by now; the read syncs before prepare reuses its buffers)
+                    drawn = self.tab[:b, 4].get(stream=self.model.stream)
                     self.model.prepare([np.asarray([t]) for t in drawn], states, act)
                 if learning:
                     tiers.overlap()
