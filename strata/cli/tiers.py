@@ -146,7 +146,7 @@ def run_tiers(args: argparse.Namespace) -> int:
     rows = [r.json() for r in results]
     # what crosses PCIe a token: a miss reads an expert, a swap copies one
     for row, r in zip(rows, results):
-        scored = r.lookups / (ids.shape[1] * ids.shape[2])
+        scored = _scored_tokens(r, ids.shape)
         row["misses_per_token"] = (r.lookups - r.hits) / scored if scored else 0.0
         row["swaps_per_token"] = r.swaps / scored if scored else 0.0
     if args.model is not None:
@@ -271,7 +271,7 @@ def _predicted(args: argparse.Namespace, ids: object, n_expert: int, r: sim.Resu
             f"does not have the trace's {shape[1]} MoE layers of {n_expert} experts, top-{shape[2]}",
         )
     dense = sum(v for k, v in weight_bytes(g).items() if k not in ("experts", "embeddings"))
-    scored = r.lookups / (shape[1] * shape[2])  # tokens
+    scored = _scored_tokens(r, shape)
     ahead = swap = 0.0
     if r.prefetch is not None and scored:  # bytes read ahead a scored token
         ahead = float(r.prefetch["saved_bytes"]) / scored
@@ -281,6 +281,11 @@ def _predicted(args: argparse.Namespace, ids: object, n_expert: int, r: sim.Resu
     cpu = model_class(g)(g, WeightStore(g, 0))
     floor = cpu.params.n_layer * layer_us(args, cpu) * 1e-6  # type: ignore[attr-defined]
     return pcie_decode_tok_s(dense, routed, r.hit_rate, args.hbm_gbps, args.pcie_gbps, ahead, floor, swap)
+
+
+def _scored_tokens(r: sim.Result, shape: tuple[int, ...]) -> float:
+    """Tokens a result scored: its lookups over the trace's layers x top_k."""
+    return r.lookups / (shape[1] * shape[2])
 
 
 def _ahead(args: argparse.Namespace) -> trace.Ahead | None:
