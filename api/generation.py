@@ -58,6 +58,8 @@ async def submit(
     reaches the scheduler."""
     seed = params.seed if params.seed is not None else secrets.randbits(63)
     max_tokens = min(max_tokens, state.engine.n_ctx - len(prompt.ids))
+    if state.config.n_predict > 0:  # --n-predict caps every request, as llama-server's -n does
+        max_tokens = min(max_tokens, state.config.n_predict)
     tok = state.engine.tokenizer
     if prompt.json_seed is not None:
         grammar = await compiled(prompt.json_schema, "tools", tok, prompt.json_seed)

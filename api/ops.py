@@ -136,6 +136,7 @@ async def props(request: Request) -> Response:
             "model_path": s.engine.gguf.path,
             "n_ctx": s.engine.n_ctx,
             "total_slots": s.scheduler.parallel,
+            "n_predict": s.config.n_predict if s.config.n_predict > 0 else -1,  # llama-server's: -1 unlimited
             "chat_template": s.engine.template.source,
             "bos_token": s.engine.tokenizer.bos_token,
             "eos_token": s.engine.tokenizer.eos_token,

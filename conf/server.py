@@ -29,6 +29,7 @@ class ServerConfig:
         0  # 0 = the trained context when its KV fits, else the largest that does (tiers/context.py)
     )
     parallel: int = 4
+    n_predict: int = 0  # most tokens a request generates, whatever it asks (0 or -1: up to the context)
     alias: str | None = None
     strict_model: bool = False
     queue_limit: int = 0  # 0 = unbounded FIFO; else overflow gets 429 / 529
@@ -60,6 +61,8 @@ class ServerConfig:
             raise ConfigError("--ctx-size", self.ctx_size, "must be >= 0 (0 = model default)")
         if not 1 <= self.parallel <= 64:
             raise ConfigError("--parallel", self.parallel, "must be 1..64")
+        if self.n_predict < -1:
+            raise ConfigError("--n-predict", self.n_predict, "must be >= -1 (0 or -1 = up to the context)")
         if self.queue_limit < 0:
             raise ConfigError("--queue-limit", self.queue_limit, "must be >= 0 (0 = unbounded)")
         if self.cache_ram_mib < 0:
@@ -103,6 +106,13 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
         "start-up says which and why)",
     )
     p.add_argument("--parallel", "-np", type=int, default=4, help="batch slots")
+    p.add_argument(
+        "--n-predict",
+        "-n",
+        type=int,
+        default=0,
+        help="most tokens one request generates, whatever its max_tokens asks (0 or -1: up to the context)",
+    )
     p.add_argument("--alias", default=None, help="model name reported by /v1/models")
     p.add_argument("--strict-model", action="store_true", help="404 for requests naming another model")
     p.add_argument("--queue-limit", type=int, default=0, help="max queued requests (0 = unbounded)")
@@ -160,6 +170,7 @@ def server_config(args: argparse.Namespace, env: Mapping[str, str] | None = None
         api_keys=tuple(keys),
         ctx_size=args.ctx_size,
         parallel=args.parallel,
+        n_predict=args.n_predict,
         alias=args.alias,
         strict_model=args.strict_model,
         queue_limit=args.queue_limit,

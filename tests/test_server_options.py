@@ -68,6 +68,7 @@ def test_server_flags_are_validated_with_the_flag_name(smollm2_path: Path) -> No
         ("--device", "tpu"),
         ("--vram-budget-mib", "-1"),
         ("--parallel", "0"),
+        ("--n-predict", "-2"),
         ("--backend", "fortran"),
     ):
         out = subprocess.run(
@@ -78,6 +79,20 @@ def test_server_flags_are_validated_with_the_flag_name(smollm2_path: Path) -> No
         )
         assert out.returncode != 0 and flag in out.stderr, (flag, out.stderr)
         assert "Traceback" not in out.stderr
+
+
+def test_n_predict_caps_every_request(smollm2_path: Path) -> None:
+    """--n-predict (llama-server's -n): no request generates more, whatever its max_tokens; /props says it."""
+    ask = {"messages": [{"role": "user", "content": "Count to fifty."}], "max_tokens": 40, "ignore_eos": True}
+    with running_server(smollm2_path, "--n-predict", "3", "--parallel", "1", key=None) as s:
+        chat = httpx.post(f"{s.url}/v1/chat/completions", json=ask, timeout=120).json()
+        done = httpx.post(
+            f"{s.url}/v1/completions", json={"prompt": "One", "max_tokens": 2}, timeout=120
+        ).json()
+        props = httpx.get(f"{s.url}/props").json()
+    assert chat["usage"]["completion_tokens"] == 3 and chat["choices"][0]["finish_reason"] == "length"
+    assert done["usage"]["completion_tokens"] <= 2, "a smaller max_tokens still holds"
+    assert props["n_predict"] == 3
 
 
 def test_engine_flags_reach_the_engine_on_serve(smollm2_path: Path) -> None:
