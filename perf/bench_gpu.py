@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from strata.bench import peer
-from strata.bench.gpu_measure import copy_bandwidth, step_bytes, sweep
+from strata.bench.gpu_measure import copy_bandwidth, prompt_paths, prompt_seconds, step_bytes, sweep
 from strata.bench.gpu_profile import Profile, graph_profile
 from strata.bench.report import args_config, engine_result, engine_tables, run_meta, write_json
 from strata.console.logs import configure_logging
@@ -131,25 +130,12 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
 
     gpu.forward(rng.integers(0, vocab, 600), gpu.new_state(), all_logits=False)  # warm: modules, pool
     for p in a.prompts:
-        times = []
-        for _ in range(2 if p > 8192 else 3):
-            s = gpu.new_state()
-            ids = rng.integers(0, vocab, p)
-            t = time.perf_counter()
-            gpu.forward(ids, s, all_logits=False)
-            times.append(time.perf_counter() - t)
-            del s
-        res[f"pp{p}"] = p / statistics.median(times)
+        ids = rng.integers(0, vocab, p)
+        res[f"pp{p}"] = p / prompt_seconds(gpu, ids, 2 if p > 8192 else 3)
         print(f"strata pp{p}: {res[f'pp{p}']:.0f} tok/s", flush=True)
-        if cache is not None and p < cache.borrow_min:  # the same prompt through borrowed slots, to compare
-            cache.borrow_min, keep = p, cache.borrow_min
-            s = gpu.new_state()
-            t = time.perf_counter()
-            gpu.forward(ids, s, all_logits=False)
-            res[f"pp{p}_borrowing"] = p / (time.perf_counter() - t)
-            cache.borrow_min = keep
-            del s
-            print(f"strata pp{p} borrowing slots: {res[f'pp{p}_borrowing']:.0f} tok/s", flush=True)
+        for path, rate in prompt_paths(gpu, ids).items():
+            res[f"pp{p}_{path}"] = rate
+            print(f"strata pp{p} {path.replace('_', ' ')}: {rate:.0f} tok/s", flush=True)
     if cache is not None and a.warm_decode:  # a cache that learns: let it follow the routing first
         t, s0, b0 = time.perf_counter(), cache.swaps, cache.swap_bytes
         gpu.graphs.greedy_loop([1], [gpu.new_state()], a.warm_decode, feed(a.warm_decode, 1))

@@ -17,7 +17,9 @@ import numpy as np
 
 # Prefill chunks of at least this many tokens stage their misses in borrowed slots. From 256 tokens of
 # top-10-of-512 routing nearly every expert is used, and one copy of each beats zero-copy reads from the
-# GEMM tiles: 80B shape on the H200, pp512 at a 24 GiB budget 458 tok/s zero-copy, 955 borrowing.
+# GEMM tiles: 80B shape on the H200, pp512 at a 24 GiB budget 458 tok/s zero-copy, 955 borrowing. The GPU
+# borrows sooner, past the passes whose experts run per pair (strata/gpu/tiers.py): 64 tokens at 24 GiB on
+# an H100 took 533 ms staged, 771 ms zero-copy.
 BORROW_MIN = 256
 
 

@@ -1,10 +1,16 @@
 """What perf/bench_gpu.py measures on the GPU beside tok/s: the device copy bandwidth and the weight bytes a
-decode step reads (the bandwidth bound's two sides), and the decode-kernel sweep (`--sweep`)."""
+decode step reads (the bandwidth bound's two sides), the decode-kernel sweep (`--sweep`) and a short prompt
+through each expert path."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
+
+import numpy as np
+
+from strata.gpu.ops import GEMV_ROWS, MOE_GEMV_MAX
 
 
 def copy_bandwidth(cp: Any) -> float:
@@ -71,4 +77,45 @@ def sweep(gpu: Any, batches: list[int], gen: int = 64) -> dict[str, float]:
     finally:
         ops_mod.MMVQ_GRID, gpu.ops.q8 = keep
         gpu.graphs._graphs.clear()
+    return out
+
+
+def prompt_seconds(gpu: Any, ids: np.ndarray, reps: int) -> float:
+    """The median seconds of `reps` prefills of ids, each over a fresh sequence."""
+    times = []
+    for _ in range(reps):
+        s = gpu.new_state()
+        t = time.perf_counter()
+        gpu.forward(ids, s, all_logits=False)
+        times.append(time.perf_counter() - t)
+        del s
+    return statistics.median(times)
+
+
+def prompt_paths(gpu: Any, ids: np.ndarray) -> dict[str, float]:
+    """A short prompt (up to MOE_GEMV_MAX tokens, one pass) through the expert paths its length does not
+    choose, tok/s each: `per_pair` (the decode kernels per (row, expert) pair, misses read in place),
+    `grouped` (GEMM tiles, misses zero-copy) and `grouped_staged` (misses staged in borrowed slots first)."""
+    p, ops, cache = len(ids), gpu.ops, gpu.expert_cache
+    if p > MOE_GEMV_MAX or p > gpu.chunk:
+        return {}
+    never = 1 << 30
+    paths = {"per_pair": (p, never), "grouped": (GEMV_ROWS, never)}
+    if cache is not None:
+        paths["grouped_staged"] = (GEMV_ROWS, p)
+    chosen = (ops.moe_gemv_rows, cache.borrow_min if cache is not None else never)
+    out = {}
+    for path, (rows, borrow) in paths.items():
+        grouped = p > rows
+        if grouped == (p > chosen[0]) and (borrow <= p) == (chosen[1] <= p):
+            continue  # the path the default took
+        ops.moe_gemv_rows = max(rows, GEMV_ROWS)
+        if cache is not None:
+            cache.borrow_min = borrow
+        try:
+            out[path] = p / prompt_seconds(gpu, ids, 2)
+        finally:
+            ops.moe_gemv_rows = chosen[0]
+            if cache is not None:
+                cache.borrow_min = chosen[1]
     return out

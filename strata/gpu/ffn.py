@@ -1,5 +1,6 @@
 """The decoder layer's FFN as kernel launches (strata/gpu/layers.py has the layer and its mixer): routed
-experts (gemv-fused routing and the int8 decode path for decode rows, experts grouped by token for prefill),
+experts (gemv-fused routing for decode rows; the int8 decode kernels per (row, expert) pair for passes up to
+`Ops.moe_gemv_rows` rows, experts grouped by token for longer ones),
 the tiers' lookups and the CPU's share, a dense FFN, and Qwen3-Next's gated shared expert.
 
 Legend as layers.py: N = rows, D = hidden, E = experts, A = active experts, F = expert width, P = N * A.
@@ -65,14 +66,20 @@ def _shared_products(ops: Ops, s: SharedExpert, dm: Dims, act: Activations, n: i
     ops.matvec([s.gate_inp], h, n, act.sg)
 
 
+def _per_pair(ops: Ops, n: int) -> bool:
+    """Whether a pass of n rows runs its experts per (row, expert) pair (ops.py's MOE_GEMV_ROWS says why)."""
+    return n <= ops.moe_gemv_rows
+
+
 def _q8(ops: Ops, w: LayerWeights, dm: Dims, n: int) -> bool:
-    """Decode rows whose experts take the int8-input kernels: the router then quantizes h too."""
-    return n <= GEMV_ROWS and ops.takes_q8(w.gate, w.up, w.down) and dm.ffn % 32 == 0
+    """Rows whose experts run per pair on the int8-input kernels: the router then quantizes h too."""
+    return _per_pair(ops, n) and ops.takes_q8(w.gate, w.up, w.down) and dm.ffn % 32 == 0
 
 
 def _route(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
-    """The router: h = the normed input (or act.h as it stands), ids and wts the chosen experts; for decode
-    rows the int8 codes of h too, and the tiers' counts and CPU hand-off."""
+    """The router: h = the normed input (or act.h as it stands), ids and wts the chosen experts; the int8
+    codes of h too where the experts run per pair on int8 inputs; the tiers' counts, and for decode rows
+    the CPU hand-off."""
     x, h, a, e = act.x, act.h, dm.top_k, dm.n_expert
     assert w.router is not None
     # the router stays a gemv at any n: fp32 logits, so expert choice matches the CPU path
@@ -106,9 +113,13 @@ def _route(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> Non
         ops.rmsnorm(x, w.ffn_norm, dm.eps, n, dm.d, h)
         ops.router_logits(h, n, w.router, act.router)
         ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
+        if q8:
+            ops.q8_rows(h, n, dm.d, act.hq, act.hds)
     else:
         ops.matvec([w.router], x, n, act.router, norm=w.ffn_norm, eps=dm.eps, h_out=h)
         ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
+        if q8:
+            ops.q8_rows(h, n, dm.d, act.hq, act.hds)
     pairs = n * a
     ahead = w.tier.lookahead if n <= GEMV_ROWS and w.tier is not None else None
     if (
@@ -132,8 +143,8 @@ def _experts(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> N
     """x[:n] += the routed experts' weighted sum for the routing _route left in act."""
     x, h, a, e = act.x, act.h, dm.top_k, dm.n_expert
     pairs = n * a
-    if n <= GEMV_ROWS:
-        ahead = w.tier.lookahead if w.tier is not None else None
+    if _per_pair(ops, n):
+        ahead = w.tier.lookahead if n <= GEMV_ROWS and w.tier is not None else None
         if _q8(ops, w, dm, n):
             ops.moe_q8(w.gate, w.up, w.down, act.ids, act.wts, a, act.hq, act.hds, n, act.aq, act.ads, x)
         else:

@@ -27,7 +27,7 @@ from strata.gpu.deltanet import DeltaNetWeights, DNDims, run_deltanet
 from strata.gpu.ffn import run_ffn
 from strata.gpu.kernels import attention, moe
 from strata.gpu.lookahead import fork_for
-from strata.gpu.ops import GEMV_ROWS, Ops
+from strata.gpu.ops import GEMV_ROWS, MOE_GEMV_MAX, Ops
 from strata.gpu.qwen4exp import HCBuffers, HCDims
 from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.segments import Segment, decode_rows_only, runs
@@ -130,8 +130,9 @@ class Activations:
             self.rows = cp.empty(p, cp.int32)
             self.tok_of_row = cp.empty(p, cp.int32)
             self.y = cp.empty((p, dims.d), f32) if n > GEMV_ROWS else None
-            # decode rows' int8 codes and per-32 (d, d * sum) scales: normed inputs and expert activations
-            nq = min(n, GEMV_ROWS)
+            # int8 codes and per-32 (d, d * sum) scales of the rows whose experts run per pair (up to
+            # Ops.moe_gemv_rows): normed inputs and expert activations
+            nq = min(n, MOE_GEMV_MAX)
             self.hq = cp.empty((nq, dims.d), cp.int8)
             self.hds = cp.empty((nq, dims.d // 16), f32)
             self.aq = cp.empty((nq * a, dims.ffn), cp.int8)

@@ -33,6 +33,14 @@ from strata.gpu.weights import DevMatrix
 
 GEMV_NT = (1, 4, 8)
 GEMV_ROWS = GEMV_NT[-1]  # up to this many rows, projections read weights once through gemv
+# Up to this many rows, routed experts run per (row, expert) pair through the decode kernels, each pair
+# reading its expert's weights, not grouped into GEMM tiles: the tiles read a miss zero-copy at a fraction of
+# the link (80B shape at 24 GiB on an H100: pp9 196 ms, pp35 574 ms, where a decode step takes 13 ms), and
+# staging every miss costs a chunk ~530 ms whatever its length. A choice by rows alone, so that every cache
+# size computes what all-resident does, bit for bit. `Ops.moe_gemv_rows` holds it (perf/bench_gpu.py times
+# both sides); MOE_GEMV_MAX bounds it, for the activations' int8 buffers.
+MOE_GEMV_ROWS = 32
+MOE_GEMV_MAX = 64
 MAX_GEMV_GRID = 2048  # row blocks; past this, warps loop over rows (and stage x fewer times)
 # mmvq blocks each quantize their inputs first, so past this many blocks warps loop over rows instead: decode
 # tok/s on the H200 (30b-a3b Q4_K, perf/bench_gpu.py --sweep) b=1 345.9 / 340.0 / 339.4 at 512 / 1024 / 2048
@@ -72,6 +80,7 @@ class Ops(MixerOps, MoeOps, Qwen4ExpOps):
     ) -> None:
         self.split = split
         self.q8 = q8 and split
+        self.moe_gemv_rows = MOE_GEMV_ROWS
         # GEMM K step (the 128-wide instance stays compiled and tested): 64 measured faster on the H200,
         # pp512 7,462 vs 6,654 tok/s, qgemm 39.5 vs 48.8 ms per pp512 pass (perf/README.md)
         self.gemm_bk = 64

@@ -49,6 +49,7 @@ from strata.gguf import GGUFFile
 from strata.gpu.borrowing import BorrowingPrefill
 from strata.gpu.kernels import tiers as kt
 from strata.gpu.lookahead import Lookahead
+from strata.gpu.ops import MOE_GEMV_ROWS
 from strata.gpu.ring import GpuRing
 from strata.gpu.runtime import DEVICE_TO_HOST, Kernels, cupy_module, ptr
 from strata.gpu.share import CpuShareSide, ShareHook
@@ -163,6 +164,8 @@ class GpuTiers(CpuShareSide):
             self._check_staging()
         if self.pageable or self.cache.mapped_misses:
             self.cache.borrow_min = decode_rows + 1
+        else:  # shorter passes read their misses per pair at the link's speed; longer ones stage them
+            self.cache.borrow_min = MOE_GEMV_ROWS + 1
         self.zero = [cp.zeros(s, cp.uint8) for s in layout.strides]  # the CPU share's slot of zeros
         self.share: Any = None  # jit.share.CpuShare, when the CPU takes a share
         self.split: split.Split | None = None
