@@ -26,7 +26,14 @@ from typing import Any
 import numpy as np
 
 from strata.bench import peer
-from strata.bench.gpu_measure import copy_bandwidth, prompt_paths, prompt_seconds, step_bytes, sweep
+from strata.bench.gpu_measure import (
+    ahead_rates,
+    copy_bandwidth,
+    prompt_paths,
+    prompt_seconds,
+    step_bytes,
+    sweep,
+)
 from strata.bench.gpu_profile import Profile, graph_profile
 from strata.bench.report import args_config, engine_result, engine_tables, run_meta, write_json
 from strata.console.logs import configure_logging
@@ -237,6 +244,9 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
     for i in range(64):  # the engine's own path: logits come back to the host every step
         gpu.forward_batch([np.array([i + 2])], [s])
     res["tg_api_b1"] = 64 / (time.perf_counter() - t)
+    del s  # its KV and DeltaNet state back to the ledger: at a tight budget the pipeline's states need it
+    if a.ahead:
+        res["ahead"] = ahead_rates(gpu, a.batches, a.gen)
     if a.sweep:
         res["sweep"] = sweep(gpu, a.batches)
     if a.profile:
@@ -344,6 +354,9 @@ def main() -> None:
         type=Path,
         default=None,
         help="take Strata's numbers from this earlier --json output instead of measuring (llama.cpp only)",
+    )
+    ap.add_argument(
+        "--ahead", action="store_true", help="decode through the server's pipeline too (greedy and sampled)"
     )
     ap.add_argument("--no-table", action="store_true", help="measure and save, but print no comparison table")
     ap.add_argument("--json", type=Path, default=None)

@@ -293,15 +293,41 @@ def _q8_twin(m):
     m.tiers.share.compute = layer
 
 
+def _routed(m, prompt: np.ndarray, tokens: list[int]):
+    """_forced, with each decode step's routed experts per layer [L, A] (sorted: the set, not its order)."""
+    st = m.new_state()
+    out, routes = [m.forward(prompt, st, all_logits=True)], []
+    for t in tokens:
+        out.append(m.forward(np.array([t]), st, all_logits=False))
+        routes.append(np.sort(m.tiers.routes[:, 0].get(), axis=1))
+    return out, routes, st
+
+
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
 def test_the_share_plumbing_is_exact_with_the_gpus_own_arithmetic(tmp_path, arch):
+    """Within 5e-3 of a 100% cache while both route alike (an H100 measured ~2e-7). The twin sums in
+    float64 where the GPU sums in float32, so a router near-tie may tip: from the step where the routes first
+    part (at their first parting layer one expert for another, as a tie tips; a plumbing fault moves many),
+    the runs are apart and held to the share's tolerance. (On an H100, qwen3next stayed within 1.6e-7 for a
+    step, then one such tie moved the logits by 1.1e-2.)"""
     path = tiny_file(tmp_path, arch)
     prompt = np.random.default_rng(1).integers(0, 900, 32)
-    ref, _ = _run(_model(path), prompt, 6)
+    ref_m = _model(path, "100%")
+    tokens = [int(r[-1].argmax()) for r in _run(ref_m, prompt, 6)[0][:-1]]
+    ref, ref_routes, _ = _routed(ref_m, prompt, tokens)
     m = _model(path, "50%", pcie_frac=0.0)
     _q8_twin(m)
-    got, st = _forced(m, prompt, [int(r[-1].argmax()) for r in ref[:-1]])
+    got, routes, st = _routed(m, prompt, tokens)
+    apart = False
     for k, (g, r) in enumerate(zip(got, ref)):
+        if k and not apart and not np.array_equal(routes[k - 1], ref_routes[k - 1]):
+            li = int(np.flatnonzero((routes[k - 1] != ref_routes[k - 1]).any(axis=1))[0])
+            swapped = len(set(ref_routes[k - 1][li]) - set(routes[k - 1][li]))
+            assert swapped == 1, f"{arch} step {k}: layer {li} routes {swapped} experts elsewhere"
+            apart = True
+        if apart:
+            _close(g, r, f"{arch} step {k} (routes apart)")
+            continue
         rel = float(np.linalg.norm(g - r) / np.linalg.norm(r))
         assert rel <= 5e-3, (
             f"{arch} step {k}: relative L2 {rel:.3g} with the GPU's arithmetic on the CPU side"

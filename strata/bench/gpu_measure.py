@@ -119,3 +119,31 @@ def prompt_paths(gpu: Any, ids: np.ndarray) -> dict[str, float]:
             if cache is not None:
                 cache.borrow_min = chosen[1]
     return out
+
+
+def ahead_rates(gpu: Any, batches: list[int], gen: int) -> dict[str, float]:
+    """Decode tok/s through the server's pipeline (gpu.decode_ahead(): a step queued behind the one the host
+    waits on, the draw on the device), greedy and with the server's default sampling, per batch size: what
+    the server can reach at best, beside greedy_loop's tg."""
+    from strata.api.sampling_args import DEFAULTS
+    from strata.sampling.params import SamplingParams
+
+    out: dict[str, float] = {}
+    for label, params in (("greedy", SamplingParams(temperature=0.0)), ("sampled", DEFAULTS)):
+        for b in batches:
+            ahead = gpu.decode_ahead()
+            if ahead is None or b > ahead.max_batch:
+                continue
+            states = [gpu.new_state() for _ in range(b)]
+            for i, s in enumerate(states):
+                gpu.forward(np.array([i + 1]), s, all_logits=False)
+            ahead.start(states, list(range(2, b + 2)), [(params, i) for i in range(b)])
+            ahead.advance()  # the first collected step pays the graph's capture for this batch size
+            gpu.stream.synchronize()
+            t = time.perf_counter()
+            for _ in range(gen - 1):
+                ahead.advance()
+            ahead.drain()
+            out[f"ahead_{label}_b{b}"] = b * gen / (time.perf_counter() - t)
+    print("ahead: " + ", ".join(f"{k} {v:.1f}" for k, v in out.items()), flush=True)
+    return out
