@@ -117,13 +117,14 @@ def _matrix(cp, rng: np.random.Generator, qt: int, rows: int, cols: int):
 @pytest.mark.parametrize("types", [(0, 0, 0), (1, 1, 1), (8, 8, 1)], ids=["f32", "f16", "q8_0-f16"])
 def test_fused_decode_mixer(cp, d, types):
     """hc_mix_in + hc_mix_out (a mixer on decode rows in two launches) against ref_hc_mix and against the six
-    launches of longer passes (hc_norm, the products, silu_scale, hc_read), with an inject and without (the
-    final mixer); rank 32 at d 64, the seeds' 320 at d 2048; the down and inject weights in any type.
-    Quantized down weights: random Q8_0 blocks are large and their 8,192-term products cancel, so the fused
-    sums' order alone moved the result 5.2e-5 of its largest value (measured on the H200; float weights stay
-    under 1e-5). The unfused launches are compared for float weights only: on Q8_0 the matvec rounds its
-    input to int8 codes first, another computation (1.0e-2 to 0.44 of the largest value measured on these
-    random blocks), and the twin is the oracle there."""
+    launches of longer passes (hc_norm, the products, silu_scale, hc_read), with an inject and without
+    (the final mixer); rank 32 at d 64, the seeds' 320 at d 2048; the down and inject weights in any type.
+    Quantized down weights: random Q8_0 blocks are large and their 8,192-term products cancel, so the
+    fused sums' order alone moved the result 5.2e-5 of its largest value on the H200 and 2.09e-4 on an
+    H100 (2026-12-06; float weights stay under 1e-5): the bound is 2x the worst seen. The unfused launches
+    are compared for float weights only: on Q8_0 the matvec rounds its input to int8 codes first, another
+    computation (1.0e-2 to 0.44 of the largest value measured on these random blocks), and the twin is the
+    oracle there."""
     from strata.gpu.kernels.hyper import mix_names
     from strata.gpu.ops import Ops
 
@@ -131,7 +132,7 @@ def test_fused_decode_mixer(cp, d, types):
     rng = np.random.default_rng(50 + d + types[0])
     r = 32 if d == 64 else 320
     quantized = types[0] not in (0, 1)
-    tol = 2e-4 if quantized else 1e-5
+    tol = 4.2e-4 if quantized else 1e-5
     w = rng.uniform(0.5, 1.5, S * d).astype(np.float32)
     down, down_f = _matrix(cp, rng, types[0], r, S * d)
     inject, inject_f = _matrix(cp, rng, types[1], S, S * d)

@@ -110,8 +110,9 @@ def test_low_ram_equals_full_ram_with_the_same_cpu_share(tmp_path, arch):
     for k, (g, w) in enumerate(zip(got, want)):
         rel = float(np.linalg.norm(g - w) / np.linalg.norm(w))
         assert np.array_equal(g, w), f"{arch} step {k}: relative L2 {rel:.3g}"
-    d, d_full = st.experts.decode, st_full.experts.decode
-    assert d.cpu_calls == d_full.cpu_calls > 0 and d.mmap_reads > 0 and d_full.mmap_reads == 0
+    assert st.experts.decode.cpu_calls == st_full.experts.decode.cpu_calls > 0
+    cache = m.expert_cache  # (the twin reads the mapping itself: the share's mmap counters stay at 0)
+    assert (~cache.in_ram & (cache.where < 0)).any(), "some of the CPU's experts are only in the mapping"
     m.close()
     full.close()
 

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 import pytest
-from test_gpu_model import tiny_file
+from test_gpu_model import int8_inputs, rel, tiny_file
 from test_gpu_tiers import _model, _run
 
 from strata.gpu.kernels import tiers as kt
@@ -293,44 +293,47 @@ def _q8_twin(m):
     m.tiers.share.compute = layer
 
 
-def _routed(m, prompt: np.ndarray, tokens: list[int]):
-    """_forced, with each decode step's routed experts per layer [L, A] (sorted: the set, not its order)."""
-    st = m.new_state()
-    out, routes = [m.forward(prompt, st, all_logits=True)], []
-    for t in tokens:
-        out.append(m.forward(np.array([t]), st, all_logits=False))
-        routes.append(np.sort(m.tiers.routes[:, 0].get(), axis=1))
-    return out, routes, st
+def _own_rounding(path, prompt: np.ndarray, tokens: list[int]) -> float:
+    """What rounding the products' inputs to int8 does to this file's logits on the CPU engine alone, over
+    the prompt and the forced decode steps, worst step (test_gpu_model's `own`)."""
+    from strata.gguf import GGUFFile
+    from strata.models import model_class
+    from strata.runtime.weights import WeightStore
+
+    g = GGUFFile(path)
+    cpu = model_class(g)(g, WeightStore(g, 1 << 30))
+
+    def run() -> list[np.ndarray]:
+        st = cpu.new_state()
+        out = [cpu.forward(prompt, st, all_logits=False)]
+        out += [cpu.forward(np.array([t]), st, all_logits=False) for t in tokens]
+        return out
+
+    plain = run()
+    with int8_inputs():
+        rounded = run()
+    return max(rel(a, b) for a, b in zip(rounded, plain))
 
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
 def test_the_share_plumbing_is_exact_with_the_gpus_own_arithmetic(tmp_path, arch):
-    """Within 5e-3 of a 100% cache while both route alike (an H100 measured ~2e-7). The twin sums in
-    float64 where the GPU sums in float32, so a router near-tie may tip: from the step where the routes first
-    part (at their first parting layer one expert for another, as a tie tips; a plumbing fault moves many),
-    the runs are apart and held to the share's tolerance. (On an H100, qwen3next stayed within 1.6e-7 for a
-    step, then one such tie moved the logits by 1.1e-2.)"""
+    """The twin rounds h and each expert's activations to int8 codes from float64 sums where the GPU's sums
+    are float32, so now and then a value on a rounding edge lands on the other code, and a random-weight
+    model amplifies one code: on an H100, qwen3next stayed within 1.6e-7 for a decode step, then moved 1.1e-2
+    at the next with the routes unchanged. The bound is test_gpu_model's for int8 inputs: 5e-3 plus 1.5x
+    what rounding every input to int8 does to this file's logits on the CPU (a handful of codes apart do
+    less than all of them); a plumbing fault (a pair lost, added twice, read from the wrong expert) moves
+    the logits by the expert's whole output."""
     path = tiny_file(tmp_path, arch)
     prompt = np.random.default_rng(1).integers(0, 900, 32)
-    ref_m = _model(path, "100%")
-    tokens = [int(r[-1].argmax()) for r in _run(ref_m, prompt, 6)[0][:-1]]
-    ref, ref_routes, _ = _routed(ref_m, prompt, tokens)
+    ref, _ = _run(_model(path), prompt, 6)
+    tokens = [int(r[-1].argmax()) for r in ref[:-1]]
     m = _model(path, "50%", pcie_frac=0.0)
     _q8_twin(m)
-    got, routes, st = _routed(m, prompt, tokens)
-    apart = False
+    got, st = _forced(m, prompt, tokens)
+    bound = 5e-3 + 1.5 * _own_rounding(path, prompt, tokens)
     for k, (g, r) in enumerate(zip(got, ref)):
-        if k and not apart and not np.array_equal(routes[k - 1], ref_routes[k - 1]):
-            li = int(np.flatnonzero((routes[k - 1] != ref_routes[k - 1]).any(axis=1))[0])
-            swapped = len(set(ref_routes[k - 1][li]) - set(routes[k - 1][li]))
-            assert swapped == 1, f"{arch} step {k}: layer {li} routes {swapped} experts elsewhere"
-            apart = True
-        if apart:
-            _close(g, r, f"{arch} step {k} (routes apart)")
-            continue
-        rel = float(np.linalg.norm(g - r) / np.linalg.norm(r))
-        assert rel <= 5e-3, (
-            f"{arch} step {k}: relative L2 {rel:.3g} with the GPU's arithmetic on the CPU side"
-        )
+        e = rel(g, r)
+        assert e <= bound, f"{arch} step {k}: relative L2 {e:.3g} > {bound:.3g} with the GPU's arithmetic"
     assert st.experts.decode.cpu_calls > 0
     m.close()

@@ -356,3 +356,17 @@ def test_the_planner_is_within_15_percent_of_the_h200_tier_runs(shape, slots, pc
         cpu_fixed_s=fixed_us * 1e-6,
     )
     assert abs(p.decode_tok_s / measured - 1) < 0.15, p.decode_tok_s
+
+
+def test_staging_rows_level_the_two_miss_paths():
+    """A prompt pass stages its misses from the row count where reading them per pair in place costs what one
+    copy of every missing expert costs: n_expert * zero_copy / (top_k * copy_engine), clamped."""
+    from strata.tiers.borrow import staging_rows
+
+    for zc, ce, want in ((50.6e9, 55.4e9, 47), (34.5e9, 55.3e9, 32)):  # the two H100 hosts of borrow.py
+        n = staging_rows(512, 10, zc, ce, 9, 65)
+        assert n == want
+        per_pair = n * 10 / zc  # experts' bytes a layer, per expert's share of misses: the paths' times
+        assert per_pair >= 512 / ce > (n - 1) * 10 / zc
+    assert staging_rows(512, 10, 1e9, 55e9, 9, 65) == 9  # a slow link stages every pass past the decode rows
+    assert staging_rows(512, 10, 500e9, 55e9, 9, 65) == 65  # never before the per-pair passes end

@@ -11,6 +11,7 @@ Legend: L = MoE layers, E = experts per layer, P = 3 parts, S = slots.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,9 +19,19 @@ import numpy as np
 # Prefill chunks of at least this many tokens stage their misses in borrowed slots. From 256 tokens of
 # top-10-of-512 routing nearly every expert is used, and one copy of each beats zero-copy reads from the
 # GEMM tiles: 80B shape on the H200, pp512 at a 24 GiB budget 458 tok/s zero-copy, 955 borrowing. The GPU
-# borrows sooner, past the passes whose experts run per pair (strata/gpu/tiers.py): 64 tokens at 24 GiB on
-# an H100 took 533 ms staged, 771 ms zero-copy.
+# borrows sooner, from `staging_rows`.
 BORROW_MIN = 256
+
+
+def staging_rows(n_expert: int, top_k: int, zero_copy: float, copy_engine: float, low: int, high: int) -> int:
+    """The fewest rows a GPU pass stages its misses at, within [low, high]. A pass of n rows whose experts
+    run per (row, expert) pair reads about n * top_k * m experts a layer in place, at the zero-copy rate;
+    staging copies every missing expert of the layer once, n_expert * m, at the copy engine's, whatever n
+    (m, the share of experts missing, cancels): they cost the same at n = n_expert * zero_copy / (top_k *
+    copy_engine). 80B shape at 24 GiB on two H100 hosts (perf/bench_gpu.py, 2026-12-06): zero-copy 50.6
+    and 34.5 GB/s, copy engine 55.4 and 55.3, give 47 and 32 rows; per pair and staged measured level at
+    about 56 and 30 rows."""
+    return min(max(math.ceil(n_expert * zero_copy / (top_k * copy_engine)), low), high)
 
 
 @dataclass(frozen=True, slots=True)

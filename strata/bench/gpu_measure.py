@@ -95,14 +95,15 @@ def prompt_seconds(gpu: Any, ids: np.ndarray, reps: int) -> float:
 def prompt_paths(gpu: Any, ids: np.ndarray) -> dict[str, float]:
     """A short prompt (up to MOE_GEMV_MAX tokens, one pass) through the expert paths its length does not
     choose, tok/s each: `per_pair` (the decode kernels per (row, expert) pair, misses read in place),
-    `grouped` (GEMM tiles, misses zero-copy) and `grouped_staged` (misses staged in borrowed slots first)."""
+    `grouped` (GEMM tiles, misses zero-copy), and with a cache `per_pair_staged` and `grouped_staged` (the
+    misses staged in borrowed slots first)."""
     p, ops, cache = len(ids), gpu.ops, gpu.expert_cache
     if p > MOE_GEMV_MAX or p > gpu.chunk:
         return {}
     never = 1 << 30
     paths = {"per_pair": (p, never), "grouped": (GEMV_ROWS, never)}
     if cache is not None:
-        paths["grouped_staged"] = (GEMV_ROWS, p)
+        paths |= {"per_pair_staged": (p, p), "grouped_staged": (GEMV_ROWS, p)}
     chosen = (ops.moe_gemv_rows, cache.borrow_min if cache is not None else never)
     out = {}
     for path, (rows, borrow) in paths.items():

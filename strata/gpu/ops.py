@@ -37,10 +37,10 @@ GEMV_ROWS = GEMV_NT[-1]  # up to this many rows, projections read weights once t
 # reading its expert's weights, not grouped into GEMM tiles. A choice by rows alone, so that every cache size
 # computes what all-resident does, bit for bit. 80B shape on an H100 (perf/bench_gpu.py, 2026-12-06), tok/s
 # per pair against grouped: all-resident pp9 458 / 270, pp32 1,073 / 550, pp64 1,438 / 799 (the tiles of a
-# few rows an expert waste the tensor cores); at 24 GiB, where the tiles read misses zero-copy at a fraction
-# of the link, per pair holds 86-99 from pp9 to pp64, grouped 48-80, and grouped with every miss staged
-# first 15 at pp9, 89 at pp48, 100 at pp56, 109 at pp64. `Ops.moe_gemv_rows` holds it (bench_gpu.py times
-# each prompt's other paths); MOE_GEMV_MAX bounds it, for the activations' int8 buffers.
+# few rows an expert waste the tensor cores); at 24 GiB, misses read in place, 86-99 / 48-80 from pp9 to
+# pp64. Whether such a pass stages its misses first is the tiers' choice (tiers/borrow.py staging_rows),
+# which moves bytes only. `Ops.moe_gemv_rows` holds it (bench_gpu.py times each prompt's other paths);
+# MOE_GEMV_MAX bounds it, for the activations' int8 buffers.
 MOE_GEMV_ROWS = 64
 MOE_GEMV_MAX = 64
 MAX_GEMV_GRID = 2048  # row blocks; past this, warps loop over rows (and stage x fewer times)

@@ -57,6 +57,7 @@ from strata.gpu.slots import DeviceSlots, engine_copies
 from strata.gpu.weights import DevMatrix
 from strata.tiers import share as split
 from strata.tiers.arena import MmapArena, PinnedArena
+from strata.tiers.borrow import staging_rows
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.lookahead import PREFETCH_DEFAULT
 from strata.tiers.profile import Profile
@@ -164,8 +165,6 @@ class GpuTiers(CpuShareSide):
             self._check_staging()
         if self.pageable or self.cache.mapped_misses:
             self.cache.borrow_min = decode_rows + 1
-        else:  # shorter passes read their misses per pair at the link's speed; longer ones stage them
-            self.cache.borrow_min = MOE_GEMV_ROWS + 1
         self.zero = [cp.zeros(s, cp.uint8) for s in layout.strides]  # the CPU share's slot of zeros
         self.share: Any = None  # jit.share.CpuShare, when the CPU takes a share
         self.split: split.Split | None = None
@@ -183,6 +182,8 @@ class GpuTiers(CpuShareSide):
         self.copy_stream = cp.cuda.Stream(non_blocking=True)
         self._keep: list[Any] = []
         self._start_share(gguf, opts, decode_rows)
+        if not (self.pageable or self.cache.mapped_misses):
+            self.cache.borrow_min = self._staging_rows(decode_rows)
         self.table = cp.asarray(self.cache.table)  # [L, P, E] int64: decode rows
         self.full = cp.asarray(self.cache.full)  # [L, P, E] int64: passes of more rows
         self.where = cp.asarray(self.cache.where_kinds())  # [L, E] int32
@@ -203,6 +204,24 @@ class GpuTiers(CpuShareSide):
         )
         self._version = self.cache.version
         self.cache.dirty = []
+
+    def _staging_rows(self, decode_rows: int) -> int:
+        """The fewest rows a prompt pass stages its misses at (tiers/borrow.py staging_rows), from the link's
+        rates: the split's probe when it ran, else a quick one of the link alone."""
+        if self.cache.resident() == self.layout.n_total:
+            return MOE_GEMV_ROWS + 1
+        if self.rates is not None:
+            zero_copy, copy_engine = self.rates.zero_copy_alone, self.rates.copy_engine
+        else:
+            link = self.probe(256 << 20)
+            zero_copy, copy_engine = link["zero_copy"], link["copy_engine"]
+        lay, low, high = self.layout, decode_rows + 1, MOE_GEMV_ROWS + 1
+        rows = staging_rows(lay.n_expert, lay.top_k, zero_copy, copy_engine, low, high)
+        note(
+            f"prompt passes of {rows} rows or more stage their misses in borrowed slots (zero-copy "
+            f"{zero_copy / 1e9:.1f} GB/s, copy engine {copy_engine / 1e9:.1f} GB/s)"
+        )
+        return rows
 
     def _unpinned(self, gguf: GGUFFile, layout: ExpertLayout, err: ConfigError) -> None:
         self.arena, self.pageable = MmapArena(gguf, layout), True
