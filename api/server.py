@@ -170,6 +170,8 @@ class DrainingServer(uvicorn.Server):
             state = self.load(self.cfg, *self.model)
             self.loading.phase = "warming up (kernels, decode graphs, a prefill pass)"
             state.engine.warm_up(self.cfg.parallel)
+            self.loading.phase = "timing prompt passes (the pacer's cost model)"
+            state.scheduler.calibrate()
             settle_heap()
         except Exception as e:
             self.loading.error = (

@@ -2,13 +2,14 @@
 template, detokenizer, SSE) in front of perf/host_stub.py's stand-in for the GPU model, driven by `strata
 bench`'s scenarios.
 
-    python perf/bench_host.py bench [--gpu h200|zero] [--profile F] [--server-log F] \\
+    python perf/bench_host.py bench [--gpu h200|h100-24g|zero] [--profile F] [--server-log F] \\
         [--serve-args "--parallel 4 ..."] [strata bench flags]
-    python perf/bench_host.py serve [--gpu h200|zero] [--profile F] [strata serve flags]
+    python perf/bench_host.py serve [--gpu h200|h100-24g|zero] [--profile F] [strata serve flags]
 
 `bench` starts `serve` in a child process, as `strata bench --model` starts `strata serve`, and prints
 strata bench's tables. --gpu h200 (default) waits what the H200 takes on the 80B shape (host_stub.GpuTimes),
-zero makes the model free (only the host's cost is left). --profile writes the event loop's cProfile stats
+h100-24g what an H100 takes at a 24 GiB budget, zero makes the model free (only the host's cost is left).
+--profile writes the event loop's cProfile stats
 (the HTTP side and the scheduler; not the engine thread) when the server exits. The model file only
 gives the tokenizer and the chat template: by default the tiny Qwen3-Next fixture (the real Qwen3
 tokenizer), built by tests/oracle on first use.
@@ -38,7 +39,12 @@ CONTEXT = 262_144  # what the stand-in claims to be trained for: any --ctx-size 
 
 
 def _stub_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpu", choices=("h200", "zero"), default="h200", help="the stand-in's forward times")
+    p.add_argument(
+        "--gpu",
+        choices=("h200", "h100-24g", "zero"),
+        default="h200",
+        help="the stand-in's forward times: the 80B all-resident on the H200, at 24 GiB on an H100, or none",
+    )
     p.add_argument("--pcie-gb-s", type=float, default=None, help="snapshot and restore copies (h200: 3)")
     p.add_argument("--eager-host-ms", type=float, default=None, help="an eager pass's launches (h200: 35)")
     p.add_argument("--profile", type=Path, default=None, help="the event loop's cProfile, written at exit")
@@ -84,7 +90,7 @@ def serve_main(argv: list[str]) -> int:
     arch = GGUFFile(args.model).architecture
     args.override_kv = [*args.override_kv, f"{arch}.context_length=int:{CONTEXT}"]
     cfg = server_config(args)
-    times = GpuTimes() if args.gpu == "h200" else GpuTimes.zero()
+    times = {"h200": GpuTimes, "h100-24g": GpuTimes.h100_24g, "zero": GpuTimes.zero}[args.gpu]()
     given = {"pcie_gb_s": args.pcie_gb_s, "eager_host_ms": args.eager_host_ms}
     times = dataclasses.replace(times, **{k: v for k, v in given.items() if v is not None})
     from strata.api.server import serve

@@ -56,15 +56,31 @@ class GpuTimes:
     # pageable host <-> device copies (prefix-cache snapshots, restores): 3 GB/s reproduces the H200 bench's
     # 0.74 s TTFT for a 4k prompt alone (three checkpoints) and its 0.095 s repeat (0.74 / 0.08 here)
     pcie_gb_s: float = 3.0
+    # tiered runs: windows of this many rows or more stage their misses first (tiers/borrow.py staging_rows),
+    # a copy of every missing expert whatever the window's length, then pay their own part
+    staged_from: int = 1 << 30
+    staged_a_ms: float = 0.0
+    staged_b_ms: float = 0.0
 
     @classmethod
     def zero(cls) -> GpuTimes:
         return cls(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, float("inf"))
 
+    @classmethod
+    def h100_24g(cls) -> GpuTimes:
+        """The 80B file at a 24 GiB budget on the H100 host of perf/pp_short_paths_h100_2026-12-06.json
+        (zero-copy 50.6 GB/s): decode b1 78.9 tok/s, b4 94.0; passes of up to 46 rows per pair with their
+        misses read in place, pp9 105 ms and pp32 327 ms; staged from 47 (staging_rows there), pp64 587
+        ms, pp512 602 ms, 2,048-token chunks 561-577 ms in an earlier server log; snapshots through pinned
+        memory."""
+        return cls(12.7, 42.5, 20.0, 10.0, 35.0, 0.1, 20.0, 47, 560.0, 0.03)
+
     def decode_s(self, rows: int) -> float:
         return (self.decode_b1_ms + (self.decode_b4_ms - self.decode_b1_ms) * (rows - 1) / 3) / 1e3
 
     def prompt_s(self, tokens: int) -> float:
+        if tokens >= self.staged_from:
+            return (self.staged_a_ms + self.staged_b_ms * tokens) / 1e3
         return (self.prompt_a_ms + self.prompt_b_ms * tokens) / 1e3
 
 

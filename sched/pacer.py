@@ -16,7 +16,13 @@ by that line kept the streams at a third of their pace.
 
 Until a large window has been seen the pacer predicts nothing: it reads a probe of BIG tokens. (b guessed
 from small windows was 2.3 ms a token on the H200, 0.12 really, and the streams were owed 425 decode
-windows, ~5 s, before a 2048-token chunk that took 0.26 s.)
+windows, ~5 s, before a 2048-token chunk that took 0.26 s.) One large window alone cannot part a from b,
+and charging all but d to b fails where a pass has a large fixed part of its own: at a 24 GiB budget every
+pass past the staging rows copies the missing experts first (~0.56 s on the 80B, whatever its length), so a
+256-token probe of 0.57 s read as 2.1 ms a token, 70x the truth, and the streams were owed 115 windows
+(3.8 s) before a 1,792-token chunk that took 0.62 s. `calibrate` takes passes of two lengths timed alone
+(the server's warm-up, Scheduler.calibrate): their line gives a and b before the first prompt, and later
+large windows update b above that a.
 
 Two promises: running streams keep KEEP of their solo pace while a prompt is read, and a long prompt's
 TTFT stays within about 1 / KEEP of its solo TTFT. Two ways to keep them; the pacer takes the one that
@@ -47,6 +53,14 @@ DECODE_WINDOWS = 9  # decode-only windows whose median is the streams' cadence
 _WINDOWS = 24  # mixed windows the cost fit looks back on
 
 
+def calibration_sizes(chunk: int, n_ctx: int) -> tuple[int, int] | None:
+    """The prompt passes `PrefillPacer.calibrate` wants timed: BIG and up to 4 * BIG tokens; None where
+    chunks are shorter than that (the CPU's 512: its windows cost per token, which the probe measures, and
+    its long passes take seconds to time) or the context holds no two such passes."""
+    n = min(4 * BIG, n_ctx - 1)
+    return (BIG, n) if chunk >= 4 * BIG and n >= 2 * BIG else None
+
+
 def _owed(t: float, d: float) -> int:
     """Decode-only windows that keep the streams at KEEP of their pace beside a window of t seconds."""
     return max(0, math.ceil((KEEP * t / d - 1) / (1 - KEEP)))
@@ -61,6 +75,7 @@ class PrefillPacer:
         self._owed = 0  # decode-only windows still owed to the streams
         self._prepaid: int | None = None  # windows paid ahead of the full chunk that comes next
         self._charge: int | None = None  # windows paid ahead of the prompt window planned
+        self._alone: tuple[float, float] | None = None  # (a, b) of passes timed alone (calibrate)
 
     @property
     def decode_s(self) -> float | None:
@@ -73,6 +88,18 @@ class PrefillPacer:
         before)."""
         return self._owed
 
+    def calibrate(self, passes: list[tuple[int, float]]) -> None:
+        """Passes of at least two lengths (BIG or more tokens), (tokens, seconds) each, timed alone: the line
+        through them is a window's cost until windows beside streams refine it."""
+        ns, ts = [n for n, _ in passes], [t for _, t in passes]
+        if len(set(ns)) < 2 or min(ns) < BIG:
+            return
+        mn, mt = sum(ns) / len(ns), sum(ts) / len(ts)
+        slope = sum((n - mn) * (t - mt) for n, t in zip(ns, ts)) / sum((n - mn) ** 2 for n in ns)
+        b = max(slope, min(ts) / max(ns) / 100)  # timing noise must not make tokens free
+        self._alone = (max(0.0, mt - b * mn), b)
+        self._per_token = b
+
     def observe(self, seconds: float, n_prefill: int, streams: bool = True) -> None:
         """A window took `seconds`: decode-only (n_prefill 0: the streams' cadence), or reading n_prefill
         prompt tokens beside running streams (streams) or alone."""
@@ -80,8 +107,11 @@ class PrefillPacer:
             self._decode.append(seconds)
             self._owed = max(0, self._owed - 1)
             return
-        if n_prefill >= BIG:  # what the window took beyond a decode window's fixed part, per token
-            b = max(seconds - (self.decode_s or 0.0), seconds / 2) / n_prefill
+        if n_prefill >= BIG:  # what the window took beyond its fixed part, per token
+            if self._alone is None:  # the fixed part taken as a decode window's
+                b = max(seconds - (self.decode_s or 0.0), seconds / 2) / n_prefill
+            else:
+                b = max(seconds - self._alone[0], self._alone[1] * n_prefill / 2) / n_prefill
             self._per_token = b if self._per_token is None else (1 - _ALPHA) * self._per_token + _ALPHA * b
         if not streams:
             return
@@ -98,7 +128,9 @@ class PrefillPacer:
         d = self.decode_s
         ns = [n for n, _ in self._mixed]
         ts = [t for _, t in self._mixed]
-        a, b = max(d, max((t - self._per_token * n for n, t in self._mixed), default=d)), self._per_token
+        floor = d if self._alone is None else max(d, self._alone[0])
+        b = self._per_token
+        a = max(floor, max((t - b * n for n, t in self._mixed), default=floor))
         # least squares over recent mixed windows, large ones among them
         if len(set(ns)) >= 2 and max(ns) >= BIG:
             mn, mt = sum(ns) / len(ns), sum(ts) / len(ts)

@@ -45,7 +45,7 @@ from strata.sched.ahead import Ahead, HostAhead
 from strata.sched.constraints import request_constraints
 from strata.sched.faults import FaultHook
 from strata.sched.metrics import Metrics
-from strata.sched.pacer import PrefillPacer
+from strata.sched.pacer import PrefillPacer, calibration_sizes
 from strata.sched.prefix_cache import PrefixCache
 from strata.sched.request import DoneEvent, ErrorEvent, Request, RequestState, TokenEvent
 from strata.sched.slots import Counters, QueueFullError, ShuttingDownError, Slot
@@ -95,6 +95,12 @@ class Scheduler:
         self._live: list[Slot] | None = None  # the slots of the pipeline's launch in flight
         self._reset_due = False  # a failed window left the pipeline with launches to drop
         self._decode_mark: float | None = None  # when the last decode-only window's tokens came (pacer)
+
+    def calibrate(self) -> None:
+        """Before serving (on the warm-up's thread): the pacer's cost model from prompt passes timed alone."""
+        sizes = calibration_sizes(self.engine.options.prefill_chunk, self.engine.n_ctx)
+        if sizes is not None:
+            self.pacer.calibrate(self.engine.prefill_costs(sizes))
 
     # ---- public, on the loop ----------------------------------------------------------------
     def start(self) -> None:

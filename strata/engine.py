@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import secrets
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -270,6 +271,26 @@ class Engine:
         if self.expert_cache is not None:  # the warm-up is no part of the workload the counters describe
             self.expert_cache.use = TierUse()
             self.expert_cache.prefetch = PrefetchCounts()
+
+    def prefill_costs(self, sizes: Sequence[int], reps: int = 2) -> list[tuple[int, float]]:
+        """(tokens, seconds) of a prompt pass of each size on a fresh state, the fastest of `reps` (the first
+        may build kernels): what a prefill window costs, for the server's pacer before its first prompt.
+        Random tokens (seeded), so the routing is a prompt's, not one token's; the counters are reset."""
+        ids = np.random.default_rng(0).integers(0, self.model.params.vocab, max(sizes))
+        out = []
+        for n in sizes:
+            best = float("inf")
+            for _ in range(reps):
+                st = self.new_state()
+                t = time.perf_counter()
+                self.model.forward(ids[:n], st, all_logits=False)
+                best = min(best, time.perf_counter() - t)
+                del st
+            out.append((n, best))
+        if self.expert_cache is not None:
+            self.expert_cache.use = TierUse()
+            self.expert_cache.prefetch = PrefetchCounts()
+        return out
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 logits [T, vocab] for every position of `token_ids`, from a fresh state."""

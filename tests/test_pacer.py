@@ -18,18 +18,22 @@ def _simulate(
     floor: float = 0.0,
     taught: bool = True,
     gaps: tuple[float, ...] = (),
+    calibrated: bool = False,
 ) -> tuple[float, float, float]:
     """A newcomer's prompt read beside running streams under the cost model decode-only = d, mixed =
     max(floor, a + b n) (the floor: the GPU's eager pass, launch-bound at few tokens). The pacer sees only
     the times, after one earlier prompt read alone taught it b (taught), or after short prompts beside the
-    streams only (as `strata bench` runs). Returns (the streams' pace / solo pace until the prompt's first
-    token, as `strata bench`'s prefill scenario measures it; TTFT / solo TTFT; the longest window in d)."""
+    streams only (as `strata bench` runs), and after the warm-up's two passes alone (calibrated) or not.
+    Returns (the streams' pace / solo pace until the prompt's first token, as `strata bench`'s prefill
+    scenario measures it; TTFT / solo TTFT; the longest window in d)."""
     from strata.sched.pacer import PrefillPacer
 
     def cost(n: int, rows: float = a) -> float:
         return max(floor, rows + b * n)
 
     p = PrefillPacer()
+    if calibrated:  # the server's warm-up: passes of two lengths, alone
+        p.calibrate([(n, cost(n, a - d)) for n in (256, 1024)])
     if taught:
         p.observe(cost(chunk, a - d), chunk, streams=False)  # an earlier prompt, alone
     for _ in range(3):
@@ -53,17 +57,22 @@ def _simulate(
 
 
 @pytest.mark.parametrize(
-    "kind, d, a, b, chunk, prompt, floor, taught, gaps",
+    "kind, d, a, b, chunk, prompt, floor, taught, gaps, calibrated",
     [
-        ("gpu", 0.004, 0.008, 0.00012, 2048, 16384, 0.0, True, ()),  # 80B: ~4 ms decode, ~8.4k tok/s prefill
-        ("gpu small fixed part", 0.004, 0.0045, 0.00012, 2048, 4096, 0.0, True, ()),
-        ("cpu", 0.1, 0.11, 0.002, 512, 3000, 0.0, True, ()),
+        ("gpu", 0.004, 0.008, 0.00012, 2048, 16384, 0.0, True, (), False),  # 80B: ~4 ms decode, ~8.4k tok/s
+        ("gpu small fixed part", 0.004, 0.0045, 0.00012, 2048, 4096, 0.0, True, (), False),
+        ("cpu", 0.1, 0.11, 0.002, 512, 3000, 0.0, True, (), False),
         # the H200 bench (issue 15): 3 streams at 11 ms, eager passes >= 36 ms, only short prompts before
-        ("h200 bench", 0.011, 0.012, 0.00012, 2048, 4118, 0.036, False, ()),
-        ("h200 bench, taught", 0.011, 0.012, 0.00012, 2048, 4118, 0.036, True, ()),
+        ("h200 bench", 0.011, 0.012, 0.00012, 2048, 4118, 0.036, False, (), False),
+        ("h200 bench, taught", 0.011, 0.012, 0.00012, 2048, 4118, 0.036, True, (), False),
+        ("h200 bench, calibrated", 0.011, 0.012, 0.00012, 2048, 4118, 0.036, False, (), True),
         # the 2026-12-04 H200 run's window log: 3 streams at 6.4 ms, eager passes ~50 ms, and decode cadences
         # of 70-100 ms (idle gaps, captures) among them before the prompt came
-        ("h200 bench, gaps", 0.0064, 0.05, 0.0001, 2048, 4119, 0.05, False, (0.07, 0.1, 0.06)),
+        ("h200 bench, gaps", 0.0064, 0.05, 0.0001, 2048, 4119, 0.05, False, (0.07, 0.1, 0.06), False),
+        # 80B at 24 GiB on an H100 (perf/host_stub.py GpuTimes.h100_24g): 3 streams at 32.6 ms, every pass
+        # past the staging rows ~0.56 s of expert copies first, 0.03 ms a token after that
+        ("24 GiB, calibrated", 0.0326, 0.56, 0.00003, 2048, 4096, 0.0, False, (), True),
+        ("24 GiB, calibrated, short", 0.0326, 0.56, 0.00003, 2048, 2069, 0.0, False, (), True),
     ],
 )
 def test_pacer_keeps_both_promises(
@@ -76,10 +85,11 @@ def test_pacer_keeps_both_promises(
     floor: float,
     taught: bool,
     gaps: tuple[float, ...],
+    calibrated: bool,
 ) -> None:
     from strata.sched.pacer import KEEP
 
-    pace, ttft, longest = _simulate(d, a, b, chunk, prompt, floor, taught, gaps)
+    pace, ttft, longest = _simulate(d, a, b, chunk, prompt, floor, taught, gaps, calibrated)
     print(
         f"{kind}: streams keep {pace:.0%} of their pace, TTFT {ttft:.2f}x solo, "
         f"longest window {longest:.0f} d"
@@ -149,3 +159,29 @@ def test_pacer_learns_the_per_token_cost_from_large_windows() -> None:
     p.observe(0.26, 2048, streams=False)
     a, b = p.cost()
     assert abs(b - (0.26 - 0.008) / 2048) < 1e-12 and a >= 0.008
+
+
+def test_pacer_calibrated_parts_the_fixed_cost_from_the_per_token_cost() -> None:
+    """Without calibration one large window alone charges all but a decode window to its tokens: at 24 GiB
+    (a 0.56 s fixed part) that is 70x the per-token cost, and the streams are owed seconds of windows
+    before a chunk of a fraction of that. Passes of two lengths timed alone part the two; one length, or
+    lengths under BIG, leave the pacer as it was; windows beside streams refine them."""
+    from strata.sched.pacer import PrefillPacer
+
+    d, a, b = 0.0326, 0.56, 0.00003
+    plain, cal, one = PrefillPacer(), PrefillPacer(), PrefillPacer()
+    cal.calibrate([(256, a + b * 256), (1024, a + b * 1024)])
+    one.calibrate([(1024, a + b * 1024), (1024, a + b * 1024), (8, 0.1)])
+    for p in (plain, cal, one):
+        for _ in range(3):
+            p.observe(d, 0)
+    assert plain.cost() is None and one.cost() is None
+    fit = cal.cost()
+    assert fit is not None and fit[0] == pytest.approx(a) and fit[1] == pytest.approx(b)
+    plain.observe(a + b * 256, 256, streams=False)  # the probe: b from one window
+    fit = plain.cost()
+    assert fit is not None and fit[1] > 50 * b
+    t = a + 2 * b * 2048
+    cal.observe(t, 2048)  # a slower chunk beside streams: both parts rise, the fixed one as a fixed one
+    fit = cal.cost()
+    assert fit is not None and a < fit[0] < t - b * 2048 and b < fit[1] < 2 * b

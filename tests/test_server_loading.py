@@ -50,6 +50,25 @@ def test_warm_up_runs_every_batch_size_and_leaves_no_counts(tiny_qwen3moe):
     np.testing.assert_array_equal(eng.logits([5, 6, 7]), ref.logits([5, 6, 7]))  # the model is unchanged
 
 
+def test_prefill_costs_time_each_size_and_leave_no_counts(tiny_qwen3moe):
+    """The pacer's calibration passes (Scheduler.calibrate): one timing per size, fresh states, and the
+    tiers' counters as the warm-up leaves them; only long chunks (the GPU's) are calibrated."""
+    from strata.engine import Engine
+    from strata.sched.pacer import BIG, calibration_sizes
+
+    eng = Engine.load(tiny_qwen3moe["q8_0"], device="cpu", backend="numpy", expert_cache="50%")
+    fed = []
+    real = eng.model.forward
+    eng.model.forward = lambda ids, st, **kw: fed.append((len(ids), st.n_past)) or real(ids, st, **kw)  # type: ignore[method-assign]
+    costs = eng.prefill_costs((4, 9))
+    assert [n for n, _ in costs] == [4, 9] and all(t > 0 for _, t in costs)
+    assert fed == [(4, 0), (4, 0), (9, 0), (9, 0)]  # the fastest of two, each on a fresh state
+    assert eng.expert_cache.use.prefill.lookups == 0
+    assert calibration_sizes(512, 16384) is None  # the CPU's chunks
+    assert calibration_sizes(2048, 16384) == (BIG, 4 * BIG)
+    assert calibration_sizes(2048, 600) == (BIG, 599) and calibration_sizes(2048, 400) is None
+
+
 def test_what_loading_leaves_is_kept_out_of_later_collections():
     """A full collection walked the tokenizer's and the GGUF metadata's objects each time, with the event loop
     and the engine thread stopped: once loaded they are frozen (gc.freeze)."""
