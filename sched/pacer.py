@@ -61,6 +61,13 @@ def calibration_sizes(chunk: int, n_ctx: int) -> tuple[int, int] | None:
     return (BIG, n) if chunk >= 4 * BIG and n >= 2 * BIG else None
 
 
+def _line(ns: list[int], ts: list[float]) -> tuple[float, float]:
+    """The least-squares line t = a + b * n through windows of at least two sizes: (a, b)."""
+    mn, mt = sum(ns) / len(ns), sum(ts) / len(ts)
+    b = sum((n - mn) * (t - mt) for n, t in zip(ns, ts)) / sum((n - mn) ** 2 for n in ns)
+    return mt - b * mn, b
+
+
 def _owed(t: float, d: float) -> int:
     """Decode-only windows that keep the streams at KEEP of their pace beside a window of t seconds."""
     return max(0, math.ceil((KEEP * t / d - 1) / (1 - KEEP)))
@@ -94,10 +101,9 @@ class PrefillPacer:
         ns, ts = [n for n, _ in passes], [t for _, t in passes]
         if len(set(ns)) < 2 or min(ns) < BIG:
             return
-        mn, mt = sum(ns) / len(ns), sum(ts) / len(ts)
-        slope = sum((n - mn) * (t - mt) for n, t in zip(ns, ts)) / sum((n - mn) ** 2 for n in ns)
-        b = max(slope, min(ts) / max(ns) / 100)  # timing noise must not make tokens free
-        self._alone = (max(0.0, mt - b * mn), b)
+        b = max(_line(ns, ts)[1], min(ts) / max(ns) / 100)  # timing noise must not make tokens free
+        mean_n, mean_t = sum(ns) / len(ns), sum(ts) / len(ts)
+        self._alone = (max(0.0, mean_t - b * mean_n), b)  # through the means, as the fitted line runs
         self._per_token = b
 
     def observe(self, seconds: float, n_prefill: int, streams: bool = True) -> None:
@@ -133,10 +139,9 @@ class PrefillPacer:
         a = max(floor, max((t - b * n for n, t in self._mixed), default=floor))
         # least squares over recent mixed windows, large ones among them
         if len(set(ns)) >= 2 and max(ns) >= BIG:
-            mn, mt = sum(ns) / len(ns), sum(ts) / len(ts)
-            slope = sum((n - mn) * (t - mt) for n, t in zip(ns, ts)) / sum((n - mn) ** 2 for n in ns)
-            if slope > 0 and mt - slope * mn >= 0:
-                a, b = mt - slope * mn, slope
+            at, slope = _line(ns, ts)
+            if slope > 0 and at >= 0:
+                a, b = at, slope
         small = [t - b * n for n, t in self._mixed if MIN_CHUNK <= n < BIG]
         return (max(a, statistics.median(small)) if small else a), b
 
