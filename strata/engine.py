@@ -268,9 +268,7 @@ class Engine:
                 self.model.forward(prompt, st, all_logits=False)
             self.model.forward_batch([np.array([tok])] * b, states)
             del states
-        if self.expert_cache is not None:  # the warm-up is no part of the workload the counters describe
-            self.expert_cache.use = TierUse()
-            self.expert_cache.prefetch = PrefetchCounts()
+        self._forget_counts()
 
     def prefill_costs(self, sizes: Sequence[int], reps: int = 2) -> list[tuple[int, float]]:
         """(tokens, seconds) of a prompt pass of each size on a fresh state, the fastest of `reps` (the first
@@ -287,10 +285,15 @@ class Engine:
                 best = min(best, time.perf_counter() - t)
                 del st
             out.append((n, best))
+        self._forget_counts()
+        return out
+
+    def _forget_counts(self) -> None:
+        """The tiers' counters back to zero: warm-up and timing passes are no part of the workload they
+        describe."""
         if self.expert_cache is not None:
             self.expert_cache.use = TierUse()
             self.expert_cache.prefetch = PrefetchCounts()
-        return out
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """float32 logits [T, vocab] for every position of `token_ids`, from a fresh state."""

@@ -84,15 +84,14 @@ def _route(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> Non
     assert w.router is not None
     # the router stays a gemv at any n: fp32 logits, so expert choice matches the CPU path
     q8 = _q8(ops, w, dm, n)
+    fused = w.ffn_norm is not None and ops.split and n <= GEMV_ROWS  # router_topk quantizes h itself
     if w.ffn_norm is None:  # act.h is the input as it stands (hyper-connections): no norm to fuse
         if n > GEMV_ROWS and w.router.qtype == 0:
             ops.router_logits(h, n, w.router, act.router)
         else:
             ops.matvec([w.router], h, n, act.router)
         ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
-        if q8:
-            ops.q8_rows(h, n, dm.d, act.hq, act.hds)
-    elif ops.split and n <= GEMV_ROWS:  # routing in the router's own launch
+    elif fused:  # routing in the router's own launch
         ops.router_topk(
             w.router,
             x,
@@ -113,13 +112,11 @@ def _route(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> Non
         ops.rmsnorm(x, w.ffn_norm, dm.eps, n, dm.d, h)
         ops.router_logits(h, n, w.router, act.router)
         ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
-        if q8:
-            ops.q8_rows(h, n, dm.d, act.hq, act.hds)
     else:
         ops.matvec([w.router], x, n, act.router, norm=w.ffn_norm, eps=dm.eps, h_out=h)
         ops.topk(act.router, n, e, a, dm.norm_topk, act.ids, act.wts)
-        if q8:
-            ops.q8_rows(h, n, dm.d, act.hq, act.hds)
+    if q8 and not fused:
+        ops.q8_rows(h, n, dm.d, act.hq, act.hds)
     pairs = n * a
     ahead = w.tier.lookahead if n <= GEMV_ROWS and w.tier is not None else None
     if (
