@@ -26,7 +26,7 @@ from strata.gpu.weights import DevMatrix, resident
 from strata.quants import dequantize
 from strata.sampling import sampler
 from strata.sampling.params import SamplingParams
-from strata.sampling.sampler import draw_row
+from strata.sampling.sampler import DEVICE_TOP_K, draw_row
 
 pytestmark = pytest.mark.gpu
 
@@ -443,8 +443,14 @@ def test_argmax_and_sampler(cp, ops):
         draws = np.asarray([draw_row(p, 99, pos) for p in params])
         tab = cp.zeros((4, 7), cp.int64)
         chosen = cp.zeros(4, cp.int64)
-        ops.sample_rows(cp.asarray(lg), 4, v, cp.asarray(draws), tab, 7, chosen)
+        cands = cp.zeros((2, 4, sample.SAMPLE_CHUNKS * DEVICE_TOP_K), cp.int32)
+        ops.sample_rows(cp.asarray(lg), 4, v, cp.asarray(draws), tab, 7, chosen, cands)
         got = chosen.get()
+        keys, ids = sample.ref_sample_chunks(lg, draws)  # the first stage against its twin
+        for r, d in enumerate(draws):
+            w = sample.SAMPLE_CHUNKS * min(int(d[1]), DEVICE_TOP_K) if d[0] != 0.0 else 0
+            np.testing.assert_array_equal(cands[1, r, :w].get(), ids[r, :w])
+            np.testing.assert_array_equal(cands[0, r, :w].get().view(np.uint32), keys[r, :w])
         np.testing.assert_array_equal(tab.get()[:, 4], got)
         want = [sampler.sample(r, [], p, 99, pos) for r, p in zip(lg, params)]
         same += int((got == np.asarray(want)).sum())

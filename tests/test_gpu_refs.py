@@ -222,6 +222,28 @@ def test_device_draw_twin_picks_the_cpu_token(params):
     assert same >= total - 1, f"the device draw agreed with sampler.sample on {same} of {total} draws"
 
 
+@pytest.mark.parametrize("v", [500, 20, 151_936])  # chunks of 16, of 1 or none, of 4,748 tokens
+def test_the_draws_chunk_candidates_hold_every_rows_top_k(v):
+    """sample_chunks' twin: the top k of its candidates, in the kernels' order (key, then id), are the row's
+    own top k, ties across chunk edges and NaNs included; greedy rows give none."""
+    rng = np.random.default_rng(7)
+    logits = (rng.standard_normal((len(DRAWS), v)) * 3).astype(np.float32)
+    logits[:, rng.integers(0, v, max(1, v // 12))] = logits.max()  # ties at the top, in many chunks
+    logits[:, rng.integers(0, v, max(1, v // 100))] = np.nan
+    draws = np.asarray([draw_row(p, 1, 0) for p in DRAWS])
+    keys, ids = sample.ref_sample_chunks(logits, draws)
+    for row, d, kk, ii in zip(logits, draws, keys, ids):
+        if d[0] == 0.0:
+            assert (ii == v).all()
+            continue
+        k = min(int(d[1]), v)
+        real = ii < v
+        assert real.sum() >= k and np.array_equal(kk[real], sample._order_key(row[ii[real]]))
+        cand = ii[real]
+        order = np.lexsort((cand, -kk[real].astype(np.int64)))[:k]
+        np.testing.assert_array_equal(cand[order], sample._top_k(row, k))
+
+
 class _TableKV:
     """The part of GpuKV that GpuModel.table_row reads: k and v addresses, capacity, position, int8 scales."""
 

@@ -20,10 +20,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from strata.gpu.kernels import sample
 from strata.gpu.layers import TAB, Activations
 from strata.gpu.runtime import cupy_module
 from strata.runtime.state import SequenceState
-from strata.sampling.sampler import DRAW_COLS
+from strata.sampling.sampler import DEVICE_TOP_K, DRAW_COLS
 
 
 class GraphModel(Protocol):
@@ -58,6 +59,7 @@ class DecodeGraphs:
         self.tab: Any = None
         self.draws: Any = None
         self.chosen: Any = None
+        self.cands: Any = None  # the draw's first stage (kernels/sample.py sample_chunks)
         # the loaded slots' DeltaNet states (RecurrentState), if any, for the capture's put-back; weak, so
         # that a finished sequence's state goes back to the ledger before the next load (a benchmark's warm-up
         # sequences kept alive here beside its measured ones went past a 24 GiB plan by one state each)
@@ -72,6 +74,7 @@ class DecodeGraphs:
             self.tab = cp.zeros((self.max_batch, TAB), cp.int64)
             self.draws = cp.zeros((self.max_batch, DRAW_COLS), cp.float64)  # sampler.draw_row per slot
             self.chosen = cp.zeros(self.max_batch, cp.int64)  # the tokens the last step drew
+            self.cands = cp.zeros((2, self.max_batch, sample.SAMPLE_CHUNKS * DEVICE_TOP_K), cp.int32)
         return self._act
 
     def greedy(self, b: int) -> None:
@@ -86,7 +89,7 @@ class DecodeGraphs:
         for i, layer in enumerate(m.layers_for(b)):
             m.run_layer(i, layer, act, b, self.tab, None)
         m.head_logits(act, b, act.logits)
-        m.ops.sample_rows(act.logits, b, m.params.vocab, self.draws, self.tab, TAB, self.chosen)
+        m.ops.sample_rows(act.logits, b, m.params.vocab, self.draws, self.tab, TAB, self.chosen, self.cands)
         m.ops.advance(self.tab, TAB, b)
 
     def _launch(self, b: int) -> None:

@@ -133,7 +133,7 @@ class Ops(MixerOps, MoeOps, Qwen4ExpOps):
             + [gate_up(g, u) for g, u in pairs]
             + [down(q) for q in qts],
         )
-        self.sample = Kernels(sample.SOURCE, ["argmax_rows", "sample_rows", "advance"])
+        self.sample = Kernels(sample.SOURCE, ["argmax_rows", "sample_chunks", "sample_rows", "advance"])
         self.tiers = Kernels(tiers.SOURCE, tiers.NAMES)
         # the fused decode mixers for the model's (down, inject, up) weight types (kernels/hyper.py)
         self.hyper = Kernels(hyper.SOURCE, hyper.NAMES + hyper.mix_names(mixer_types))
@@ -438,10 +438,14 @@ class Ops(MixerOps, MoeOps, Qwen4ExpOps):
         launch(self.sample["argmax_rows"], (n,), 1024, (logits, i32(v), dev_ptr(out), i32(out_stride)))
 
     def sample_rows(
-        self, logits: Any, n: int, v: int, draws: Any, tab: Any, tab_stride: int, chosen: Any
+        self, logits: Any, n: int, v: int, draws: Any, tab: Any, tab_stride: int, chosen: Any, cands: Any
     ) -> None:
-        """One token per row by its draw row (sampler.draw_row), into tab's token column and chosen."""
-        launch(self.sample["sample_rows"], (n,), 1024, (logits, i32(v), draws, tab, i32(tab_stride), chosen))
+        """One token per row by its draw row (sampler.draw_row), into tab's token column and chosen; cands:
+        the first stage's int32 [2, rows, SAMPLE_CHUNKS * DEVICE_TOP_K] (kernels/sample.py: keys, ids)."""
+        keys, ids, lv = cands[0], cands[1], i32(v)
+        launch(self.sample["sample_chunks"], (sample.SAMPLE_CHUNKS, n), 1024, (logits, lv, draws, keys, ids))
+        out = (tab, i32(tab_stride), chosen)
+        launch(self.sample["sample_rows"], (n,), 1024, (logits, lv, draws, keys, ids, *out))
 
     def advance(self, tab: Any, stride: int, n: int) -> None:
         """tab[:n, POSITION] += 1: one thread per slot, so one block of up to 1024 slots."""

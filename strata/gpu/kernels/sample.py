@@ -6,7 +6,10 @@ sampler) and writes the chosen token into the table's token column, so the next 
 feeds it with no host round trip. Temperature 0 is greedy. Otherwise:
 
 - the k largest logits, ties by the lower id as the CPU's stable sort, are found by a radix select
-  over order-preserving keys (four 8-bit digits, per-warp histograms) and gathered;
+  over order-preserving keys (four 8-bit digits, per-warp histograms) and gathered, in two stages:
+  `sample_chunks` takes the top k of each of SAMPLE_CHUNKS chunks of the row, one block each, and
+  `sample_rows` the top k of those candidates (one block scanning the whole row four times cost ~0.26 ms
+  a token on the H100, 6% of a b=1 decode step);
 - the rest is strata.sampling.sampler.candidates on those k in float64, one thread, in the CPU's order:
   exp(z - z0) normalised, the top_p prefix, the min_p cut, the draw on the renormalised cdf.
 
@@ -16,9 +19,9 @@ draw can differ from the CPU's only when u lands within rounding of a bucket edg
 
 `advance` then moves each slot one position on, so the next replay decodes the token just chosen.
 
-Numpy twins: `ref_argmax` (np.argmax), `ref_sample_rows`, which CI checks against
-strata.sampling.sampler.sample, and `ref_advance`, which CI checks against the table the host would write
-(GpuModel.table_row) after its own bookkeeping of the step.
+Numpy twins: `ref_argmax` (np.argmax); `ref_sample_chunks`, whose candidates CI checks hold every row's
+top k; `ref_sample_rows`, which CI checks against strata.sampling.sampler.sample; and `ref_advance`, which CI
+checks against the table the host would write (GpuModel.table_row) after its own bookkeeping of the step.
 """
 
 from __future__ import annotations
@@ -31,12 +34,17 @@ from strata.sampling.sampler import DEVICE_TOP_K
 # the table columns (strata/gpu/layers.py TAB) the kernels here write: sample_rows the token, advance
 # the position
 POSITION, TOKEN = 3, 4
+# the draw's first stage splits a row into this many chunks, each one block (sample_chunks): their top k
+# candidates, SAMPLE_CHUNKS * k of them, are all the second stage (sample_rows) reads but the chosen logits
+SAMPLE_CHUNKS = 32
 
 SOURCE = (
     HEADER
     + r"""
 #define SAMPLE_KMAX """
     + str(DEVICE_TOP_K)
+    + "\n#define SAMPLE_CHUNKS "
+    + str(SAMPLE_CHUNKS)
     + r"""
 
 // The row's argmax, ties to the lowest index like np.argmax; the answer is valid in thread 0
@@ -112,11 +120,29 @@ __device__ unsigned block_exclusive_scan(unsigned v, unsigned* wsum) {
   return x - v + (w ? wsum[w - 1] : 0u);
 }
 
-// One token per row from logits [B, V] and draw rows [B, 8] (temperature, top_k, top_p, min_p, u); the token
-// goes to tab[b * tab_stride + 4] (the next step's input) and chosen[b]. grid B, block 1024
-__global__ void __launch_bounds__(1024) sample_rows(const float* __restrict__ logits, int V,
-                                                    const double* __restrict__ draws, i64* __restrict__ tab,
-                                                    int tab_stride, i64* __restrict__ chosen) {
+// Element j of a selection's input: its order key and token id; false where it is padding.
+struct LogitSrc {  // a chunk of a logits row
+  const float* l;
+  int base;
+  __device__ __forceinline__ bool get(int j, unsigned& key, int& id) const {
+    key = order_key(l[j]); id = base + j; return true;
+  }
+};
+struct CandSrc {  // the chunks' candidates: id V or more is padding
+  const unsigned* keys;
+  const int* ids;
+  int V;
+  __device__ __forceinline__ bool get(int j, unsigned& key, int& id) const {
+    id = ids[j]; key = keys[j]; return id < V;
+  }
+};
+
+// The k largest of n elements (key descending, ties by the lower id, as the CPU's stable sort), sorted, into
+// sk / si [k]: a radix select of the k-th largest key, most significant digit first (per-warp histograms),
+// then every key above it and the first `need` equal to it in element order, which is id order among equal
+// keys. Block 1024; every thread returns after the block's last sync.
+template <class Src>
+__device__ void top_k_sorted(const Src& src, int n, int k, unsigned* sk, int* si) {
   __shared__ unsigned whist[32][256];
   __shared__ unsigned hist[256];
   __shared__ unsigned wsum[32];
@@ -124,6 +150,101 @@ __global__ void __launch_bounds__(1024) sample_rows(const float* __restrict__ lo
   __shared__ int s_n;
   __shared__ unsigned ck[SAMPLE_KMAX];
   __shared__ int ci[SAMPLE_KMAX];
+  unsigned prefix = 0u, mask = 0u, need = (unsigned)k;
+  unsigned* mine = whist[threadIdx.x >> 5];
+  const int lane = threadIdx.x & 31;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 32 * 256; i += blockDim.x) (&whist[0][0])[i] = 0u;
+    __syncthreads();
+    for (int i0 = 0; i0 < n; i0 += blockDim.x) {  // whole warps step together: the match below needs them
+      const int i = i0 + threadIdx.x;
+      unsigned key = 0u; int id = 0;
+      const bool counted = i < n && src.get(i, key, id) && (key & mask) == prefix;
+      const unsigned active = __ballot_sync(0xffffffffu, counted);
+      if (counted) {  // one leader per distinct digit adds its peers' count: no atomics, no conflicts
+        const unsigned bin = (key >> shift) & 255u;
+        const unsigned peers = __match_any_sync(active, bin);
+        if (lane == __ffs(peers) - 1) mine[bin] += __popc(peers);
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < 256) {
+      unsigned t = 0u;
+      for (int w = 0; w < 32; ++w) t += whist[w][threadIdx.x];
+      hist[threadIdx.x] = t;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned cum = 0u; int dg = 255;
+      for (; dg > 0; --dg) {
+        if (cum + hist[dg] >= need) break;
+        cum += hist[dg];
+      }
+      s_prefix = prefix | ((unsigned)dg << shift);
+      s_need = need - cum;
+      s_n = 0;
+    }
+    __syncthreads();
+    prefix = s_prefix; need = s_need; mask |= 255u << shift;
+  }
+  // every key above the k-th, and the first `need` equal to it (each thread owns a contiguous range)
+  const int per = (n + (int)blockDim.x - 1) / (int)blockDim.x;
+  const int lo = min(n, (int)threadIdx.x * per), hi = min(n, lo + per);
+  unsigned ties = 0u;
+  for (int i = lo; i < hi; ++i) { unsigned key; int id; ties += src.get(i, key, id) && key == prefix; }
+  unsigned rank = block_exclusive_scan(ties, wsum);
+  for (int i = lo; i < hi; ++i) {
+    unsigned key; int id;
+    if (!src.get(i, key, id)) continue;
+    bool take = key > prefix;
+    if (key == prefix) { take = rank < need; ++rank; }
+    if (take) { const int at = atomicAdd(&s_n, 1); ck[at] = key; ci[at] = id; }
+  }
+  __syncthreads();
+  if ((int)threadIdx.x < k) {  // sorted by key, descending, ties by id
+    const unsigned key = ck[threadIdx.x];
+    const int id = ci[threadIdx.x];
+    int r = 0;
+    for (int j = 0; j < k; ++j) r += ck[j] > key || (ck[j] == key && ci[j] < id);
+    sk[r] = key; si[r] = id;
+  }
+  __syncthreads();
+}
+
+// The draw's first stage: each chunk of a row's logits gives its own top k (k from the draw row), sorted, to
+// cands [B, SAMPLE_CHUNKS * k] (keys, ids; id V pads a chunk of fewer than k tokens). The row's top k are the
+// top k of these, and a chunk is 1/SAMPLE_CHUNKS of the row: one block scanning all 151,936 logits four
+// times was most of the draw's cost. grid (SAMPLE_CHUNKS, B), block 1024; greedy rows do nothing
+__global__ void __launch_bounds__(1024) sample_chunks(const float* __restrict__ logits, int V,
+                                                      const double* __restrict__ draws,
+                                                      unsigned* __restrict__ cand_keys,
+                                                      int* __restrict__ cand_ids) {
+  __shared__ unsigned sk[SAMPLE_KMAX];
+  __shared__ int si[SAMPLE_KMAX];
+  const int row = blockIdx.y, chunk = blockIdx.x;
+  const double* d = draws + (i64)row * 8;
+  int k = (int)d[1];
+  if (d[0] == 0.0 || k <= 0) return;
+  k = min(min(k, V), SAMPLE_KMAX);
+  const int size = (V + SAMPLE_CHUNKS - 1) / SAMPLE_CHUNKS;
+  const int lo = min(V, chunk * size), n = min(V, lo + size) - lo, kc = min(k, n);
+  if (kc > 0) top_k_sorted(LogitSrc{logits + (i64)row * V + lo, lo}, n, kc, sk, si);
+  const i64 at = (i64)row * SAMPLE_CHUNKS * SAMPLE_KMAX + (i64)chunk * k;
+  for (int r = threadIdx.x; r < k; r += blockDim.x) {
+    cand_keys[at + r] = r < kc ? sk[r] : 0u;
+    cand_ids[at + r] = r < kc ? si[r] : V;
+  }
+}
+
+// One token per row from logits [B, V], draw rows [B, 8] (temperature, top_k, top_p, min_p, u) and
+// sample_chunks' candidates; the token goes to tab[b * tab_stride + 4] (the next step's input) and
+// chosen[b]. grid B, block 1024
+__global__ void __launch_bounds__(1024) sample_rows(const float* __restrict__ logits, int V,
+                                                    const double* __restrict__ draws,
+                                                    const unsigned* __restrict__ cand_keys,
+                                                    const int* __restrict__ cand_ids, i64* __restrict__ tab,
+                                                    int tab_stride, i64* __restrict__ chosen) {
+  __shared__ unsigned sk[SAMPLE_KMAX];
   __shared__ int si[SAMPLE_KMAX];
   __shared__ double sp[SAMPLE_KMAX];
   const float* l = logits + (i64)blockIdx.x * V;
@@ -135,66 +256,8 @@ __global__ void __launch_bounds__(1024) sample_rows(const float* __restrict__ lo
     token = block_argmax(l, V);
   } else {
     k = min(min(k, V), SAMPLE_KMAX);
-    // radix select of the k-th largest key, most significant digit first
-    unsigned prefix = 0u, mask = 0u, need = (unsigned)k;
-    unsigned* mine = whist[threadIdx.x >> 5];
-    const int lane = threadIdx.x & 31;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int i = threadIdx.x; i < 32 * 256; i += blockDim.x) (&whist[0][0])[i] = 0u;
-      __syncthreads();
-      for (int i0 = 0; i0 < V; i0 += blockDim.x) {  // whole warps step together: the match below needs them
-        const int i = i0 + threadIdx.x;
-        const unsigned key = i < V ? order_key(l[i]) : 0u;
-        const bool counted = i < V && (key & mask) == prefix;
-        const unsigned active = __ballot_sync(0xffffffffu, counted);
-        if (counted) {  // one leader per distinct digit adds its peers' count: no atomics, no conflicts
-          const unsigned bin = (key >> shift) & 255u;
-          const unsigned peers = __match_any_sync(active, bin);
-          if (lane == __ffs(peers) - 1) mine[bin] += __popc(peers);
-        }
-      }
-      __syncthreads();
-      if (threadIdx.x < 256) {
-        unsigned t = 0u;
-        for (int w = 0; w < 32; ++w) t += whist[w][threadIdx.x];
-        hist[threadIdx.x] = t;
-      }
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        unsigned cum = 0u; int dg = 255;
-        for (; dg > 0; --dg) {
-          if (cum + hist[dg] >= need) break;
-          cum += hist[dg];
-        }
-        s_prefix = prefix | ((unsigned)dg << shift);
-        s_need = need - cum;
-        s_n = 0;
-      }
-      __syncthreads();
-      prefix = s_prefix; need = s_need; mask |= 255u << shift;
-    }
-    // every key above the k-th, and the first `need` equal to it by id (each thread owns a contiguous range)
-    const int per = (V + (int)blockDim.x - 1) / (int)blockDim.x;
-    const int lo = min(V, (int)threadIdx.x * per), hi = min(V, lo + per);
-    unsigned ties = 0u;
-    for (int i = lo; i < hi; ++i) ties += order_key(l[i]) == prefix;
-    unsigned rank = block_exclusive_scan(ties, wsum);
-    for (int i = lo; i < hi; ++i) {
-      const unsigned key = order_key(l[i]);
-      bool take = key > prefix;
-      if (key == prefix) { take = rank < need; ++rank; }
-      if (take) { const int at = atomicAdd(&s_n, 1); ck[at] = key; ci[at] = i; }
-    }
-    __syncthreads();
-    // sorted by key, descending, ties by id
-    if ((int)threadIdx.x < k) {
-      const unsigned key = ck[threadIdx.x];
-      const int id = ci[threadIdx.x];
-      int r = 0;
-      for (int j = 0; j < k; ++j) r += ck[j] > key || (ck[j] == key && ci[j] < id);
-      si[r] = id;
-    }
-    __syncthreads();
+    const i64 at = (i64)blockIdx.x * SAMPLE_CHUNKS * SAMPLE_KMAX;
+    top_k_sorted(CandSrc{cand_keys + at, cand_ids + at, V}, SAMPLE_CHUNKS * k, k, sk, si);
     if (threadIdx.x == 0) {  // strata.sampling.sampler.candidates and the draw, in float64 and in its order
       const double top = as_finite(l[si[0]]);
       double tot = 0.0;
@@ -251,6 +314,28 @@ def _as_finite(f: np.ndarray) -> np.ndarray:
     return np.nan_to_num(f.astype(np.float64), nan=-np.inf, posinf=np.finfo(np.float64).max, neginf=-np.inf)
 
 
+def _top_k(row: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k largest logits by order key, ties by the lower id (the kernels' order)."""
+    return np.lexsort((np.arange(row.size), -_order_key(row).astype(np.int64)))[:k]
+
+
+def ref_sample_chunks(logits: np.ndarray, draws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """sample_chunks on the host: each row's candidates [B, SAMPLE_CHUNKS * k] (order keys, ids; id V pads a
+    chunk of fewer than k tokens), k from the row's draw row; greedy rows get none (id V throughout)."""
+    b, v = logits.shape
+    ks = [min(int(d[1]), v, DEVICE_TOP_K) if d[0] != 0.0 and d[1] > 0 else 0 for d in draws]
+    width = SAMPLE_CHUNKS * max(ks + [1])
+    keys, ids = np.zeros((b, width), np.uint32), np.full((b, width), v, np.int32)
+    size = -(-v // SAMPLE_CHUNKS)
+    for r, (row, k) in enumerate(zip(logits, ks)):
+        for c in range(SAMPLE_CHUNKS if k else 0):
+            lo = min(v, c * size)
+            top = lo + _top_k(row[lo : min(v, lo + size)], k)
+            ids[r, c * k : c * k + len(top)] = top
+            keys[r, c * k : c * k + len(top)] = _order_key(row[top])
+    return keys, ids
+
+
 def ref_sample_rows(logits: np.ndarray, draws: np.ndarray) -> np.ndarray:
     """sample_rows on the host: logits [B, V] float32, draw rows [B, 8] -> tokens [B]."""
     out = np.empty(len(logits), np.int64)
@@ -260,7 +345,7 @@ def ref_sample_rows(logits: np.ndarray, draws: np.ndarray) -> np.ndarray:
             out[b] = int(np.argmax(np.where(np.isnan(row), -np.inf, row)))  # NaN is masked, never the max
             continue
         k = min(k, row.size, DEVICE_TOP_K)
-        ids = np.lexsort((np.arange(row.size), -_order_key(row).astype(np.int64)))[:k]
+        ids = _top_k(row, k)
         z = _as_finite(row[ids])
         sp = np.exp((z - z[0]) / temp)
         sp = sp / np.cumsum(sp)[-1]  # sequential sums, as the kernel's one thread
