@@ -24,16 +24,12 @@ its per-token split (`take`) hands the CPU part of the misses each pass finds in
 swaps; only a fixed set of CPU experts (a pageable arena, experts only in the file's mapping) needs the
 static cache.
 
-Under `--ram-budget-mib` (tiers/ram.py) the pinned arena holds only the likeliest misses (and the borrowed
-slots' experts), the rest stay in the file's mapping: decode rows give every such miss to the CPU share (the
-graph reads only VRAM and pinned memory; the CPU pool reads the mapping in place), whatever the split, and
+Where the experts live (all pinned, the low-RAM mode's three tiers, or the pageable fallback when pinning
+fails) is strata/gpu/placement.py's choice. Under `--ram-budget-mib` decode rows give every miss that is only
+in the file's mapping to the CPU share (the graph reads only VRAM and pinned memory), whatever the split, and
 every pass of more rows stages its misses, the mapped ones through the pinned bounce ring
-(strata/gpu/ring.py).
-The slots are filled from the mapping through the ring before the arena is chosen and pinned.
-
-If the arena cannot be pinned, the experts stay in the file's pageable mapping, which the GPU cannot read
-in place: every decode miss is then the CPU's and every longer pass stages its misses into borrowed slots
-(copies from pageable memory run at ~8.6 GB/s against ~55 pinned on the H200 host).
+(strata/gpu/ring.py). With the arena in pageable memory every decode miss is the CPU's and every longer pass
+stages its misses into borrowed slots.
 """
 
 from __future__ import annotations
@@ -44,27 +40,21 @@ from typing import Any
 
 import numpy as np
 
-from strata.errors import ConfigError
 from strata.gguf import GGUFFile
 from strata.gpu.borrowing import BorrowingPrefill
 from strata.gpu.kernels import tiers as kt
 from strata.gpu.lookahead import Lookahead
 from strata.gpu.ops import MOE_GEMV_ROWS
-from strata.gpu.ring import GpuRing
+from strata.gpu.placement import check_staging, place_experts
 from strata.gpu.runtime import DEVICE_TO_HOST, Kernels, cupy_module, ptr
 from strata.gpu.share import CpuShareSide, ShareHook
-from strata.gpu.slots import DeviceSlots, engine_copies
+from strata.gpu.slots import engine_copies
 from strata.gpu.weights import DevMatrix
 from strata.tiers import share as split
-from strata.tiers.arena import MmapArena, PinnedArena
 from strata.tiers.borrow import staging_rows
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.lookahead import PREFETCH_DEFAULT
 from strata.tiers.profile import Profile
-from strata.tiers.ram import arena_rows, choose_held
-from strata.tiers.ring import ring_buffer_bytes
-from strata.tiers.slots import ExpertCache
-from strata.tiers.store import per_segment
 from strata.tiers.telemetry import note
 from strata.tiers.trace import Recorder
 
@@ -140,29 +130,23 @@ class GpuTiers(CpuShareSide):
         cp = cupy_module()
         self.kernels = Kernels(kt.SOURCE, kt.NAMES)
         self.layout = layout
-        self.pageable = False
-        self.ring: GpuRing | None = None
-        rows = arena_rows(layout, opts.ram_budget_mib) if n_slots < layout.n_total else None
-        if rows is not None and opts.pin:
-            self._low_ram(gguf, layout, n_slots, rows, opts.profile, decode_rows, opts.kv_grow)
-        else:
-            if opts.pin:
-                try:
-                    self.arena: PinnedArena | MmapArena = PinnedArena(gguf, layout)
-                except ConfigError as err:
-                    self._unpinned(gguf, layout, err)
-            else:
-                self.arena, self.pageable = MmapArena(gguf, layout), True
-                note("expert arena: not pinned (asked); decode misses run on the CPU, prefill stages them")
-            per = per_segment(layout.slot_bytes, n_slots, layout.n_total, opts.kv_grow)
-            self.slots = DeviceSlots(n_slots, layout.strides, self.kernels, self.pageable, per=per)
-            self.cache = ExpertCache(layout, n_slots, self.slots, self.arena)
-            self.cache.fill(opts.profile)
+        placed = place_experts(
+            gguf,
+            layout,
+            n_slots,
+            decode_rows,
+            self.kernels,
+            opts.pin,
+            opts.ram_budget_mib,
+            opts.profile,
+            opts.kv_grow,
+        )
+        self.arena, self.slots, self.cache = placed.arena, placed.slots, placed.cache
+        self.pageable, self.ring = placed.pageable, placed.ring
         self.cache.use_policy(opts.cache_policy, LEARN_EVERY * opts.swap_budget)
-        # the GPU reads no pageable memory in place: such experts reach it only through staging, which must
-        # fit the slots; and while some misses are such experts, every pass past the decode rows stages
         if self.pageable or self.cache.low_ram:
-            self._check_staging()
+            check_staging(placed)
+        # while some misses are pageable, every pass past the decode rows stages
         if self.pageable or self.cache.mapped_misses:
             self.cache.borrow_min = decode_rows + 1
         self.zero = [cp.zeros(s, cp.uint8) for s in layout.strides]  # the CPU share's slot of zeros
@@ -222,80 +206,6 @@ class GpuTiers(CpuShareSide):
             f"{zero_copy / 1e9:.1f} GB/s, copy engine {copy_engine / 1e9:.1f} GB/s)"
         )
         return rows
-
-    def _unpinned(self, gguf: GGUFFile, layout: ExpertLayout, err: ConfigError) -> None:
-        self.arena, self.pageable = MmapArena(gguf, layout), True
-        note(
-            f"warning: {str(err).split(': ', 1)[-1]}. Falling back to the file's pageable mapping: every "
-            "decode miss runs on the CPU and prefill copies misses at pageable speed (~8.6 GB/s instead "
-            "of ~55 pinned)"
-        )
-
-    def _low_ram(
-        self,
-        gguf: GGUFFile,
-        layout: ExpertLayout,
-        n_slots: int,
-        rows: int,
-        profile: Profile | None,
-        decode_rows: int,
-        grow: bool,
-    ) -> None:
-        """The three tiers (tiers/ram.py): fill the slots from the mapping through the ring, then pin the
-        arena's choice, `rows` experts at most, and read every other non-resident from the mapping."""
-        try:
-            self.ring = GpuRing(ring_buffer_bytes(layout.slot_bytes))
-        except ConfigError as err:  # as when the arena cannot be pinned: all from the pageable mapping
-            self._unpinned(gguf, layout, err)
-        per = per_segment(layout.slot_bytes, n_slots, layout.n_total, grow)
-        self.slots = DeviceSlots(n_slots, layout.strides, self.kernels, self.pageable, self.ring, per)
-        self.cache = ExpertCache(layout, n_slots, self.slots, MmapArena(gguf, layout))
-        self.cache.fill(profile)
-        self.slots.sync()
-        if self.pageable:
-            self.arena = self.cache.arena  # type: ignore[assignment]
-            return
-        held = choose_held(self.cache.where >= 0, self.cache.borrowed_residents(), rows, profile)
-        try:
-            self.arena = PinnedArena(gguf, layout, held)
-        except ConfigError as err:
-            self.ring = self.slots.ring = None  # the pageable fallback's own copies, as without a budget
-            self.slots.pageable = True
-            self._unpinned(gguf, layout, err)
-            self.cache.arena = self.arena
-            return
-        self.slots.ranges = self.arena.ranges()
-        self.cache.rehome(self.arena, decode_rows)
-        c = self.cache
-        ring = self.ring.nbytes() / 2**20  # type: ignore[union-attr]
-        note(
-            f"low-RAM mode (room for {rows:,} arena rows): {c.resident():,} experts in VRAM, "
-            f"{int(held.sum()):,} in pinned RAM, {int((~c.in_ram & (c.where < 0)).sum()):,} only in the "
-            f"file's mapping (decode: on the CPU; prefill: staged through a {ring:,.1f} MiB bounce ring)"
-        )
-
-    # ---- the CPU's share ----
-    def _check_staging(self) -> None:
-        if self.cache.n_slots == 0 and self.cache.resident() < self.layout.n_total:
-            raise ConfigError(
-                "expert_cache",
-                "off",
-                "experts in pageable memory (an arena that could not be "
-                "pinned, or beyond ram_budget_mib) reach the GPU only through staging into "
-                "borrowed slots, and there are none; give the cache some VRAM (--expert-cache)",
-            )
-        st = self.cache.staging()
-        if st is not None and not st.complete:
-            missing = int((self.cache.where < 0).sum(axis=1).max())
-            where = "in pageable memory" if self.pageable else "partly in the file's mapping (ram_budget_mib)"
-            raise ConfigError(
-                "expert_cache",
-                self.cache.n_slots,
-                f"with the arena {where} every prefill pass stages each layer's misses "
-                f"(up to {missing:,}) into borrowed slots, and {self.cache.n_slots:,} slots cannot hold "
-                "them; give the cache more VRAM (--expert-cache, --vram-budget-mib) or allow pinning "
-                "(ulimit -l)",
-            )
 
     # ---- what the layers read ----
     def matrices(self, li: int, table: Any = None) -> tuple[DevMatrix, DevMatrix, DevMatrix]:
