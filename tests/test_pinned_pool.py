@@ -118,6 +118,39 @@ def test_counts_stay_exact_under_threads():
     assert drv.alive_bytes() <= pool.cap + size_class(1)  # what the driver still holds: the freed, capped
 
 
+def test_spares_are_pinned_ahead_for_the_classes_asked_lately():
+    drv = Driver()
+    pool = PinnedPool(drv, cap=64 << 20, spares=3)
+    kept = [pool.empty((10 << 20,), np.uint8)]  # a snapshot the cache keeps: its block never comes back
+    assert pool.refilled(10)
+    assert pool.allocs == 1 and pool.spare_allocs == 3 and pool.free_bytes == 3 * size_class(10 << 20)
+    kept += [pool.empty((10 << 20,), np.uint8) for _ in range(3)]  # a burst of three finds theirs pinned
+    assert pool.allocs == 1
+    assert pool.refilled(10)
+    # the cap bounds the spares: 64 MiB holds the three of 10 MiB and three of 16 MiB, not three of 20 MiB
+    kept += [pool.empty((16 << 20,), np.uint8), pool.empty((20 << 20,), np.uint8)]
+    assert pool.refilled(10)
+    assert pool.free_bytes <= pool.cap and pool.held_bytes == 4 * (10 << 20) + (16 << 20) + (20 << 20)
+    assert drv.alive_bytes() == pool.held_bytes + pool.free_bytes  # nothing pinned outside the counts
+
+
+def test_spares_that_cannot_be_pinned_leave_the_snapshots_theirs():
+    asked = []
+
+    def refusing(n: int) -> tuple[np.ndarray, int]:
+        asked.append(n)
+        if len(asked) > 1:
+            raise MemoryError("pinned memory over the limit")
+        b = np.zeros(n, np.uint8)
+        return b, b.ctypes.data
+
+    pool = PinnedPool(refusing, spares=2)
+    a = pool.empty((1 << 20,), np.uint8)
+    assert pool.refilled(10) and pool.spares == 0 and pool.free_bytes == 0
+    a[:] = 7
+    assert pool.held_bytes == size_class(1 << 20)
+
+
 @pytest.mark.gpu
 def test_snapshots_land_in_page_locked_blocks_that_come_back():
     import cupy as cp
@@ -130,13 +163,13 @@ def test_snapshots_land_in_page_locked_blocks_that_come_back():
     assert np.array_equal(host, dev[:, :900].get())
     attrs = cp.cuda.runtime.pointerGetAttributes(host.ctypes.data)
     assert attrs.type == cp.cuda.runtime.memoryTypeHost  # page-locked: the copy ran as DMA
-    size, allocs = size_class(host.nbytes), pool.allocs
+    size = size_class(host.nbytes)
     del host
     gc.collect()
-    free = pool.free_bytes
-    # ten more cells, the same size class: a freed block of it again (this one, unless an earlier test freed
-    # another of the class), no new pinning. (950 cells, 2026-12-05 on an H100, crossed into the next class,
-    # which a block of this one cannot serve.)
+    assert pool.refilled(30)  # the class's spares, pinned ahead
+    allocs = pool.allocs
+    # ten more cells, the same size class: a freed or spare block of it, no pinning on demand. (950 cells,
+    # 2026-12-05 on an H100, crossed into the next class, which a block of this one cannot serve.)
     again = to_pinned(dev[:, :910])
-    assert size_class(again.nbytes) == size and pool.allocs == allocs and pool.free_bytes == free - size
+    assert size_class(again.nbytes) == size and pool.allocs == allocs
     assert np.array_equal(again, dev[:, :910].get())

@@ -9,11 +9,18 @@ size or up to a fifth smaller, and the pool keeps at most `cap` bytes of freed b
 freed longest ago go back to the driver at the next allocation: allocations run on the snapshot worker, and a
 block can be freed on the event loop (an eviction), where `cudaFreeHost`, which waits for the device, must
 not run.
+
+Pinning fresh pages is the slow part of a snapshot: the driver locks them at a few GB/s, where the copy itself
+runs at PCIe speed. Snapshots the cache keeps never come back to the pool, so until the cache is full every
+snapshot pinned its own pages, and a burst of newcomers (four slots filling at once) waited for each other's
+pinning on the one snapshot worker. So the pool keeps `spares` blocks of each size class asked lately pinned
+ahead, allocated by a thread of its own while the GPU works, within the same cap.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import weakref
 from collections import OrderedDict
@@ -22,10 +29,16 @@ from typing import Any
 
 import numpy as np
 
+log = logging.getLogger("strata.gpu")
+
 # Freed snapshot blocks kept for reuse: a few 80B-shape snapshots (75.5 MB of DeltaNet state and 24 KiB of KV
 # a token), so the next turn's copy does not wait for the driver to pin fresh pages (~GB/s).
 FREE_CAP = 512 << 20
 MIN_CLASS = 1 << 16
+# blocks of each size class kept pinned ahead: one per batch slot, so four newcomers' snapshots (a recurrent
+# state of a fixed size each, and a KV part) find theirs pinned
+SPARES = 4
+WANTED = 8  # the size classes asked lately that spares are kept for
 
 
 def size_class(nbytes: int) -> int:
@@ -56,15 +69,22 @@ class PinnedPool:
     """Blocks from `alloc` (size -> (the object owning the block's memory, its address)) handed out as numpy
     arrays; a block comes back when its array and every view of it are gone."""
 
-    def __init__(self, alloc: Callable[[int], tuple[Any, int]], cap: int = FREE_CAP) -> None:
+    def __init__(self, alloc: Callable[[int], tuple[Any, int]], cap: int = FREE_CAP, spares: int = 0) -> None:
         self._alloc = alloc
         self.cap = cap
+        self.spares = spares
         self._free: OrderedDict[int, tuple[int, Any]] = OrderedDict()  # id -> (size, block), oldest first
         self._release: list[Any] = []  # over the cap: dropped at the next allocation, on its thread
         self._lock = threading.Lock()
+        self._wanted: OrderedDict[int, None] = OrderedDict()  # size classes asked lately, newest last
+        self._due = threading.Event()  # a class may be short of spares
+        self._idle = threading.Event()  # the refill thread has nothing to do
+        self._idle.set()
+        self._refill: threading.Thread | None = None
         self.free_bytes = 0
         self.held_bytes = 0
-        self.allocs = 0  # blocks asked of the driver
+        self.allocs = 0  # blocks asked of the driver for a request that found none free
+        self.spare_allocs = 0  # blocks pinned ahead
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
@@ -74,6 +94,11 @@ class PinnedPool:
             release, self._release = self._release, []
             block, size = self._take(size)
             self.held_bytes += size
+            if self.spares:
+                self._wanted[size] = None
+                self._wanted.move_to_end(size)
+                while len(self._wanted) > WANTED:
+                    self._wanted.popitem(last=False)
         del release  # the driver's frees, here and not under the lock
         if block is None:
             try:
@@ -84,6 +109,8 @@ class PinnedPool:
                 raise
             with self._lock:  # other threads allocate too
                 self.allocs += 1
+        if self.spares:  # after this request's own pinning, which the driver would queue behind the spares'
+            self._wake()
         lease = _Lease(block, block[1], tuple(int(v) for v in shape), dtype)
         weakref.finalize(lease, self._give_back, block, size)
         return np.asarray(lease)
@@ -97,6 +124,44 @@ class PinnedPool:
         s, key = min(fits)
         self.free_bytes -= s
         return self._free.pop(key)[1], s
+
+    def refilled(self, timeout: float | None = None) -> bool:
+        """Wait until the spares are pinned (or could not be); False on timeout."""
+        return self._idle.wait(timeout)
+
+    def _wake(self) -> None:
+        self._idle.clear()
+        self._due.set()
+        if self._refill is None:
+            self._refill = threading.Thread(target=self._refill_loop, name="strata-pin-ahead", daemon=True)
+            self._refill.start()
+
+    def _refill_loop(self) -> None:
+        while True:
+            self._due.wait()
+            self._due.clear()
+            while (size := self._short()) is not None:
+                try:
+                    block = self._alloc(size)
+                except Exception:  # pinnable memory ran out: snapshots pin their own, as without spares
+                    log.warning("pinning blocks ahead failed; snapshots pin their own", exc_info=True)
+                    self.spares = 0
+                    break
+                with self._lock:
+                    self.spare_allocs += 1
+                    self.held_bytes += size  # _give_back counts it out again
+                self._give_back(block, size)
+            if not self._due.is_set():
+                self._idle.set()
+
+    def _short(self) -> int | None:
+        """The newest class asked lately with fewer than `spares` free blocks of it, if the cap has room."""
+        with self._lock:
+            for size in reversed(self._wanted):
+                have = sum(1 for s, _ in self._free.values() if s == size)
+                if have < self.spares and self.free_bytes + size <= self.cap:
+                    return size
+        return None
 
     def _give_back(self, block: Any, size: int) -> None:
         with self._lock:
@@ -119,7 +184,7 @@ def snapshot_pool() -> PinnedPool:
         mem = cp.cuda.PinnedMemory(n)
         return mem, int(mem.ptr)
 
-    return PinnedPool(alloc)
+    return PinnedPool(alloc, spares=SPARES)
 
 
 def to_pinned(a: Any) -> np.ndarray:
