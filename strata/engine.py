@@ -259,7 +259,8 @@ class Engine:
 
     def warm_up(self, n_seq: int = 1) -> None:
         """Pay now what the first requests would: kernel builds (JIT, NVRTC), a decode graph for every
-        batch size up to n_seq, a prefill pass. States are thrown away; the model is unchanged."""
+        batch size up to n_seq, a prefill pass, a snapshot's pinned blocks. States are thrown away; the model
+        is unchanged."""
         tok = self.tokenizer.bos_id if self.tokenizer.bos_id is not None else 0
         prompt = np.full(min(16, max(1, self.n_ctx - 2)), tok, np.int64)
         for b in range(1, n_seq + 1):
@@ -267,6 +268,8 @@ class Engine:
             for st in states:
                 self.model.forward(prompt, st, all_logits=False)
             self.model.forward_batch([np.array([tok])] * b, states)
+            if b == 1:  # the prefix cache's first snapshot: on the GPU, its pinned blocks (gpu/pinned.py)
+                states[0].snapshot()
             del states
         self._forget_counts()
 
