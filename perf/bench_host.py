@@ -45,7 +45,7 @@ def _stub_flags(p: argparse.ArgumentParser) -> None:
         default="h200",
         help="the stand-in's forward times: the 80B all-resident on the H200, at 24 GiB on an H100, or none",
     )
-    p.add_argument("--pcie-gb-s", type=float, default=None, help="snapshot and restore copies (h200: 3)")
+    p.add_argument("--pcie-gb-s", type=float, default=None, help="snapshot and restore copies (h200: 44)")
     p.add_argument("--eager-host-ms", type=float, default=None, help="an eager pass's launches (h200: 35)")
     p.add_argument("--profile", type=Path, default=None, help="the event loop's cProfile, written at exit")
 

@@ -11,7 +11,10 @@ the forward passes are fabricated. What the GPU path does that the host can feel
 - logits rows are `vocab` float32 wide (151,936 for Qwen3), copied out per window as `.get()` does;
 - states carry an attention KV of `kv_bytes_per_token` and a recurrent part of `state_bytes`
   (Qwen3-Next-80B: 24 KiB a token, f16, 12 attention layers; 75.5 MB of DeltaNet state): the prefix
-  cache's snapshots and restores wait the PCIe time of that many bytes (`pcie_gb_s`, pageable memory).
+  cache's snapshots and restores wait the PCIe time of that many bytes (`pcie_gb_s`), and a snapshot's
+  blocks come from strata.gpu.pinned's pool, whose driver pins pages at `pin_gb_s` holding a lock that
+  copies wait for (as cudaHostAlloc does: on an H100 a burst of four snapshot copies took 26-103 ms beside
+  pinning, 1.7 ms without).
 
 Times default to the H200's on the 80B shape (issue 15): decode 4.4 ms at b=1, 7.7 at b=4 (linear
 between), a prompt window a + b * n with a = 12 ms and b = 0.12 ms a token. `GpuTimes.zero()` makes the
@@ -24,6 +27,8 @@ noise; the pipeline's device draws take it directly.
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -32,6 +37,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from strata.gpu.pinned import SPARES, PinnedPool
 from strata.runtime.state import SequenceState
 from strata.sampling.params import SamplingParams
 from strata.sampling.sampler import device_drawable, draw_row
@@ -53,9 +59,10 @@ class GpuTimes:
     prompt_b_ms: float = 0.12  # per token of the window
     eager_host_ms: float = 35.0  # host time an eager pass holds the GIL launching kernels
     graph_host_ms: float = 0.1  # host time of a graph replay's launch
-    # pageable host <-> device copies (prefix-cache snapshots, restores): 3 GB/s reproduces the H200 bench's
-    # 0.74 s TTFT for a 4k prompt alone (three checkpoints) and its 0.095 s repeat (0.74 / 0.08 here)
-    pcie_gb_s: float = 3.0
+    # prefix-cache snapshots and restores between VRAM and pinned blocks, and the driver's pinning of fresh
+    # blocks (H100 host, 2026-12-06: 75.5 MB copied in 1.7 ms, pinned in 40.6 ms)
+    pcie_gb_s: float = 44.0
+    pin_gb_s: float = 1.9
     # tiered runs: windows of this many rows or more stage their misses first (tiers/borrow.py staging_rows),
     # a copy of every missing expert whatever the window's length, then pay their own part
     staged_from: int = 1 << 30
@@ -64,7 +71,7 @@ class GpuTimes:
 
     @classmethod
     def zero(cls) -> GpuTimes:
-        return cls(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, float("inf"))
+        return cls(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, float("inf"), float("inf"))
 
     @classmethod
     def h100_24g(cls) -> GpuTimes:
@@ -73,7 +80,7 @@ class GpuTimes:
         misses read in place, pp9 105 ms and pp32 327 ms; staged from 47 (staging_rows there), pp64 587
         ms, pp512 602 ms, 2,048-token chunks 561-577 ms in an earlier server log; snapshots through pinned
         memory."""
-        return cls(12.7, 42.5, 20.0, 10.0, 35.0, 0.1, 20.0, 47, 560.0, 0.03)
+        return cls(12.7, 42.5, 20.0, 10.0, 35.0, 0.1, 44.0, 1.9, 47, 560.0, 0.03)
 
     def decode_s(self, rows: int) -> float:
         return (self.decode_b1_ms + (self.decode_b4_ms - self.decode_b1_ms) * (rows - 1) / 3) / 1e3
@@ -112,13 +119,31 @@ class Device:
             time.sleep(left)  # releases the GIL, as a CUDA event or stream sync does
 
 
+_DRIVER = threading.Lock()  # the driver's lock: pinning holds it, a copy waits for it to start
+
+
+@functools.cache
+def _pool(pin_gb_s: float) -> PinnedPool:
+    """The snapshots' pool as on the GPU (spares and all), over blocks whose pinning takes its time."""
+
+    def pin(n: int) -> tuple[np.ndarray, int]:
+        with _DRIVER:
+            time.sleep(n / (pin_gb_s * 1e9))  # the GIL released, as cudaHostAlloc releases it
+        b = np.empty(n, np.uint8)  # reserved, never written: the cache's GiBs cost no RAM
+        return b, b.ctypes.data
+
+    return PinnedPool(pin, spares=SPARES)
+
+
 class _OnHost:
-    """A device part copied to host RAM, and back by copy(): each way waits the PCIe time, the GIL released as
-    cudaMemcpy releases it (the host memory is reserved, never written: the cache's GiBs cost no RAM)."""
+    """A device part copied to a pinned block, and back by copy(): each way waits the PCIe time, the GIL
+    released as cudaMemcpy releases it."""
 
     def __init__(self, part: StubKV | StubRecurrent, nbytes: int) -> None:
         self.part = part  # a frozen copy of the device part
-        self.data = np.empty(nbytes, np.uint8)
+        self.data = _pool(part.pin).empty((nbytes,), np.uint8)
+        with _DRIVER:
+            pass
         time.sleep(nbytes / (part.pcie * 1e9))
 
     def nbytes(self) -> int:
@@ -132,14 +157,14 @@ class _OnHost:
 class StubKV:
     """Attention KV in "VRAM": only its length is real."""
 
-    def __init__(self, bytes_per_token: int, pcie_gb_s: float, length: int = 0) -> None:
-        self.bytes_per_token, self.pcie, self.length = bytes_per_token, pcie_gb_s, length
+    def __init__(self, bytes_per_token: int, pcie_gb_s: float, pin_gb_s: float, length: int = 0) -> None:
+        self.bytes_per_token, self.pcie, self.pin, self.length = bytes_per_token, pcie_gb_s, pin_gb_s, length
 
     def truncate(self, n: int) -> None:
         self.length = min(self.length, n)
 
     def copy(self) -> StubKV:
-        return StubKV(self.bytes_per_token, self.pcie, self.length)
+        return StubKV(self.bytes_per_token, self.pcie, self.pin, self.length)
 
     def nbytes(self) -> int:
         return self.length * self.bytes_per_token
@@ -151,11 +176,11 @@ class StubKV:
 class StubRecurrent:
     """A fixed-size recurrent state in "VRAM"."""
 
-    def __init__(self, nbytes: int, pcie_gb_s: float) -> None:
-        self._bytes, self.pcie = nbytes, pcie_gb_s
+    def __init__(self, nbytes: int, pcie_gb_s: float, pin_gb_s: float) -> None:
+        self._bytes, self.pcie, self.pin = nbytes, pcie_gb_s, pin_gb_s
 
     def copy(self) -> StubRecurrent:
-        return StubRecurrent(self._bytes, self.pcie)
+        return StubRecurrent(self._bytes, self.pcie, self.pin)
 
     def nbytes(self) -> int:
         return self._bytes
@@ -191,9 +216,10 @@ class StubModel:
         return int(self.script[position % len(self.script)])
 
     def new_state(self) -> SequenceState:
-        st = SequenceState(StubKV(self.kv_bytes, self.times.pcie_gb_s))  # type: ignore[arg-type]
+        t = self.times
+        st = SequenceState(StubKV(self.kv_bytes, t.pcie_gb_s, t.pin_gb_s))  # type: ignore[arg-type]
         if self.state_bytes:
-            st.layers[RECURRENT] = StubRecurrent(self.state_bytes, self.times.pcie_gb_s)
+            st.layers[RECURRENT] = StubRecurrent(self.state_bytes, t.pcie_gb_s, t.pin_gb_s)
         return st
 
     def decode_ahead(self) -> StubAhead:
