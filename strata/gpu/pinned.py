@@ -139,17 +139,16 @@ class PinnedPool:
     def _wake(self) -> None:
         self._idle.clear()
         self._due.set()
-        if self._refill is None:
-            self._refill = threading.Thread(target=self._refill_loop, name="strata-pin-ahead", daemon=True)
-            self._refill.start()
+        with self._lock:
+            if self._refill is None:
+                self._refill = threading.Thread(target=self._refill_loop, name="strata-pin", daemon=True)
+                self._refill.start()
 
     def _refill_loop(self) -> None:
         while True:
             self._due.wait()
             self._due.clear()
             while (size := self._short()) is not None:
-                while (wait := self._asked + QUIET - time.monotonic()) > 0:
-                    time.sleep(wait)
                 try:
                     block = self._alloc(size)
                 except Exception:  # pinnable memory ran out: snapshots pin their own, as without spares
@@ -164,7 +163,10 @@ class PinnedPool:
                 self._idle.set()
 
     def _short(self) -> int | None:
-        """The newest class asked lately with fewer than `spares` free blocks of it, if the cap has room."""
+        """The newest class asked lately with fewer than `spares` free blocks of it, if the cap has room, once
+        no block has been asked for in QUIET seconds."""
+        while (wait := self._asked + QUIET - time.monotonic()) > 0:
+            time.sleep(wait)
         with self._lock:
             for size in reversed(self._wanted):
                 have = sum(1 for s, _ in self._free.values() if s == size)
