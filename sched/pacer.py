@@ -24,6 +24,14 @@ pass past the staging rows copies the missing experts first (~0.56 s on the 80B,
 (the server's warm-up, Scheduler.calibrate): their line gives a and b before the first prompt, and later
 large windows update b above that a.
 
+Short windows are another regime. On the GPU a pass of up to SHORT rows runs its experts per (row, expert)
+pair (strata/gpu/ops.py MOE_GEMV_ROWS) and, under a VRAM budget, reads its misses in place instead of
+staging them: at 24 GiB a 21-token window took 0.27 s where the line through the staged passes said 0.56, and
+the streams were paid 15 windows ahead of it where 6 kept their pace (0.3 s of a 4k prompt's TTFT). The
+warm-up also times two short passes (SHORT_SIZES); a window of up to SHORT tokens is predicted as the cheaper
+of the two lines, the short one plus a decode window for the streams' rows, since the engine takes the
+cheaper path.
+
 Two promises: running streams keep KEEP of their solo pace while a prompt is read, and a long prompt's
 TTFT stays within about 1 / KEEP of its solo TTFT. Two ways to keep them; the pacer takes the one that
 reads the prompt faster:
@@ -48,17 +56,19 @@ from collections import deque
 KEEP = 0.5  # fraction of the solo decode rate running streams keep while a prompt is read
 MIN_CHUNK = 8  # below this, per-window overhead dominates and the newcomer crawls
 BIG = 256  # prompt tokens from which a window's time is mostly the per-token part
+SHORT = 64  # prompt windows up to this many tokens may run the GPU's short-pass path (strata/gpu/ops.py)
+SHORT_SIZES = (8, 32)  # the short passes the warm-up times
 _ALPHA = 0.3  # weight of the newest window in the per-token cost's moving average
 DECODE_WINDOWS = 9  # decode-only windows whose median is the streams' cadence
 _WINDOWS = 24  # mixed windows the cost fit looks back on
 
 
-def calibration_sizes(chunk: int, n_ctx: int) -> tuple[int, int] | None:
-    """The prompt passes `PrefillPacer.calibrate` wants timed: BIG and up to 4 * BIG tokens; None where
-    chunks are shorter than that (the CPU's 512: its windows cost per token, which the probe measures, and
-    its long passes take seconds to time) or the context holds no two such passes."""
+def calibration_sizes(chunk: int, n_ctx: int) -> tuple[int, ...] | None:
+    """The prompt passes `PrefillPacer.calibrate` wants timed: SHORT_SIZES, BIG and up to 4 * BIG tokens;
+    None where chunks are shorter than that (the CPU's 512: its windows cost per token, which the probe
+    measures, and its long passes take seconds to time) or the context holds no two such passes."""
     n = min(4 * BIG, n_ctx - 1)
-    return (BIG, n) if chunk >= 4 * BIG and n >= 2 * BIG else None
+    return (*SHORT_SIZES, BIG, n) if chunk >= 4 * BIG and n >= 2 * BIG else None
 
 
 def _line(ns: list[int], ts: list[float]) -> tuple[float, float]:
@@ -83,6 +93,7 @@ class PrefillPacer:
         self._prepaid: int | None = None  # windows paid ahead of the full chunk that comes next
         self._charge: int | None = None  # windows paid ahead of the prompt window planned
         self._alone: tuple[float, float] | None = None  # (a, b) of passes timed alone (calibrate)
+        self._short: tuple[float, float] | None = None  # (a, b) of short passes timed alone (calibrate)
 
     @property
     def decode_s(self) -> float | None:
@@ -97,7 +108,13 @@ class PrefillPacer:
 
     def calibrate(self, passes: list[tuple[int, float]]) -> None:
         """Passes of at least two lengths (BIG or more tokens), (tokens, seconds) each, timed alone: the line
-        through them is a window's cost until windows beside streams refine it."""
+        through them is a window's cost until windows beside streams refine it. Passes of up to SHORT tokens,
+        of two lengths or more, give the short windows' line."""
+        short = [(n, t) for n, t in passes if n <= SHORT]
+        if len({n for n, _ in short}) >= 2:
+            a, b = _line([n for n, _ in short], [t for _, t in short])
+            self._short = (max(0.0, a), max(0.0, b))
+        passes = [(n, t) for n, t in passes if n > SHORT]
         ns, ts = [n for n, _ in passes], [t for _, t in passes]
         if len(set(ns)) < 2 or min(ns) < BIG:
             return
@@ -156,6 +173,14 @@ class PrefillPacer:
             self._charge = 0
         return n
 
+    def _predict(self, n: int, a: float, b: float, d: float) -> float:
+        """A window of n prompt tokens beside the streams: the fitted line, or for a short one the short
+        passes' line plus a decode window (the streams' rows), whichever is cheaper."""
+        t = a + b * n
+        if self._short is not None and n <= SHORT:
+            t = min(t, self._short[0] + self._short[1] * n + d)
+        return t
+
     def _choose(self, full: int) -> int:
         if self._prepaid is not None:  # its windows were paid ahead: the chunk now
             self._charge, self._prepaid = self._prepaid, None
@@ -168,11 +193,14 @@ class PrefillPacer:
         assert d is not None
         budget = d / KEEP  # the longest window that keeps the streams' pace
         n_mixed = min(full, int((budget - a) / b)) if budget > a else 0
+        if self._short is not None and budget > self._short[0] + d:  # a short window may fit it
+            sa, sb = self._short
+            n_mixed = max(n_mixed, min(full, SHORT, int((budget - sa - d) / sb) if sb > 0 else SHORT))
         if n_mixed >= full:  # the rest of the prompt fits a window that keeps the pace
             return full
-        t_full = a + b * full
+        t_full = self._predict(full, a, b, d)
         owed = _owed(t_full, d)
-        rate_mixed = n_mixed / (a + b * n_mixed) if n_mixed >= MIN_CHUNK else 0.0
+        rate_mixed = n_mixed / self._predict(n_mixed, a, b, d) if n_mixed >= MIN_CHUNK else 0.0
         rate_full = full / (t_full + owed * d)
         if rate_mixed >= rate_full:
             return n_mixed
