@@ -54,7 +54,7 @@ def test_prefill_costs_time_each_size_and_leave_no_counts(tiny_qwen3moe):
     """The pacer's calibration passes (Scheduler.calibrate): one timing per size, fresh states, and the
     tiers' counters as the warm-up leaves them; only long chunks (the GPU's) are calibrated."""
     from strata.engine import Engine
-    from strata.sched.pacer import BIG, calibration_sizes
+    from strata.sched.pacer import BIG, SHORT_SIZES, calibration_sizes
 
     eng = Engine.load(tiny_qwen3moe["q8_0"], device="cpu", backend="numpy", expert_cache="50%")
     fed = []
@@ -65,8 +65,8 @@ def test_prefill_costs_time_each_size_and_leave_no_counts(tiny_qwen3moe):
     assert fed == [(4, 0), (4, 0), (9, 0), (9, 0)]  # the fastest of two, each on a fresh state
     assert eng.expert_cache.use.prefill.lookups == 0
     assert calibration_sizes(512, 16384) is None  # the CPU's chunks
-    assert calibration_sizes(2048, 16384) == (BIG, 4 * BIG)
-    assert calibration_sizes(2048, 600) == (BIG, 599) and calibration_sizes(2048, 400) is None
+    assert calibration_sizes(2048, 16384) == (*SHORT_SIZES, BIG, 4 * BIG)
+    assert calibration_sizes(2048, 600) == (*SHORT_SIZES, BIG, 599) and calibration_sizes(2048, 400) is None
 
 
 def test_what_loading_leaves_is_kept_out_of_later_collections():
