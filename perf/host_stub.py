@@ -2,8 +2,10 @@
 
 The real scheduler, HTTP app, tokenizer, chat template, detokenizer and SSE path run in front of it; only
 the forward passes are fabricated. What the GPU path does that the host can feel is kept:
-- a decode window is a captured-graph replay and a prompt window an eager pass: the eager pass holds
-  the GIL while it launches its kernels (`eager_host_ms`, the GPU's ~35 ms at a handful of tokens),
+- a decode window is a captured-graph replay and a prompt window an eager pass: the eager pass runs
+  Python while it launches its kernels (`eager_host_ms`, the GPU's ~35 ms at a handful of tokens), letting
+  go of the GIL a moment at each launch as cupy does (a stand-in that kept it between 5 ms switches held
+  off the HTTP side, and read four newcomers in two or three windows where the GPU read them in one),
   a graph replay only briefly; waiting for the GPU releases it (time.sleep, as a CUDA sync does);
 - the GPU is one stream: work is queued behind the work already queued, so the decode pipeline
   (StubAhead, strata/gpu/ahead.py's protocol: draws on the device, Philox uniforms from the host)
@@ -57,7 +59,7 @@ class GpuTimes:
     decode_b4_ms: float = 7.7
     prompt_a_ms: float = 12.0  # a prompt window's fixed part (decode rows, weights read once)
     prompt_b_ms: float = 0.12  # per token of the window
-    eager_host_ms: float = 35.0  # host time an eager pass holds the GIL launching kernels
+    eager_host_ms: float = 35.0  # host time an eager pass spends launching kernels
     graph_host_ms: float = 0.1  # host time of a graph replay's launch
     # prefix-cache snapshots and restores between VRAM and pinned blocks, and the driver's pinning of fresh
     # blocks (H100 host, 2026-12-06: 75.5 MB copied in 1.7 ms, pinned in 40.6 ms)
@@ -91,11 +93,19 @@ class GpuTimes:
         return (self.prompt_a_ms + self.prompt_b_ms * tokens) / 1e3
 
 
+LAUNCH_S = 7e-6  # a kernel launch from Python
+
+
 def hold_gil(seconds: float) -> None:
-    """Python work for `seconds` (launching kernels): bytecode, so the GIL switches as it does for real."""
+    """Python work for `seconds` (launching kernels): bytecode between launches, each launch a moment
+    without the GIL (cupy launches release it), so a thread waiting for the GIL gets it at the next launch
+    rather than after the interpreter's 5 ms switch interval."""
     end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
+    while (now := time.perf_counter()) < end:
+        launch = min(end, now + LAUNCH_S)
+        while time.perf_counter() < launch:
+            pass
+        time.sleep(0)
 
 
 class Device:

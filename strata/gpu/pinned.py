@@ -17,7 +17,8 @@ pinning on the one snapshot worker. So the pool keeps `spares` blocks of each si
 ahead, allocated by a thread of its own while the GPU works, within the same cap. Pinning holds a lock of the
 driver's that copies wait for (on an H100 four 75.5 MB snapshots in a row took 58, 28, 26 and 103 ms with
 spares being pinned beside them, 1.7 ms each without), so that thread pins only once no block has been asked
-for in QUIET seconds: after a burst's copies, not among them.
+for in QUIET seconds: while the streams decode, not while newcomers arrive. (50 ms was too short: the host
+bench's four newcomers came 40-100 ms apart, and their copies waited for spares being pinned.)
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ MIN_CLASS = 1 << 16
 # state of a fixed size each, and a KV part) find theirs pinned
 SPARES = 4
 WANTED = 8  # the size classes asked lately that spares are kept for
-QUIET = 0.05  # seconds since the last block was asked for before spares are pinned
+QUIET = 0.5  # seconds since the last block was asked for before spares are pinned
 
 
 def size_class(nbytes: int) -> int:
