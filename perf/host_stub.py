@@ -4,8 +4,8 @@ The real scheduler, HTTP app, tokenizer, chat template, detokenizer and SSE path
 the forward passes are fabricated. What the GPU path does that the host can feel is kept:
 - a decode window is a captured-graph replay and a prompt window an eager pass: the eager pass runs
   Python while it launches its kernels (`eager_host_ms`, the GPU's ~35 ms at a handful of tokens), letting
-  go of the GIL a moment at each launch as cupy does (a stand-in that kept it between 5 ms switches held
-  off the HTTP side, and read four newcomers in two or three windows where the GPU read them in one),
+  go of the GIL a moment at each launch (the H100 server read four newcomers in one window, as this does; a
+  stand-in that kept the GIL between the interpreter's 5 ms switches read them in two or three),
   a graph replay only briefly; waiting for the GPU releases it (time.sleep, as a CUDA sync does);
 - the GPU is one stream: work is queued behind the work already queued, so the decode pipeline
   (StubAhead, strata/gpu/ahead.py's protocol: draws on the device, Philox uniforms from the host)
@@ -98,8 +98,8 @@ LAUNCH_S = 7e-6  # a kernel launch from Python
 
 def hold_gil(seconds: float) -> None:
     """Python work for `seconds` (launching kernels): bytecode between launches, each launch a moment
-    without the GIL (cupy launches release it), so a thread waiting for the GIL gets it at the next launch
-    rather than after the interpreter's 5 ms switch interval."""
+    without the GIL, so a thread waiting for the GIL gets it at the next launch rather than after the
+    interpreter's 5 ms switch interval."""
     end = time.perf_counter() + seconds
     while (now := time.perf_counter()) < end:
         launch = min(end, now + LAUNCH_S)
