@@ -209,6 +209,27 @@ def test_helpers_run_tasks_beside_the_caller(kernels: Kernels) -> None:
         group.close()
 
 
+def test_a_helper_that_starts_late_still_serves_the_first_round(kernels: Kernels) -> None:
+    """The helper enters its loop only after the caller has posted round 1 (its start waits on a timer the
+    caller's round outlasts): it must still claim one of the two tasks that can only finish together."""
+    fn, counts = meet_fn(kernels), np.zeros(3, np.int64)
+    w = counts.view(np.uint8).reshape(1, -1)
+    x, y = np.zeros((1, 32), np.float32), np.zeros((1, 1), np.float32)
+    table = np.array([task(fn, w, x, y, 0, 0, 1)] * 2, np.int64)
+    posted = threading.Event()
+    group = tasks.TaskGroup(kernels, 1, pin=lambda: posted.wait())
+    timer = threading.Timer(0.3, posted.set)  # fires while the caller's round waits in the meet
+    try:
+        counts[:] = 0, 0, ctypes.cast(ctypes.CDLL(None).usleep, ctypes.c_void_p).value
+        timer.start()
+        group.run(table)
+        assert counts[:2].tolist() == [2, 0]
+    finally:
+        timer.cancel()
+        posted.set()
+        group.close()
+
+
 @pytest.mark.parametrize("timeout_us", [-1, 5_000_000])
 def test_wait_change_sees_another_threads_write(kernels: Kernels, timeout_us: int) -> None:
     flag = np.zeros(1, np.int64)
