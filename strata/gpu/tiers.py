@@ -146,9 +146,6 @@ class GpuTiers(CpuShareSide):
         self.cache.use_policy(opts.cache_policy, LEARN_EVERY * opts.swap_budget)
         if self.pageable or self.cache.low_ram:
             check_staging(placed)
-        # while some misses are pageable, every pass past the decode rows stages
-        if self.pageable or self.cache.mapped_misses:
-            self.cache.borrow_min = decode_rows + 1
         self.zero = [cp.zeros(s, cp.uint8) for s in layout.strides]  # the CPU share's slot of zeros
         self.share: Any = None  # jit.share.CpuShare, when the CPU takes a share
         self.split: split.Split | None = None
@@ -166,8 +163,11 @@ class GpuTiers(CpuShareSide):
         self.copy_stream = cp.cuda.Stream(non_blocking=True)
         self._keep: list[Any] = []
         self._start_share(gguf, opts, decode_rows)
-        if not (self.pageable or self.cache.mapped_misses):
-            self.cache.borrow_min = self._staging_rows(decode_rows)
+        # while some misses are pageable, every pass past the decode rows stages; else passes stage from the
+        # row count the link's rates give (the split's probe, which _start_share ran, or one of its own)
+        self.cache.borrow_min = (
+            decode_rows + 1 if self.pageable or self.cache.mapped_misses else self._staging_rows(decode_rows)
+        )
         self.table = cp.asarray(self.cache.table)  # [L, P, E] int64: decode rows
         self.full = cp.asarray(self.cache.full)  # [L, P, E] int64: passes of more rows
         self.where = cp.asarray(self.cache.where_kinds())  # [L, E] int32
