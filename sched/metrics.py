@@ -195,10 +195,18 @@ def _expert_cache(sch: Scheduler) -> Iterator[Metric]:
         ring.bytes if ring is not None else 0,
     )
     yield CounterMetricFamily(
-        "strata_expert_swaps_total", "Experts the cache policy copied into slots", cache.swaps
+        "strata_expert_swaps_total", "Experts the cache policy brought into slots", cache.swaps
     )
     yield CounterMetricFamily(
-        "strata_expert_swap_bytes_total", "Bytes the cache policy copied into slots", cache.swap_bytes
+        "strata_expert_swap_bytes_total", "Bytes of the experts the cache policy brought in", cache.swap_bytes
+    )
+    yield CounterMetricFamily(
+        "strata_expert_rides_total",
+        "Experts brought in by the decode pass that read them as a miss (no copy; GPU)",
+        cache.rides,
+    )
+    yield CounterMetricFamily(
+        "strata_expert_ride_bytes_total", "Bytes of the experts brought in that way", cache.ride_bytes
     )
     pf = cache.prefetch
     yield CounterMetricFamily(

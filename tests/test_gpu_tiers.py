@@ -196,7 +196,9 @@ def test_tier_kernels_match_twins():
     k = Kernels(kt.SOURCE, kt.NAMES)
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 16, 24).astype(np.int32)
-    where = np.where(rng.random(16) < 0.5, rng.integers(0, 9, 16), rng.choice([-1, -2], 16)).astype(np.int32)
+    where = np.where(rng.random(16) < 0.5, rng.integers(0, 9, 16), rng.choice([-1, -2, -5], 16)).astype(
+        np.int32
+    )
     counts, route, stop = cp.zeros((6, 3), cp.uint64), cp.full(24, -1, cp.int32), cp.zeros(1, cp.int32)
     launch(
         k["tier_count"],
@@ -205,7 +207,7 @@ def test_tier_kernels_match_twins():
         (cp.asarray(ids), np.int32(24), np.int32(4), cp.asarray(where), np.int64(1000), counts, route, stop),
     )
     np.testing.assert_array_equal(counts.get(), kt.ref_tier_count(ids, 4, where, 1000, 6))
-    np.testing.assert_array_equal(route.get(), ids)
+    np.testing.assert_array_equal(route.get(), ids | np.where(where[ids] >= 0, kt.ROUTE_HIT, 0))
     assert int(stop.get()[0]) == 1  # the lookahead's stop, raised once the routing is known
     mem = cp.asarray(rng.integers(0, 256, 1 << 16).astype(np.uint8))
     host = mem.get()
@@ -214,6 +216,33 @@ def test_tier_kernels_match_twins():
     rows = cp.asarray(np.stack([src + mem.data.ptr, dst + mem.data.ptr, nb]).astype(np.int64))
     launch(k["gather_rows"], (4, 3), 256, (rows[0], rows[1], rows[2]))
     np.testing.assert_array_equal(mem.get(), kt.ref_gather_rows(host, src, dst, nb))
+    # admit: riders 2 and 4 (slots 4 and 5), only 2 routed (twice); parts of 48 KB + 3, 48 KB + 3, 64 KB + 5
+    # bytes, so each block's slice and the tail are exercised
+    host = mem.get()
+    sizes = (49_155, 49_155, 65_541)
+    where = np.array([-1, 0, -3 - 4, -2, -3 - 5, 1], np.int32)
+    tab = np.array([[1024 + 65_536 * j + 16 * e for e in range(6)] for j in range(3)], np.int64)
+    tab = np.stack([tab[j] + [0, 0, 0, 0, 70_000 - 64, 0] for j in range(3)])  # 4's parts elsewhere
+    mem = cp.asarray(np.concatenate([host, rng.integers(0, 256, 1 << 19).astype(np.uint8)]))
+    host = mem.get()
+    pend = np.zeros((3, 6), np.int64)
+    pend[:, 2] = [262_144, 327_680, 393_216]
+    pend[:, 4] = [458_752, 475_136, 491_520]  # never written: 4 is not routed
+    ids = np.array([2, 0, 2, 3], np.int32)
+    base = mem.data.ptr
+    d_where, d_tab = cp.asarray(where), cp.asarray(tab + base)
+    d_pend, arrive = cp.asarray(np.where(pend > 0, pend + base, 0)), cp.zeros(6, cp.int32)
+    launch(
+        k["admit"],
+        (kt.ADMIT_BLOCKS,),
+        256,
+        (cp.asarray(ids), np.int32(4), d_where, d_tab, d_pend, np.int32(6), *map(np.int64, sizes), arrive),
+    )
+    want_mem, want_where, want_tab = kt.ref_admit(host, ids, where, tab, pend, sizes)
+    np.testing.assert_array_equal(mem.get(), want_mem)
+    np.testing.assert_array_equal(d_where.get(), want_where)
+    np.testing.assert_array_equal(d_tab.get() - base, want_tab)
+    assert not arrive.get().any()  # reset for the next pass
 
 
 def test_prefetch_kernels_match_twins():
@@ -341,9 +370,10 @@ def test_prefetch_equals_all_resident(tmp_path, arch):
 
 @pytest.mark.parametrize("name", ["lru", "adaptive"])
 def test_a_learning_cache_equals_all_resident(tmp_path, name):
-    """--cache-policy on the GPU: swaps copy experts into slots on the copy stream beside decode and flip the
-    table when they land; the logits stay bit-identical to all-resident, through graph decode (step by step
-    and the greedy loop), and every landed slot holds its expert's bytes."""
+    """--cache-policy on the GPU: newcomers ride the decode passes that route them into their slots (the rest
+    are copied on the copy stream beside decode), and the table flips when they land; the logits stay
+    bit-identical to all-resident, through graph decode (step by step and the greedy loop), and every landed
+    slot holds its expert's bytes."""
     from strata.gpu import tiers as gt
 
     path = tiny_file(tmp_path, "qwen3next")
@@ -356,10 +386,12 @@ def test_a_learning_cache_equals_all_resident(tmp_path, name):
     for k, (a, b) in enumerate(zip(got, ref)):
         assert np.array_equal(a, b), f"{name}: step {k} differs by {np.abs(a - b).max()}"
     assert cache.swaps > 0 and cache.swap_bytes > 0
+    assert cache.rides > 0, "newcomers rode the decode passes' reads"
     m.stream.synchronize()
-    m.tiers.copy_stream.synchronize()
+    m.tiers.quiesce()  # riders still waiting are copied
     m.tiers.publish()
-    assert (cache.where == cache.booked).all(), "every swap landed once its copy was done"
+    assert (cache.where == cache.booked).all(), "every swap landed, by riding or once its copy was done"
+    assert not cache.riding.any()
     # the scattered patches left the device tables equal to the bookkeeping
     assert np.array_equal(m.tiers.table.get(), cache.table) and np.array_equal(m.tiers.full.get(), cache.full)
     assert np.array_equal(m.tiers.where.get(), cache.where_kinds())

@@ -44,6 +44,7 @@ from strata.tiers.layout import ExpertLayout
 from strata.tiers.lookahead import PrefetchCounts
 from strata.tiers.policy import Policy, check_policy, make
 from strata.tiers.profile import Profile
+from strata.tiers.ride import Riding
 from strata.tiers.ring import host_ring, ring_buffer_bytes
 from strata.tiers.store import NumpyBytes, per_segment
 from strata.tiers.telemetry import TierUse, note
@@ -90,7 +91,7 @@ def homes(arena: Arena, n_e: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(addrs, np.int64), in_ram
 
 
-class ExpertCache(Borrowing, Resizing, HostPass):
+class ExpertCache(Borrowing, Resizing, HostPass, Riding):
     def __init__(
         self, layout: ExpertLayout, n_slots: int, slots: Bytes, arena: Arena, borrow_min: int = BORROW_MIN
     ) -> None:
@@ -128,6 +129,13 @@ class ExpertCache(Borrowing, Resizing, HostPass):
         self.swap_budget: int | None = None  # experts a window may bring in
         self.swaps = 0  # experts the policy brought in since start
         self.swap_bytes = 0
+        # the GPU's admissions riding the misses' reads (tiers/ride.py): riders, their slots' part addresses,
+        # how many landed that way and their bytes (of swap_bytes, those no copy moved)
+        self.riding = np.zeros((n_l, n_e), bool)  # [L, E]
+        self.ride_since = np.zeros((n_l, n_e), np.int64)  # [L, E]
+        self.pend = np.zeros((n_l, 3, n_e), np.int64)  # [L, P, E]
+        self.rides = 0
+        self.ride_bytes = 0
         self.profile: Profile | None = None  # counts every pass's routing (--routing-profile)
         self.layer_lookups = np.zeros(n_l, np.int64)  # [L] since start, decode and prefill
         self.layer_hits = np.zeros(n_l, np.int64)
@@ -164,6 +172,7 @@ class ExpertCache(Borrowing, Resizing, HostPass):
         """The slot's expert (if any) is read from the arena from now on; the slot is free."""
         old_l, old_e = (int(v) for v in self.owner[slot])
         if old_l >= 0:
+            self._unride(old_l, old_e)
             self.where[old_l, old_e] = self.booked[old_l, old_e] = -1
             for p in range(3):
                 self.full[old_l, p, old_e] = self.table[old_l, p, old_e] = self._arena_row(old_l, p, old_e)
@@ -184,6 +193,7 @@ class ExpertCache(Borrowing, Resizing, HostPass):
 
     def _land(self, slot: int, li: int, e: int) -> None:
         """The slot holds expert e now: the tables read it from there."""
+        self._unride(li, e)
         self.where[li, e] = slot
         for p in range(3):
             self.full[li, p, e] = self.table[li, p, e] = self._slot_addr(p, slot)
@@ -328,10 +338,6 @@ class ExpertCache(Borrowing, Resizing, HostPass):
         assert self.zero is not None
         for p in range(3):
             self.table[li, p, e] = self.zero[p]
-
-    def where_kinds(self) -> np.ndarray:
-        """[L, E] int32 for the hit counter: the slot (>= 0), -1 read over PCIe, -2 the CPU's share."""
-        return np.where(self.cpu, np.int32(-2), self.where).astype(np.int32)
 
     def staged_counts(self, staging: Staging, li: int, rows: np.ndarray) -> np.ndarray:
         """(bytes, experts from the mapping, their bytes) [3] that layer li's staging copies `rows` move."""

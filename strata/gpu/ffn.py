@@ -79,7 +79,7 @@ def _q8(ops: Ops, w: LayerWeights, dm: Dims, n: int) -> bool:
 def _route(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:
     """The router: h = the normed input (or act.h as it stands), ids and wts the chosen experts; the int8
     codes of h too where the experts run per pair on int8 inputs; the tiers' counts, and for decode rows
-    the CPU hand-off."""
+    the riders' admission and the CPU hand-off."""
     x, h, a, e = act.x, act.h, dm.top_k, dm.n_expert
     assert w.router is not None
     # the router stays a gemv at any n: fp32 logits, so expert choice matches the CPU path
@@ -132,6 +132,8 @@ def _route(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> Non
             w.tier.route,
             None if ahead is None else ahead.stop,
         )
+        if n <= GEMV_ROWS and w.tier.ride is not None:  # riders it routes land before the experts read them
+            ops.admit(act.ids, pairs, w.tier)
         if n <= GEMV_ROWS and w.tier.share is not None:  # before the GPU's experts, so the CPU overlaps them
             ops.cpu_publish(h, act.ids, act.wts, n, a, dm.d, w.tier)
 

@@ -1,7 +1,7 @@
 """Ops' launchers for the mixture of experts (kernels/moe.py, the int8-input kernels of kernels/mmvq.py) and
-the expert tiers' decode kernels (kernels/tiers.py: hit counting, the CPU share's mailbox), apart so ops.py
-stays one screen per kind of kernel. `Ops` inherits them; its __init__ compiles `self.moe`, `self.mmvq`,
-`self.tiers`.
+the expert tiers' decode kernels (kernels/tiers.py: hit counting, riders' admission, the CPU share's mailbox),
+apart so ops.py stays one screen per kind of kernel. `Ops` inherits them; its __init__ compiles `self.moe`,
+`self.mmvq`, `self.tiers`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from strata.gpu.kernels import gemv, mmvq, moe
+from strata.gpu.kernels import tiers as kt
 from strata.gpu.runtime import NULL, dev_ptr, i32, i64, launch, ptr
 from strata.gpu.weights import DevMatrix
 
@@ -132,6 +133,26 @@ class MoeOps:
                 counts,
                 route,
                 NULL if stop is None else stop,
+            ),
+        )
+
+    def admit(self, ids: Any, pairs: int, t: Any) -> None:
+        """Copy the riders this decode layer routes into their slots as they are read, and point the table at
+        them (t: gpu.tiers.TierHook with a ride)."""
+        r = t.ride
+        launch(
+            self.tiers["admit"],
+            (kt.ADMIT_BLOCKS,),
+            256,
+            (
+                ids,
+                i32(pairs),
+                t.where,
+                r.table,
+                r.pend,
+                i32(r.n_expert),
+                *(i64(b) for b in r.part_bytes),
+                r.arrive,
             ),
         )
 

@@ -13,16 +13,11 @@ The CPU's share of the decode misses (`--pcie-frac`, tiers/share.py; its GPU sid
 decode rows read the CPU-owned experts from a slot of zeros (`table`) and add the CPU's answer; passes of
 more rows read every miss through `full`. The slot store and its copies are strata/gpu/slots.py.
 
-With `--cache-policy lru|adaptive` the cache follows the routing (tiers/policy.py). `tier_count` leaves each
-pass's routed ids in `routes`; every LEARN_EVERY passes the policy learns from them and picks at most the swap
-budget's experts to bring in, while the GPU runs the next pass (`overlap`, called between a pass's launch and
-its wait). A swap points the leaving expert's table entries at the arena (a patch queued behind the running
-pass, so every later pass reads it from there), copies the newcomer into the slot on the copy stream once the
-running pass is done with the slot, and flips the newcomer's entries to the slot at the first pass that starts
-after the copy landed: decode never waits for a swap, nor for the policy. The CPU share runs beside a policy:
-its per-token split (`take`) hands the CPU part of the misses each pass finds in `where`, so it follows the
-swaps; only a fixed set of CPU experts (a pageable arena, experts only in the file's mapping) needs the
-static cache.
+With `--cache-policy lru|adaptive` the cache follows the routing (tiers/policy.py): strata/gpu/learning.py
+learns beside the passes and brings newcomers in, riding the misses' own reads (tiers/ride.py) or by copy. The
+CPU share runs beside a policy: its per-token split (`take`) hands the CPU part of the misses each pass finds
+in `where`, so it follows the swaps; only a fixed set of CPU experts (a pageable arena, experts only in the
+file's mapping) needs the static cache.
 
 Where the experts live (all pinned, the low-RAM mode's three tiers, or the pageable fallback when pinning
 fails) is strata/gpu/placement.py's choice. Under `--ram-budget-mib` decode rows give every miss that is only
@@ -35,7 +30,6 @@ stages its misses into borrowed slots.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,12 +37,12 @@ import numpy as np
 from strata.gguf import GGUFFile
 from strata.gpu.borrowing import BorrowingPrefill
 from strata.gpu.kernels import tiers as kt
+from strata.gpu.learning import LEARN_EVERY, PolicySide, RideHook
 from strata.gpu.lookahead import Lookahead
 from strata.gpu.ops import MOE_GEMV_ROWS
 from strata.gpu.placement import check_staging, place_experts
 from strata.gpu.runtime import DEVICE_TO_HOST, Kernels, cupy_module, ptr
 from strata.gpu.share import CpuShareSide, ShareHook
-from strata.gpu.slots import engine_copies
 from strata.gpu.weights import DevMatrix
 from strata.tiers import share as split
 from strata.tiers.borrow import staging_rows
@@ -56,13 +50,8 @@ from strata.tiers.layout import ExpertLayout
 from strata.tiers.lookahead import PREFETCH_DEFAULT
 from strata.tiers.profile import Profile
 from strata.tiers.telemetry import note
-from strata.tiers.trace import Recorder
 
 COLLECT_TIMEOUT_NS = 2_000_000_000  # a CPU answer later than this fails the pass instead of hanging the GPU
-# passes per policy window: a decode pass is ~10 ms at b=1, and an update of every layer's policy 1-4 ms of
-# host time (2-core machine, 4-token windows; it runs beside the next pass); the budget of a window is this
-# many passes' worth
-LEARN_EVERY = 4
 PATCH_MAX = (
     4096  # (layer, expert) entries changed: up to this many, publish scatters them instead of whole tables
 )
@@ -79,6 +68,7 @@ class TierHook:
     share: ShareHook | None = None  # set: decode rows give the CPU its share of this layer's misses
     layer: int = 0  # the MoE layer
     lookahead: Lookahead | None = None  # set: decode rows prefetch the layer's predicted misses
+    ride: RideHook | None = None  # set: decode rows copy the riders they route into their slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +76,11 @@ class PassRecord:
     """A launched pass's counters on their way to pinned host memory (GpuTiers.record)."""
 
     counts: np.ndarray  # [n, 3] lookups, hits, PCIe bytes
-    routes: np.ndarray  # [L, n, A] routed expert ids
+    routes: np.ndarray  # [L, n, A] tier_count's route rows (expert ids, hits marked)
     prefetch: (
         np.ndarray | None
     )  # [STATS] the lookahead's counts (tiers.lookahead.PrefetchCounts), when it runs
-    where: np.ndarray  # [L, E] what the device's `where` held for the pass
+    riders: np.ndarray  # [L, E] the riders the device held for the pass (ExpertCache.riders)
     keep: list[Any]  # row lists and buffers the pass reads, alive until it is done
     pred: np.ndarray | None = None  # [L, n, A] the lookahead's predictions, when routes are recorded
 
@@ -115,7 +105,7 @@ class TierOptions:
     kv_grow: bool = False  # --kv-grow: the slots come in segments the KV can take (tiers/grow.py)
 
 
-class GpuTiers(CpuShareSide):
+class GpuTiers(CpuShareSide, PolicySide):
     def __init__(
         self,
         gguf: GGUFFile,
@@ -154,12 +144,7 @@ class GpuTiers(CpuShareSide):
         self.err = cp.zeros(1, cp.int32)
         self.counts = cp.zeros((max_rows, 3), cp.uint64)
         self.routes = cp.zeros((len(layout.layers), max_rows, layout.top_k), cp.int32)  # [L, rows, A]
-        self._seen: list[np.ndarray] = []  # routed ids [n, L, A] of this policy window's passes
-        self._passes = 0
-        self._learn_due = False  # a policy window is complete: learn from it beside the next pass
-        self._pass_where = self.cache.where.copy()  # [L, E] what the device's `where` held for the last pass
         self._snap = self.cache.version
-        self._swapping: list[tuple[list[tuple[int, int, int]], Any]] = []  # placements, their copies' event
         self.copy_stream = cp.cuda.Stream(non_blocking=True)
         self._keep: list[Any] = []
         self._start_share(gguf, opts, decode_rows)
@@ -186,6 +171,7 @@ class GpuTiers(CpuShareSide):
             if ahead
             else None
         )
+        self._start_policy()
         self._version = self.cache.version
         self.cache.dirty = []
 
@@ -229,16 +215,10 @@ class GpuTiers(CpuShareSide):
             self.share_hook(li) if decode else None,
             li,
             self.lookahead if decode else None,
+            self.ride_hook(li) if decode else None,
         )
 
     # ---- between windows ----
-    def quiesce(self) -> None:
-        """Before the cache resizes (--kv-grow): every swap's copy done and landed."""
-        if self._swapping:
-            self.copy_stream.synchronize()
-            while self._swapping:
-                self.cache.land(self._swapping.pop(0)[0])
-
     def publish(self) -> None:
         """Before a pass: land the swaps whose copies are done, take back slots a finished KV left
         (--kv-grow), and bring the device tables up to the cache's bookkeeping, on the current stream."""
@@ -248,8 +228,8 @@ class GpuTiers(CpuShareSide):
             self.cache.lender.reclaim()
         if self._version != self.cache.version:
             self._push()
-        if self._snap != self.cache.version:  # what this pass's `where` holds, for the per-layer counts
-            self._pass_where, self._snap = self.cache.where.copy(), self.cache.version
+        if self._snap != self.cache.version:  # the riders this pass holds, for landing them after it
+            self._pass_riders, self._snap = self.cache.riders(), self.cache.version
 
     def _push(self) -> None:
         """Queue the tables' changes on the current stream."""
@@ -262,25 +242,31 @@ class GpuTiers(CpuShareSide):
             li, e = pairs[:, 0], pairs[:, 1]
             n_e = self.layout.n_expert
             at = ((li * 3)[:, None] + np.arange(3)) * n_e + e[:, None]  # [n, P] into [L, P, E]
+            flat = at.reshape(-1)
             host = np.concatenate(
                 [
-                    at.reshape(-1),
-                    c.table.reshape(-1)[at.reshape(-1)],
-                    c.full.reshape(-1)[at.reshape(-1)],
+                    flat,
+                    c.table.reshape(-1)[flat],
+                    c.full.reshape(-1)[flat],
+                    c.pend.reshape(-1)[flat],
                     li * n_e + e,
                     c.where_kinds()[li, e].astype(np.int64),
                 ]
             )
-            dev = cp.asarray(host)
-            k = at.size
-            idx, tab, full = dev[:k], dev[k : 2 * k], dev[2 * k : 3 * k]
-            self.table.ravel()[idx] = tab
-            self.full.ravel()[idx] = full
-            self.where.ravel()[dev[3 * k : 3 * k + len(li)]] = dev[3 * k + len(li) :].astype(cp.int32)
+            dev = cp.asarray(host)  # one upload for every array the patch touches
+            k, m = at.size, len(li)
+            idx = dev[:k]
+            self.table.ravel()[idx] = dev[k : 2 * k]
+            self.full.ravel()[idx] = dev[2 * k : 3 * k]
+            if self.ride_on:
+                self.pend.ravel()[idx] = dev[3 * k : 4 * k]
+            self.where.ravel()[dev[4 * k : 4 * k + m]] = dev[4 * k + m :].astype(cp.int32)
         else:
             self.table.set(c.table)
             self.full.set(c.full)
             self.where.set(c.where_kinds())
+            if self.ride_on:
+                self.pend.set(c.pend)
         self._version = c.version
 
     def take_counts(self, n: int) -> np.ndarray:
@@ -346,7 +332,7 @@ class GpuTiers(CpuShareSide):
             packed = [packed, packed_pred]
         keep = [*self._keep, *self.slots._keep, packed]
         self._keep, self.slots._keep = [], []
-        return PassRecord(counts, routes, ahead, self._pass_where, keep, pred)
+        return PassRecord(counts, routes, ahead, self._pass_riders, keep, pred)
 
     def finish(self, rec: PassRecord, experts: list[Any], rows: list[int]) -> None:
         """A recorded pass is done (its event synchronised): credit its counts and learn from its routing."""
@@ -355,69 +341,4 @@ class GpuTiers(CpuShareSide):
         self.cache.settle(counts, 0, experts, rows)
         if rec.prefetch is not None:
             self.cache.prefetch.add(*(int(v) for v in rec.prefetch))
-        self._routed(rec.routes, rec.where, rec.pred)
-
-    # ---- the policy ----
-    def after_pass(self, n: int) -> None:
-        """A pass of n rows is over (its stream synchronised): count its routing per layer and into the
-        profile, and every LEARN_EVERY passes let the policy choose swaps and start them."""
-        pred = None
-        if self._recording_pred(n):
-            assert self.lookahead is not None
-            pred = self.lookahead.pred[:, :n].get()
-            self.lookahead.pred[:, :n].fill(-1)
-        self._routed(self.routes[:, :n].get(), self._pass_where, pred)
-
-    def record_routes(self, path: Path) -> Recorder:
-        """--record-routes on the GPU: every pass's routed ids and, on decode rows, the lookahead's
-        predictions (set before the decode graphs are captured: their forks copy the picks)."""
-        if self.lookahead is not None:
-            self.lookahead.recording = True
-        return self.cache.record(path, self.lookahead.k if self.lookahead is not None else 0)
-
-    def _recording_pred(self, n: int) -> bool:
-        """Whether a pass of n rows hands the lookahead's predictions to --record-routes (decode rows)."""
-        ahead = self.lookahead
-        return self.cache.recorder is not None and ahead is not None and n <= ahead.pred.shape[1]
-
-    def _routed(self, routed: np.ndarray, where: np.ndarray, pred: np.ndarray | None = None) -> None:
-        """One pass's routed ids [L, n, A], looked up in what `where` [L, E] held for it; pred: the
-        lookahead's predictions [L, n, A] (-1 where a layer did not predict), when routes are recorded."""
-        c = self.cache
-        ids = routed.transpose(1, 0, 2)  # [n, L, A]
-        hit = np.take_along_axis(where, routed.reshape(len(routed), -1), axis=1) >= 0
-        c.layer_lookups += hit.shape[1]
-        c.layer_hits += hit.sum(axis=1)
-        if c.profile is not None:
-            c.profile.add_all(ids)
-        if c.recorder is not None:
-            c.recorder.end_pass(list(routed), None if pred is None else list(pred))
-        if c.policy is None:
-            return
-        self._seen.append(ids)
-        self._passes += 1
-        self._learn_due = self._passes % LEARN_EVERY == 0
-
-    def overlap(self) -> None:
-        """A pass has been launched: learn from the last policy window meanwhile and start its swaps."""
-        if not self._learn_due:
-            return
-        self._learn_due = False
-        moves = self.cache.learn(np.concatenate(self._seen).astype(np.int64))
-        self._seen.clear()
-        if moves:
-            self._swap(moves)
-
-    def _swap(self, moves: list[tuple[int, int, int]]) -> None:
-        """Point the leavers at the arena behind the running pass, then fill their slots on the copy stream
-        once that pass is done with them; `publish` lands the swaps when the copies are done."""
-        cp = cupy_module()
-        rows = self.cache.release(moves)
-        self._push()
-        after = cp.cuda.Event(disable_timing=True)
-        after.record()  # the running pass and the patch: the slots are free from here
-        self.copy_stream.wait_event(after)
-        engine_copies(rows, self.layout.strides, self.copy_stream)
-        done = cp.cuda.Event(disable_timing=True)
-        done.record(self.copy_stream)
-        self._swapping.append((moves, done))
+        self._routed(rec.routes, rec.riders, rec.pred)

@@ -4,9 +4,12 @@ prefill chunk's missing experts into borrowed slots.
 - `tier_count`: after a MoE layer's routing (raising the lookahead's stop), per routed (row, slot)
   pair: one lookup, a hit when the cache's `where[e] >= 0`, else the expert's bytes as read over PCIe;
   summed per row (atomics), so the host can give each sequence of a batch its own counters. It also copies
-  the ids into the layer's row of `route`, which the cache policy (tiers/policy.py) learns from between
-  windows.
-  `where[e] == -2` marks the CPU's share: neither a hit nor PCIe bytes (the CPU pool counts its own).
+  the ids into the layer's row of `route` (hits marked), which the cache policy (tiers/policy.py) learns from
+  between windows.
+  `where[e] == -2` marks the CPU's share: neither a hit nor PCIe bytes (the CPU pool counts its own);
+  `where[e] <= -3` a rider (tiers/ride.py): read over PCIe like any miss.
+- `admit`: after tier_count, the riders a decode layer routes are copied from the arena into their slots as
+  they are read, and their table entries flipped to the slots: admission by the miss's own read.
 - `gather_rows`: copies n (source, destination, bytes) rows, one block a row, 16 bytes a load.
   Sources are pinned host memory read zero-copy, so one launch moves a whole layer's staged experts
   on a side stream (one copy call per expert part would cost more host time than the chunk's GEMMs).
@@ -27,8 +30,8 @@ prefill chunk's missing experts into borrowed slots.
   until the main stream raises `stop`, pointing the decode table's entry of each part that lands at its copy;
   restore, after the layer's experts ran, points them back and counts how many landed parts the router used.
 
-Numpy twins: `ref_tier_count`, `ref_gather_rows`, `ref_cpu_pick`, `ref_cpu_publish`, `ref_cpu_collect`,
-`ref_prefetch_pick`, `ref_prefetch_restore`.
+Numpy twins: `ref_tier_count`, `ref_admit`, `ref_gather_rows`, `ref_cpu_pick`, `ref_cpu_publish`,
+`ref_cpu_collect`, `ref_prefetch_pick`, `ref_prefetch_restore`.
 """
 
 from __future__ import annotations
@@ -40,16 +43,21 @@ from strata.jit.share import MB_DONE, MB_LAYER, MB_REQ, MB_ROWS
 from strata.tiers.lookahead import PREFETCH_MAX
 
 SHARE_PAIRS = 256  # most routed pairs a decode pass hands the CPU share (GEMV rows x experts a token)
+ROUTE_HIT = 1 << 30  # tier_count's mark on a routed id that hit (expert ids stay below it)
+# blocks of `admit`: each keeps 16 KB of pinned reads in flight; 32 of them (~512 KB) cover the link's
+# bandwidth-latency product, and with no rider routed each only scans the layer's routed ids
+ADMIT_BLOCKS = 32
 
 SOURCE = (
     HEADER
-    + f"#define PF_MAX_K {PREFETCH_MAX}\n#define SHARE_PAIRS {SHARE_PAIRS}\n"
+    + f"#define PF_MAX_K {PREFETCH_MAX}\n#define SHARE_PAIRS {SHARE_PAIRS}\n#define ROUTE_HIT {ROUTE_HIT}\n"
     + r"""
 typedef unsigned long long u64;
 
-// counts [rows, 3] += (lookups, hits, miss bytes) of ids [P] (A per row) against where [E];
-// route[p] = ids[p]; stop != null: *stop = 1
-// (the layer's lookahead branch stops copying: the routing is known)
+// counts [rows, 3] += (lookups, hits, miss bytes) of ids [P] (A per row) against where [E] (a rider, -3 -
+// slot, is still read over PCIe); route[p] = ids[p] | ROUTE_HIT on a hit, so the host counts each layer's
+// hits as the device did; stop != null: *stop = 1 (the layer's lookahead branch stops copying: the routing is
+// known)
 __global__ void tier_count(const int* __restrict__ ids, int P, int A, const int* __restrict__ where,
                            i64 expert_bytes, u64* __restrict__ counts, int* __restrict__ route, int* stop) {
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
@@ -58,10 +66,63 @@ __global__ void tier_count(const int* __restrict__ ids, int P, int A, const int*
   u64* c = counts + (i64)(p / A) * 3;
   atomicAdd(c, 1ull);
   const int id = ids[p];
-  route[p] = id;
   const int w = where[id];
+  route[p] = w >= 0 ? id | ROUTE_HIT : id;
   if (w >= 0) atomicAdd(c + 1, 1ull);
-  else if (w == -1) atomicAdd(c + 2, (u64)expert_bytes);
+  else if (w != -2) atomicAdd(c + 2, (u64)expert_bytes);
+}
+
+// Admission riding a miss (tiers/ride.py). A rider waits in `where` as -3 - slot, the decode table (tab [3 *
+// E], the layer's rows) still reading it from the arena. For each rider this pass routes (ids [P], first pair
+// of each), every block copies its slice of each part (nb0..nb2 bytes) from the arena to the slot (pend [3 *
+// E]): the bytes cross PCIe once, as the miss they are, and the layer's experts then read them from VRAM. The
+// block that completes a rider's last slice (arrive [E] counts them, and is reset) points its table entries
+// at the slot and its `where` at the slot: later passes count it a hit. Runs after tier_count (which counted
+// this read as the miss it is) and before cpu_publish (which leaves a resident to the GPU).
+__global__ void __launch_bounds__(256) admit(const int* __restrict__ ids, int P, int* where, i64* tab,
+                                             const i64* __restrict__ pend, int E, i64 nb0, i64 nb1, i64 nb2,
+                                             int* arrive) {
+  const int nblk = gridDim.x, b = blockIdx.x;
+  for (int p = 0; p < P; p++) {
+    const int e = ids[p];
+    bool dup = false;
+    for (int q = 0; q < p && !dup; q++) dup = ids[q] == e;
+    if (dup) continue;
+    // read before this block arrives for e: the flip below waits for every block's arrival
+    const int w = __ldcg(where + e);
+    if (w > -3) continue;
+    for (int j = 0; j < 3; j++) {
+      const i64 nb = j == 0 ? nb0 : j == 1 ? nb1 : nb2, n16 = nb >> 4, per = (n16 + nblk - 1) / nblk;
+      const i64 lo = min(n16, b * per), hi = min(n16, lo + per);
+      const u8* src = (const u8*)tab[(i64)j * E + e];
+      u8* dst = (u8*)pend[(i64)j * E + e];
+      const uint4* s4 = (const uint4*)src;
+      uint4* d4 = (uint4*)dst;
+      for (i64 i0 = lo; i0 < hi; i0 += 4 * blockDim.x) {
+        uint4 v[4];  // four reads of pinned memory in flight a thread, as gather_rows
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+          const i64 i = i0 + u * blockDim.x + threadIdx.x;
+          if (i < hi) v[u] = s4[i];
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+          const i64 i = i0 + u * blockDim.x + threadIdx.x;
+          if (i < hi) d4[i] = v[u];
+        }
+      }
+      if (b == nblk - 1)
+        for (i64 q = (n16 << 4) + threadIdx.x; q < nb; q += blockDim.x) dst[q] = src[q];
+    }
+    __threadfence();  // this block's slices are visible before the table can point at them
+    __syncthreads();
+    if (threadIdx.x == 0 && atomicAdd(arrive + e, 1) == nblk - 1) {
+      __threadfence();
+      arrive[e] = 0;
+      for (int j = 0; j < 3; j++) tab[(i64)j * E + e] = pend[(i64)j * E + e];
+      where[e] = -3 - w;
+    }
+  }
 }
 
 // Mailbox control words (int64, jit/share.py's MB_*): REQ, LAYER, ROWS; DONE on its own 64-byte line.
@@ -337,7 +398,7 @@ __global__ void prefetch_restore(i64* tab, int E, int K, int* __restrict__ picke
     )
 )
 
-NAMES = ["tier_count", "gather_rows", "cpu_publish", "cpu_collect", "prefetch", "prefetch_restore"]
+NAMES = ["tier_count", "admit", "gather_rows", "cpu_publish", "cpu_collect", "prefetch", "prefetch_restore"]
 # what one layer's hand-off adds beyond the CPU's compute: the publish's writes and the ticket reaching the
 # host, the collect's polls over PCIe seeing the answer. Measured on the H200 (80B shape, 24 GiB): a share of
 # ~1% of the misses decoded at 69.2 tok/s against 72.5 without one, 14 us a layer; added to the CPU pool's
@@ -346,12 +407,34 @@ HANDOFF_S = 14e-6
 
 
 def ref_tier_count(ids: np.ndarray, a: int, where: np.ndarray, expert_bytes: int, rows: int) -> np.ndarray:
-    """What `tier_count` adds: [rows, 3] uint64 of (lookups, hits, miss bytes) for ids [P] (its `route` is a
-    copy of ids)."""
+    """What `tier_count` adds: [rows, 3] uint64 of (lookups, hits, miss bytes) for ids [P] (its `route` is
+    ids, each hit's marked with ROUTE_HIT)."""
     out = np.zeros((rows, 3), np.int64)
     for p, w in enumerate(where[ids]):
-        out[p // a] += (1, int(w >= 0), expert_bytes if w == -1 else 0)
+        out[p // a] += (1, int(w >= 0), expert_bytes if w == -1 or w <= -3 else 0)
     return out.astype(np.uint64)
+
+
+def ref_admit(
+    memory: np.ndarray,
+    ids: np.ndarray,
+    where: np.ndarray,
+    tab: np.ndarray,
+    pend: np.ndarray,
+    nbytes: tuple[int, int, int],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`admit` on offsets into one byte array (the stand-in for addresses): (memory, where [E], tab [3, E])
+    after every rider (where <= -3) that ids [P] route has its parts copied from tab's offsets to pend's [3,
+    E] and its entries pointed at them."""
+    memory, where, tab = memory.copy(), where.copy(), tab.copy()
+    for e in dict.fromkeys(ids.tolist()):
+        if where[e] > -3:
+            continue
+        for j, n in enumerate(nbytes):
+            memory[pend[j, e] : pend[j, e] + n] = memory[tab[j, e] : tab[j, e] + n]
+            tab[j, e] = pend[j, e]
+        where[e] = -3 - where[e]
+    return memory, where, tab
 
 
 def ref_cpu_pick(
