@@ -165,7 +165,7 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
         cp.cuda.Device().synchronize()
         share = None if gpu.tiers is None else gpu.tiers.share
         r0, s0 = (share.requests, share.busy_s) if share is not None else (0, 0.0)
-        w0 = (cache.swaps, cache.swap_bytes) if cache is not None else (0, 0)
+        w0 = (cache.swaps, cache.swap_bytes, cache.rides, cache.ride_bytes) if cache is not None else (0,) * 4
         pf0 = dataclasses.replace(cache.prefetch) if cache is not None else None
         parts0 = dict(gpu.hc.host_parts) if gpu.hc is not None else {}
         t = time.perf_counter()
@@ -181,9 +181,17 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
             step_ms = host / a.gen * 1e3
             print(f"  PLE rows on the host: {step_ms:.3f} ms a step ({split}), {host / dt:.1%} of decode")
         if cache is not None and cache.policy is not None:
-            res[f"swaps_b{b}"] = {"swaps": cache.swaps - w0[0], "bytes": cache.swap_bytes - w0[1]}
+            # rides: swaps that landed from the decode pass's own read of the miss, no copy over the link
+            rides, ride_bytes = cache.rides - w0[2], cache.ride_bytes - w0[3]
+            res[f"swaps_b{b}"] = {
+                "swaps": cache.swaps - w0[0],
+                "bytes": cache.swap_bytes - w0[1],
+                "rides": rides,
+                "ride_bytes": ride_bytes,
+            }
             print(
-                f"  swaps during tg: {cache.swaps - w0[0]:,} ({(cache.swap_bytes - w0[1]) / 1e6:,.0f} MB)",
+                f"  swaps during tg: {cache.swaps - w0[0]:,} ({(cache.swap_bytes - w0[1]) / 1e6:,.0f} MB), "
+                f"{rides:,} of them riding a miss's read ({ride_bytes / 1e6:,.0f} MB not copied)",
                 flush=True,
             )
         if share is not None:

@@ -142,16 +142,17 @@ def bound(s: dict[str, Any], b: int, gen: int, cpu_too: bool = True) -> float:
     """Decode tok/s if every byte moved at its measured rate: VRAM bytes at the copy rate, then the misses
     over PCIe at the probed zero-copy rate, with cpu_too beside the CPU pool at its probed rate, the misses
     split between the two at their best (each side's share in proportion to its rate). A learning policy's
-    swaps (bytes copied into slots during the `gen` measured steps) run on a side stream, so they may overlap
-    anything but the link: the token takes at least its misses and swaps over the link (the CPU's side taking
-    more of the misses) and its swaps over PCIe. The CPU pool's rate is that of the probe, which was run when
-    the split is auto or given (a run without a share has none)."""
+    copied swaps (bytes copied into slots during the `gen` measured steps, riders not) run on a side stream,
+    so they may overlap anything but the link: the token takes at least its misses and swaps over the link
+    (the CPU's side taking more of the misses) and its swaps over PCIe. The CPU pool's rate is that of the
+    probe, which was run when the split is auto or given (a run without a share has none)."""
     t = s[f"tiers_b{b}"]
     miss = t["pcie_bytes_per_token"] + t.get("cpu_bytes_per_token", 0.0)
     vram = (
         s[f"bytes_b{b}"] / b - miss
     )  # bytes_b: the step's weight bytes as if resident, per step of b tokens
-    swap = (s.get(f"swaps_b{b}") or {}).get("bytes", 0) / (b * gen)
+    sw = s.get(f"swaps_b{b}") or {}  # riders crossed the link as the misses they were: only copies count
+    swap = max(0, sw.get("bytes", 0) - sw.get("ride_bytes", 0)) / (b * gen)
     rates = s["tiers"].get("rates") or {}
     pcie = s["tiers"]["pcie"]["zero_copy"]
     link = pcie + (rates.get("cpu", 0.0) if cpu_too else 0.0)

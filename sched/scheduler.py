@@ -13,13 +13,13 @@ A request that runs alone is SOLO; when others join it becomes BATCHED in place:
 SequenceState moves with it, so no prompt is ever re-read. A window that raises fails only the
 requests in it (each gets the reason), bumps the epoch, and the queue carries on.
 
-Decode-only windows run through a pipeline (sched/ahead.py): the next step is queued before the
-host takes the last one's tokens, so sampling, detokenising and SSE never leave the model idle. The
-decode-only windows the pacer gives running streams while a newcomer's prompt waits are pipelined
-too (on the H200 those windows took 11.3 ms with host sampling, against 7.2 ms pipelined, and the
-streams kept 35% of their pace instead of half). It is drained (its last step's tokens taken) before
-the set of sequences changes: a request ends or leaves, another is admitted, a prompt chunk is due,
-or the server stops.
+Decode-only windows run through a pipeline (sched/ahead.py; the windows' side in sched/pipeline.py): the next
+step is queued before the host takes the last one's tokens, so sampling, detokenising and SSE never leave the
+model idle. The decode-only windows the pacer gives running streams while a newcomer's prompt waits are
+pipelined too (on the H200 those windows took 11.3 ms with host sampling, against 7.2 ms pipelined, and the
+streams kept 35% of their pace instead of half). It is drained (its last step's tokens taken) before the set
+of sequences changes: a request ends or leaves, another is admitted, a prompt chunk is due, or the server
+stops.
 
 The loop cannot die on a request: an error while admitting or committing one request fails that
 request alone (slot freed, an ErrorEvent with the reason) and any other error inside a step fails
@@ -46,6 +46,7 @@ from strata.sched.constraints import request_constraints
 from strata.sched.faults import FaultHook
 from strata.sched.metrics import Metrics
 from strata.sched.pacer import PrefillPacer, calibration_sizes
+from strata.sched.pipeline import PipelinedWindows, describe
 from strata.sched.prefix_cache import PrefixCache
 from strata.sched.request import DoneEvent, ErrorEvent, Request, RequestState, TokenEvent
 from strata.sched.slots import Counters, QueueFullError, ShuttingDownError, Slot
@@ -57,7 +58,7 @@ __all__ = ["QueueFullError", "Scheduler", "ShuttingDownError"]
 log = logging.getLogger("strata.scheduler")
 
 
-class Scheduler:
+class Scheduler(PipelinedWindows):
     def __init__(
         self,
         engine: Engine,
@@ -169,7 +170,7 @@ class Scheduler:
                 await self._step()
             except Exception as e:  # a bug in a step: fail what is in flight, keep the loop
                 log.exception("scheduler step failed; failing %d in-flight requests", len(self._slots))
-                self._fail_window([(s, None) for s in self._slots], _describe(e))
+                self._fail_window([(s, None) for s in self._slots], describe(e))
                 await asyncio.sleep(0)  # never a hot loop that starves the HTTP side
 
     async def _step(self) -> None:
@@ -197,22 +198,12 @@ class Scheduler:
         try:
             logits = await asyncio.get_running_loop().run_in_executor(self._pool, self._forward, window)
         except Exception as e:  # the window failed: fail its requests, keep serving the rest
-            self._fail_window(window, _describe(e))
+            self._fail_window(window, describe(e))
             return
         if epoch == self.epoch:  # results of a failed epoch are never applied
             self._commit(window, logits, time.perf_counter() - t0)
 
-    # ---- decode windows through the pipeline ------------------------------------------------
-    async def _in_engine(self, fn):  # type: ignore[no-untyped-def]
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
-
-    def _cadence(self, seconds: float) -> float:
-        """The streams' time per token at a decode-only window that took `seconds`: the time since the last
-        one's tokens when it came straight before (the host's share of each token included)."""
-        now = time.perf_counter()
-        mark, self._decode_mark = self._decode_mark, now
-        return now - mark if mark is not None else seconds
-
+    # ---- the slots by state --------------------------------------------------------------------
     def _decoding(self) -> list[Slot]:
         return [s for s in self._slots if s.req.state is not RequestState.ADMITTING]
 
@@ -222,103 +213,6 @@ class Scheduler:
     def _reading(self) -> list[Slot]:
         """The newcomers that may read their prompts in the next window: none waits for a copy."""
         return [s for s in self._admitting() if not s.copying]
-
-    def _may_continue(self) -> bool:
-        """The pipeline's next launch would serve the same slots: nobody left, nobody waits for a slot, and a
-        newcomer's prompt, if any, still sits out (the streams are owed decode-only windows)."""
-        live = self._live
-        assert live is not None
-        return (
-            live == self._decoding()
-            and not any(s.req.cancelled for s in self._slots)
-            and self._next_admission() is None
-            and not self._prompt_due()
-        )
-
-    def _prompt_due(self) -> bool:
-        """Whether the next window reads prompt tokens: the streams are owed no decode-only window, or every
-        prompt being read has one token left, which rides along as a decode row does."""
-        reading = self._reading()
-        return bool(reading) and (self.pacer.owed == 0 or all(s.prompt_left == 1 for s in reading))
-
-    def _pipelined(self, window: list[tuple[Slot, np.ndarray]]) -> bool:
-        ahead = self._ahead
-        return (
-            self.decode_ahead
-            and 0 < len(window) == len(self._decoding()) <= ahead.max_batch
-            and all(
-                s.req.state is not RequestState.ADMITTING
-                and not s.seq.constraints
-                and ahead.drawable(s.seq.params)
-                for s, _ in window
-            )
-        )
-
-    async def _ahead_window(self, window: list[tuple[Slot, np.ndarray]]) -> None:
-        slots = [s for s, _ in window]
-        epoch = self.epoch
-        t0 = time.perf_counter()
-        if self._live is None:
-            tokens = [int(t[0]) for _, t in window]
-            draws = [(s.seq.params, s.seq.seed) for s in slots]
-
-            def first() -> np.ndarray:
-                self._ahead.start([s.seq.state for s in slots], tokens, draws)
-                return self._ahead.advance()
-
-            step = first
-        else:
-            step = self._ahead.advance
-        self._live = slots
-        try:
-            chosen = await self._in_engine(step)
-        except Exception as e:
-            self._fail_window(window, _describe(e))
-            return
-        if epoch != self.epoch:
-            return
-        seconds = time.perf_counter() - t0
-        self.counters.add_window(seconds, 0, len(slots))
-        self.metrics.window_done(seconds, 0)
-        self.pacer.observe(self._cadence(seconds), 0)
-        ended = self._take_tokens(slots, chosen)
-        if ended or not self._may_continue():
-            await self._drain()
-        for slot in ended:
-            self._finish(slot)
-
-    def _take_tokens(self, slots: list[Slot], chosen: np.ndarray) -> list[Slot]:
-        """Each slot's token from the pipeline; returns the slots it ended (not finished yet: the pipeline may
-        still be writing their states)."""
-        ended = []
-        for slot, tok in zip(slots, chosen):
-            if slot not in self._slots or slot.seq.finished:
-                continue
-            try:
-                self._emit(slot, slot.seq.accept_token(int(tok)))
-            except Exception as e:  # detokenizing this request failed: it alone ends
-                log.exception("committing request %d failed", slot.req.id)
-                self._slots.remove(slot)
-                self._fail_request(slot.req, _describe(e))
-                continue
-            if slot.seq.finished:
-                ended.append(slot)
-        return ended
-
-    async def _drain(self) -> None:
-        """Take the pipeline's launch in flight: its tokens go to the slots still running."""
-        slots, self._live = self._live, None
-        assert slots is not None
-        epoch = self.epoch
-        try:
-            chosen = await self._in_engine(self._ahead.drain)
-        except Exception as e:
-            self._fail_window([(s, None) for s in slots], _describe(e))
-            return
-        if epoch != self.epoch:
-            return
-        for slot in self._take_tokens(slots, chosen):
-            self._finish(slot)
 
     def _forward(self, window: list[tuple[Slot, np.ndarray]]) -> list[np.ndarray]:
         self.faults.check()
@@ -354,7 +248,7 @@ class Scheduler:
                 slot = self._new_slot(req)
             except Exception as e:  # this request cannot start (a bad schema, ...): it alone fails
                 log.exception("admitting request %d failed", req.id)
-                self._fail_request(req, _describe(e))
+                self._fail_request(req, describe(e))
                 continue
             req.state = RequestState.ADMITTING
             self._slots.append(slot)
@@ -438,7 +332,7 @@ class Scheduler:
             except Exception as e:  # sampling or detokenizing this request failed: it alone ends
                 log.exception("committing request %d failed", slot.req.id)
                 self._slots.remove(slot)
-                self._fail_request(slot.req, _describe(e))
+                self._fail_request(slot.req, describe(e))
 
     def _commit_one(self, slot: Slot, row: np.ndarray) -> None:
         req, seq = slot.req, slot.seq
@@ -497,7 +391,3 @@ class Scheduler:
         req.state, req.finish = RequestState.FINISHED, FinishReason.ERROR
         req.events.put_nowait(ErrorEvent(reason))
         self.counters.ended(FinishReason.ERROR)
-
-
-def _describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}"[:500]  # a RecursionError's or a numpy error's text can be long

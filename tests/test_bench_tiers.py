@@ -126,3 +126,6 @@ def test_the_bound_counts_a_learning_policys_swaps_against_the_link():
     assert bt.bound(s, 1, 64) == pytest.approx(50e9 / 90e6)
     s["swaps_b4"] = {"swaps": 1_000, "bytes": 4 * 64 * 60e6}  # per token: the steps' rows count
     assert bt.bound(s, 4, 64, cpu_too=False) == pytest.approx(50e9 / (miss + 60e6))
+    # riders crossed the link as the misses they were: only the copied rest counts
+    s["swaps_b1"] = {"swaps": 1_000, "bytes": 64 * 90e6, "rides": 900, "ride_bytes": 64 * 30e6}
+    assert bt.bound(s, 1, 64) == pytest.approx(80e9 / (miss + 60e6))
