@@ -171,13 +171,3 @@ def test_admit_twin_copies_each_routed_rider_once():
     # riders are read over PCIe like any miss, the CPU's are not: row 0 a rider and a miss, row 1 a rider and
     # one of the CPU's
     assert counted[:, 2].tolist() == [20, 10]
-
-
-def test_only_riders_older_than_asked_stop_riding():
-    cache, _ = _cache()
-    s0, s1 = int(cache.booked[0, 0]), int(cache.booked[1, 1])
-    cache.ride([(s0, 0, 5)], since=1)
-    cache.ride([(s1, 1, 7)], since=3)
-    assert cache.stop_riding(before=2) == [(s0, 0, 5)]
-    assert cache.riding[1, 7] and not cache.riding[0, 5]
-    assert cache.stop_riding() == [(s1, 1, 7)] and not cache.riding.any()

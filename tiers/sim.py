@@ -4,6 +4,11 @@
 static policy's set comes from the first `profile_share` of the trace (a profile learned on part of the
 workload), and every policy is scored on the rest, so they are compared on the same tokens.
 
+`admit` says how newcomers come in (tiers/ride.py). "copy" (the CPU stand-in; the GPU with a pageable arena):
+copied between windows, resident from the next window on, each copy crossing the link. "ride" (the GPU): a
+newcomer stays a miss until a token routes it, whose read lands it, so it hits from the next token on and is
+never copied. `copies` counts the experts copied over the link.
+
 With the predictions a --prefetch run recorded (trace.Ahead), each scored window's layers also stage their
 first K predicted misses against the cache as the window found it (lookahead.pick, as the engine picks), and
 the result counts what the engine's PrefetchCounts count: parts staged, parts the routing used, their bytes.
@@ -17,6 +22,7 @@ import numpy as np
 
 from strata.tiers import policy
 from strata.tiers.lookahead import PrefetchCounts, pick, score
+from strata.tiers.ride import ADMISSIONS
 from strata.tiers.trace import Ahead
 
 
@@ -26,9 +32,11 @@ class Result:
     slots: int  # per layer
     lookups: int
     hits: int
-    swaps: int  # experts brought into slots between windows (each one a copy)
+    swaps: int  # experts brought into slots between windows
     per_layer: list[float]  # hit rate of each layer
     prefetch: dict[str, float | int] | None = None  # PrefetchCounts.status() of the replayed lookahead
+    copies: int = 0  # of the swaps, those copied over the link (riders that landed were read as misses)
+    admit: str = "copy"
 
     @property
     def hit_rate(self) -> float:
@@ -48,11 +56,15 @@ def simulate(
     windows: np.ndarray | None = None,
     budget: int | None = None,
     ahead: Ahead | None = None,
+    admit: str = "copy",
 ) -> Result:
     """ids [T, L, A]: the trace; slots per layer; each token its own window unless `windows` (tokens per
     window, as the engine's passes were) says otherwise; `budget`: experts brought in per window at most.
     `resident` [L, E]: the placement the engine started from (then the whole trace is scored, as the engine's
-    own counters were). `ahead`: replay a lookahead of ahead.k experts a layer from its predictions."""
+    own counters were). `ahead`: replay a lookahead of ahead.k experts a layer from its predictions. `admit`:
+    "copy" or "ride" (see the module)."""
+    if admit not in ADMISSIONS:
+        raise ValueError(f"admit: one of {ADMISSIONS}, not {admit!r}")
     t, n_l, a = ids.shape
     split = 0 if resident is not None else int(t * profile_share)
     head, tail = ids[:split], ids[split:]
@@ -64,19 +76,36 @@ def simulate(
     cuts = bounds[bounds > split] - split if resident is None else bounds
     pf = PrefetchCounts() if ahead is not None and ahead.k else None
     preds = np.split(ahead.pred[split:], cuts) if pf is not None else None  # type: ignore[union-attr]
-    hits, swaps = np.zeros(n_l, np.int64), 0
+    hits, swaps, copies = np.zeros(n_l, np.int64), 0, 0
+    riding = np.zeros((n_l, n_expert), bool)  # [L, E] riders not landed yet ("ride")
     for i, w in enumerate(np.split(tail, cuts)):
-        hits += policy.window_hits(p, w)
+        hits += _ride_hits(p.resident, riding, w) if admit == "ride" else policy.window_hits(p, w)
         if pf is not None:
-            _stage(pf, p.resident, preds[i], w, ahead)  # type: ignore[index, arg-type]
+            _stage(pf, p.resident & ~riding, preds[i], w, ahead)  # type: ignore[index, arg-type]
         before = p.resident.copy()
         p.update(w, budget)
-        swaps += int((p.resident & ~before).sum())  # experts copied in between windows, as the engine does
+        new = p.resident & ~before
+        swaps += int(new.sum())
+        if admit == "ride":  # leavers stop riding; newcomers start
+            riding = (riding & p.resident) | new
+        else:
+            copies += int(new.sum())  # copied in between windows
     per_layer = (hits / max(len(tail) * a, 1)).tolist()
     status = None
     if pf is not None:
         status = {k: v for k, v in pf.status().items() if k != "copy_seconds"}
-    return Result(name, slots, len(tail) * n_l * a, int(hits.sum()), swaps, per_layer, status)
+    return Result(name, slots, len(tail) * n_l * a, int(hits.sum()), swaps, per_layer, status, copies, admit)
+
+
+def _ride_hits(resident: np.ndarray, riding: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Per layer [L], a window's hits [T, L, A] token by token, each rider a token routes landing for the
+    next (riding [L, E] updated in place)."""
+    layer = np.arange(w.shape[1])[:, None]
+    hits = np.zeros(w.shape[1], np.int64)
+    for tok in w:  # [L, A]
+        hits += (resident[layer, tok] & ~riding[layer, tok]).sum(axis=1)
+        riding[layer, tok] = False
+    return hits
 
 
 def _stage(pf: PrefetchCounts, resident: np.ndarray, pred: np.ndarray, ids: np.ndarray, ahead: Ahead) -> None:
@@ -96,6 +125,8 @@ def sweep(
     names: tuple[str, ...] = policy.POLICIES,
     windows: np.ndarray | None = None,
     budget: int | None = None,
+    admit: str = "copy",
 ) -> list[Result]:
-    """The hit-rate vs cache-size curve of every policy (windows, budget: as simulate's)."""
-    return [simulate(ids, n_expert, s, n, windows=windows, budget=budget) for s in sizes for n in names]
+    """The hit-rate vs cache-size curve of every policy (windows, budget, admit: as simulate's)."""
+    kw = {"windows": windows, "budget": budget, "admit": admit}
+    return [simulate(ids, n_expert, s, n, **kw) for s in sizes for n in names]  # type: ignore[arg-type]

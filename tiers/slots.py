@@ -132,7 +132,6 @@ class ExpertCache(Borrowing, Resizing, HostPass, Riding):
         # the GPU's admissions riding the misses' reads (tiers/ride.py): riders, their slots' part addresses,
         # how many landed that way and their bytes (of swap_bytes, those no copy moved)
         self.riding = np.zeros((n_l, n_e), bool)  # [L, E]
-        self.ride_since = np.zeros((n_l, n_e), np.int64)  # [L, E]
         self.pend = np.zeros((n_l, 3, n_e), np.int64)  # [L, P, E]
         self.rides = 0
         self.ride_bytes = 0

@@ -1,7 +1,7 @@
 """`strata tiers trace --synthetic ... -o F.npz` and
 `strata tiers simulate TRACE --slots N --policy P [--sweep [--sizes S,..] [--plot PNG]] [--window T]
-[--swap-budget E] [--prefetch K] [--json]`: routing traces and the policy simulator (strata.tiers.trace, .sim)
-for tier-tuning experiments."""
+[--swap-budget E] [--admit copy|ride] [--prefetch K] [--json]`: routing traces and the policy simulator
+(strata.tiers.trace, .sim) for tier-tuning experiments."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from strata.cli.output import dump_json
 from strata.errors import ConfigError
 from strata.tiers import policy, sim, trace
 from strata.tiers.lookahead import check_prefetch
+from strata.tiers.ride import ADMISSIONS
 
 
 def add_tiers_flags(p: argparse.ArgumentParser) -> None:
@@ -60,6 +61,14 @@ def add_tiers_flags(p: argparse.ArgumentParser) -> None:
         metavar="EXPERTS",
         help="experts a window may copy into slots, over all layers (default: any; the engine's "
         "--swap-budget-mib M allows 4 M / the expert's MiB a window)",
+    )
+    s.add_argument(
+        "--admit",
+        default="copy",
+        choices=ADMISSIONS,
+        help="how newcomers come in: copied over the link between windows (the CPU stand-in, whose "
+        "counters --recorded reproduces) or riding the read of their first use, as the GPU's decode does "
+        "(tiers/ride.py; default %(default)s)",
     )
     s.add_argument(
         "--recorded",
@@ -134,21 +143,40 @@ def run_tiers(args: argparse.Namespace) -> int:
             raise ConfigError("--recorded", args.trace, "needs a trace written by --record-routes")
         results = [
             sim.simulate(
-                ids, n_expert, 0, args.policy, resident=resident, windows=windows, budget=budget, ahead=ahead
+                ids,
+                n_expert,
+                0,
+                args.policy,
+                resident=resident,
+                windows=windows,
+                budget=budget,
+                ahead=ahead,
+                admit=args.admit,
             )
         ]
     elif args.sweep:
-        results = sim.sweep(ids, n_expert, _sizes(args.sizes, n_expert), windows=windows, budget=budget)
+        sizes = _sizes(args.sizes, n_expert)
+        results = sim.sweep(ids, n_expert, sizes, windows=windows, budget=budget, admit=args.admit)
     else:
         results = [
-            sim.simulate(ids, n_expert, args.slots, args.policy, windows=windows, budget=budget, ahead=ahead)
+            sim.simulate(
+                ids,
+                n_expert,
+                args.slots,
+                args.policy,
+                windows=windows,
+                budget=budget,
+                ahead=ahead,
+                admit=args.admit,
+            )
         ]
     rows = [r.json() for r in results]
-    # what crosses PCIe a token: a miss reads an expert, a swap copies one
+    # what crosses PCIe a token: a miss reads an expert, a copied swap copies one (a rider crosses as a miss)
     for row, r in zip(rows, results):
         scored = _scored_tokens(r, ids.shape)
         row["misses_per_token"] = (r.lookups - r.hits) / scored if scored else 0.0
         row["swaps_per_token"] = r.swaps / scored if scored else 0.0
+        row["copies_per_token"] = r.copies / scored if scored else 0.0
     if args.model is not None:
         for row, r in zip(rows, results):
             row["predicted_decode_tok_s"] = _predicted(args, ids, n_expert, r)
@@ -164,14 +192,14 @@ def run_tiers(args: argparse.Namespace) -> int:
             print(f"curve: {args.plot}")
         return 0
     print(
-        f"{'slots/layer':>11}  {'policy':<9} {'hit rate':>8} {'swaps':>8} {'miss/tok':>8} {'swap/tok':>8}"
+        f"{'slots/layer':>11}  {'policy':<9} {'hit rate':>8} {'swaps':>8} {'miss/tok':>8} {'copy/tok':>8}"
         + ("  pred tok/s" if pred else "")
     )
     for row, r in zip(rows, results):
         tail = f"  {row['predicted_decode_tok_s']:>10.1f}" if pred else ""
         print(
             f"{r.slots:>11}  {r.policy:<9} {r.hit_rate:>8.1%} {r.swaps:>8,} {row['misses_per_token']:>8.1f} "
-            f"{row['swaps_per_token']:>8.1f}{tail}"
+            f"{row['copies_per_token']:>8.1f}{tail}"
         )
         if r.prefetch is not None:
             pf = r.prefetch
@@ -198,17 +226,17 @@ def _sizes(text: str, n_expert: int) -> list[int]:
 def _print_sweep(rows: list[dict[str, Any]], shape: tuple[int, ...], n_expert: int, pred: bool) -> None:
     """Seed 003's table: cache size (slots a layer and the share of experts it holds) -> each policy's hit
     rate and the misses a token that are left, which set the speed (a 99% hit rate has a quarter of 96%'s),
-    and the swaps a token its hits cost (each copies an expert over the same link a miss reads)."""
+    and the copies a token its hits cost (each moves an expert over the same link a miss reads)."""
     names = list(dict.fromkeys(str(r["policy"]) for r in rows))
     head = f"{'slots/layer':>11} {'experts':>8}"
     for n in names:
-        head += f" | {n + ' hit':>12} {'miss/tok':>8} {'swap/tok':>8}" + (f" {'tok/s':>7}" if pred else "")
+        head += f" | {n + ' hit':>12} {'miss/tok':>8} {'copy/tok':>8}" + (f" {'tok/s':>7}" if pred else "")
     print(head)
     for size in dict.fromkeys(int(r["slots"]) for r in rows):  # type: ignore[call-overload]
         line = f"{size:>11} {size / n_expert:>8.1%}"
         for n in names:
             r = next(r for r in rows if r["slots"] == size and r["policy"] == n)
-            line += f" | {r['hit_rate']:>12.1%} {r['misses_per_token']:>8.1f} {r['swaps_per_token']:>8.1f}"
+            line += f" | {r['hit_rate']:>12.1%} {r['misses_per_token']:>8.1f} {r['copies_per_token']:>8.1f}"
             line += f" {r['predicted_decode_tok_s']:>7.1f}" if pred else ""
         print(line)
 
@@ -276,8 +304,8 @@ def _predicted(args: argparse.Namespace, ids: object, n_expert: int, r: sim.Resu
     if r.prefetch is not None and scored:  # bytes read ahead a scored token
         ahead = float(r.prefetch["saved_bytes"]) / scored
     routed = layout.routed_bytes_per_token()
-    if scored:  # each swap copies an expert of the mean routed size
-        swap = r.swaps / scored * routed / (shape[1] * shape[2])
+    if scored:  # each copied swap moves an expert of the mean routed size (riders cross as misses)
+        swap = r.copies / scored * routed / (shape[1] * shape[2])
     cpu = model_class(g)(g, WeightStore(g, 0))
     floor = cpu.params.n_layer * layer_us(args, cpu) * 1e-6  # type: ignore[attr-defined]
     return pcie_decode_tok_s(dense, routed, r.hit_rate, args.hbm_gbps, args.pcie_gbps, ahead, floor, swap)

@@ -9,12 +9,11 @@ running pass, so every later pass reads it from there) and brings the newcomer i
 
 - riding (tiers/ride.py), where the decode graph reads misses in place: the newcomer waits in its slot's
   booking until a decode pass routes it, whose `admit` launch copies the bytes it reads into the slot and
-  flips the table; the host lands it after that pass. A rider no decode pass routed within RIDE_WINDOWS policy
-  windows is copied as below. The bytes of a newcomer that is routed cross PCIe once, where a copy would move
-  them a second time beside the misses.
-- by copy, with the arena in pageable memory (the graph reads none of it) and for riders that waited too long:
-  the copy stream fills the slot once the running pass is done with it, and `publish` flips the newcomer's
-  entries at the first pass that starts after the copy landed.
+  flips the table; the host lands it after that pass. A rider waits until routed, or until the policy lets it
+  go.
+- by copy, with the arena in pageable memory (the graph reads none of it), and for the riders still waiting
+  when the cache resizes (`quiesce`): the copy stream fills the slot once the running pass is done with it,
+  and `publish` flips the newcomer's entries at the first pass that starts after the copy landed.
 
 Decode never waits for a swap, nor for the policy.
 """
@@ -40,10 +39,6 @@ from strata.tiers.trace import Recorder
 # host time (2-core machine, 4-token windows; it runs beside the next pass); the budget of a window is this
 # many passes' worth
 LEARN_EVERY = 4
-# policy windows a rider waits for a decode pass to route it before it is copied instead: the policy admits
-# experts routed often of late, so most are routed again within a few tokens, and one that is not has its slot
-# idle meanwhile (its score decays, so the policy lets it go in time, copied or not)
-RIDE_WINDOWS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +74,6 @@ class PolicySide:
         self._seen: list[np.ndarray] = []  # routed ids [n, L, A] of this policy window's passes
         self._passes = 0
         self._learn_due = False  # a policy window is complete: learn from it beside the next pass
-        self._windows = 0  # policy windows learned from
         self._swapping: list[tuple[list[Placement], Any]] = []  # placements, their copies' event
         self.ride_on = self.cache.policy is not None and not self.pageable
         n_l, n_e = len(self.layout.layers), self.layout.n_expert
@@ -153,25 +147,19 @@ class PolicySide:
         self._learn_due = self._passes % LEARN_EVERY == 0
 
     def overlap(self) -> None:
-        """A pass has been launched: learn from the last policy window meanwhile and start its swaps (riders
-        that waited through the window are copied instead)."""
+        """A pass has been launched: learn from the last policy window meanwhile and start its swaps."""
         if not self._learn_due:
             return
         self._learn_due = False
-        self._windows += 1
-        late = self.cache.stop_riding(self._windows - RIDE_WINDOWS) if self.ride_on else []
         moves = self.cache.learn(np.concatenate(self._seen).astype(np.int64))
         self._seen.clear()
-        if not self.ride_on:
-            if moves:
-                self._copy(moves)
+        if not moves:
             return
-        self.cache.ride(moves, self._windows)
-        late = [m for m in late if tuple(self.cache.owner[m[0]]) == m[1:]]  # the policy may have let them go
-        if late:
-            self._copy(late)
-        elif moves:
-            self._push()
+        if self.ride_on:
+            self.cache.ride(moves)
+            self._push()  # behind the running pass: the next one reads the leavers from the arena
+        else:
+            self._copy(moves)
 
     def _copy(self, moves: list[Placement]) -> None:
         """Point the leavers at the arena behind the running pass, then fill the slots on the copy stream once
