@@ -11,11 +11,12 @@ it here (`land_rides`, from the pass's routed ids and what the device held for i
 
 What that changes (tiers/sim.py replays both): an expert that is used after its admission crosses the link
 once either way (as the copy, or as the first use's miss), but a rider the routing does not come back to
-costs nothing, where its copy was spent for nothing, and no copy competes with the misses for the link. On
-the calibrated trace (2 layers, 230 of 512 slots, 4-token windows, 6 newcomers a window, as the 80B at 24
-GiB) the experts crossing the link a token fell from 5.15 by copy to 4.92 riding (static: 9.94); riders
-hit later (75.4% against 81.7%). A rider waits until it is routed or the policy lets it go: copying the ones
-not routed within two windows moved more bytes (5.13).
+costs nothing, where its copy was spent for nothing, and no copy competes with the misses for the link. So the
+swap budget, which bounds copies, does not bound riders. On the calibrated trace (2 layers, 230 of 512 slots,
+4-token windows, as the 80B at 24 GiB) the experts crossing the link a token: static 9.94; adaptive by copy
+within 6 newcomers a window (the 80B's 64 MiB a pass) 5.15 (81.7% hits); riding within the same 6, 4.92
+(75.4%: a rider's first use is a miss); riding unbounded, 3.68 (81.6%). A rider waits until it is routed or
+the policy lets it go: copying the ones not routed within two windows moved more bytes (5.13 against 4.92).
 
 On the device a rider's `where` is -3 - slot (`where_kinds`) and `pend` [L, P, E] holds its slot's part
 addresses (0 for every other expert).
