@@ -284,10 +284,10 @@ class ExpertCache(Borrowing, Resizing, HostPass, Riding):
         """After a window: the policy learns from its routing [T, L, A]; the (slot, layer, expert) placements
         that make the slots what it chose, each newcomer in the slot of a layer's leaver. copied: the
         newcomers will be copied, so the swap budget bounds them (riders, tiers/ride.py, cross the link as the
-        misses they are: no bound)."""
+        misses they are: no bound, unless the budget is 0, which means no swaps)."""
         assert self.policy is not None
         before = self.policy.resident.copy()
-        self.policy.update(ids, self.swap_budget if copied else None)
+        self.policy.update(ids, self.swap_budget if copied or self.swap_budget == 0 else None)
         moves = []
         for li in np.flatnonzero((before != self.policy.resident).any(axis=1)).tolist():
             out = np.flatnonzero(before[li] & ~self.policy.resident[li])
