@@ -85,12 +85,13 @@ __global__ void __launch_bounds__(256) admit(const int* __restrict__ ids, int P,
   const int nblk = gridDim.x, b = blockIdx.x;
   for (int p = 0; p < P; p++) {
     const int e = ids[p];
+    // read before this block arrives for e (the flip below waits for every block's arrival); a later pair of
+    // the same expert sees either the flip or, through the scan, that an earlier pair took it
+    const int w = __ldcg(where + e);
+    if (w > -3) continue;
     bool dup = false;
     for (int q = 0; q < p && !dup; q++) dup = ids[q] == e;
     if (dup) continue;
-    // read before this block arrives for e: the flip below waits for every block's arrival
-    const int w = __ldcg(where + e);
-    if (w > -3) continue;
     for (int j = 0; j < 3; j++) {
       const i64 nb = j == 0 ? nb0 : j == 1 ? nb1 : nb2, n16 = nb >> 4, per = (n16 + nblk - 1) / nblk;
       const i64 lo = min(n16, b * per), hi = min(n16, lo + per);
