@@ -281,8 +281,7 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         default=64,
         help="what one pass may copy into the cache's slots "
-        "when the policy swaps experts (default 64; 0: never swap). Newcomers that ride a decode pass's "
-        "read of their miss (the GPU) copy nothing and are not capped",
+        "when the policy swaps experts (default 64; 0: never swap)",
     )
     p.add_argument(
         "--prefetch",

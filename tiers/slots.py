@@ -280,14 +280,12 @@ class ExpertCache(Borrowing, Resizing, HostPass, Riding):
             None if swap_budget is None else int(swap_budget // max(int(self.expert_bytes.max()), 1))
         )
 
-    def learn(self, ids: np.ndarray, copied: bool = True) -> list[tuple[int, int, int]]:
+    def learn(self, ids: np.ndarray) -> list[tuple[int, int, int]]:
         """After a window: the policy learns from its routing [T, L, A]; the (slot, layer, expert) placements
-        that make the slots what it chose, each newcomer in the slot of a layer's leaver. copied: the
-        newcomers will be copied, so the swap budget bounds them (riders, tiers/ride.py, cross the link as the
-        misses they are: no bound, unless the budget is 0, which means no swaps)."""
+        that make the slots what it chose, each newcomer in the slot of a layer's leaver."""
         assert self.policy is not None
         before = self.policy.resident.copy()
-        self.policy.update(ids, self.swap_budget if copied or self.swap_budget == 0 else None)
+        self.policy.update(ids, self.swap_budget)
         moves = []
         for li in np.flatnonzero((before != self.policy.resident).any(axis=1)).tolist():
             out = np.flatnonzero(before[li] & ~self.policy.resident[li])

@@ -132,10 +132,10 @@ def _route(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> Non
             w.tier.route,
             None if ahead is None else ahead.stop,
         )
-        if n <= GEMV_ROWS and w.tier.ride is not None:  # riders it routes land before the experts read them
-            ops.admit(act.ids, pairs, w.tier)
         if n <= GEMV_ROWS and w.tier.share is not None:  # before the GPU's experts, so the CPU overlaps them
             ops.cpu_publish(h, act.ids, act.wts, n, a, dm.d, w.tier)
+        if n <= GEMV_ROWS and w.tier.ride is not None:  # riders it routes land before the experts read them
+            ops.admit(act.ids, pairs, w.tier)
 
 
 def _experts(ops: Ops, w: LayerWeights, dm: Dims, act: Activations, n: int) -> None:

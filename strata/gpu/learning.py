@@ -2,11 +2,10 @@
 routing, letting the policy choose swaps beside the next pass, and bringing the newcomers in.
 
 `tier_count` leaves each pass's routed ids in `routes`, each hit marked (kernels/tiers.py ROUTE_HIT), so the
-per-layer counts are the device's own. Every LEARN_EVERY passes the policy learns from them and picks the
-experts to bring in (at most the swap budget's, when they are copied), while the GPU runs the next pass
-(`overlap`, called between a pass's launch and its wait). A swap points the leaving expert's table entries at
-the arena (a patch queued behind the running pass, so every later pass reads it from there) and brings the
-newcomer in one of two ways:
+per-layer counts are the device's own. Every LEARN_EVERY passes the policy learns from them and picks at most
+the swap budget's experts to bring in, while the GPU runs the next pass (`overlap`, called between a pass's
+launch and its wait). A swap points the leaving expert's table entries at the arena (a patch queued behind the
+running pass, so every later pass reads it from there) and brings the newcomer in one of two ways:
 
 - riding (tiers/ride.py), where the decode graph reads misses in place: the newcomer waits in its slot's
   booking until a decode pass routes it, whose `admit` launch copies the bytes it reads into the slot and
@@ -152,7 +151,7 @@ class PolicySide:
         if not self._learn_due:
             return
         self._learn_due = False
-        moves = self.cache.learn(np.concatenate(self._seen).astype(np.int64), copied=not self.ride_on)
+        moves = self.cache.learn(np.concatenate(self._seen).astype(np.int64))
         self._seen.clear()
         if not moves:
             return

@@ -8,8 +8,9 @@ prefill chunk's missing experts into borrowed slots.
   between windows.
   `where[e] == -2` marks the CPU's share: neither a hit nor PCIe bytes (the CPU pool counts its own);
   `where[e] <= -3` a rider (tiers/ride.py): read over PCIe like any miss.
-- `admit`: after tier_count, the riders a decode layer routes are copied from the arena into their slots as
-  they are read, and their table entries flipped to the slots: admission by the miss's own read.
+- `admit`: after tier_count (and the CPU share's publish), the riders a decode layer routes are copied from
+  the arena into their slots as they are read, and their table entries flipped to the slots: admission by the
+  miss's own read.
 - `gather_rows`: copies n (source, destination, bytes) rows, one block a row, 16 bytes a load.
   Sources are pinned host memory read zero-copy, so one launch moves a whole layer's staged experts
   on a side stream (one copy call per expert part would cost more host time than the chunk's GEMMs).
@@ -78,7 +79,8 @@ __global__ void tier_count(const int* __restrict__ ids, int P, int A, const int*
 // E]): the bytes cross PCIe once, as the miss they are, and the layer's experts then read them from VRAM. The
 // block that completes a rider's last slice (arrive [E] counts them, and is reset) points its table entries
 // at the slot and its `where` at the slot: later passes count it a hit. Runs after tier_count (which counted
-// this read as the miss it is) and before cpu_publish (which leaves a resident to the GPU).
+// this read as the miss it is) and cpu_publish (which leaves riders to the GPU), so the CPU's share of the
+// layer runs beside these reads.
 __global__ void __launch_bounds__(256) admit(const int* __restrict__ ids, int P, int* where, i64* tab,
                                              const i64* __restrict__ pend, int E, i64 nb0, i64 nb1, i64 nb2,
                                              int* arrive) {
