@@ -280,8 +280,8 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
         "--swap-budget-mib",
         type=int,
         default=64,
-        help="what one pass may copy into the cache's slots "
-        "when the policy swaps experts (default 64; 0: never swap)",
+        help="what one pass may bring into the cache's slots "
+        "when the policy swaps experts, by copy or riding a decode pass's read (default 64; 0: never swap)",
     )
     p.add_argument(
         "--prefetch",
