@@ -40,6 +40,8 @@ class Riding:
     owner: np.ndarray
     cpu: np.ndarray
     riding: np.ndarray  # [L, E] bool
+    full: np.ndarray
+    table: np.ndarray
     pend: np.ndarray  # [L, P, E] int64
     dirty: list[tuple[int, int]] | None
     expert_bytes: np.ndarray
@@ -75,13 +77,19 @@ class Riding:
         n_l, n_e = held.shape
         used = np.zeros((n_l, n_e), bool)
         used[np.arange(n_l)[:, None], routed.reshape(n_l, -1)] = True
-        landed = used & (held >= 0) & self.riding & (self.booked == held)
-        for li, e in zip(*np.nonzero(landed)):
-            self._land(int(held[li, e]), int(li), int(e))
-            self.ride_bytes += int(self.expert_bytes[li])
-        n = int(landed.sum())
-        self.rides += n
-        return n
+        li, e = np.nonzero(used & (held >= 0) & self.riding & (self.booked == held))
+        if len(li):  # as _land does for each, at once (it runs between decode passes): pend holds the slots
+            self.where[li, e] = held[li, e]
+            for p in range(3):
+                self.full[li, p, e] = self.table[li, p, e] = self.pend[li, p, e]
+            self.riding[li, e] = False
+            self.pend[li, :, e] = 0
+            if self.dirty is not None:
+                self.dirty.extend(zip(li.tolist(), e.tolist()))
+            self.version += 1
+            self.ride_bytes += int(self.expert_bytes[li].sum())
+        self.rides += len(li)
+        return len(li)
 
     def stop_riding(self) -> list[Placement]:
         """Every rider still waiting goes back to an ordinary booking (before the cache resizes): the
