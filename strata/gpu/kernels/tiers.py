@@ -55,6 +55,22 @@ SOURCE = (
     + r"""
 typedef unsigned long long u64;
 
+// The block copies 16-byte units [i0, min(hi, i0 + 4 * blockDim.x)) of s4 to d4, four reads in flight a
+// thread before their stores, as gather_rows: a read of pinned host memory takes microseconds.
+__device__ __forceinline__ void copy_16x4(const uint4* s4, uint4* d4, i64 i0, i64 hi) {
+  uint4 v[4];
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const i64 i = i0 + u * blockDim.x + threadIdx.x;
+    if (i < hi) v[u] = s4[i];
+  }
+#pragma unroll
+  for (int u = 0; u < 4; u++) {
+    const i64 i = i0 + u * blockDim.x + threadIdx.x;
+    if (i < hi) d4[i] = v[u];
+  }
+}
+
 // counts [rows, 3] += (lookups, hits, miss bytes) of ids [P] (A per row) against where [E] (a rider, -3 -
 // slot, is still read over PCIe); route[p] = ids[p] | ROUTE_HIT on a hit, so the host counts each layer's
 // hits as the device did; stop != null: *stop = 1 (the layer's lookahead branch stops copying: the routing is
@@ -101,19 +117,7 @@ __global__ void __launch_bounds__(256) admit(const int* __restrict__ ids, int P,
       u8* dst = (u8*)pend[(i64)j * E + e];
       const uint4* s4 = (const uint4*)src;
       uint4* d4 = (uint4*)dst;
-      for (i64 i0 = lo; i0 < hi; i0 += 4 * blockDim.x) {
-        uint4 v[4];  // four reads of pinned memory in flight a thread, as gather_rows
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-          const i64 i = i0 + u * blockDim.x + threadIdx.x;
-          if (i < hi) v[u] = s4[i];
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-          const i64 i = i0 + u * blockDim.x + threadIdx.x;
-          if (i < hi) d4[i] = v[u];
-        }
-      }
+      for (i64 i0 = lo; i0 < hi; i0 += 4 * blockDim.x) copy_16x4(s4, d4, i0, hi);
       if (b == nblk - 1)
         for (i64 q = (n16 << 4) + threadIdx.x; q < nb; q += blockDim.x) dst[q] = src[q];
     }
@@ -325,17 +329,7 @@ __global__ void __launch_bounds__(256) prefetch(const int* __restrict__ pred, in
       if (threadIdx.x == 0) halt = *stop;
       __syncthreads();
       if (halt) { c = 3 * K; break; }
-      uint4 v[4];  // four reads of pinned memory in flight a thread, as gather_rows
-#pragma unroll
-      for (int u = 0; u < 4; u++) {
-        const i64 i = i0 + u * blockDim.x + threadIdx.x;
-        if (i < hi) v[u] = s4[i];
-      }
-#pragma unroll
-      for (int u = 0; u < 4; u++) {
-        const i64 i = i0 + u * blockDim.x + threadIdx.x;
-        if (i < hi) d4[i] = v[u];
-      }
+      copy_16x4(s4, d4, i0, hi);
       copied += 16 * (u64)min((i64)4 * blockDim.x, hi - i0);
       __syncthreads();  // halt is read again only after every thread used it
     }
