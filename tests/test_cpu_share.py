@@ -277,8 +277,9 @@ def test_split_balances_the_two_sides() -> None:
 
 
 def test_publish_takes_the_last_distinct_misses() -> None:
-    """cpu_publish's pick (its twin): the CPU's own always; of the m distinct PCIe misses, take[m], the last
-    in routing order, never one the lookahead picked (its copy may still land in the table)."""
+    """cpu_publish's pick (its twin): the CPU's own always; of the m distinct PCIe misses, take[m + r] (r the
+    riders the GPU reads in any case), the last in routing order, never one the lookahead picked (its copy may
+    still land in the table)."""
     where = np.array([0, -1, -1, -2, -1, -1, 3, -1], np.int32)
     take = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4], np.int32)
     ids = np.array([[1, 2, 3, 0], [4, 2, 5, 6]], np.int32)  # misses 1, 2, 4, 5 (2 twice): m = 4 -> 2
@@ -291,6 +292,16 @@ def test_publish_takes_the_last_distinct_misses() -> None:
     assert sorted(took) == [1, 2, 4, 5] and mids.tolist() == [1, 2, 3, -1, 4, 2, 5, -1]
     mids, took = kt.ref_cpu_pick(ids[:1, [0, 3]], where, take)  # one miss: take[1] = 0, nothing published
     assert took == [] and (mids < 0).all()
+    # riders (where <= -3) count on the GPU's side: m = 4 misses and 6 riding give take[5] = 2 of a steeper
+    # table, where take[4] = 1; with one miss left, at most that one
+    steep = np.array([0, 0, 1, 1, 1, 2, 3, 3, 4], np.int32)
+    assert len(kt.ref_cpu_pick(ids, where, steep)[1]) == 1
+    riding = where.copy()
+    riding[6] = -3 - 3
+    mids, took = kt.ref_cpu_pick(ids, riding, steep)
+    assert took == [5, 2] and mids.tolist() == [-1, 2, 3, -1, -1, 2, 5, -1]
+    riding[[1, 2, 4]] = [-3, -4, -7]  # one miss (5), riders 1, 2, 4, 6: take[5] = 2, capped at 1
+    assert kt.ref_cpu_pick(ids, riding, steep)[1] == [5]
 
 
 def test_take_table_balances_each_layers_misses() -> None:

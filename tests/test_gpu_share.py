@@ -263,6 +263,17 @@ def test_publish_and_collect_match_their_twins():
     collect(x)  # no wait (the CPU would never answer), x untouched
     np.testing.assert_array_equal(x.get(), ref_x)
     np.testing.assert_array_equal(tab.get(), table)
+    # riders (where <= -3) are read by the GPU whatever the split, so they count on its side of take: misses
+    # 1, 3, 5 (6 is the lookahead's) and riders 7, 8 give min(take[3 + 2], 3) = 3, where take[3] gives 1
+    where = np.array([0, -1, -2, -1, 1, -1, -1, -5, -6], np.int32)  # publish() reads this name
+    want_mids, want_took = kt.ref_cpu_pick(ids, where, take, picked)
+    assert sorted(want_took) == [1, 3, 5]
+    publish(cp.asarray(ids), cp.asarray(take), n)
+    assert int(asked.get()[0]) == 1 and took.get()[0] == 3 and sorted(took.get()[1:4]) == [1, 3, 5]
+    np.testing.assert_array_equal(np.asarray(box.ids).reshape(-1)[: n * a], want_mids)
+    box.ctl[kt.MB_DONE] = box.ctl[kt.MB_REQ]  # answered: the collect puts the entries back without a wait
+    collect(x)
+    np.testing.assert_array_equal(tab.get(), table)
 
 
 def _q8_twin(m):

@@ -136,13 +136,15 @@ __global__ void __launch_bounds__(256) admit(const int* __restrict__ ids, int P,
 MAILBOX_WORDS
 
 // One block (>= P threads, P = n * A <= SHARE_PAIRS). Which routed experts of this layer the CPU computes:
-// the CPU's own (where == -2), and `take[m]` of the m distinct ones the GPU would read over PCIe
-// (where == -1, not a pick of the layer's lookahead, whose copy may land into the table meanwhile), the
-// last ones in routing order. Those taken get their table entries (tab [3 * E], the layer's rows) pointed
-// at the slot of zeros (z0..z2), the old ones kept in saved [3 * P] and their ids in took [1 + P]
-// (took[0]: how many), and each of their pairs' PCIe bytes, which tier_count counted, taken back from
-// counts [rows, 3]. The mailbox gets the pairs' ids (-1: the GPU's) and weights, and h [n, D]; then
-// ctl[REQ] = ++ticket. No CPU pair at all: no request (*asked = 0), so the collect does not wait.
+// the CPU's own (where == -2), and of the m distinct ones the GPU would read over PCIe (where == -1, not a
+// pick of the layer's lookahead, whose copy may land into the table meanwhile) the last ones in routing
+// order, as many as take[m + r] allows (at most m): the r distinct riders routed (where <= -3) are read over
+// PCIe by the GPU whatever the split (admit lands them), so they count on its side. Those taken get their
+// table entries (tab [3 * E], the layer's rows) pointed at the slot of zeros (z0..z2), the old ones kept in
+// saved [3 * P] and their ids in took [1 + P] (took[0]: how many), and each of their pairs' PCIe bytes, which
+// tier_count counted, taken back from counts [rows, 3]. The mailbox gets the pairs' ids (-1: the GPU's) and
+// weights, and h [n, D]; then ctl[REQ] = ++ticket. No CPU pair at all: no request (*asked = 0), so the
+// collect does not wait.
 __global__ void __launch_bounds__(256) cpu_publish(const float* __restrict__ h, const int* __restrict__ ids,
                                                    const float* __restrict__ wts, int n, int A, int D,
                                                    int layer, volatile i64* ctl, float* mh, int* mids,
@@ -151,15 +153,16 @@ __global__ void __launch_bounds__(256) cpu_publish(const float* __restrict__ h, 
                                                    const int* __restrict__ take, volatile const int* picked,
                                                    int K, i64* __restrict__ saved, int* __restrict__ took,
                                                    u64* __restrict__ counts, i64 expert_bytes, int* asked) {
-  __shared__ signed char kind[SHARE_PAIRS];  // per pair: 0 the GPU's, 1 the CPU's own, 2 a PCIe miss
-  __shared__ signed char last[SHARE_PAIRS];  // a PCIe miss whose expert no later pair routes to
+  // per pair: 0 the GPU's, 1 the CPU's own, 2 a PCIe miss, 3 a rider
+  __shared__ signed char kind[SHARE_PAIRS];
+  __shared__ signed char last[SHARE_PAIRS];  // a PCIe miss or rider whose expert no later pair routes to
   __shared__ int sid[SHARE_PAIRS], mine[SHARE_PAIRS];  // the pairs' ids, the taken experts
   __shared__ int n_took, any;
   const int P = n * A, tid = threadIdx.x;
   if (tid == 0) any = 0;
   if (tid < P) {
     const int e = ids[tid], w = where[e];
-    int k = w == -2 ? 1 : w == -1 ? 2 : 0;
+    int k = w == -2 ? 1 : w == -1 ? 2 : w <= -3 ? 3 : 0;
     for (int q = 0; q < K && k == 2; q++)
       if (picked[q] == e) k = 0;
     kind[tid] = k;
@@ -167,18 +170,20 @@ __global__ void __launch_bounds__(256) cpu_publish(const float* __restrict__ h, 
   }
   __syncthreads();
   if (tid < P) {
-    bool l = kind[tid] == 2;
-    for (int q = tid + 1; q < P && l; q++) l = !(kind[q] == 2 && sid[q] == sid[tid]);
+    const int kd = kind[tid];
+    bool l = kd >= 2;
+    for (int q = tid + 1; q < P && l; q++) l = !(kind[q] == kd && sid[q] == sid[tid]);
     last[tid] = l;
   }
   __syncthreads();
-  if (tid == 0) {  // m distinct misses, then the last take[m] of them in routing order
-    int m = 0;
-    for (int p = 0; p < P; p++) m += last[p];
-    const int want = take[m];
+  if (tid == 0) {  // m distinct misses, r riders; the CPU takes the last min(take[m + r], m) misses
+    int m = 0, r = 0;
+    for (int p = 0; p < P; p++)
+      if (last[p]) (kind[p] == 2 ? m : r) += 1;
+    const int want = min(take[m + r], m);
     int t = 0;
     for (int p = P - 1; p >= 0 && t < want; p--)
-      if (last[p]) mine[t++] = sid[p];
+      if (last[p] && kind[p] == 2) mine[t++] = sid[p];
     n_took = t;
     took[0] = t;
   }
@@ -440,12 +445,14 @@ def ref_cpu_pick(
     """What `cpu_publish` hands the CPU of routed ids [P]: the pairs' ids for the mailbox (-1: the GPU's) and
     the experts it took from the PCIe misses (their table entries point at the slot of zeros until the
     collect). The CPU's own (where == -2) always; of the m distinct PCIe misses (where == -1, not in the
-    lookahead's picks) take[m], the last ones in routing order."""
+    lookahead's picks) min(take[m + r], m), the last ones in routing order, r the distinct riders routed
+    (where <= -3: the GPU reads them whatever the split)."""
     ids = ids.reshape(-1)
     lookahead = set() if picked is None else set(picked.tolist())
     miss = [int(e) for e in ids if where[e] == -1 and int(e) not in lookahead]
     distinct = list(dict.fromkeys(miss))
-    took = list(dict.fromkeys(reversed(miss)))[: int(take[len(distinct)])]
+    riders = {int(e) for e in ids if where[e] <= -3}
+    took = list(dict.fromkeys(reversed(miss)))[: int(take[len(distinct) + len(riders)])]
     cpu = (where[ids] == -2) | np.isin(ids, took)
     return np.where(cpu, ids, -1).astype(np.int32), took
 
