@@ -2,7 +2,7 @@
 
 For each MoE layer of a decode pass the graph picks the misses the CPU takes, publishes the layer's normed
 rows, routed ids (-1 for the pairs the GPU computes) and weights into a mailbox in pinned RAM and raises its
-ticket (strata/gpu/kernels/tiers.py `cpu_publish`), computes its own experts, and then waits for the ticket
+ticket (strata/gpu/kernels/share.py `cpu_publish`), computes its own experts, and then waits for the ticket
 to come back (`cpu_collect`). Here one thread waits for the ticket, computes the pairs the mailbox gives
 the CPU straight from the expert arena, writes their weighted sum into the mailbox and echoes the ticket:
 all of it a compiled loop (share_ir.py) that holds no GIL, so the engine's own Python (the server's event

@@ -120,26 +120,26 @@ def _real(kernels: Kernels, threads: list[int], ks: list[int], reps: int) -> Non
 def _serve(kernels: Kernels, threads: list[int], reps: int) -> None:
     """One-row requests (5 CPU experts of 10) through the mailbox as the graph makes them (the twins of
     cpu_publish and cpu_collect, spinning): the round trip and the server's own time a request."""
-    from strata.gpu.kernels import tiers as kt
+    from strata.gpu.kernels import share as ks
 
     where = np.where(np.arange(E) % 2 == 1, -1, 0).astype(np.int32)  # odd experts read over PCIe
     take = np.arange(A + 1, dtype=np.int32)  # the CPU takes them all
     rng = np.random.default_rng(0)
     for t in threads:
         srv, _keep = _share(kernels, t)
-        box, ticket = srv.box, np.array([int(srv.box.ctl[kt.MB_REQ])], np.int64)
+        box, ticket = srv.box, np.array([int(srv.box.ctl[ks.MB_REQ])], np.int64)
         h = rng.standard_normal((1, D)).astype(np.float32)
         wts = rng.random(A).astype(np.float32)
         x = np.zeros((1, D), np.float32)
-        wait, done = Waiter(kernels), int(box.ctl.ctypes.data) + 8 * kt.MB_DONE
+        wait, done = Waiter(kernels), int(box.ctl.ctypes.data) + 8 * ks.MB_DONE
         trips = []
         try:
             for i in range(reps + 200):
                 ids = rng.permutation(E)[:A].astype(np.int32)
                 t0 = time.perf_counter()
-                kt.ref_cpu_publish(h, ids, wts, i % L, where, take, box.ctl, box.h, box.ids, box.wts, ticket)
+                ks.ref_cpu_publish(h, ids, wts, i % L, where, take, box.ctl, box.h, box.ids, box.wts, ticket)
                 wait(done, int(ticket[0]) - 1, -1)  # the GIL released, as the GPU waits for the answer
-                assert kt.ref_cpu_collect(x, box.ctl, box.out, ticket)
+                assert ks.ref_cpu_collect(x, box.ctl, box.out, ticket)
                 trips.append(time.perf_counter() - t0)
             busy = srv.busy_s / max(1, srv.requests)
             trip = np.median(trips[200:]) * 1e6

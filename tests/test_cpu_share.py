@@ -13,6 +13,7 @@ from gguf.constants import GGMLQuantizationType as T
 from gguf.quants import dequantize
 from quant_blocks import random_blocks
 
+from strata.gpu.kernels import share as ks
 from strata.gpu.kernels import tiers as kt
 from strata.jit import reference
 from strata.jit.kernels import Kernels
@@ -111,14 +112,14 @@ def test_server_answers_the_twins_requests(kernels: Kernels, qtypes, threads: in
             ids = np.stack([rng.permutation(E)[:A] for _ in range(n)]).astype(np.int32)
             wts = rng.random((n, A)).astype(np.float32)
             take = np.minimum(np.arange(n * A + 1), step % 3)  # none, one or both of the PCIe misses
-            took = kt.ref_cpu_publish(h, ids, wts, li, where, take, box.ctl, box.h, box.ids, box.wts, ticket)
+            took = ks.ref_cpu_publish(h, ids, wts, li, where, take, box.ctl, box.h, box.ids, box.wts, ticket)
             mids = box.ids[: n * A].reshape(n, A).copy()
             x = np.zeros((n, D), np.float32)
             if took is None:  # nothing the CPU's: no request, as the collect then does not wait
                 assert (mids < 0).all()
                 continue
             deadline = time.monotonic() + 10
-            while not kt.ref_cpu_collect(x, box.ctl, box.out, ticket):
+            while not ks.ref_cpu_collect(x, box.ctl, box.out, ticket):
                 assert time.monotonic() < deadline, "the server did not answer"
                 time.sleep(1e-4)
             want = _reference(raws, qtypes, srv.int8[li], li, h, mids, wts)
@@ -198,7 +199,7 @@ def test_a_stand_in_answers_instead_of_the_compiled_server(kernels: Kernels) -> 
     box = _box()
     srv = CpuShare(kernels, ex, E, box, 2)
     where, take = np.full(E, -1, np.int32), np.arange(ROWS * A + 1, dtype=np.int32)
-    ticket = np.array([int(box.ctl[kt.MB_REQ])], np.int64)
+    ticket = np.array([int(box.ctl[ks.MB_REQ])], np.int64)
     h = np.ones((2, D), np.float32)
     ids, wts = np.array([[0, 1, 2], [3, 4, 5]], np.int32), np.ones((2, A), np.float32)
     seen = []
@@ -208,10 +209,10 @@ def test_a_stand_in_answers_instead_of_the_compiled_server(kernels: Kernels) -> 
         return np.full(h.shape, 7.0, np.float32), (ids >= 0).sum(axis=1)
 
     def ask() -> np.ndarray:
-        kt.ref_cpu_publish(h, ids, wts, 1, where, take, box.ctl, box.h, box.ids, box.wts, ticket)
+        ks.ref_cpu_publish(h, ids, wts, 1, where, take, box.ctl, box.h, box.ids, box.wts, ticket)
         x = np.zeros((2, D), np.float32)
         deadline = time.monotonic() + 10
-        while not kt.ref_cpu_collect(x, box.ctl, box.out, ticket):
+        while not ks.ref_cpu_collect(x, box.ctl, box.out, ticket):
             assert time.monotonic() < deadline, "the server did not answer"
             time.sleep(1e-4)
         return x
@@ -283,25 +284,25 @@ def test_publish_takes_the_last_distinct_misses() -> None:
     where = np.array([0, -1, -1, -2, -1, -1, 3, -1], np.int32)
     take = np.array([0, 0, 1, 1, 2, 2, 3, 3, 4], np.int32)
     ids = np.array([[1, 2, 3, 0], [4, 2, 5, 6]], np.int32)  # misses 1, 2, 4, 5 (2 twice): m = 4 -> 2
-    mids, took = kt.ref_cpu_pick(ids, where, take)
+    mids, took = ks.ref_cpu_pick(ids, where, take)
     assert took == [5, 2]  # from the end: 5, then 2 (both of its pairs)
     assert mids.tolist() == [-1, 2, 3, -1, -1, 2, 5, -1]
-    mids, took = kt.ref_cpu_pick(ids, where, take, picked=np.array([5, -1], np.int32))  # m = 3 -> 1
+    mids, took = ks.ref_cpu_pick(ids, where, take, picked=np.array([5, -1], np.int32))  # m = 3 -> 1
     assert took == [2] and mids.tolist() == [-1, 2, 3, -1, -1, 2, -1, -1]
-    mids, took = kt.ref_cpu_pick(ids, where, np.arange(9, dtype=np.int32))  # every miss: 2 in both rows
+    mids, took = ks.ref_cpu_pick(ids, where, np.arange(9, dtype=np.int32))  # every miss: 2 in both rows
     assert sorted(took) == [1, 2, 4, 5] and mids.tolist() == [1, 2, 3, -1, 4, 2, 5, -1]
-    mids, took = kt.ref_cpu_pick(ids[:1, [0, 3]], where, take)  # one miss: take[1] = 0, nothing published
+    mids, took = ks.ref_cpu_pick(ids[:1, [0, 3]], where, take)  # one miss: take[1] = 0, nothing published
     assert took == [] and (mids < 0).all()
     # riders (where <= -3) count on the GPU's side: m = 4 misses and 6 riding give take[5] = 2 of a steeper
     # table, where take[4] = 1; with one miss left, at most that one
     steep = np.array([0, 0, 1, 1, 1, 2, 3, 3, 4], np.int32)
-    assert len(kt.ref_cpu_pick(ids, where, steep)[1]) == 1
+    assert len(ks.ref_cpu_pick(ids, where, steep)[1]) == 1
     riding = where.copy()
     riding[6] = -3 - 3
-    mids, took = kt.ref_cpu_pick(ids, riding, steep)
+    mids, took = ks.ref_cpu_pick(ids, riding, steep)
     assert took == [5, 2] and mids.tolist() == [-1, 2, 3, -1, -1, 2, 5, -1]
     riding[[1, 2, 4]] = [-3, -4, -7]  # one miss (5), riders 1, 2, 4, 6: take[5] = 2, capped at 1
-    assert kt.ref_cpu_pick(ids, riding, steep)[1] == [5]
+    assert ks.ref_cpu_pick(ids, riding, steep)[1] == [5]
 
 
 def test_take_table_balances_each_layers_misses() -> None:

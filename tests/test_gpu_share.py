@@ -23,6 +23,7 @@ import pytest
 from test_gpu_model import int8_inputs, rel, tiny_file
 from test_gpu_tiers import _model, _run
 
+from strata.gpu.kernels import share as ks
 from strata.gpu.kernels import tiers as kt
 from strata.jit.share import Mailbox
 
@@ -161,7 +162,7 @@ def test_publish_and_collect_match_their_twins():
         [[4, 1, 2 * per], [4, 2, 2 * per], [4, 0, 3 * per]], np.uint64
     )  # as tier_count left them
     ticket, err, asked = cp.zeros(1, cp.int64), cp.zeros(1, cp.int32), cp.zeros(1, cp.int32)
-    saved, took = cp.zeros(3 * kt.SHARE_PAIRS, cp.int64), cp.zeros(1 + kt.SHARE_PAIRS, cp.int32)
+    saved, took = cp.zeros(3 * ks.SHARE_PAIRS, cp.int64), cp.zeros(1 + ks.SHARE_PAIRS, cp.int32)
     tab, counts = cp.asarray(table), cp.asarray(counts0)
     addr = [int(v.ctypes.data) for v in (box.ctl, box.h, box.ids, box.wts, box.out)]
 
@@ -223,7 +224,7 @@ def test_publish_and_collect_match_their_twins():
         k2: np.zeros_like(v) for k2, v in (("ctl", box.ctl), ("h", box.h), ("ids", box.ids), ("wts", box.wts))
     }
     t_ref = np.zeros(1, np.int64)
-    got_took = kt.ref_cpu_publish(
+    got_took = ks.ref_cpu_publish(
         h, ids, wts, 5, where, take, want["ctl"], want["h"], want["ids"], want["wts"], t_ref, picked
     )
     assert got_took == [5, 3]
@@ -245,14 +246,14 @@ def test_publish_and_collect_match_their_twins():
     def cpu() -> None:  # the server's side: answer a moment later, while the collect kernel polls
         time.sleep(0.05)
         box.out[:n] = answer
-        box.ctl[kt.MB_DONE] = box.ctl[kt.MB_REQ]
+        box.ctl[ks.MB_DONE] = box.ctl[ks.MB_REQ]
 
     threading.Thread(target=cpu).start()
     x0 = rng.standard_normal((n, d)).astype(np.float32)
     x = cp.asarray(x0)
     collect(x)  # returns once the thread above has answered
     ref_x = x0.copy()
-    assert kt.ref_cpu_collect(ref_x, box.ctl, box.out, t_ref)
+    assert ks.ref_cpu_collect(ref_x, box.ctl, box.out, t_ref)
     np.testing.assert_array_equal(x.get(), ref_x)
     assert int(err.get()[0]) == 0
     np.testing.assert_array_equal(tab.get(), table)  # every entry back
@@ -266,12 +267,12 @@ def test_publish_and_collect_match_their_twins():
     # riders (where <= -3) are read by the GPU whatever the split, so they count on its side of take: misses
     # 1, 3, 5 (6 is the lookahead's) and riders 7, 8 give min(take[3 + 2], 3) = 3, where take[3] gives 1
     where = np.array([0, -1, -2, -1, 1, -1, -1, -5, -6], np.int32)  # publish() reads this name
-    want_mids, want_took = kt.ref_cpu_pick(ids, where, take, picked)
+    want_mids, want_took = ks.ref_cpu_pick(ids, where, take, picked)
     assert sorted(want_took) == [1, 3, 5]
     publish(cp.asarray(ids), cp.asarray(take), n)
     assert int(asked.get()[0]) == 1 and took.get()[0] == 3 and sorted(took.get()[1:4]) == [1, 3, 5]
     np.testing.assert_array_equal(np.asarray(box.ids).reshape(-1)[: n * a], want_mids)
-    box.ctl[kt.MB_DONE] = box.ctl[kt.MB_REQ]  # answered: the collect puts the entries back without a wait
+    box.ctl[ks.MB_DONE] = box.ctl[ks.MB_REQ]  # answered: the collect puts the entries back without a wait
     collect(x)
     np.testing.assert_array_equal(tab.get(), table)
 

@@ -3,7 +3,7 @@
 Each decode MoE layer's publish gives the CPU take[n, m] of its m PCIe misses (and the experts only the CPU
 can read, which the cache marks), points their table entries at a slot of zeros until the collect, hands the
 rows to a pinned mailbox that jit/share.py serves, and adds the CPU's answer after the shared expert
-(`ShareHook`, kernels/tiers.py). The table (`--pcie-frac`, tiers/share.py) comes from a probe of the zero-copy
+(`ShareHook`, kernels/share.py). The table (`--pcie-frac`, tiers/share.py) comes from a probe of the zero-copy
 rate and the CPU pool's rate on this model's experts, each under the other's load, kept in the cache dir;
 `probe` also measures the copy engine's rate.
 """
@@ -19,7 +19,7 @@ import numpy as np
 
 from strata.errors import ConfigError
 from strata.gguf import GGUFFile
-from strata.gpu.kernels import tiers as kt
+from strata.gpu.kernels import share as ks
 from strata.gpu.runtime import HOST_TO_DEVICE, cupy_module, ptr
 from strata.gpu.slots import gather
 from strata.tiers import share as split
@@ -112,8 +112,8 @@ class CpuShareSide:
             return
         cp = cupy_module()
         a, d = self.layout.top_k, self.layout.layers[0].parts[0].cols
-        if rows * a > kt.SHARE_PAIRS:
-            raise ConfigError("top_k", a, f"the CPU share takes at most {kt.SHARE_PAIRS} routed pairs a pass")
+        if rows * a > ks.SHARE_PAIRS:
+            raise ConfigError("top_k", a, f"the CPU share takes at most {ks.SHARE_PAIRS} routed pairs a pass")
         self._box_mem = cp.cuda.alloc_pinned_memory(Mailbox.nbytes(rows, a, d) + 64)
         buf = np.frombuffer(self._box_mem, np.uint8)
         buf = buf[-int(buf.ctypes.data) % 64 :]
@@ -196,8 +196,8 @@ class CpuShareSide:
             c.share_with_cpu(0.0, zero)
             c.pcie_frac = frac
         self.take = cp.asarray(take)
-        self.saved = cp.zeros(3 * kt.SHARE_PAIRS, cp.int64)
-        self.took = cp.zeros(1 + kt.SHARE_PAIRS, cp.int32)
+        self.saved = cp.zeros(3 * ks.SHARE_PAIRS, cp.int64)
+        self.took = cp.zeros(1 + ks.SHARE_PAIRS, cp.int32)
         self.asked = cp.zeros(1, cp.int32)
 
     def _rates(self, opts: TierOptions, jit_dir: Path | None, workers: int) -> split.Rates:
@@ -216,7 +216,7 @@ class CpuShareSide:
         cpu_alone, _ = self.share.probe()
         zero_copy, (cpu, fixed) = self._probe_together()
         rates = split.Rates(
-            zero_copy, alone["copy_engine"], cpu, fixed + kt.HANDOFF_S, alone["zero_copy"], cpu_alone
+            zero_copy, alone["copy_engine"], cpu, fixed + ks.HANDOFF_S, alone["zero_copy"], cpu_alone
         )
         store.put(key, rates)
         return rates
