@@ -40,8 +40,6 @@ class Riding:
     owner: np.ndarray
     cpu: np.ndarray
     riding: np.ndarray  # [L, E] bool
-    full: np.ndarray
-    table: np.ndarray
     pend: np.ndarray  # [L, P, E] int64
     dirty: list[tuple[int, int]] | None
     expert_bytes: np.ndarray
@@ -78,15 +76,8 @@ class Riding:
         used = np.zeros((n_l, n_e), bool)
         used[np.arange(n_l)[:, None], routed.reshape(n_l, -1)] = True
         li, e = np.nonzero(used & (held >= 0) & self.riding & (self.booked == held))
-        if len(li):  # as _land does for each, at once (it runs between decode passes): pend holds the slots
-            self.where[li, e] = held[li, e]
-            for p in range(3):
-                self.full[li, p, e] = self.table[li, p, e] = self.pend[li, p, e]
-            self.riding[li, e] = False
-            self.pend[li, :, e] = 0
-            if self.dirty is not None:
-                self.dirty.extend(zip(li.tolist(), e.tolist()))
-            self.version += 1
+        if len(li):  # all at once (this runs between decode passes); pend holds their slots' addresses
+            self._land_all(li, e, held[li, e], self.pend[li, :, e])
             self.ride_bytes += int(self.expert_bytes[li].sum())
         self.rides += len(li)
         return len(li)

@@ -192,12 +192,19 @@ class ExpertCache(Borrowing, Resizing, HostPass, Riding):
 
     def _land(self, slot: int, li: int, e: int) -> None:
         """The slot holds expert e now: the tables read it from there."""
-        self._unride(li, e)
-        self.where[li, e] = slot
+        addrs = np.array([[self._slot_addr(p, slot) for p in range(3)]], np.int64)
+        self._land_all(np.array([li]), np.array([e]), np.array([slot]), addrs)
+
+    def _land_all(self, li: np.ndarray, e: np.ndarray, slots: np.ndarray, addrs: np.ndarray) -> None:
+        """Slots [n] hold the experts (li, e) [n] now, their parts at addrs [n, P]: the tables read them there
+        (riders among them ride no more)."""
+        self.riding[li, e] = False
+        self.pend[li, :, e] = 0
+        self.where[li, e] = slots
         for p in range(3):
-            self.full[li, p, e] = self.table[li, p, e] = self._slot_addr(p, slot)
+            self.full[li, p, e] = self.table[li, p, e] = addrs[:, p]
         if self.dirty is not None:
-            self.dirty.append((li, e))
+            self.dirty.extend(zip(li.tolist(), e.tolist()))
         self.version += 1
 
     def release(self, placements: list[tuple[int, int, int]]) -> np.ndarray:
@@ -216,9 +223,11 @@ class ExpertCache(Borrowing, Resizing, HostPass, Riding):
     def land(self, placements: list[tuple[int, int, int]]) -> None:
         """Their copies are done: point the tables at the slots still booked for them (a later release may
         have taken a slot back before its copy landed)."""
-        for s, li, e in placements:
-            if tuple(int(v) for v in self.owner[s]) == (li, e):
-                self._land(s, li, e)
+        kept = [(s, li, e) for s, li, e in placements if tuple(int(v) for v in self.owner[s]) == (li, e)]
+        if kept:
+            s_, li_, e_ = (np.array(v, np.int64) for v in zip(*kept))
+            addrs = np.array([[self._slot_addr(p, s) for p in range(3)] for s, _, _ in kept], np.int64)
+            self._land_all(li_, e_, s_, addrs)
 
     def load(self, placements: list[tuple[int, int, int]]) -> None:
         """Make each (slot, layer, expert) hold that expert: bookkeeping, then one batch of copies."""
