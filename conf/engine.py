@@ -20,14 +20,15 @@ from strata.tiers.share import parse_pcie_frac
 from strata.tiers.tables import MODES as TABLE_MODES
 from strata.tiers.tables import check_mode as check_table_mode
 
+# what --prefill 0 means (strata.gpu.plan.AUTO_CHUNKS chooses on the GPU)
+AUTO_PREFILL = "4096 on the GPU, or 2048 where the budget cannot fit it; 512 on the CPU"
+
 
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
     n_ctx: int = 0  # 0 = the model's trained context length
     weight_cache_mib: int = 4096  # f32 cache of dequantized weights; beyond it, dequantize per use
-    prefill_chunk: int = (
-        0  # tokens per forward call while reading a prompt; 0 = 2048 on the GPU, 512 on the CPU
-    )
+    prefill_chunk: int = 0  # tokens per forward call while reading a prompt; 0 = AUTO_PREFILL
     verify: str | None = None  # expected SHA-256 of the GGUF, checked before use
     backend: str = "numpy"  # "jit": fused llvmlite kernels on quantized weights, MoE experts on the CPU pool
     pool_workers: int = 0  # CPU pool threads; 0 = affinity capped by the cgroup CPU quota
@@ -87,9 +88,7 @@ class EngineOptions:
         if self.weight_cache_mib < 0:
             raise ConfigError("weight_cache_mib", self.weight_cache_mib, "must be >= 0")
         if self.prefill_chunk < 0:
-            raise ConfigError(
-                "prefill_chunk", self.prefill_chunk, "must be >= 1 (0 = 2048 on the GPU, 512 on the CPU)"
-            )
+            raise ConfigError("prefill_chunk", self.prefill_chunk, f"must be >= 1 (0 = {AUTO_PREFILL})")
         if self.verify is not None and (len(self.verify) != 64 or not _is_hex(self.verify)):
             raise ConfigError("verify", self.verify, "must be a 64-character hex SHA-256")
         check_backend(self.backend, self.pool_workers, self.aux_cpus, ("backend", "pool_workers", "aux_cpus"))
@@ -340,8 +339,8 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
         "--prefill",
         type=int,
         default=0,
-        help="tokens per prefill chunk (0 = 2048 on the GPU, 512 "
-        "on the CPU); chunks of 256+ tokens stage missing experts through borrowed cache slots",
+        help=f"tokens per prefill chunk (0 = {AUTO_PREFILL}); under a VRAM budget a long chunk stages the "
+        "missing experts through borrowed cache slots, once a pass whatever its length",
     )
 
 
@@ -352,7 +351,7 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     check_tiers(args.expert_cache, args.vram_reserve_mib)
     check_ram_budget(args.ram_budget_mib)
     if args.prefill < 0:
-        raise ConfigError("--prefill", args.prefill, "must be >= 1 (0 = 2048 on the GPU, 512 on the CPU)")
+        raise ConfigError("--prefill", args.prefill, f"must be >= 1 (0 = {AUTO_PREFILL})")
     parse_overrides(args.override_kv)
     parse_pcie_frac(args.pcie_frac)
     if args.swap_budget_mib < 0:

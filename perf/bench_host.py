@@ -34,6 +34,7 @@ from host_stub import SCRIPT, GpuTimes, StubModel
 from strata.conf.bench import add_bench_flags, bench_config
 from strata.conf.engine import EngineOptions
 from strata.conf.server import ServerConfig, add_server_flags, server_config
+from strata.gpu.plan import AUTO_CHUNKS
 
 CONTEXT = 262_144  # what the stand-in claims to be trained for: any --ctx-size fits
 
@@ -68,7 +69,8 @@ def stub_loader(times: GpuTimes):  # type: ignore[no-untyped-def]
         gguf = GGUFFile(path)
         tok = Tokenizer.from_gguf(gguf)
         model = StubModel(tok.encode(SCRIPT), times=times, max_batch=cfg.parallel)
-        opts = EngineOptions.from_kwargs(n_ctx=n_ctx or 16_384, prefill_chunk=2048, n_seq=cfg.parallel)
+        chunk = cfg.engine.get("prefill_chunk") or AUTO_CHUNKS[0]  # as the GPU's engine chooses (--prefill)
+        opts = EngineOptions.from_kwargs(n_ctx=n_ctx or 16_384, prefill_chunk=chunk, n_seq=cfg.parallel)
         return app_state(cfg, Engine(gguf, model, tok, opts), cfg.alias or path.stem)  # type: ignore[arg-type]
 
     return load

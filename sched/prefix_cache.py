@@ -4,8 +4,8 @@ Attention KV can be cut at any length, so a KV-only state serves any prompt shar
 it. Recurrent state (DeltaNet, n-gram history) cannot be cut, so such a state serves only prompts
 that extend its whole token list: for hybrid models the scheduler therefore also checkpoints a prompt
 one token before its end (the same prompt again, or the next turn of a conversation, which extends it)
-and at every `CHECKPOINT_EVERY` tokens (a long shared prefix: system prompt and tools). Entries are
-evicted least-recently-used under a byte budget.
+and at every `every` tokens (a long shared prefix: system prompt and tools). Entries are evicted
+least-recently-used under a byte budget.
 """
 
 from __future__ import annotations
@@ -22,8 +22,16 @@ log = logging.getLogger("strata.prefix_cache")
 
 # Shorter matches are not worth a state copy.
 MIN_REUSE = 4
-# Prompt positions, beside the last but one, where a hybrid model's state is kept while prefilling.
+# Prompt positions, beside the last but one, where a hybrid model's state is kept while prefilling: multiples
+# of this, or of the prefill chunk where that is longer (`checkpoint_every`), since a chunk ends at each one
 CHECKPOINT_EVERY = 2048
+
+
+def checkpoint_every(prefill_chunk: int) -> int:
+    """The checkpoints' spacing for an engine reading prompts in prefill_chunk-token passes: a spacing below
+    the chunk would cut every chunk short (on the GPU a pass under a VRAM budget costs its staging copies
+    whatever its length, so a 4k prompt read as two 2k passes took twice as long)."""
+    return max(CHECKPOINT_EVERY, prefill_chunk)
 
 
 @dataclass(slots=True)
@@ -34,8 +42,9 @@ class _Entry:
 
 
 class PrefixCache:
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, every: int | None = None) -> None:
         self.budget = budget_bytes
+        self.every = every or CHECKPOINT_EVERY  # checkpoints' spacing (`checkpoint_every`)
         self.used = 0
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._next_key = 0
@@ -104,15 +113,14 @@ class PrefixCache:
     def wants(self, state: SequenceState, prompt_len: int) -> bool:
         """Whether a prefilling state at its current length is a checkpoint worth keeping."""
         n = state.n_past
-        return bool(state.layers) and n >= MIN_REUSE and (n == prompt_len - 1 or n % CHECKPOINT_EVERY == 0)
+        return bool(state.layers) and n >= MIN_REUSE and (n == prompt_len - 1 or n % self.every == 0)
 
-    @staticmethod
-    def next_stop(state: SequenceState, prompt_len: int) -> int:
+    def next_stop(self, state: SequenceState, prompt_len: int) -> int:
         """The prompt position the next prefill chunk of a hybrid model must not pass: the next checkpoint."""
         n = state.n_past
         if not state.layers:
             return prompt_len
-        stops = [prompt_len - 1, (n // CHECKPOINT_EVERY + 1) * CHECKPOINT_EVERY, prompt_len]
+        stops = [prompt_len - 1, (n // self.every + 1) * self.every, prompt_len]
         return min(v for v in stops if v > n)
 
     def _drop(self, key: int) -> None:

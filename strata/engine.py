@@ -163,8 +163,8 @@ class Engine:
         weights.table_io = opts.ple_io
         device = _device(opts, gguf.architecture)
         keeper = _profile_keeper(gguf, opts) if opts.routing_profile == "auto" else None
-        if not opts.prefill_chunk:  # the GPU's passes cost little per token: long chunks amortise each layer
-            opts = dataclasses.replace(opts, prefill_chunk=2048 if device == "cuda" else 512)
+        if not opts.prefill_chunk and device != "cuda":  # the GPU chooses its own (gpu/plan.py AUTO_CHUNKS)
+            opts = dataclasses.replace(opts, prefill_chunk=512)
         if device == "cuda":
             from strata.gpu import gpu_model
             from strata.gpu.model import GpuOptions
@@ -201,7 +201,9 @@ class Engine:
                     opts.kv_type,
                     "the GPU's attention kernels read f16 or int8 cells; f32 KV runs on the CPU (device=cpu)",
                 )
-            engine = cls(gguf, gpu_model(model_cls(gguf, weights), gpu_opts), Tokenizer.from_gguf(gguf), opts)
+            model = gpu_model(model_cls(gguf, weights), gpu_opts)
+            opts = dataclasses.replace(opts, prefill_chunk=model.chunk)
+            engine = cls(gguf, model, Tokenizer.from_gguf(gguf), opts)
             engine.profile_keeper = _count_routing(engine.expert_cache, keeper)
             tiers = getattr(engine.model, "tiers", None)
             if opts.record_routes and tiers is not None:

@@ -39,9 +39,24 @@ async def _serve(sch: Scheduler, prompt: list[int], n: int = 5) -> tuple[list[in
             return toks, ev
 
 
+def test_checkpoints_never_cut_a_prefill_chunk_short():
+    """Checkpoints every CHECKPOINT_EVERY tokens, or every chunk where chunks are longer (the GPU's 4096): a
+    spacing below the chunk would end every chunk early."""
+    assert pc.checkpoint_every(512) == pc.CHECKPOINT_EVERY == 2048 and pc.checkpoint_every(4096) == 4096
+    eng = Engine.load(_fixture("qwen3next"), device="cpu", backend="numpy")
+    state = eng.new_state()
+    cache = pc.PrefixCache(1 << 30, pc.checkpoint_every(4096))
+    assert cache.next_stop(state, 10_000) == 4096
+    state.n_past = 4096
+    assert cache.wants(state, 10_000) and cache.next_stop(state, 10_000) == 8192
+    state.n_past = 2048
+    assert not cache.wants(state, 10_000) and cache.next_stop(state, 4100) == 4096
+    state.n_past = 4096
+    assert cache.next_stop(state, 4100) == 4099  # the last but one: the prompt's own checkpoint
+
+
 @pytest.mark.parametrize("arch", ["qwen3next", "qwen4exp"])
-def test_hybrid_prompts_reuse_checkpoints(arch, monkeypatch):
-    monkeypatch.setattr(pc, "CHECKPOINT_EVERY", 16)
+def test_hybrid_prompts_reuse_checkpoints(arch):
     eng = Engine.load(_fixture(arch), device="cpu", backend="numpy")
     rng = np.random.default_rng(5)
     prompt = [int(v) for v in rng.integers(100, 5000, 40)]
@@ -60,7 +75,7 @@ def test_hybrid_prompts_reuse_checkpoints(arch, monkeypatch):
         return out
 
     plain = asyncio.run(go(None))
-    cached = asyncio.run(go(pc.PrefixCache(1 << 30)))
+    cached = asyncio.run(go(pc.PrefixCache(1 << 30, every=16)))
     assert [t for t, _ in cached] == [t for t, _ in plain], "the cache changed the tokens"
     first = plain[0][0]
     # the next turn reuses the whole answer: the decode pipeline (sched/ahead.py) fed its last token too

@@ -158,6 +158,36 @@ def test_budgets_refuse_with_the_plan():
             check_expert_cache(bad)
 
 
+def test_the_gpu_reads_prompts_in_the_longest_chunk_its_budget_fits():
+    """No --prefill: 4096-token passes where their activations fit the budget, else 2048
+    (strata.gpu.plan.AUTO_CHUNKS); a chunk asked for is kept. Planned from the header, as `strata plan`
+    does."""
+    import dataclasses
+
+    from strata.gguf import GGUFFile
+    from strata.gpu.plan import AUTO_CHUNKS, GpuOptions, shape_of, vram_plan, with_chunk
+    from strata.models import model_class
+    from strata.runtime.weights import WeightStore
+
+    g = GGUFFile(_fixture("qwen3moe"))
+    cpu = model_class(g)(g, WeightStore(g, 0))
+    dims, linear = shape_of(cpu)
+    vocab = cpu.params.vocab
+    auto = GpuOptions(n_ctx=256, chunk=0, expert_cache="100%")  # every expert: the plan's need is exact
+    need = {
+        c: vram_plan(g, dims, linear, 256, c, vocab, dataclasses.replace(auto, chunk=c), 1 << 40).total
+        for c in AUTO_CHUNKS
+    }
+    assert AUTO_CHUNKS == (4096, 2048) and need[4096] > need[2048]
+
+    def chunk(opts: GpuOptions, budget: int) -> int:
+        return with_chunk(g, dims, linear, vocab, opts, budget).chunk
+
+    assert chunk(auto, need[4096]) == 4096
+    assert chunk(auto, need[4096] - 1) == 2048
+    assert chunk(dataclasses.replace(auto, chunk=300), need[4096]) == 300
+
+
 def test_expert_cache_on_a_dense_model_is_refused(smollm2_path):
     with pytest.raises(ConfigError, match="no routed experts"):
         Engine.load(smollm2_path, device="cpu", expert_cache="50%")

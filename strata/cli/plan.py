@@ -23,6 +23,7 @@ from strata.gpu.plan import (
     kv_window,
     shape_of,
     vram_plan,
+    with_chunk,
 )
 from strata.gpu.weights import weight_bytes
 from strata.models import model_class
@@ -124,7 +125,12 @@ def add_plan_flags(p: argparse.ArgumentParser) -> None:
         help="as on serve: each attention layer keeps its last N cells in VRAM, the rest in pinned RAM",
     )
     p.add_argument("--parallel", type=int, default=4, help="sequences at once (the server's --parallel)")
-    p.add_argument("--prefill", type=int, default=2048, help="prefill chunk (the GPU's default 2048)")
+    p.add_argument(
+        "--prefill",
+        type=int,
+        default=0,
+        help="prefill chunk (as on serve: 0 = 4096, 2048 where it won't fit)",
+    )
     p.add_argument("--expert-cache", default="auto", help="as on serve: auto, off, 6GiB, 4096MiB, 40%%")
     p.add_argument("--ple-io", default="auto", help="as on serve: how a qwen4exp n-gram table is read")
     p.add_argument("--json", action="store_true", help="the plan as JSON (keys documented in perf/README.md)")
@@ -204,6 +210,7 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
         kv_resident=args.kv_resident,
     )
     budget, trained, vocab = int(args.vram_gib * GIB), cpu.params.n_ctx_train, cpu.params.vocab
+    opts = with_chunk(g, dims, linear, vocab, opts, budget)
     ram = int(args.ram_gib * GIB)  # the machine planned for (0: this one), for the --kv-resident context
     choice = None if args.ctx_size else choose_context(g, dims, linear, trained, vocab, opts, budget, ram)
     n_ctx = args.ctx_size or choice.n_ctx  # type: ignore[union-attr]
@@ -243,7 +250,7 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
         # a long chunk's copy of one layer's cold cells
         "stage_bytes": kv_stage_bytes(dims, n_attn, n_ctx, opts),
     }
-    plan = vram_plan(g, dims, linear, n_ctx, args.prefill, vocab, opts, budget)
+    plan = vram_plan(g, dims, linear, n_ctx, opts.chunk, vocab, opts, budget)
     w = weight_bytes(g)
     # every decode token reads all dense weights but the embeddings (one row of those)
     dense = sum(v for k, v in w.items() if k not in ("experts", "embeddings"))
@@ -262,7 +269,7 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
             args.hbm_gbps,
             args.pcie_gbps,
             ram,
-            args.prefill,
+            opts.chunk,
             args.cpu_gbps,
             args.cpu_fixed_us * 1e-6,
             parse_pcie_frac(args.pcie_frac),

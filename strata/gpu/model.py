@@ -44,6 +44,7 @@ from strata.gpu.plan import (
     shape_of,
     structure_of,
     vram_plan,
+    with_chunk,
 )
 from strata.gpu.qwen4exp import Qwen4ExpParts, hc_dims
 from strata.gpu.runtime import cupy_module, ptr
@@ -78,10 +79,11 @@ class GpuModel(Model):
         st = structure_of(cpu)
         dims, self.linear = shape_of(cpu)
         self.dims = dataclasses.replace(dims, kv8=opts.kv_type is KVType.INT8)
-        self.chunk = max(1, opts.chunk)
         self.n_attn = self.linear.count(False)
         free = int(cp.cuda.runtime.memGetInfo()[0])
         budget = opts.budget_mib * MIB if opts.budget_mib else free - opts.reserve_mib * MIB
+        self.opts = opts = with_chunk(gguf, self.dims, self.linear, p.vocab, opts, budget)
+        self.chunk = opts.chunk
         self.n_ctx = opts.n_ctx or self._choose_context(gguf, p.n_ctx_train, budget)
         if st.streams:  # the QSA records are sized by the context
             self.dims = dataclasses.replace(self.dims, hc=hc_dims(cpu, self.n_ctx))

@@ -35,7 +35,7 @@ from strata.tiers.layout import ExpertLayout
 class GpuOptions:
     budget_mib: int = 0  # 0: the device's free memory
     n_ctx: int = 0  # positions one sequence may hold (0: chosen by strata.tiers.context)
-    chunk: int = 512  # rows per eager pass
+    chunk: int = 512  # rows per eager pass (0: the largest of AUTO_CHUNKS the budget fits, `with_chunk`)
     max_batch: int = 8  # decode windows up to this many sequences replay a graph
     split: bool = True  # split-K and fused decode kernels (False: the first versions; see Ops)
     q8: bool = True  # decode products on int8 inputs where the weight type allows (mmvq.py)
@@ -125,6 +125,32 @@ def kv_stage_bytes(d: Dims, n_attn: int, n_ctx: int, opts: GpuOptions) -> int:
         return 0
     cold = n_ctx - opts.kv_resident
     return -(-cold * kv_bytes_per_token(d, n_attn) // n_attn) + 4 * 256  # 4 arrays, each 256-byte aligned
+
+
+# Prefill chunks tried when none is asked for, largest first. Under a VRAM budget a pass of staging_rows
+# (tiers/borrow.py) or more stages every expert the cache lacks whatever its length (~0.56 s on the 80B at 24
+# GiB, where 4,096 rows add ~0.1 s), so a 4k prompt read in one pass takes about half the time of two 2k ones.
+# The larger chunk's activations cost slots (the 80B at 22 GiB: 10,306 of 24,576 experts against 10,689, the
+# planner's decode -2%); a budget whose dense part cannot take them falls back to the smaller.
+AUTO_CHUNKS = (4096, 2048)
+
+
+def with_chunk(
+    gguf: Any, d: Dims, linear: list[bool], vocab: int, opts: GpuOptions, budget: int
+) -> GpuOptions:
+    """opts with its prefill chunk chosen where none was asked for (chunk 0): the largest of AUTO_CHUNKS whose
+    plan fits the budget (at opts.n_ctx; with no context asked for, before the KV, as choose_context
+    plans)."""
+    if opts.chunk:
+        return opts
+    for chunk in AUTO_CHUNKS[:-1]:
+        tried = dataclasses.replace(opts, chunk=chunk)
+        try:
+            vram_plan(gguf, d, linear, opts.n_ctx, chunk, vocab, tried, budget)
+        except ConfigError:
+            continue
+        return tried
+    return dataclasses.replace(opts, chunk=AUTO_CHUNKS[-1])
 
 
 def choose_context(
