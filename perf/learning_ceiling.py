@@ -20,11 +20,10 @@ from pathlib import Path
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType as Q
-from synth_locality import TOKENIZER, shape
+from synth_locality import TOKENIZER, recorded, shape
 
-from strata.engine import Engine
 from strata.synth import write_synth
-from strata.tiers import sim, trace
+from strata.tiers import sim
 
 ROWS = (("static", None, "copy"), ("lru", 4, "copy"), ("adaptive", 4, "copy"), ("adaptive", None, "copy"))
 ROWS += (("adaptive", 4, "ride"), ("adaptive", None, "ride"))
@@ -40,22 +39,8 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="learning_ceiling_"))
     path = write_synth(root / "loc.gguf", s, Q.Q8_0, Q.Q8_0, 0.0, TOKENIZER, seed=1, router_mode="locality")
     rng = np.random.default_rng(a.seed)
-    out = root / "routes.npz"
-    eng = Engine.load(
-        path.path,
-        device="cpu",
-        backend="numpy",
-        expert_cache="off",
-        prefetch=0,
-        routing_profile="off",
-        record_routes=str(out),
-    )
-    st = eng.new_state()
-    eng.model.forward(rng.integers(10, 150_000, a.prompt), st, all_logits=False)
-    for t in rng.integers(10, 150_000, a.decode):
-        eng.model.forward(np.array([t]), st, all_logits=False)
-    eng.expert_cache.recorder.save()
-    ids = trace.load(out)[0]  # [tokens, layers, top-k]
+    prompt, fed = rng.integers(10, 150_000, a.prompt), rng.integers(10, 150_000, a.decode)
+    ids, _ = recorded(path.path, root / "routes.npz", prompt, a.decode, lambda k, _: int(fed[k]))
     n_tok, n_layer, top_k = ids.shape
     slots, picks = int(a.share * s.n_expert), n_layer * top_k
     print(f"{n_tok} tokens x {n_layer} layers x top-{top_k}, {slots} of {s.n_expert} experts cached")

@@ -21,8 +21,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 from gguf.constants import GGMLQuantizationType as Q
 
 from strata.engine import Engine
@@ -30,7 +32,7 @@ from strata.sampling.params import SamplingParams
 from strata.synth import write_synth
 from strata.synth.locality import measured_routes
 from strata.synth.shapes import SHAPES, Shape
-from strata.tiers import sim
+from strata.tiers import sim, trace
 
 TOKENIZER = Path.home() / ".cache/strata/fixtures/qwen3_tokenizer/package/models"
 
@@ -96,11 +98,31 @@ def main() -> None:
             print(f"  decode {a.decode} tokens, 25% cache: {eng.expert_cache.prefetch.line()}")
 
 
+def recorded(
+    path: Path, out: Path, prompt: np.ndarray, n: int, next_token: Callable[[int, np.ndarray], int]
+) -> tuple[np.ndarray, list[int]]:
+    """The CPU model's routes (`--record-routes` into `out`) over `prompt`, then n decode tokens, the k-th
+    next_token(k, the last logits): (ids [tokens, layers, top-k], the decode tokens)."""
+    eng = Engine.load(
+        path,
+        device="cpu",
+        backend="numpy",
+        expert_cache="off",
+        prefetch=0,
+        routing_profile="off",
+        record_routes=str(out),
+    )
+    st = eng.new_state()
+    logits = eng.model.forward(prompt, st, all_logits=False)
+    toks: list[int] = []
+    for k in range(n):
+        toks.append(next_token(k, logits))
+        logits = eng.model.forward(np.array([toks[-1]]), st, all_logits=False)
+    eng.expert_cache.recorder.save()
+    return trace.load(out)[0], toks
+
+
 def streams(a: argparse.Namespace, s: Shape, root: Path, prompt: int = 32, decode: int = 288) -> None:
-    import numpy as np
-
-    from strata.tiers import trace
-
     path = write_synth(
         root / "locality.gguf", s, Q.Q8_0, Q.Q8_0, 0.0, TOKENIZER, seed=1, router_mode="locality"
     )
@@ -109,25 +131,14 @@ def streams(a: argparse.Namespace, s: Shape, root: Path, prompt: int = 32, decod
         rng = np.random.default_rng(seed)
         ids = rng.integers(10, 150_000, prompt)
         for how in ("greedy", "random"):
-            out = root / f"{how}{seed}.npz"
-            eng = Engine.load(
-                path.path,
-                device="cpu",
-                backend="numpy",
-                expert_cache="off",
-                prefetch=0,
-                routing_profile="off",
-                record_routes=str(out),
-            )
-            st = eng.new_state()
-            logits = eng.model.forward(ids, st, all_logits=False)
             fed = rng.integers(10, 150_000, decode)
-            toks = []
-            for k in range(decode):
-                toks.append(int(logits[-1].argmax()) if how == "greedy" else int(fed[k]))
-                logits = eng.model.forward(np.array([toks[-1]]), st, all_logits=False)
-            eng.expert_cache.recorder.save()
-            routes = trace.load(out)[0]
+            routes, toks = recorded(
+                path.path,
+                root / f"{how}{seed}.npz",
+                ids,
+                decode,
+                lambda k, logits: int(logits[-1].argmax()) if how == "greedy" else int(fed[k]),  # noqa: B023
+            )
             warm = (len(routes) - 64) / len(routes)
             hits = [
                 sim.simulate(routes, a.experts, slots, p, profile_share=warm).hit_rate
