@@ -102,6 +102,8 @@ def strata(path: Path, a: argparse.Namespace) -> dict[str, Any]:
         "kernels": "v1" if a.v1 else ("split" if a.no_q8 else "split+q8"),
     }
     cache = gpu.expert_cache
+    if cache is not None and a.record_routes:  # every pass, prompts and warm decode included; saved at exit
+        gpu.tiers.record_routes(a.record_routes)
     if (
         cache is not None and a.routing_profile_out
     ):  # count every pass's routing (the learning passes see each)
@@ -389,6 +391,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--routing-profile-in", type=Path, default=None, help="fill the cache from this profile file"
+    )
+    ap.add_argument(
+        "--record-routes",
+        type=Path,
+        default=None,
+        help="Strata's --record-routes: every pass's routed experts, for `strata tiers simulate --recorded`",
     )
     ap.add_argument(
         "--feed",

@@ -5,7 +5,8 @@
 # ARCH / SHAPE pick the synth file (default qwen3next 80b-a3b, 42 GiB; ARCH=qwen4exp SHAPE=seeds the flagship of
 # perf/synth_qwen4exp.py, 45 GiB), SKEW its router skew (default 0, uniform);
 # CAPS the VRAM budgets in MiB (commas); the `policies` step runs bench_gpu.py at CAP (default 22528) once per
-# RUNS entry (policy:swap-budget[:out|:in], see below), after WARM (default 256) decode tokens;
+# RUNS entry (policy:swap-budget[:out|:in], see below), after WARM (default 256) decode tokens (RECORD=1: each run's
+# routes to $OUT/routes_*.npz, for `strata tiers simulate --recorded`);
 # the `prefetch` step runs bench_gpu.py at CAP once per --prefetch value in PREFETCHES (default 0,1,2,3);
 # the `lowram` step runs bench_gpu.py at CAP once per --ram-budget-mib value in RAMS (default 0,20736: every
 # expert pinned, then half the 80B's experts, the rest read from the file's mapping, warm after the synth wrote it);
@@ -42,6 +43,7 @@ case " $STEPS " in *" policies "*)
     IFS=: read -r pol budget prof <<<"$spec"
     extra=""; [ "$prof" = out ] && extra="--routing-profile-out /tmp/profile.npz"
     [ "$prof" = in ] && extra="--routing-profile-in /tmp/profile.npz"
+    [ -n "${RECORD:-}" ] && extra="$extra --record-routes $OUT/routes_${pol}_${budget}${prof:+_$prof}.npz"
     echo "== $spec"
     timeout ${BENCH_TIMEOUT:-300} python3 $REPO/perf/bench_gpu.py --model $MODEL --vram-budget-mib ${CAP:-22528} \
       --prompts ${PROMPTS:-512,4096} --gen 64 --batches 1,4 --pcie-frac 1 --cache-policy $pol --swap-budget-mib $budget \
