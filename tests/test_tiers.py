@@ -160,8 +160,8 @@ def test_budgets_refuse_with_the_plan():
 
 def test_the_gpu_reads_prompts_in_the_longest_chunk_its_budget_fits():
     """No --prefill: 4096-token passes where their activations fit the budget, else 2048
-    (strata.gpu.plan.AUTO_CHUNKS); a chunk asked for is kept. Planned from the header, as `strata plan`
-    does."""
+    (strata.gpu.plan.AUTO_CHUNKS), never longer than the context; a chunk asked for is kept. Planned from the
+    header, as `strata plan` does."""
     import dataclasses
 
     from strata.gguf import GGUFFile
@@ -173,19 +173,21 @@ def test_the_gpu_reads_prompts_in_the_longest_chunk_its_budget_fits():
     cpu = model_class(g)(g, WeightStore(g, 0))
     dims, linear = shape_of(cpu)
     vocab = cpu.params.vocab
-    auto = GpuOptions(n_ctx=256, chunk=0, expert_cache="100%")  # every expert: the plan's need is exact
+    auto = GpuOptions(n_ctx=8192, chunk=0, expert_cache="100%")  # every expert: the plan's need is exact
     need = {
-        c: vram_plan(g, dims, linear, 256, c, vocab, dataclasses.replace(auto, chunk=c), 1 << 40).total
+        c: vram_plan(g, dims, linear, 8192, c, vocab, dataclasses.replace(auto, chunk=c), 1 << 40).total
         for c in AUTO_CHUNKS
     }
     assert AUTO_CHUNKS == (4096, 2048) and need[4096] > need[2048]
 
-    def chunk(opts: GpuOptions, budget: int) -> int:
-        return with_chunk(g, dims, linear, vocab, opts, budget).chunk
+    def chunk(opts: GpuOptions, budget: int, trained: int = 8192) -> int:
+        return with_chunk(g, dims, linear, vocab, opts, budget, trained).chunk
 
     assert chunk(auto, need[4096]) == 4096
     assert chunk(auto, need[4096] - 1) == 2048
     assert chunk(dataclasses.replace(auto, chunk=300), need[4096]) == 300
+    assert chunk(dataclasses.replace(auto, n_ctx=1000), need[4096]) == 1000  # the context's length at most
+    assert chunk(dataclasses.replace(auto, n_ctx=0), need[4096], trained=3000) == 3000
 
 
 def test_expert_cache_on_a_dense_model_is_refused(smollm2_path):

@@ -210,7 +210,7 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
         kv_resident=args.kv_resident,
     )
     budget, trained, vocab = int(args.vram_gib * GIB), cpu.params.n_ctx_train, cpu.params.vocab
-    opts = with_chunk(g, dims, linear, vocab, opts, budget)
+    opts = with_chunk(g, dims, linear, vocab, opts, budget, trained)
     ram = int(args.ram_gib * GIB)  # the machine planned for (0: this one), for the --kv-resident context
     choice = None if args.ctx_size else choose_context(g, dims, linear, trained, vocab, opts, budget, ram)
     n_ctx = args.ctx_size or choice.n_ctx  # type: ignore[union-attr]

@@ -82,7 +82,7 @@ class GpuModel(Model):
         self.n_attn = self.linear.count(False)
         free = int(cp.cuda.runtime.memGetInfo()[0])
         budget = opts.budget_mib * MIB if opts.budget_mib else free - opts.reserve_mib * MIB
-        self.opts = opts = with_chunk(gguf, self.dims, self.linear, p.vocab, opts, budget)
+        self.opts = opts = with_chunk(gguf, self.dims, self.linear, p.vocab, opts, budget, p.n_ctx_train)
         self.chunk = opts.chunk
         self.n_ctx = opts.n_ctx or self._choose_context(gguf, p.n_ctx_train, budget)
         if st.streams:  # the QSA records are sized by the context

@@ -136,21 +136,22 @@ AUTO_CHUNKS = (4096, 2048)
 
 
 def with_chunk(
-    gguf: Any, d: Dims, linear: list[bool], vocab: int, opts: GpuOptions, budget: int
+    gguf: Any, d: Dims, linear: list[bool], vocab: int, opts: GpuOptions, budget: int, trained: int
 ) -> GpuOptions:
     """opts with its prefill chunk chosen where none was asked for (chunk 0): the largest of AUTO_CHUNKS whose
-    plan fits the budget (at opts.n_ctx; with no context asked for, before the KV, as choose_context
-    plans)."""
+    plan fits the budget (at opts.n_ctx; with no context asked for, before the KV, as choose_context plans),
+    and no longer than the context (opts.n_ctx, else the `trained` one): no pass reads more."""
     if opts.chunk:
         return opts
-    for chunk in AUTO_CHUNKS[:-1]:
+    chunks = [min(c, opts.n_ctx or trained) for c in AUTO_CHUNKS]
+    for chunk in chunks[:-1]:
         tried = dataclasses.replace(opts, chunk=chunk)
         try:
             vram_plan(gguf, d, linear, opts.n_ctx, chunk, vocab, tried, budget)
         except ConfigError:
             continue
         return tried
-    return dataclasses.replace(opts, chunk=AUTO_CHUNKS[-1])
+    return dataclasses.replace(opts, chunk=chunks[-1])
 
 
 def choose_context(
