@@ -21,7 +21,7 @@ from strata.tiers.tables import MODES as TABLE_MODES
 from strata.tiers.tables import check_mode as check_table_mode
 
 # what --prefill 0 means (strata.gpu.plan.AUTO_CHUNKS chooses on the GPU)
-AUTO_PREFILL = "4096 on the GPU, or 2048 where the budget cannot fit it; 512 on the CPU"
+AUTO_PREFILL = "4096 on the GPU, or 2048 where the budget cannot fit it, at most the context; 512 on the CPU"
 
 
 @dataclass(frozen=True, slots=True)
