@@ -133,7 +133,7 @@ def run_tiers(args: argparse.Namespace) -> int:
         raise ConfigError("--swap-budget", args.swap_budget, "experts a window: at least 0")
     t = len(ids)
     windows = np.array([args.window] * (t // args.window) + ([t % args.window] if t % args.window else []))
-    budget = args.swap_budget
+    budget, resident = args.swap_budget, None
     if args.recorded:
         if args.window != 1 or budget is not None:
             flag, value = ("--window", args.window) if args.window != 1 else ("--swap-budget", budget)
@@ -141,29 +141,18 @@ def run_tiers(args: argparse.Namespace) -> int:
         resident, windows, budget = trace.load_recorded(args.trace)
         if resident is None:
             raise ConfigError("--recorded", args.trace, "needs a trace written by --record-routes")
-        results = [
-            sim.simulate(
-                ids,
-                n_expert,
-                0,
-                args.policy,
-                resident=resident,
-                windows=windows,
-                budget=budget,
-                ahead=ahead,
-                admit=args.admit,
-            )
-        ]
-    elif args.sweep:
+    if args.sweep and resident is None:
         sizes = _sizes(args.sizes, n_expert)
         results = sim.sweep(ids, n_expert, sizes, windows=windows, budget=budget, admit=args.admit)
-    else:
+    else:  # --recorded starts from the run's placement: its slots, not --slots
+        slots = 0 if resident is not None else args.slots
         results = [
             sim.simulate(
                 ids,
                 n_expert,
-                args.slots,
+                slots,
                 args.policy,
+                resident=resident,
                 windows=windows,
                 budget=budget,
                 ahead=ahead,
