@@ -58,7 +58,7 @@ class Riding:
         for s, li, e in placements:
             self._release(s, li, e)
             self.riding[li, e] = True
-            self.pend[li, :, e] = [self._slot_addr(p, s) for p in range(3)]
+            self.pend[li, :, e] = self._slot_addrs([s])[0]
             if self.dirty is not None:
                 self.dirty.append((li, e))
         self.version += 1

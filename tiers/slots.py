@@ -29,6 +29,7 @@ Legend: L = MoE layers, E = experts per layer, P = 3 parts, S = slots.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -192,8 +193,13 @@ class ExpertCache(Borrowing, Resizing, HostPass, Riding):
 
     def _land(self, slot: int, li: int, e: int) -> None:
         """The slot holds expert e now: the tables read it from there."""
-        addrs = np.array([[self._slot_addr(p, slot) for p in range(3)]], np.int64)
-        self._land_all(np.array([li]), np.array([e]), np.array([slot]), addrs)
+        self._land_all(np.array([li]), np.array([e]), np.array([slot]), self._slot_addrs([slot]))
+
+    def _slot_addrs(self, slots: Iterable[int]) -> np.ndarray:
+        """[n, P] the part addresses of slots [n]."""
+        return np.array([[self._slot_addr(p, int(s)) for p in range(3)] for s in slots], np.int64).reshape(
+            -1, 3
+        )
 
     def _land_all(self, li: np.ndarray, e: np.ndarray, slots: np.ndarray, addrs: np.ndarray) -> None:
         """Slots [n] hold the experts (li, e) [n] now, their parts at addrs [n, P]: the tables read them there
@@ -226,8 +232,7 @@ class ExpertCache(Borrowing, Resizing, HostPass, Riding):
         kept = [(s, li, e) for s, li, e in placements if tuple(int(v) for v in self.owner[s]) == (li, e)]
         if kept:
             s_, li_, e_ = (np.array(v, np.int64) for v in zip(*kept))
-            addrs = np.array([[self._slot_addr(p, s) for p in range(3)] for s, _, _ in kept], np.int64)
-            self._land_all(li_, e_, s_, addrs)
+            self._land_all(li_, e_, s_, self._slot_addrs(s_))
 
     def load(self, placements: list[tuple[int, int, int]]) -> None:
         """Make each (slot, layer, expert) hold that expert: bookkeeping, then one batch of copies."""
