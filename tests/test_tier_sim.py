@@ -68,6 +68,28 @@ def test_riding_never_copies_and_moves_fewer_experts_than_copying(ids) -> None:
     assert link(ride) < link(copy) < link(static) / 1.5
 
 
+@pytest.mark.parametrize("admit", ["copy", "ride"])
+def test_a_warm_up_from_the_engines_fill_learns_unscored(ids, admit) -> None:
+    """`scored` (perf/learning_ceiling.py's replay of the GPU bench): from the static fill, every window
+    learns, only the last `scored` tokens count. Scoring all of them is the engine's own replay; a static
+    cache's scored hits are the fill's lookups in those tokens; learning beats the fill on a local trace."""
+    fill = np.zeros((2, 512), bool)
+    fill[:, :230] = True
+    win = np.array([515] + [4] * 246 + [1])  # the prompt's pass and 3 tokens, then 4-token windows
+
+    def run(name: str, scored: int | None) -> sim.Result:
+        return sim.simulate(
+            ids, 512, 0, name, resident=fill, windows=win, budget=6, admit=admit, scored=scored
+        )
+
+    assert run("adaptive", None) == run("adaptive", 1500)
+    static = run("static", 64)
+    assert static.lookups == 64 * 2 * 10 and static.hits == fill[np.arange(2)[None, :, None], ids[-64:]].sum()
+    late, whole = run("adaptive", 64), run("adaptive", None)
+    assert late.lookups == 64 * 2 * 10 and 0 < late.swaps < whole.swaps
+    assert late.hit_rate > whole.hit_rate > static.hit_rate  # warmed, it hits more than over the whole run
+
+
 def test_adaptive_doubles_the_static_profile_at_64(ids) -> None:
     assert (
         sim.simulate(ids, 512, 64, "adaptive").hit_rate >= 2 * sim.simulate(ids, 512, 64, "static").hit_rate
@@ -389,3 +411,41 @@ def test_the_planner_credits_the_lookahead_with_what_its_window_copies(capsys):
     assert got[4]["decode_tok_s"] > got[0]["decode_tok_s"]
     assert main([*args, "--prefetch", "-1"]) == 1
     assert "--prefetch" in capsys.readouterr().err
+
+
+def test_a_recorder_keeps_the_policys_windows(tmp_path) -> None:
+    """The GPU learns every LEARN_EVERY passes with a budget for all of them: its trace's windows are those
+    passes together (a replay that learned after each pass with that budget admitted four times as much)."""
+    out = tmp_path / "r.npz"
+    rec = trace.Recorder(out, 8, np.zeros((2, 8), bool), budget=3, passes=4)
+    for n in (5, 1, 1, 1, 1, 1):
+        rec.end_pass([np.zeros((n, 2), np.int64), np.ones((n, 2), np.int64)])
+    rec.save()
+    _, windows, budget = trace.load_recorded(out)
+    assert windows.tolist() == [8, 2] and budget == 3
+    assert trace.load(out)[0].shape == (10, 2, 2)
+
+
+def test_a_recorded_slice_is_scored_after_the_run_before_it(tmp_path, capsys) -> None:
+    """--score A:B (with --recorded): the replay of tokens A to B after the windows before A learned, as
+    sim.simulate's `scored` gives it on the trace cut at B; without --recorded, or out of range, refused."""
+    from strata.cli import main
+
+    ids = trace.synthetic(trace.Synthetic(**{**_fields(trace.CALIBRATED), "layers": 2}), 300, seed=3)
+    fill = np.zeros((2, 512), bool)
+    fill[:, :200] = True
+    windows = np.array([100] + [4] * 50)
+    out = tmp_path / "r.npz"
+    trace.save(out, ids, 512, fill, windows, 12)
+    base = ["tiers", "simulate", str(out), "--policy", "adaptive", "--admit", "ride", "--json"]
+    assert main([*base, "--recorded", "--score", "150:250"]) == 0
+    got = json.loads(capsys.readouterr().out)[0]
+    cut = np.array([100] + [4] * 37 + [2])  # the window 250 falls in ends there
+    want = sim.simulate(
+        ids[:250], 512, 0, "adaptive", resident=fill, windows=cut, budget=12, admit="ride", scored=100
+    )
+    assert (got["lookups"], got["hits"], got["swaps"]) == (100 * 2 * 10, want.hits, want.swaps)
+    assert got["misses_per_token"] == pytest.approx((want.lookups - want.hits) / 100)
+    for bad in (["--score", "150:250"], ["--recorded", "--score", "250:150"], ["--recorded", "--score", "x"]):
+        assert main([*base, *bad]) == 1
+        assert "--score" in capsys.readouterr().err

@@ -44,9 +44,10 @@ class Policy(Protocol):
 
 
 def window_hits(p: Policy, ids: np.ndarray) -> np.ndarray:
-    """Per layer [L], the lookups of a window's routed ids [T, L, A] that found their expert resident."""
+    """Per token and layer [T, L], the lookups of a window's routed ids [T, L, A] that found their expert
+    resident."""
     layer = np.arange(ids.shape[1])[None, :, None]
-    return p.resident[layer, ids].sum(axis=(0, 2))
+    return p.resident[layer, ids].sum(axis=2)
 
 
 def _admit(

@@ -57,17 +57,20 @@ def simulate(
     budget: int | None = None,
     ahead: Ahead | None = None,
     admit: str = "copy",
+    scored: int | None = None,
 ) -> Result:
     """ids [T, L, A]: the trace; slots per layer; each token its own window unless `windows` (tokens per
     window, as the engine's passes were) says otherwise; `budget`: experts brought in per window at most.
     `resident` [L, E]: the placement the engine started from (then the whole trace is scored, as the engine's
-    own counters were). `ahead`: replay a lookahead of ahead.k experts a layer from its predictions. `admit`:
-    "copy" or "ride" (see the module)."""
+    own counters were, or its last `scored` tokens: the windows before them learn from that start, as the
+    engine's warm-up did, unscored). `ahead`: replay a lookahead of ahead.k experts a layer from its
+    predictions. `admit`: "copy" or "ride" (see the module)."""
     if admit not in ADMISSIONS:
         raise ValueError(f"admit: one of {ADMISSIONS}, not {admit!r}")
     t, n_l, a = ids.shape
     split = 0 if resident is not None else int(t * profile_share)
     head, tail = ids[:split], ids[split:]
+    first = t - scored if resident is not None and scored else 0  # tail tokens before it learn unscored
     counts = np.stack([np.bincount(head[:, li].reshape(-1), minlength=n_expert) for li in range(n_l)])
     p = policy.make(name, slots, n_expert, counts, resident)
     for row in head:  # warm the cache on the profile part; not scored
@@ -76,34 +79,39 @@ def simulate(
     cuts = bounds[bounds > split] - split if resident is None else bounds
     pf = PrefetchCounts() if ahead is not None and ahead.k else None
     preds = np.split(ahead.pred[split:], cuts) if pf is not None else None  # type: ignore[union-attr]
-    hits, swaps, copies = np.zeros(n_l, np.int64), 0, 0
+    hits, swaps, copies, pos = np.zeros(n_l, np.int64), 0, 0, 0
     riding = np.zeros((n_l, n_expert), bool)  # [L, E] riders not landed yet ("ride")
     for i, w in enumerate(np.split(tail, cuts)):
-        hits += _ride_hits(p.resident, riding, w) if admit == "ride" else policy.window_hits(p, w)
-        if pf is not None:
+        per_token = _ride_hits(p.resident, riding, w) if admit == "ride" else policy.window_hits(p, w)
+        hits += per_token[max(0, first - pos) :].sum(axis=0)
+        pos += len(w)
+        scoring = pos > first  # else a warm-up window: it learns, and nothing it moves counts
+        if pf is not None and scoring:
             _stage(pf, p.resident & ~riding, preds[i], w, ahead)  # type: ignore[index, arg-type]
         before = p.resident.copy()
         p.update(w, budget)
         new = p.resident & ~before
-        swaps += int(new.sum())
         if admit == "ride":  # leavers stop riding; newcomers start
             riding = (riding & p.resident) | new
-        else:
-            copies += int(new.sum())  # copied in between windows
-    per_layer = (hits / max(len(tail) * a, 1)).tolist()
+        if scoring:
+            swaps += int(new.sum())
+            copies += int(new.sum()) if admit == "copy" else 0  # copied in between windows
+    per_layer = (hits / max((len(tail) - first) * a, 1)).tolist()
     status = None
     if pf is not None:
         status = {k: v for k, v in pf.status().items() if k != "copy_seconds"}
-    return Result(name, slots, len(tail) * n_l * a, int(hits.sum()), swaps, per_layer, status, copies, admit)
+    return Result(
+        name, slots, (len(tail) - first) * n_l * a, int(hits.sum()), swaps, per_layer, status, copies, admit
+    )
 
 
 def _ride_hits(resident: np.ndarray, riding: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Per layer [L], a window's hits [T, L, A] token by token, each rider a token routes landing for the
-    next (riding [L, E] updated in place)."""
+    """Per token and layer [T, L], a window's hits [T, L, A] token by token, each rider a token routes
+    landing for the next (riding [L, E] updated in place)."""
     layer = np.arange(w.shape[1])[:, None]
-    hits = np.zeros(w.shape[1], np.int64)
-    for tok in w:  # [L, A]
-        hits += (resident[layer, tok] & ~riding[layer, tok]).sum(axis=1)
+    hits = np.zeros(w.shape[:2], np.int64)
+    for i, tok in enumerate(w):  # [L, A]
+        hits[i] = (resident[layer, tok] & ~riding[layer, tok]).sum(axis=1)
         riding[layer, tok] = False
     return hits
 

@@ -314,14 +314,17 @@ class ExpertCache(Borrowing, Resizing, HostPass, Riding):
         `store` (k slots, part-major like the slots) before the layer's experts run."""
         self.ahead_k, self._ahead_store = k, store
 
-    def record(self, path: Path, prefetch: int | None = None) -> Recorder:
+    def record(self, path: Path, prefetch: int | None = None, passes: int = 1) -> Recorder:
         """Record every pass's routing into `path` (written at exit and by `recorder.save()`), with the
-        lookahead's predictions when it runs (prefetch: the GPU's K; default the host lookahead's)."""
+        lookahead's predictions when it runs (prefetch: the GPU's K; default the host lookahead's) and the
+        policy's windows of `passes` passes."""
         import atexit
 
         k = self.ahead_k if prefetch is None else prefetch
         where = self.where >= 0
-        self.recorder = Recorder(path, self.layout.n_expert, where, self.swap_budget, k, self.expert_bytes)
+        self.recorder = Recorder(
+            path, self.layout.n_expert, where, self.swap_budget, k, self.expert_bytes, passes
+        )
         atexit.register(self.recorder.save)
         return self.recorder
 

@@ -81,8 +81,9 @@ def save(
     budget: int | None = None,
     ahead: Ahead | None = None,
 ) -> None:
-    """`resident` [L, E] bool: the cache's placement when the recording started; `windows`: tokens per pass
-    (the cache changes between passes); `budget`: experts the cache could bring in per pass (None: any);
+    """`resident` [L, E] bool: the cache's placement when the recording started; `windows`: tokens per policy
+    window (the cache changes between them: every pass on the CPU, every LEARN_EVERY passes on the GPU when a
+    policy learns); `budget`: experts the cache could bring in per window (None: any);
     `ahead`: the lookahead's predictions (--prefetch K), so a replay stages what the engine staged."""
     extra: dict[str, np.ndarray] = {} if resident is None else {"resident": resident.astype(bool)}
     if windows is not None:
@@ -121,7 +122,8 @@ def load_ahead(path: Path) -> Ahead | None:
 
 class Recorder:
     """`--record-routes FILE`: every pass's routed ids, layer by layer, kept in order and written on `save`
-    (at exit, or when asked), with the placement the cache had."""
+    (at exit, or when asked), with the placement the cache had and its policy windows (`passes` each: a
+    replay that learned after every pass of the GPU's, with the budget of four, admitted 4x what it did)."""
 
     def __init__(
         self,
@@ -131,9 +133,10 @@ class Recorder:
         budget: int | None = None,
         prefetch: int = 0,
         expert_bytes: np.ndarray | None = None,
+        passes: int = 1,
     ) -> None:
         self.path, self.n_expert, self.resident, self.budget = path, n_expert, resident.copy(), budget
-        self.prefetch, self.expert_bytes = prefetch, expert_bytes
+        self.prefetch, self.expert_bytes, self.passes = prefetch, expert_bytes, passes
         self._passes: list[np.ndarray] = []  # [T, L, A] per pass: the cache changes between them
         self._preds: list[np.ndarray] = []  # [T, L, A] per pass, -1 where a layer did not predict
 
@@ -160,7 +163,7 @@ class Recorder:
                 np.concatenate(self._passes),
                 self.n_expert,
                 self.resident,
-                np.array([len(p) for p in self._passes]),
+                np.add.reduceat([len(p) for p in self._passes], np.arange(0, len(self._passes), self.passes)),
                 self.budget,
                 ahead,
             )

@@ -74,8 +74,16 @@ def add_tiers_flags(p: argparse.ArgumentParser) -> None:
         "--recorded",
         action="store_true",
         help="start from the placement the engine had when it recorded "
-        "the trace (--record-routes) and swap between its passes, scoring the whole trace: the engine's "
+        "the trace (--record-routes) and swap between its policy windows, scoring the whole trace: the engine's "
         "own counters for the same policy",
+    )
+    s.add_argument(
+        "--score",
+        default=None,
+        metavar="A:B",
+        help="with --recorded: score tokens A to B only (the trace's rows, in order), the windows before A "
+        "learning unscored as the engine's did, the rest of the trace cut off (e.g. a bench's tg64 b=1 "
+        "after its warm decode)",
     )
     s.add_argument(
         "--prefetch",
@@ -141,6 +149,9 @@ def run_tiers(args: argparse.Namespace) -> int:
         resident, windows, budget = trace.load_recorded(args.trace)
         if resident is None:
             raise ConfigError("--recorded", args.trace, "needs a trace written by --record-routes")
+    scored = None
+    if args.score is not None:
+        ids, windows, scored = _score_range(args.score, args.recorded, ids, windows)
     if args.sweep and resident is None:
         sizes = _sizes(args.sizes, n_expert)
         results = sim.sweep(ids, n_expert, sizes, windows=windows, budget=budget, admit=args.admit)
@@ -157,6 +168,7 @@ def run_tiers(args: argparse.Namespace) -> int:
                 budget=budget,
                 ahead=ahead,
                 admit=args.admit,
+                scored=scored,
             )
         ]
     rows = [r.json() for r in results]
@@ -198,6 +210,23 @@ def run_tiers(args: argparse.Namespace) -> int:
                 f"{pf['wasted_bytes']:,} wasted"
             )
     return 0
+
+
+def _score_range(
+    text: str, recorded: bool, ids: np.ndarray, windows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """--score A:B: the trace cut after token B, its windows cut there, and the B - A tokens scored."""
+    try:
+        a, b = (int(v) for v in text.split(":"))
+    except ValueError:
+        a = b = -1
+    if not recorded or not 0 <= a < b <= len(ids):
+        why = "needs --recorded" if not recorded else f"tokens A:B with 0 <= A < B <= {len(ids):,}"
+        raise ConfigError("--score", text, why)
+    ends = np.cumsum(windows)
+    kept = windows[: int(np.searchsorted(ends, b)) + 1].copy()
+    kept[-1] -= int(kept.sum()) - b  # the window B falls in ends at B
+    return ids[:b], kept, b - a
 
 
 def _sizes(text: str, n_expert: int) -> list[int]:

@@ -115,10 +115,12 @@ class PolicySide:
 
     def record_routes(self, path: Path) -> Recorder:
         """--record-routes on the GPU: every pass's routed ids and, on decode rows, the lookahead's
-        predictions (set before the decode graphs are captured: their forks copy the picks)."""
+        predictions (set before the decode graphs are captured: their forks copy the picks); a learning
+        policy's windows are LEARN_EVERY passes."""
         if self.lookahead is not None:
             self.lookahead.recording = True
-        return self.cache.record(path, self.lookahead.k if self.lookahead is not None else 0)
+        passes = LEARN_EVERY if self.cache.policy is not None else 1
+        return self.cache.record(path, self.lookahead.k if self.lookahead is not None else 0, passes)
 
     def _recording_pred(self, n: int) -> bool:
         """Whether a pass of n rows hands the lookahead's predictions to --record-routes (decode rows)."""
