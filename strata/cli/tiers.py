@@ -73,9 +73,9 @@ def add_tiers_flags(p: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--recorded",
         action="store_true",
-        help="start from the placement the engine had when it recorded "
-        "the trace (--record-routes) and swap between its policy windows, scoring the whole trace: the engine's "
-        "own counters for the same policy",
+        help="start from the placement the engine had when it recorded the trace (--record-routes) and "
+        "swap between its policy windows, scoring the whole trace (or --score's part): the engine's own "
+        "counters for the same policy",
     )
     s.add_argument(
         "--score",
