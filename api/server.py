@@ -28,6 +28,7 @@ from strata.errors import ConfigError, StrataError
 from strata.gguf import GGUFFile
 from strata.gguf.names import Keys
 from strata.hub import default_model
+from strata.runtime.passes import pass_slack
 from strata.sched.prefix_cache import PrefixCache, checkpoint_every
 from strata.sched.scheduler import Scheduler
 
@@ -56,7 +57,8 @@ def load_state(cfg: ServerConfig, path: Path, n_ctx: int) -> AppState:
 def app_state(cfg: ServerConfig, engine: Engine, alias: str) -> AppState:
     """The scheduler and prefix cache the flags ask for, in front of a loaded engine."""
     every = checkpoint_every(engine.options.prefill_chunk)
-    cache = PrefixCache(cfg.cache_ram_mib << 20, every) if cfg.prompt_cache else None
+    fold = pass_slack(engine.options.prefill_chunk)
+    cache = PrefixCache(cfg.cache_ram_mib << 20, every, fold) if cfg.prompt_cache else None
     return AppState(
         engine,
         Scheduler(

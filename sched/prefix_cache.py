@@ -42,9 +42,13 @@ class _Entry:
 
 
 class PrefixCache:
-    def __init__(self, budget_bytes: int, every: int | None = None) -> None:
+    def __init__(self, budget_bytes: int, every: int | None = None, fold: int = 0) -> None:
         self.budget = budget_bytes
         self.every = every or CHECKPOINT_EVERY  # checkpoints' spacing (`checkpoint_every`)
+        # no spaced checkpoint within `fold` tokens of the prompt's own: the pass that ends there takes them
+        # in (passes.pass_rows; where the spacing is the chunk, a checkpoint just short of the prompt's end
+        # would cost a pass)
+        self.fold = fold
         self.used = 0
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._next_key = 0
@@ -116,11 +120,15 @@ class PrefixCache:
         return bool(state.layers) and n >= MIN_REUSE and (n == prompt_len - 1 or n % self.every == 0)
 
     def next_stop(self, state: SequenceState, prompt_len: int) -> int:
-        """The prompt position the next prefill chunk of a hybrid model must not pass: the next checkpoint."""
+        """The prompt position the next prefill chunk of a hybrid model must not pass: the next checkpoint
+        (none within `fold` tokens of the prompt's own)."""
         n = state.n_past
         if not state.layers:
             return prompt_len
-        stops = [prompt_len - 1, (n // self.every + 1) * self.every, prompt_len]
+        spaced = (n // self.every + 1) * self.every
+        if prompt_len - 1 - spaced <= self.fold:
+            spaced = prompt_len
+        stops = [prompt_len - 1, spaced, prompt_len]
         return min(v for v in stops if v > n)
 
     def _drop(self, key: int) -> None:

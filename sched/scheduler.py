@@ -40,6 +40,7 @@ import numpy as np
 
 from strata.engine import Engine
 from strata.runtime.finish import FinishReason
+from strata.runtime.passes import pass_rows
 from strata.runtime.sequence import ActiveSequence, Chunk
 from strata.sched.ahead import Ahead, HostAhead
 from strata.sched.constraints import request_constraints
@@ -289,7 +290,8 @@ class Scheduler(PipelinedWindows):
         full chunk without them), shared out in the order they came."""
         admitting = self._reading()
         left = [s.prompt_left for s in admitting]
-        full = self.engine.options.prefill_chunk
+        # the chunk, or the whole rest where it is a few tokens past it (passes.PASS_SLACK)
+        full = pass_rows(sum(left), self.engine.options.prefill_chunk, len(self._decoding()))
         # a last prompt token costs what a decode row does (it is one): it never waits for owed windows
         paced = beside_streams and any(n > 1 for n in left)
         budget = self.pacer.chunk(full, sum(left)) if paced else full

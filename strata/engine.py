@@ -20,6 +20,7 @@ from strata.errors import ConfigError, ContextOverflowError
 from strata.gguf import GGUFFile
 from strata.models import Model, model_class
 from strata.runtime.kvcache import KVCache, KVType
+from strata.runtime.passes import PASS_SLACK, pass_rows
 from strata.runtime.sequence import ActiveSequence, Chunk, Constraint, GenerationResult, Timings
 from strata.runtime.state import SequenceState
 from strata.runtime.weights import WeightStore, check_supported
@@ -233,7 +234,7 @@ class Engine:
             weights.jit = start(gguf, cache, opts.pool_workers, opts.aux_cpus)
         model = model_cls(gguf, weights)
         model.kv_type = KVType.F32 if opts.kv_type == "auto" else KVType(opts.kv_type)
-        model.kv_resident, model.kv_chunk = opts.kv_resident, opts.prefill_chunk
+        model.kv_resident, model.kv_chunk = opts.kv_resident, opts.prefill_chunk + PASS_SLACK
         opts = dataclasses.replace(opts, n_ctx=_cpu_context(model, opts.n_seq, opts.n_ctx))
         if opts.kv_grow and weights.tiers is not None:
             model.kv_ledger = _stand_in_ledger(weights.tiers, model, opts)
@@ -308,9 +309,11 @@ class Engine:
     def prefill(self, state: SequenceState, ids: Sequence[int]) -> np.ndarray:
         """Feed `ids` in chunks; returns the logits [vocab] after the last one."""
         chunk = self.options.prefill_chunk
-        last = None
-        for i in range(0, len(ids), chunk):
-            last = self.model.forward(np.asarray(ids[i : i + chunk]), state, all_logits=False)
+        last, i = None, 0
+        while i < len(ids):
+            n = pass_rows(len(ids) - i, chunk)
+            last = self.model.forward(np.asarray(ids[i : i + n]), state, all_logits=False)
+            i += n
         assert last is not None, "prefill needs at least one token"
         return last[-1]
 
@@ -366,7 +369,8 @@ class Engine:
         tables = getattr(self.model, "ple_stats", None)  # lookup-table traffic, for the timings
         start = (tables.rows, tables.bytes, tables.disk_bytes, tables.wait_s) if tables is not None else None
         while not seq.finished:
-            logits = self.model.forward(seq.next_input(chunk), seq.state, all_logits=False)[-1]
+            ids = seq.next_input(pass_rows(len(seq.prompt) - seq.state.n_past, chunk))
+            logits = self.model.forward(ids, seq.state, all_logits=False)[-1]
             if tables is not None and start is not None:
                 t = seq.result.timings
                 t.table_rows, t.table_bytes = tables.rows - start[0], tables.bytes - start[1]

@@ -41,18 +41,57 @@ async def _serve(sch: Scheduler, prompt: list[int], n: int = 5) -> tuple[list[in
 
 def test_checkpoints_never_cut_a_prefill_chunk_short():
     """Checkpoints every CHECKPOINT_EVERY tokens, or every chunk where chunks are longer (the GPU's 4096): a
-    spacing below the chunk would end every chunk early."""
+    spacing below the chunk would end every chunk early. None within the pass's slack of the prompt's own."""
+    from strata.runtime.passes import pass_slack
+
     assert pc.checkpoint_every(512) == pc.CHECKPOINT_EVERY == 2048 and pc.checkpoint_every(4096) == 4096
     eng = Engine.load(_fixture("qwen3next"), device="cpu", backend="numpy")
     state = eng.new_state()
-    cache = pc.PrefixCache(1 << 30, pc.checkpoint_every(4096))
+    cache = pc.PrefixCache(1 << 30, pc.checkpoint_every(4096), pass_slack(4096))
     assert cache.next_stop(state, 10_000) == 4096
     state.n_past = 4096
     assert cache.wants(state, 10_000) and cache.next_stop(state, 10_000) == 8192
     state.n_past = 2048
-    assert not cache.wants(state, 10_000) and cache.next_stop(state, 4100) == 4096
+    assert not cache.wants(state, 10_000) and cache.next_stop(state, 4200) == 4096
+    assert cache.next_stop(state, 4100) == 4099  # 4096 is folded into the pass that ends at the prompt's own
     state.n_past = 4096
-    assert cache.next_stop(state, 4100) == 4099  # the last but one: the prompt's own checkpoint
+    assert cache.next_stop(state, 4200) == 4199  # the last but one: the prompt's own checkpoint
+
+
+def test_a_prompt_a_few_tokens_past_the_chunk_is_read_in_one_pass():
+    """A prompt up to pass_slack(chunk) tokens past the prefill chunk is read in one pass (the GPU's staging
+    costs a pass whatever its length), a checkpoint within that slack of the prompt's own skipped; then its
+    last token alone (the checkpoint before it). A longer prompt is read in chunks until its rest fits one
+    folded pass. The tokens are those of a run in one long chunk."""
+    from strata.runtime.passes import pass_slack
+
+    big = Engine.load(_fixture("qwen3next"), device="cpu", backend="numpy", prefill_chunk=512)
+    eng = Engine.load(_fixture("qwen3next"), device="cpu", backend="numpy", prefill_chunk=32)
+    assert pass_slack(32) == 4
+    rng = np.random.default_rng(8)
+    passes: list[int] = []
+    run = eng.model.forward_batch
+
+    def counted(tokens, states):
+        passes.append(sum(len(t) for t in tokens))
+        return run(tokens, states)
+
+    eng.model.forward_batch = counted  # type: ignore[method-assign]
+
+    async def go(prompt: list[int]) -> list[int]:
+        sch = Scheduler(eng, parallel=1, prefix_cache=pc.PrefixCache(1 << 30, every=32, fold=4))
+        sch.start()
+        toks, _ = await _serve(sch, prompt, 4)
+        sch.stop()
+        return toks
+
+    for extra, want in ((3, [34, 1]), (10, [32, 9, 1])):
+        prompt = [int(v) for v in rng.integers(100, 5000, 32 + extra)]
+        passes.clear()
+        toks = asyncio.run(go(prompt))
+        assert passes[: len(want)] == want and set(passes[len(want) :]) == {1}
+        ref = big.generate(prompt, max_tokens=4, params=SamplingParams(temperature=0.0), ignore_eos=True)
+        assert toks == list(ref.run().tokens)
 
 
 @pytest.mark.parametrize("arch", ["qwen3next", "qwen4exp"])

@@ -402,3 +402,29 @@ def test_staging_rows_level_the_two_miss_paths():
         assert per_pair >= 512 / ce > (n - 1) * 10 / zc
     assert staging_rows(512, 10, 1e9, 55e9, 9, 65) == 9  # a slow link stages every pass past the decode rows
     assert staging_rows(512, 10, 500e9, 55e9, 9, 65) == 65  # never before the per-pair passes end
+
+
+def test_a_pass_folds_a_prompts_last_few_tokens_into_its_chunk():
+    """passes.pass_rows: the whole rest where it is at most pass_slack past the chunk (PASS_SLACK, at most an
+    eighth of the chunk, less the decode rows beside it), else the chunk; Engine.prefill reads a prompt that
+    way, with the logits of one long pass."""
+    from strata.runtime.passes import PASS_SLACK, pass_rows, pass_slack
+
+    assert pass_slack(4096) == pass_slack(512) == PASS_SLACK == 64 and pass_slack(16) == 2
+    assert pass_rows(20, 512) == 20 and pass_rows(512 + PASS_SLACK, 512) == 512 + PASS_SLACK
+    assert pass_rows(513 + PASS_SLACK, 512) == 512 and pass_rows(512 + PASS_SLACK, 512, beside=3) == 512
+    assert pass_rows(512 + PASS_SLACK - 3, 512, beside=3) == 512 + PASS_SLACK - 3
+    eng = Engine.load(_fixture("qwen3moe"), device="cpu", backend="numpy", prefill_chunk=16)
+    one = Engine.load(_fixture("qwen3moe"), device="cpu", backend="numpy", prefill_chunk=512)
+    rows: list[int] = []
+    run = eng.model.forward
+
+    def counted(ids, state, all_logits=True):
+        rows.append(len(ids))
+        return run(ids, state, all_logits=all_logits)
+
+    eng.model.forward = counted  # type: ignore[method-assign]
+    ids = list(range(30, 30 + 16 + 18))  # two passes: 16, then the rest folded
+    got = eng.prefill(eng.new_state(), ids)
+    assert rows == [16, 18]
+    np.testing.assert_allclose(got, one.prefill(one.new_state(), ids), rtol=1e-4, atol=1e-4)

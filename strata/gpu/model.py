@@ -53,6 +53,7 @@ from strata.gpu.tiers import GpuTiers
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
 from strata.models.base import Model
 from strata.runtime.kvcache import KVType
+from strata.runtime.passes import PASS_SLACK, pass_rows
 from strata.runtime.state import SequenceState
 from strata.tiers import grow
 from strata.tiers.budget import MIB, Ledger
@@ -109,7 +110,7 @@ class GpuModel(Model):
         with self.stream:
             self.w = GpuWeights(gguf)
             self.tiers = (  # the arena and the slots' fill say what they cost in their own lines
-                GpuTiers(gguf, layout, plan.n_slots, self.chunk + 64, GEMV_ROWS, opts.tiers)
+                GpuTiers(gguf, layout, plan.n_slots, self.chunk + PASS_SLACK, GEMV_ROWS, opts.tiers)
                 if tiered
                 else None
             )
@@ -287,10 +288,11 @@ class GpuModel(Model):
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if len(tokens) == 1 and self.graphs.max_batch:  # a decode step: replay the captured graph
             return self.graphs.step([int(tokens[0])], [state])
-        outs = []
-        for s in range(0, len(tokens), self.chunk):
-            part = tokens[s : s + self.chunk]
-            last = s + self.chunk >= len(tokens)
+        outs, s = [], 0
+        while s < len(tokens):
+            part = tokens[s : s + pass_rows(len(tokens) - s, self.chunk)]
+            s += len(part)
+            last = s >= len(tokens)
             outs.append(self._pass([part], [state], "all" if all_logits else ("last" if last else "none")))
         return np.concatenate(outs) if all_logits else outs[-1]
 

@@ -25,6 +25,7 @@ from strata.gpu.tiers import TierOptions
 from strata.gpu.weights import weight_bytes
 from strata.models.base import Model, Structure
 from strata.runtime.kvcache import KVCache, KVType
+from strata.runtime.passes import PASS_SLACK
 from strata.tiers import context, grow
 from strata.tiers.budget import MIB, RESERVE_MIB, VramPlan
 from strata.tiers.kvwindow import KVWindow
@@ -112,9 +113,9 @@ def kv_bytes_per_token(d: Dims, n_attn: int) -> int:
 
 
 def kv_window(opts: GpuOptions) -> KVWindow | None:
-    """--kv-resident's window for one sequence, with room for a pass of the chunk's rows and the 64 a decode
-    window may add (the tiers' counters are sized alike); None: the whole KV in VRAM."""
-    return KVWindow(opts.kv_resident, max(1, opts.chunk) + 64) if opts.kv_resident else None
+    """--kv-resident's window for one sequence, with room for a pass of the chunk's rows and PASS_SLACK more
+    (the tiers' counters are sized alike); None: the whole KV in VRAM."""
+    return KVWindow(opts.kv_resident, max(1, opts.chunk) + PASS_SLACK) if opts.kv_resident else None
 
 
 def kv_stage_bytes(d: Dims, n_attn: int, n_ctx: int, opts: GpuOptions) -> int:
@@ -196,9 +197,9 @@ def vram_plan(
         # and the routed ids the cache policy learns from
         plan.parts["expert tables and counters"] = (
             76 * layout.n_total
-            + 24 * (chunk + 64)
+            + 24 * (chunk + PASS_SLACK)
             + layout.slot_bytes
-            + 4 * len(layout.layers) * layout.top_k * (chunk + 64)
+            + 4 * len(layout.layers) * layout.top_k * (chunk + PASS_SLACK)
         )
     n_attn = linear.count(False)
     seqs = opts.seqs  # room for the sequences that run at once: the expert cache takes what the plan leaves
@@ -228,7 +229,9 @@ def vram_plan(
     rows = Activations.bytes_per_row(d)
     # decode attention's split-K partials (and qwen4exp's block scores)
     part = 4 * Activations.part_floats(d) + (d.hc.fixed_bytes() if d.hc is not None else 0)
-    plan.parts[f"activations ({chunk}-token chunks)"] = rows * chunk + 4 * vocab * opts.max_batch + part
+    plan.parts[f"activations ({chunk}-token chunks)"] = (
+        rows * (chunk + PASS_SLACK) + 4 * vocab * opts.max_batch + part
+    )
     plan.parts[f"decode graph buffers (up to {opts.max_batch} sequences)"] = (
         rows * opts.max_batch + 4 * vocab * opts.max_batch + part
     )

@@ -15,6 +15,25 @@ from contextlib import contextmanager
 from strata.runtime.state import SequenceState
 from strata.runtime.weights import WeightStore
 
+# Rows a sequence's pass may carry past the prefill chunk: the few prompt tokens past a chunk, folded into it.
+# A pass under a VRAM budget stages every expert the cache lacks whatever its length: a 4,116-token prompt
+# read as 4,096 + 19 tokens spent 364 ms on the 19 beside 678 on the chunk (H100, the 80B at 24 GiB). The GPU
+# plans its per-row buffers for chunk + PASS_SLACK rows, which also holds the decode rows of a window beside a
+# prompt chunk.
+PASS_SLACK = 64
+
+
+def pass_slack(chunk: int) -> int:
+    """The rows a pass may fold in past a chunk: PASS_SLACK, at most an eighth of the chunk (a folded pass
+    never runs much longer than a chunk does)."""
+    return min(PASS_SLACK, chunk // 8)
+
+
+def pass_rows(left: int, chunk: int, beside: int = 0) -> int:
+    """Prompt tokens the next pass reads of the `left` still to read: all of them where they fit the chunk and
+    the slack its `beside` decode rows leave, else the chunk."""
+    return left if left <= chunk + max(0, pass_slack(chunk) - beside) else chunk
+
 
 @contextmanager
 def forward_pass(w: WeightStore, states: Sequence[SequenceState], lens: Sequence[int]) -> Iterator[None]:
