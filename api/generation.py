@@ -75,6 +75,7 @@ async def submit(
         grammar=grammar,
         think_budget=think_budget,
         in_think=prompt.in_reasoning,
+        turn_end=prompt.turn_end,
     )
     try:
         state.scheduler.submit(req)

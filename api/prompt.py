@@ -48,6 +48,9 @@ class Prompt:
     # into the prompt. Decoding is then JSON-constrained to finish exactly that one object.
     json_seed: str | None = None
     json_schema: dict[str, Any] | None = None  # what that object must satisfy (the tools' parameters)
+    # Tokens before the generation prompt (the assistant's header, an empty think block, a forced call's
+    # opening): the next turn of the conversation extends these, not the whole prompt. None: not known.
+    turn_end: int | None = None
 
 
 def _hermes_system(tools: list[dict[str, Any]]) -> str:
@@ -115,15 +118,15 @@ def build_prompt(engine: Engine, chat: Chat, count_only: bool = False) -> Prompt
         thinking = False  # a forced call starts the turn; there is no room for thoughts first
     if thinking is not None:
         kw["enable_thinking"] = thinking
+    shown = {"tools": shown_tools if (native_tools and tools) else None, **kw}
     try:
-        text = template.render(
-            shown_messages,
-            tools=shown_tools if (native_tools and tools) else None,
-            add_generation_prompt=True,
-            **kw,
-        )
+        text = template.render(shown_messages, add_generation_prompt=True, **shown)
+        # the conversation alone: what the next turn's prompt starts with
+        history = template.render(shown_messages, add_generation_prompt=False, **shown)
     except TemplateError as e:
         raise bad_request(f"chat template: {e}", param="messages") from None
+    # the generation prompt: template text (no client words), so it tokenizes alone as it ends the prompt
+    gen_text = text[len(history) :] if text.startswith(history) else ""
     seed, schema = None, None
     if chat.tool_mode is ToolMode.REQUIRED:
         seed = '{"name": "'
@@ -141,7 +144,12 @@ def build_prompt(engine: Engine, chat: Chat, count_only: bool = False) -> Prompt
     if not count_only:
         check_context(engine, len(ids))
     in_reasoning = text.rstrip().endswith("<think>") and thinking is not False
-    return Prompt(ids, prefix, in_reasoning, seed, schema)
+    turn_end = None
+    if gen_text or prefix:
+        tail = engine.tokenizer.encode(gen_text + prefix, add_special=False, parse_special=True)
+        if 0 < len(tail) < len(ids) and ids[-len(tail) :] == tail:
+            turn_end = len(ids) - len(tail)
+    return Prompt(ids, prefix, in_reasoning, seed, schema, turn_end)
 
 
 def _params(tool: dict[str, Any]) -> dict[str, Any]:

@@ -32,8 +32,10 @@ class BenchConfig:
         8192,
     )  # prompt sizes in tokens (those past n_ctx are skipped)
     long_tokens: int = 1024
-    long_prompt: int = 2048  # tokens of the long prompt in the prefill and prefix scenarios
+    # tokens of the long prompt in the prefill and prefix scenarios, and of the tool loop's system prompt
+    long_prompt: int = 2048
     tool_rounds: int = 3
+    tool_result: int = 256  # tokens of each file the tool loop's read_file returns
     efforts: tuple[str, ...] = ("low", "high")
     sample_hz: float = 2.0
     json: Path | None = None
@@ -63,6 +65,7 @@ class BenchConfig:
             ("--long-tokens", self.long_tokens, 2),
             ("--long-prompt", self.long_prompt, 1),
             ("--tool-rounds", self.tool_rounds, 1),
+            ("--tool-result", self.tool_result, 1),
         ):
             if v < low:
                 raise ConfigError(flag, v, f"must be >= {low}")
@@ -117,10 +120,14 @@ def add_bench_flags(p: argparse.ArgumentParser) -> None:
         "--long-prompt",
         type=int,
         default=d.long_prompt,
-        help="tokens of the long prompt in the prefill-interference and prefix-reuse scenarios",
+        help="tokens of the long prompt in the prefill-interference and prefix-reuse scenarios, and of the "
+        "tool loop's system prompt",
     )
     p.add_argument(
         "--tool-rounds", type=int, default=d.tool_rounds, help="tool-call round trips in the tool loop"
+    )
+    p.add_argument(
+        "--tool-result", type=int, default=d.tool_result, help="tokens of each file the tool loop reads"
     )
     p.add_argument(
         "--efforts", default=",".join(d.efforts), help=f"reasoning_effort values, from {', '.join(EFFORTS)}"
@@ -144,6 +151,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
         long_tokens=args.long_tokens,
         long_prompt=args.long_prompt,
         tool_rounds=args.tool_rounds,
+        tool_result=args.tool_result,
         efforts=_names(args.efforts),
         sample_hz=args.sample_hz,
         json=args.json,

@@ -3,9 +3,9 @@
 Attention KV can be cut at any length, so a KV-only state serves any prompt sharing a prefix with
 it. Recurrent state (DeltaNet, n-gram history) cannot be cut, so such a state serves only prompts
 that extend its whole token list: for hybrid models the scheduler therefore also checkpoints a prompt
-one token before its end (the same prompt again, or the next turn of a conversation, which extends it)
-and at every `every` tokens (a long shared prefix: system prompt and tools). Entries are evicted
-least-recently-used under a byte budget.
+where the next turn of its conversation will part from it (`own_checkpoint`: before the generation
+prompt, else one token before its end) and at every `every` tokens (a long shared prefix: system prompt
+and tools). Entries are evicted least-recently-used under a byte budget.
 """
 
 from __future__ import annotations
@@ -114,25 +114,35 @@ class PrefixCache:
         self.reused_tokens += best_len
         return best_len
 
-    def wants(self, state: SequenceState, prompt_len: int) -> bool:
+    def wants(self, state: SequenceState, prompt_len: int, turn_end: int | None = None) -> bool:
         """Whether a prefilling state at its current length is a checkpoint worth keeping."""
         n = state.n_past
-        return bool(state.layers) and n >= MIN_REUSE and (n == prompt_len - 1 or n % self.every == 0)
+        own = own_checkpoint(prompt_len, turn_end)
+        return bool(state.layers) and n >= MIN_REUSE and (n == own or n % self.every == 0)
 
-    def next_stop(self, state: SequenceState, prompt_len: int) -> int:
+    def next_stop(self, state: SequenceState, prompt_len: int, turn_end: int | None = None) -> int:
         """The prompt position the next prefill chunk of a hybrid model must not pass: the next checkpoint
         (none within `fold` tokens of the prompt's own)."""
         n = state.n_past
         if not state.layers:
             return prompt_len
+        own = own_checkpoint(prompt_len, turn_end)
         spaced = (n // self.every + 1) * self.every
-        if prompt_len - 1 - spaced <= self.fold:
+        if own - spaced <= self.fold:
             spaced = prompt_len
-        stops = [prompt_len - 1, spaced, prompt_len]
+        stops = [own, spaced, prompt_len]
         return min(v for v in stops if v > n)
 
     def _drop(self, key: int) -> None:
         self.used -= self._entries.pop(key).nbytes
+
+
+def own_checkpoint(prompt_len: int, turn_end: int | None) -> int:
+    """Where a hybrid model's prompt keeps its own state: at the end of the conversation, before the
+    generation prompt, where that is known (the next turn renders the answer its own way from there: a
+    thinking template drops the empty think block of a reply without thoughts, a forced call's opening is
+    rewritten with the call), else one token before the end (the same prompt again)."""
+    return turn_end if turn_end is not None and MIN_REUSE <= turn_end < prompt_len else prompt_len - 1
 
 
 def reusable(tokens: np.ndarray, recurrent: bool, prompt: np.ndarray) -> int:

@@ -62,6 +62,7 @@ class Request:
     grammar: Grammar | None = None  # decoding is held to this JSON (response_format, a forced tool call)
     think_budget: int | None = None  # reasoning tokens allowed before </think> is forced
     in_think: bool = False  # the prompt already opened a <think> block
+    turn_end: int | None = None  # prompt tokens before the generation prompt (api.prompt.Prompt.turn_end)
     id: int = field(default_factory=lambda: next(_ids))
     state: RequestState = RequestState.QUEUED
     finish: FinishReason | None = None

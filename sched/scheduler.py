@@ -300,7 +300,7 @@ class Scheduler(PipelinedWindows):
             n = min(n, budget)
             if self.prefix_cache is not None:  # a hybrid model's chunk ends where its state is kept
                 st = s.seq.state
-                n = min(n, self.prefix_cache.next_stop(st, len(s.seq.prompt)) - st.n_past)
+                n = min(n, self.prefix_cache.next_stop(st, len(s.seq.prompt), s.req.turn_end) - st.n_past)
             share[s], budget = n, budget - n
         return share
 
@@ -341,7 +341,7 @@ class Scheduler(PipelinedWindows):
         if (
             req.state is RequestState.ADMITTING
             and self._snapshots is not None
-            and self._snapshots.cache.wants(seq.state, len(seq.prompt))
+            and self._snapshots.cache.wants(seq.state, len(seq.prompt), req.turn_end)
         ):
             slot.copy = self._snapshots.take(seq.state)  # it sits out until the copy is done
         self._emit(slot, seq.accept(row))

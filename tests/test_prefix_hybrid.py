@@ -149,3 +149,68 @@ def test_a_tool_loop_computes_only_what_is_new():
     assert turns[0][1] == 0
     for (prev, _), (_, cached) in itertools.pairwise(turns):
         assert cached >= prev - 1
+
+
+@pytest.mark.parametrize("forced", [True, False], ids=["forced-call", "no-thinking"])
+def test_the_next_turn_reuses_the_conversation_before_the_generation_prompt(forced):
+    """The server's prompts end in a generation prompt the next turn does not repeat: a forced tool call's
+    prompt in an empty think block and the call's opening, a reply without thoughts' in the empty think block
+    (the Qwen3 template writes a past call or answer its own way). A checkpoint one token before the prompt's
+    end matched nothing there (a ten-round tool loop computed every token it was sent); the prompt's own
+    checkpoint is at its `turn_end`, the end of its conversation, and each turn reuses the last one's."""
+    from strata.api.prompt import Chat, ToolMode, build_prompt
+
+    eng = Engine.load(_fixture("qwen3next"), device="cpu", backend="numpy", n_ctx=4096)
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+    body = " ".join(f"def f{i}(x): return x * {i * 37 % 101}" for i in range(12))
+
+    def prompt(msgs):
+        if forced:
+            return build_prompt(eng, Chat(msgs, [tool], ToolMode.REQUIRED))
+        return build_prompt(eng, Chat(msgs, thinking=False))
+
+    async def go(cache: pc.PrefixCache | None) -> list[tuple[list[int], int | None, int, list[int]]]:
+        sch = Scheduler(eng, parallel=1, prefix_cache=cache)
+        sch.start()
+        msgs: list[dict] = [
+            {"role": "system", "content": "You edit code."},
+            {"role": "user", "content": "Fix it."},
+        ]
+        out = []
+        for turn in range(4):
+            p = prompt(msgs)
+            req = Request(list(p.ids), SamplingParams(temperature=0.0), 3, seed=1, turn_end=p.turn_end)
+            sch.submit(req)
+            toks = []
+            while not isinstance(ev := await asyncio.wait_for(req.events.get(), 120), DoneEvent):
+                toks += [ev.token] if isinstance(ev, TokenEvent) and ev.token is not None else []
+            out.append((p.ids, p.turn_end, ev.cached_tokens, toks))
+            if forced:
+                args = {"path": f"src/m{turn}.py"}
+                call = {
+                    "id": f"c{turn}",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": args},
+                }
+                msgs += [
+                    {"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": f"c{turn}", "content": body},
+                ]
+            else:
+                msgs += [{"role": "assistant", "content": f"Done {turn}."}, {"role": "user", "content": body}]
+        sch.stop()
+        return out
+
+    turns = asyncio.run(go(pc.PrefixCache(1 << 30)))
+    assert [t[3] for t in turns] == [t[3] for t in asyncio.run(go(None))], "the cache changed the tokens"
+    assert turns[0][2] == 0
+    for (ids, end, _, _), (nxt, _, cached, _) in itertools.pairwise(turns):
+        assert end is not None and end < len(ids) - 1  # the generation prompt is more than a token
+        assert nxt[:end] == ids[:end] and nxt[: len(ids) - 1] != ids[:-1]  # the next turn parts from it there
+        assert cached == end  # so it computes only what is new

@@ -5,51 +5,68 @@ from __future__ import annotations
 
 import base64
 import io
-import json
+import secrets
 
 from PIL import Image
 
-from strata.bench.scenarios import Bench, Row, Skipped, ask, row
+from strata.bench.scenarios import Bench, Row, Skipped, ask, fits, row, text_of
 
-WEATHER_TOOL = {
+READ_FILE_TOOL = {
     "type": "function",
     "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        "name": "read_file",
+        "description": "The contents of a file in the repository.",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
     },
 }
 
 
 async def tools(b: Bench) -> list[Row]:
-    """Round trips of a forced tool call and its result: the prompt grows each round, and the prefix cache
-    should keep TTFT from growing with it. A call streams whole (the server holds it until it closes), so
-    a round's TTFT is the time to its complete call, with no gaps to time."""
+    """An IDE assistant's tool loop: a system prompt of --long-prompt tokens (the instructions and the open
+    files), a task, then rounds of a forced read_file call answered by a file of --tool-result tokens. Each
+    request resends the whole conversation; the prefix cache should compute only what is new (the call's
+    tokens as the template renders them and the file), so TTFT stays flat as the prompt grows.
+    `computed_share` is the prompt tokens computed (not cached) over those sent, over the rounds so far. A
+    call streams whole (the server holds it until it closes), so a round's TTFT is the time to its complete
+    call, with no gaps to time."""
+    tag = secrets.token_hex(4)  # no earlier run's prefix answers for this one
+    repo = await text_of(b.c, "def handler(request): return respond(request.body) ", b.cfg.long_prompt)
     messages: list[dict[str, object]] = [
-        {
-            "role": "user",
-            "content": "What is the weather in Paris, Berlin and Rome? Ask get_weather, one city at a time.",
-        }
+        {"role": "system", "content": f"[{tag}] You are a coding assistant. The open files:\n{repo}"},
+        {"role": "user", "content": "Find where requests are parsed: read the files one by one."},
     ]
-    rows = []
+    rows: list[Row] = []
+    sent = computed = 0
     for r in range(1, b.cfg.tool_rounds + 1):
         body = {
             "messages": messages,
             "max_tokens": b.cfg.tokens * 2,
             "temperature": 0.7,
             "seed": r,
-            "tools": [WEATHER_TOOL],
+            "tools": [READ_FILE_TOOL],
             "tool_choice": "required",
         }
         s = await b.chat(body)
-        rows.append(row(s, round=r, calls=len(s.tool_calls)))
+        sent += s.prompt_tokens
+        computed += s.prompt_tokens - s.cached_tokens
+        rows.append(
+            row(
+                s,
+                round=r,
+                calls=len(s.tool_calls),
+                computed_tokens=s.prompt_tokens - s.cached_tokens,
+                computed_share=computed / sent if sent else None,
+            )
+        )
         if s.error is not None or not s.tool_calls:
             break
+        if not fits(b, s.prompt_tokens + len(s.tool_calls) * (b.cfg.tool_result + 64), b.cfg.tokens * 2):
+            break  # the next round would not fit the server's context
         messages.append({"role": "assistant", "content": None, "tool_calls": s.tool_calls})
-        messages += [
-            {"role": "tool", "tool_call_id": call["id"], "content": json.dumps({"temp_c": 14 + r})}
-            for call in s.tool_calls
-        ]
+        for i, call in enumerate(s.tool_calls):
+            code = f"class Parser{r}_{i}: def parse(self, raw): return split(raw) "
+            file = await text_of(b.c, code, b.cfg.tool_result)
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": file})
     return rows
 
 
