@@ -4,7 +4,7 @@
 #   perf/run_serve.sh [tests] [engine] [serve]   (default: all three; output under ${OUT:-/tmp/out})
 # ARCH / SHAPE / SKEW pick the synth file (default qwen3next 80b-a3b, uniform routing); REUSE=1 keeps one already
 # written. CAP (MiB) runs engine and server under a VRAM budget (default: all-resident) with POLICY (default
-# static); SERVE_ARGS adds serve flags (--verbose logs each window and the pacer); AHEADS the --decode-ahead values to serve with (default on); SCENARIOS, LEVELS, TOKENS and LONG are `strata bench`'s --scenarios, --concurrency, --tokens and --long-prompt (its JSON and plots land in $OUT/serve_$ahead).
+# static); SERVE_ARGS adds serve flags (--verbose logs each window and the pacer), BENCH_ARGS `strata bench` flags; AHEADS the --decode-ahead values to serve with (default on); SCENARIOS, LEVELS, TOKENS and LONG are `strata bench`'s --scenarios, --concurrency, --tokens and --long-prompt (its JSON and plots land in $OUT/serve_$ahead).
 # Carried in (git-ignored): .whl/ (gguf, starlette, sse-starlette, uvicorn, pydantic and what they need),
 # .gpu_fixtures/ (the Qwen3 tokenizer for the synth writer).
 set -uo pipefail
@@ -39,7 +39,7 @@ case " $STEPS " in *" serve "*)
     echo "server ready after $(( $(date +%s) - t0 )) s"
     (cd /tmp && timeout ${SERVE_TIMEOUT:-300} python3 -m strata bench --url http://127.0.0.1:8377 --pid $SERVER_PID \
       --scenarios ${SCENARIOS:-concurrency,prefill,prefix} --concurrency ${LEVELS:-1,4,16} --tokens ${TOKENS:-64} \
-      --long-prompt ${LONG:-4096} --json "$OUT/serve_$ahead/bench.json" --out "$OUT/serve_$ahead" 2>&1 | tail -24)
+      --long-prompt ${LONG:-4096} ${BENCH_ARGS:-} --json "$OUT/serve_$ahead/bench.json" --out "$OUT/serve_$ahead" 2>&1 | tail -24)
     kill $SERVER_PID; wait $SERVER_PID 2>/dev/null
     grep -E "hit rate|Error|error|Traceback" "$OUT/server_$ahead.log" | tail -6
   done ;; esac
