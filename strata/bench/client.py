@@ -27,6 +27,8 @@ def _take(s: Stream, ev: dict[str, Any], now: float) -> None:
         s.usage_tokens = usage.get("completion_tokens")
         s.prompt_tokens = usage.get("prompt_tokens", 0)
         s.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    if (timings := ev.get("timings")) and "prompt_ms" in timings:  # Strata's and llama-server's last chunk
+        s.prompt_ms = timings["prompt_ms"]
     for choice in ev.get("choices") or ():
         delta = choice.get("delta") or {}
         text, thought, calls = delta.get("content"), delta.get("reasoning_content"), delta.get("tool_calls")

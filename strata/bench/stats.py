@@ -37,6 +37,7 @@ class Stream:
     usage_tokens: int | None = None  # usage.completion_tokens, when the server reports it
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    prompt_ms: float | None = None  # the server's time reading the prompt (its `timings`, if it sends them)
     content_chars: int = 0
     reasoning_chars: int = 0
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # accumulated OpenAI tool_calls
@@ -70,6 +71,7 @@ class Stream:
             "itl_p99_ms": percentile(gaps, 0.99) * 1e3,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
+            "prompt_ms": self.prompt_ms,
             "error": self.error,
         }
 
