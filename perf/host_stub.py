@@ -39,6 +39,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from strata.gpu.model import STEP_ROWS
 from strata.gpu.pinned import SPARES, PinnedPool
 from strata.runtime.state import SequenceState
 from strata.sampling.params import SamplingParams
@@ -242,9 +243,10 @@ class StubModel:
     def forward_batch(self, tokens: list[np.ndarray], states: list[SequenceState]) -> list[np.ndarray]:
         tokens = [np.asarray(t, np.int64).reshape(-1) for t in tokens]
         t, dev = self.times, self.device
-        if all(len(x) == 1 for x in tokens) and len(tokens) <= self.max_batch:
-            hold_gil(t.graph_host_ms / 1e3)
-            done = dev.queue(t.decode_s(len(tokens)))
+        if max(len(x) for x in tokens) <= STEP_ROWS and len(tokens) <= self.max_batch:
+            for j in range(max(len(x) for x in tokens)):  # decode steps, a row of each sequence a step
+                hold_gil(t.graph_host_ms / 1e3)
+                done = dev.queue(t.decode_s(sum(len(x) > j for x in tokens)))
         else:  # the eager pass: the GPU follows the launches, and ends no sooner than the last one
             done = dev.queue(t.prompt_s(sum(len(x) for x in tokens)))
             hold_gil(t.eager_host_ms / 1e3)

@@ -61,6 +61,14 @@ from strata.tiers.layout import ExpertLayout
 from strata.tiers.slots import ExpertCache
 from strata.tiers.telemetry import note
 
+# Rows a sequence may bring to a window that then runs as captured decode steps, a row a step, instead of an
+# eager pass. On the 80B a step replays one graph (4.4 ms all-resident, 12.7 at 24 GiB on an H100) where an
+# eager pass launches every kernel from Python (~35 ms) and at 24 GiB reads its rows' misses (9 rows 105 ms,
+# 32 rows 327 ms): steps cost less up to ~8 rows either way (perf/host_stub.py's calibrations). A chat
+# prompt's generation prompt, read after the checkpoint that ends its conversation
+# (sched/prefix_cache.own_checkpoint), is 3 tokens, or 7 with an empty think block.
+STEP_ROWS = 8
+
 
 class GpuModel(Model):
     def __init__(self, cpu: Model, opts: GpuOptions) -> None:
@@ -298,9 +306,20 @@ class GpuModel(Model):
 
     def forward_batch(self, tokens: list[np.ndarray], states: list[SequenceState]) -> list[np.ndarray]:
         tokens = [np.asarray(t, dtype=np.int64).reshape(-1) for t in tokens]
-        if all(len(t) == 1 for t in tokens) and len(tokens) <= self.graphs.max_batch:
-            return list(self.graphs.step([int(t[0]) for t in tokens], states))
+        if max(len(t) for t in tokens) <= STEP_ROWS and len(tokens) <= self.graphs.max_batch:
+            return self._steps(tokens, states)
         return list(self._pass(tokens, states, "last"))
+
+    def _steps(self, tokens: list[np.ndarray], states: list[SequenceState]) -> list[np.ndarray]:
+        """A window of at most STEP_ROWS rows a sequence as captured decode steps, one row of each sequence a
+        step; each sequence's last logits."""
+        last: list[np.ndarray] = [np.empty(0, np.float32)] * len(tokens)
+        for j in range(max(len(t) for t in tokens)):
+            rows = [i for i, t in enumerate(tokens) if j < len(t)]
+            logits = self.graphs.step([int(tokens[i][j]) for i in rows], [states[i] for i in rows])
+            for r, i in enumerate(rows):
+                last[i] = logits[r]
+        return last
 
     # ---- eager pass ----
     def _pass(self, tokens: list[np.ndarray], states: list[SequenceState], want: str) -> np.ndarray:
