@@ -411,4 +411,7 @@ def _filled(
         )  # asarray: no-op on the device
     out.length = length
     out.layout += 1
+    # made on the current stream, used on the model's non-blocking one: finish here, as every other state part
+    # does (a pass right after a restore would grow the KV from, or attend to, cells still being copied)
+    cp.cuda.get_current_stream().synchronize()
     return out
