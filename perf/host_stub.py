@@ -39,8 +39,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from strata.gpu.model import STEP_ROWS
 from strata.gpu.pinned import SPARES, PinnedPool
+from strata.runtime.passes import STEP_ROWS
 from strata.runtime.state import SequenceState
 from strata.sampling.params import SamplingParams
 from strata.sampling.sampler import device_drawable, draw_row

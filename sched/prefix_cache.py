@@ -3,8 +3,8 @@
 Attention KV can be cut at any length, so a KV-only state serves any prompt sharing a prefix with
 it. Recurrent state (DeltaNet, n-gram history) cannot be cut, so such a state serves only prompts
 that extend its whole token list: for hybrid models the scheduler therefore also checkpoints a prompt
-where the next turn of its conversation will part from it (`own_checkpoint`: before the generation
-prompt, else one token before its end) and at every `every` tokens (a long shared prefix: system prompt
+where the next turn of its conversation will part from it and one token before its end (the same prompt
+again; `own_checkpoints`) and at every `every` tokens (a long shared prefix: system prompt
 and tools). Entries are evicted least-recently-used under a byte budget.
 """
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strata.runtime.passes import STEP_ROWS
 from strata.runtime.state import SequenceState
 
 log = logging.getLogger("strata.prefix_cache")
@@ -117,8 +118,8 @@ class PrefixCache:
     def wants(self, state: SequenceState, prompt_len: int, turn_end: int | None = None) -> bool:
         """Whether a prefilling state at its current length is a checkpoint worth keeping."""
         n = state.n_past
-        own = own_checkpoint(prompt_len, turn_end)
-        return bool(state.layers) and n >= MIN_REUSE and (n == own or n % self.every == 0)
+        own = own_checkpoints(prompt_len, turn_end)
+        return bool(state.layers) and n >= MIN_REUSE and (n in own or n % self.every == 0)
 
     def next_stop(self, state: SequenceState, prompt_len: int, turn_end: int | None = None) -> int:
         """The prompt position the next prefill chunk of a hybrid model must not pass: the next checkpoint
@@ -126,23 +127,27 @@ class PrefixCache:
         n = state.n_past
         if not state.layers:
             return prompt_len
-        own = own_checkpoint(prompt_len, turn_end)
+        own = own_checkpoints(prompt_len, turn_end)
         spaced = (n // self.every + 1) * self.every
-        if own - spaced <= self.fold:
+        if own[0] - spaced <= self.fold:
             spaced = prompt_len
-        stops = [own, spaced, prompt_len]
+        stops = [*own, spaced, prompt_len]
         return min(v for v in stops if v > n)
 
     def _drop(self, key: int) -> None:
         self.used -= self._entries.pop(key).nbytes
 
 
-def own_checkpoint(prompt_len: int, turn_end: int | None) -> int:
-    """Where a hybrid model's prompt keeps its own state: at the end of the conversation, before the
-    generation prompt, where that is known (the next turn renders the answer its own way from there: a
+def own_checkpoints(prompt_len: int, turn_end: int | None) -> tuple[int, ...]:
+    """Where a hybrid model's prompt keeps its own state, in order: at the end of its conversation, before
+    the generation prompt, where that is known (the next turn renders the answer its own way from there: a
     thinking template drops the empty think block of a reply without thoughts, a forced call's opening is
-    rewritten with the call), else one token before the end (the same prompt again)."""
-    return turn_end if turn_end is not None and MIN_REUSE <= turn_end < prompt_len else prompt_len - 1
+    rewritten with the call), and one token before its end (the same prompt again) where the generation
+    prompt between them is read as decode steps (passes.STEP_ROWS: the stop costs a snapshot, not a pass;
+    a forced call's opening is longer, and its prompt is seldom sent twice)."""
+    if turn_end is None or not MIN_REUSE <= turn_end < prompt_len - 1:
+        return (prompt_len - 1,)
+    return (turn_end, prompt_len - 1) if prompt_len - 1 - turn_end <= STEP_ROWS else (turn_end,)
 
 
 def reusable(tokens: np.ndarray, recurrent: bool, prompt: np.ndarray) -> int:

@@ -309,7 +309,7 @@ def test_mixed_window_and_checkpoint(tmp_path, arch):
         path = write_next(tmp_path, "tiny", Q.Q8_0)
     # fp32 decode inputs on qwen3next: the int8 rounding's own effect on this random file's logits (8e-2 on
     # the CPU, test_qwen3next_matches_cpu) exceeds the bound, and what is tested here is the mixing
-    from strata.gpu.model import STEP_ROWS
+    from strata.runtime.passes import STEP_ROWS
 
     cpu, gpu = _models(path, q8=arch == "llama")
     rng = np.random.default_rng(3)
@@ -339,7 +339,7 @@ def test_a_window_of_few_rows_runs_as_decode_steps(tmp_path, arch):
     """A window whose sequences bring at most STEP_ROWS rows each (a chat prompt's generation prompt after
     its checkpoint, beside decode rows) runs as captured decode steps, a row of each sequence a step: each
     sequence's last logits are the CPU's, and the states go on as the CPU's do."""
-    from strata.gpu.model import STEP_ROWS
+    from strata.runtime.passes import STEP_ROWS
 
     path = fixture("qwen4exp") if arch == "qwen4exp" else write_next(tmp_path, "tiny", Q.Q8_0)
     cpu, gpu = _models(path, q8=False)

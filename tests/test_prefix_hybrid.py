@@ -157,8 +157,10 @@ def test_the_next_turn_reuses_the_conversation_before_the_generation_prompt(forc
     prompt in an empty think block and the call's opening, a reply without thoughts' in the empty think block
     (the Qwen3 template writes a past call or answer its own way). A checkpoint one token before the prompt's
     end matched nothing there (a ten-round tool loop computed every token it was sent); the prompt's own
-    checkpoint is at its `turn_end`, the end of its conversation, and each turn reuses the last one's."""
+    checkpoint is at its `turn_end`, the end of its conversation, and each turn reuses the last one's; one
+    before its last token serves the same prompt again where the generation prompt is short."""
     from strata.api.prompt import Chat, ToolMode, build_prompt
+    from strata.runtime.passes import STEP_ROWS
 
     eng = Engine.load(_fixture("qwen3next"), device="cpu", backend="numpy", n_ctx=4096)
     tool = {
@@ -183,8 +185,8 @@ def test_the_next_turn_reuses_the_conversation_before_the_generation_prompt(forc
             {"role": "user", "content": "Fix it."},
         ]
         out = []
-        for turn in range(4):
-            p = prompt(msgs)
+        for turn in range(5):
+            p = prompt(msgs[:-2] if turn == 4 else msgs)  # the last: the fourth turn's prompt again
             req = Request(list(p.ids), SamplingParams(temperature=0.0), 3, seed=1, turn_end=p.turn_end)
             sch.submit(req)
             toks = []
@@ -210,6 +212,11 @@ def test_the_next_turn_reuses_the_conversation_before_the_generation_prompt(forc
     turns = asyncio.run(go(pc.PrefixCache(1 << 30)))
     assert [t[3] for t in turns] == [t[3] for t in asyncio.run(go(None))], "the cache changed the tokens"
     assert turns[0][2] == 0
+    # the same prompt again: all but its last token where its generation prompt is read as decode steps (a
+    # forced call's opening is longer: from the end of its conversation)
+    (ids, end, _, _), again = turns[-2], turns.pop()
+    assert again[0] == ids and again[2] == (len(ids) - 1 if len(ids) - 1 - end <= STEP_ROWS else end)
+    assert (again[2] == end) == forced
     for (ids, end, _, _), (nxt, _, cached, _) in itertools.pairwise(turns):
         assert end is not None and end < len(ids) - 1  # the generation prompt is more than a token
         assert nxt[:end] == ids[:end] and nxt[: len(ids) - 1] != ids[:-1]  # the next turn parts from it there

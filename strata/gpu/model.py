@@ -53,21 +53,13 @@ from strata.gpu.tiers import GpuTiers
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
 from strata.models.base import Model
 from strata.runtime.kvcache import KVType
-from strata.runtime.passes import PASS_SLACK, pass_rows
+from strata.runtime.passes import PASS_SLACK, STEP_ROWS, pass_rows
 from strata.runtime.state import SequenceState
 from strata.tiers import grow
 from strata.tiers.budget import MIB, Ledger
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.slots import ExpertCache
 from strata.tiers.telemetry import note
-
-# Rows a sequence may bring to a window that then runs as captured decode steps, a row a step, instead of an
-# eager pass. On the 80B a step replays one graph (4.4 ms all-resident, 12.7 at 24 GiB on an H100) where an
-# eager pass launches every kernel from Python (~35 ms) and at 24 GiB reads its rows' misses (9 rows 105 ms,
-# 32 rows 327 ms): steps cost less up to ~8 rows either way (perf/host_stub.py's calibrations). A chat
-# prompt's generation prompt, read after the checkpoint that ends its conversation
-# (sched/prefix_cache.own_checkpoint), is 3 tokens, or 7 with an empty think block.
-STEP_ROWS = 8
 
 
 class GpuModel(Model):

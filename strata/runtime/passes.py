@@ -22,6 +22,14 @@ from strata.runtime.weights import WeightStore
 # prompt chunk.
 PASS_SLACK = 64
 
+# Rows a sequence may bring to a window that the GPU then runs as captured decode steps, a row a step, instead
+# of an eager pass (strata/gpu/model.py). On the 80B a step replays one graph (4.4 ms all-resident, 12.7 at 24
+# GiB on an H100) where an eager pass launches every kernel from Python (~35 ms) and at 24 GiB reads its rows'
+# misses (9 rows 105 ms, 32 rows 327 ms): steps cost less up to ~8 rows either way (perf/host_stub.py's
+# calibrations). A chat prompt's generation prompt, read after the checkpoint that ends its conversation
+# (sched/prefix_cache.own_checkpoints), is 3 tokens, or 7 with an empty think block.
+STEP_ROWS = 8
+
 
 def pass_slack(chunk: int) -> int:
     """The rows a pass may fold in past a chunk: PASS_SLACK, at most an eighth of the chunk (a folded pass
