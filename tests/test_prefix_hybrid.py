@@ -221,3 +221,58 @@ def test_the_next_turn_reuses_the_conversation_before_the_generation_prompt(forc
         assert end is not None and end < len(ids) - 1  # the generation prompt is more than a token
         assert nxt[:end] == ids[:end] and nxt[: len(ids) - 1] != ids[:-1]  # the next turn parts from it there
         assert cached == end  # so it computes only what is new
+
+
+def test_an_anthropic_tool_loop_reads_only_what_is_new():
+    """An IDE assistant's loop over the Anthropic Messages API, through the real server: forced tool_use
+    turns answered by tool_result blocks. From the second turn the prefix cache answers for the whole earlier
+    conversation: `cache_read_input_tokens` is at least the last turn's prompt less its generation prompt, and
+    `input_tokens` (what was computed) is what the turn added."""
+    from server_fixture import running_server
+
+    tool = {
+        "name": "read_file",
+        "description": "A file of the repository.",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    }
+    body = " ".join(f"def f{i}(x): return x * {i * 37 % 101}" for i in range(16))
+    with (
+        running_server(_fixture("qwen3next"), "--parallel", "1", "--ctx-size", "1024") as server,
+        server.client() as c,
+    ):
+        msgs: list[dict] = [{"role": "user", "content": "Find the parser: read the files."}]
+        usage = []
+        for turn in range(3):
+            r = c.post(
+                "/v1/messages",
+                json={
+                    "model": "m",
+                    "max_tokens": 24,
+                    "system": "You edit code.",
+                    "messages": msgs,
+                    "tools": [tool],
+                    "tool_choice": {"type": "any"},
+                    "temperature": 0,
+                },
+            )
+            assert r.status_code == 200, r.text
+            out = r.json()
+            usage.append(out["usage"])
+            calls = [b for b in out["content"] if b["type"] == "tool_use"]
+            if not calls:  # the model's call did not close within max_tokens: the turn is still resent
+                calls = [
+                    {"type": "tool_use", "id": f"t{turn}", "name": "read_file", "input": {"path": "a.py"}}
+                ]
+            msgs += [
+                {"role": "assistant", "content": calls},
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": calls[0]["id"], "content": body}],
+                },
+            ]
+    sent = [u["input_tokens"] + u["cache_read_input_tokens"] for u in usage]
+    print(usage)
+    assert usage[0]["cache_read_input_tokens"] == 0
+    for prev, u, total in zip(sent, usage[1:], sent[1:]):
+        assert u["cache_read_input_tokens"] >= prev - 16, usage  # all but the last turn's generation prompt
+        assert u["input_tokens"] < total - prev + 16, usage
