@@ -26,7 +26,7 @@ from strata.constraints.schema import Grammar
 from strata.runtime.finish import FinishReason
 from strata.sampling.params import SamplingParams
 from strata.sched.request import DoneEvent, ErrorEvent, Request, TokenEvent
-from strata.sched.slots import QueueFullError, ShuttingDownError
+from strata.sched.slots import DeviceLostError, QueueFullError, ShuttingDownError
 
 Delta = ContentDelta | ReasoningDelta | ToolCallDelta
 
@@ -83,6 +83,8 @@ async def submit(
         raise APIError(429, str(e), code="queue_full", headers={"Retry-After": str(e.retry_after)}) from None
     except ShuttingDownError as e:
         raise APIError(503, str(e), code="shutting_down", headers={"Connection": "close"}) from None
+    except DeviceLostError as e:
+        raise APIError(503, str(e), code="device_lost") from None
     return req
 
 

@@ -99,7 +99,7 @@ class PipelinedWindows:
         try:
             chosen = await self._in_engine(step)
         except Exception as e:
-            self._fail_window(window, describe(e))
+            self._window_failed(window, e)
             return
         if epoch != self.epoch:
             return
@@ -139,7 +139,7 @@ class PipelinedWindows:
         try:
             chosen = await self._in_engine(self._ahead.drain)
         except Exception as e:
-            self._fail_window([(s, None) for s in slots], describe(e))
+            self._window_failed([(s, None) for s in slots], e)
             return
         if epoch != self.epoch:
             return

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from strata.engine import Engine
+from strata.gpu.runtime import lost_context
 from strata.runtime.finish import FinishReason
 from strata.runtime.passes import pass_rows
 from strata.runtime.sequence import ActiveSequence, Chunk
@@ -50,7 +51,7 @@ from strata.sched.pacer import PrefillPacer, calibration_sizes
 from strata.sched.pipeline import PipelinedWindows, describe
 from strata.sched.prefix_cache import PrefixCache
 from strata.sched.request import DoneEvent, ErrorEvent, Request, RequestState, TokenEvent
-from strata.sched.slots import Counters, QueueFullError, ShuttingDownError, Slot
+from strata.sched.slots import Counters, DeviceLostError, QueueFullError, ShuttingDownError, Slot
 from strata.sched.snapshots import Snapshots
 from strata.tiers.telemetry import hit_rate_line, note
 
@@ -74,6 +75,7 @@ class Scheduler(PipelinedWindows):
         self.queue_limit = queue_limit
         self.watchdog_s = watchdog_s
         self.draining = False  # SIGTERM: finish what is in flight, admit nothing new
+        self.device_lost: str | None = None  # a sticky CUDA error's reason: nothing can run until a restart
         self.heartbeat = time.monotonic()  # when the loop last finished a step
         self.prefix_cache = prefix_cache
         self._snapshots = Snapshots(prefix_cache) if prefix_cache is not None else None
@@ -129,6 +131,8 @@ class Scheduler(PipelinedWindows):
         waiting without a slot, ShuttingDownError once draining."""
         if self.draining:
             raise ShuttingDownError("the server is shutting down")
+        if self.device_lost is not None:
+            raise DeviceLostError(self.device_lost)
         if self.queue_limit and self.queue_depth >= self.queue_limit:
             self._queue = deque(r for r in self._queue if not r.cancelled)  # clients that left free room
             if self.queue_depth >= self.queue_limit:
@@ -150,7 +154,10 @@ class Scheduler(PipelinedWindows):
         return len(self._queue) + len(self._slots)
 
     def stalled(self) -> str | None:
-        """Why the loop is unhealthy, or None: it has stopped, or work waits and no step finished."""
+        """Why the loop is unhealthy, or None: it has stopped, its GPU is lost, or work waits and no step
+        finished."""
+        if self.device_lost is not None:
+            return self.device_lost
         if self._task is not None and self._task.done():
             exc = None if self._task.cancelled() else self._task.exception()
             return f"the scheduler loop stopped ({type(exc).__name__ if exc else 'cancelled'})"
@@ -171,7 +178,7 @@ class Scheduler(PipelinedWindows):
                 await self._step()
             except Exception as e:  # a bug in a step: fail what is in flight, keep the loop
                 log.exception("scheduler step failed; failing %d in-flight requests", len(self._slots))
-                self._fail_window([(s, None) for s in self._slots], describe(e))
+                self._window_failed([(s, None) for s in self._slots], e)
                 await asyncio.sleep(0)  # never a hot loop that starves the HTTP side
 
     async def _step(self) -> None:
@@ -199,7 +206,7 @@ class Scheduler(PipelinedWindows):
         try:
             logits = await asyncio.get_running_loop().run_in_executor(self._pool, self._forward, window)
         except Exception as e:  # the window failed: fail its requests, keep serving the rest
-            self._fail_window(window, describe(e))
+            self._window_failed(window, e)
             return
         if epoch == self.epoch:  # results of a failed epoch are never applied
             self._commit(window, logits, time.perf_counter() - t0)
@@ -378,6 +385,20 @@ class Scheduler(PipelinedWindows):
         for slot in [s for s in self._slots if s.req.cancelled]:
             slot.seq.cancel()
             self._finish(slot)
+
+    def _window_failed(self, window: list[tuple[Slot, np.ndarray | None]], e: Exception) -> None:
+        """A window (or a step) raised: its requests fail with the reason. A sticky CUDA error fails every
+        request in flight or queued too and marks the device lost (/health 503, new requests refused): every
+        later window would fail the same way until the process restarts."""
+        lost = lost_context(e)
+        if lost is not None and self.device_lost is None:
+            self.device_lost = f"the GPU's context is lost ({lost}): restart the server"
+            log.error("%s", self.device_lost)
+        self._fail_window(window, describe(e))
+        if self.device_lost is not None:
+            self._fail_window([(s, None) for s in self._slots], self.device_lost)
+            while self._queue:
+                self._fail_request(self._queue.popleft(), self.device_lost)
 
     def _fail_window(self, window: list[tuple[Slot, np.ndarray | None]], reason: str) -> None:
         """Every request in the failed window ends with the reason; their states are discarded."""

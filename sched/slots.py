@@ -16,6 +16,10 @@ class ShuttingDownError(StrataError):
     """The server is draining after SIGTERM and takes no new requests."""
 
 
+class DeviceLostError(StrataError):
+    """A window met a sticky CUDA error: the GPU's context is gone for this process, which must restart."""
+
+
 class QueueFullError(StrataError):
     """Every slot is busy and the queue is at --queue-limit."""
 

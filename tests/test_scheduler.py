@@ -193,6 +193,34 @@ def test_window_fault_fails_in_flight_only_and_bumps_epoch() -> None:
     run(go())
 
 
+def test_a_sticky_cuda_error_fails_everything_and_marks_the_device_lost() -> None:
+    """A window that meets a sticky CUDA error (the process's context is gone: every later launch fails the
+    same way) fails every request in flight or queued, `stalled` (/health's 503) names it, and new requests
+    are refused; the H100 met one in a tool loop's second round."""
+    from strata.sched.slots import DeviceLostError
+
+    class Lost:
+        def check(self) -> None:
+            raise RuntimeError("cudaErrorIllegalAddress: an illegal memory access was encountered")
+
+    async def go() -> None:
+        sch = Scheduler(FakeEngine(), parallel=1)  # type: ignore[arg-type]
+        sch.faults = Lost()  # type: ignore[assignment]
+        a, b = make(PROMPTS[0], 5), make(PROMPTS[1], 5)
+        for r in (a, b):
+            sch.submit(r)
+        sch.start()
+        (_, ea), (_, eb) = await asyncio.gather(drain(a), drain(b))
+        assert isinstance(ea, ErrorEvent) and "cudaErrorIllegalAddress" in ea.reason
+        assert isinstance(eb, ErrorEvent) and "restart" in eb.reason  # b was queued, never ran
+        assert "cudaErrorIllegalAddress" in (sch.stalled() or "")
+        with pytest.raises(DeviceLostError):
+            sch.submit(make(PROMPTS[2], 5))
+        sch.stop()
+
+    run(go())
+
+
 def test_prefix_cache_reuses_and_reports_cached_tokens() -> None:
     async def go() -> None:
         eng = FakeEngine()

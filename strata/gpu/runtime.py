@@ -24,6 +24,28 @@ def cupy_module() -> Any:
     return cupy
 
 
+# CUDA errors that leave the process's context unusable (the runtime's "sticky" errors): every later call
+# fails with them until the process restarts, so a server that meets one can only say so and be restarted.
+STICKY_ERRORS = (
+    "cudaErrorIllegalAddress",
+    "cudaErrorLaunchFailure",
+    "cudaErrorIllegalInstruction",
+    "cudaErrorMisalignedAddress",
+    "cudaErrorInvalidAddressSpace",
+    "cudaErrorInvalidPc",
+    "cudaErrorHardwareStackError",
+    "cudaErrorAssert",
+    "cudaErrorECCUncorrectable",
+)
+
+
+def lost_context(e: BaseException) -> str | None:
+    """The sticky CUDA error `e` names (cupy's CUDARuntimeError, or an error raised with its text), or
+    None."""
+    text = str(e)
+    return next((name for name in STICKY_ERRORS if name in text), None)
+
+
 def available() -> bool:
     """True when cupy imports and sees a CUDA device."""
     try:
