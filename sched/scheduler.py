@@ -128,7 +128,7 @@ class Scheduler(PipelinedWindows):
 
     def submit(self, req: Request) -> None:
         """Queue a request (FIFO); raises QueueFullError when --queue-limit requests are already
-        waiting without a slot, ShuttingDownError once draining."""
+        waiting without a slot, ShuttingDownError once draining, DeviceLostError once the GPU is lost."""
         if self.draining:
             raise ShuttingDownError("the server is shutting down")
         if self.device_lost is not None:
