@@ -20,7 +20,7 @@ from strata.errors import ConfigError, ContextOverflowError
 from strata.gguf import GGUFFile
 from strata.models import Model, model_class
 from strata.runtime.kvcache import KVCache, KVType
-from strata.runtime.passes import PASS_SLACK, pass_rows
+from strata.runtime.passes import PASS_SLACK, pass_rows, pass_spans
 from strata.runtime.sequence import ActiveSequence, Chunk, Constraint, GenerationResult, Timings
 from strata.runtime.state import SequenceState
 from strata.runtime.weights import WeightStore, check_supported
@@ -309,11 +309,9 @@ class Engine:
     def prefill(self, state: SequenceState, ids: Sequence[int]) -> np.ndarray:
         """Feed `ids` in chunks; returns the logits [vocab] after the last one."""
         chunk = self.options.prefill_chunk
-        last, i = None, 0
-        while i < len(ids):
-            n = pass_rows(len(ids) - i, chunk)
-            last = self.model.forward(np.asarray(ids[i : i + n]), state, all_logits=False)
-            i += n
+        last = None
+        for s, e in pass_spans(len(ids), chunk):
+            last = self.model.forward(np.asarray(ids[s:e]), state, all_logits=False)
         assert last is not None, "prefill needs at least one token"
         return last[-1]
 

@@ -53,7 +53,7 @@ from strata.gpu.tiers import GpuTiers
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
 from strata.models.base import Model
 from strata.runtime.kvcache import KVType
-from strata.runtime.passes import PASS_SLACK, STEP_ROWS, pass_rows
+from strata.runtime.passes import PASS_SLACK, STEP_ROWS, pass_spans
 from strata.runtime.state import SequenceState
 from strata.tiers import grow
 from strata.tiers.budget import MIB, Ledger
@@ -288,12 +288,10 @@ class GpuModel(Model):
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if len(tokens) == 1 and self.graphs.max_batch:  # a decode step: replay the captured graph
             return self.graphs.step([int(tokens[0])], [state])
-        outs, s = [], 0
-        while s < len(tokens):
-            part = tokens[s : s + pass_rows(len(tokens) - s, self.chunk)]
-            s += len(part)
-            last = s >= len(tokens)
-            outs.append(self._pass([part], [state], "all" if all_logits else ("last" if last else "none")))
+        outs = []
+        for s, e in pass_spans(len(tokens), self.chunk):
+            want = "all" if all_logits else ("last" if e == len(tokens) else "none")
+            outs.append(self._pass([tokens[s:e]], [state], want))
         return np.concatenate(outs) if all_logits else outs[-1]
 
     def forward_batch(self, tokens: list[np.ndarray], states: list[SequenceState]) -> list[np.ndarray]:

@@ -43,6 +43,15 @@ def pass_rows(left: int, chunk: int, beside: int = 0) -> int:
     return left if left <= chunk + max(0, pass_slack(chunk) - beside) else chunk
 
 
+def pass_spans(n: int, chunk: int) -> Iterator[tuple[int, int]]:
+    """The [start, end) of each pass that reads n prompt tokens alone (`pass_rows` each)."""
+    s = 0
+    while s < n:
+        e = s + pass_rows(n - s, chunk)
+        yield s, e
+        s = e
+
+
 @contextmanager
 def forward_pass(w: WeightStore, states: Sequence[SequenceState], lens: Sequence[int]) -> Iterator[None]:
     """Brackets one pass over the states' tokens (lens[i] rows each, in order)."""
