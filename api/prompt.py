@@ -121,12 +121,14 @@ def build_prompt(engine: Engine, chat: Chat, count_only: bool = False) -> Prompt
     shown = {"tools": shown_tools if (native_tools and tools) else None, **kw}
     try:
         text = template.render(shown_messages, add_generation_prompt=True, **shown)
-        # the conversation alone: what the next turn's prompt starts with
-        history = template.render(shown_messages, add_generation_prompt=False, **shown)
+        # the conversation alone: what the next turn's prompt starts with (a count needs no checkpoint)
+        history = None
+        if not count_only:
+            history = template.render(shown_messages, add_generation_prompt=False, **shown)
     except TemplateError as e:
         raise bad_request(f"chat template: {e}", param="messages") from None
     # the generation prompt: template text (no client words), so it tokenizes alone as it ends the prompt
-    gen_text = text[len(history) :] if text.startswith(history) else ""
+    gen_text = text[len(history) :] if history is not None and text.startswith(history) else ""
     seed, schema = None, None
     if chat.tool_mode is ToolMode.REQUIRED:
         seed = '{"name": "'
@@ -145,7 +147,7 @@ def build_prompt(engine: Engine, chat: Chat, count_only: bool = False) -> Prompt
         check_context(engine, len(ids))
     in_reasoning = text.rstrip().endswith("<think>") and thinking is not False
     turn_end = None
-    if gen_text or prefix:
+    if history is not None and (gen_text or prefix):
         tail = engine.tokenizer.encode(gen_text + prefix, add_special=False, parse_special=True)
         if 0 < len(tail) < len(ids) and ids[-len(tail) :] == tail:
             turn_end = len(ids) - len(tail)
