@@ -334,38 +334,6 @@ def test_mixed_window_and_checkpoint(tmp_path, arch):
     np.testing.assert_array_equal(after, gpu.forward(np.array([11]), gs[1], all_logits=False))
 
 
-@pytest.mark.parametrize("arch", ["qwen3next", "qwen4exp"])
-def test_a_window_of_few_rows_runs_as_decode_steps(tmp_path, arch):
-    """A window whose sequences bring at most STEP_ROWS rows each (a chat prompt's generation prompt after
-    its checkpoint, beside decode rows) runs as captured decode steps, a row of each sequence a step: each
-    sequence's last logits are the CPU's, and the states go on as the CPU's do."""
-    from strata.runtime.passes import STEP_ROWS
-
-    path = fixture("qwen4exp") if arch == "qwen4exp" else write_next(tmp_path, "tiny", Q.Q8_0)
-    cpu, gpu = _models(path, q8=False)
-    rng = np.random.default_rng(4)
-    prompts = [rng.integers(0, VOCAB, n) for n in (20, 5, 9)]
-    gs, cs = [gpu.new_state() for _ in prompts], [cpu.new_state() for _ in prompts]
-    for p, g, c in zip(prompts, gs, cs):
-        gpu.forward(p, g, all_logits=False)
-        cpu.forward(p, c, all_logits=False)
-    steps, step = [], gpu.graphs.step
-
-    def counted(tokens, states):
-        steps.append(len(tokens))
-        return step(tokens, states)
-
-    gpu.graphs.step = counted
-    toks = [rng.integers(0, VOCAB, STEP_ROWS - 3), np.array([4]), rng.integers(0, VOCAB, 3)]
-    got, want = gpu.forward_batch(toks, gs), cpu.forward_batch(toks, cs)
-    assert steps == [3, 2, 2] + [1] * (STEP_ROWS - 6)  # a row of each sequence that has one left, a step
-    errs = [rel(x, y) for x, y in zip(got, want)]
-    nxt = [np.array([7])] * 3
-    errs += [rel(x, y) for x, y in zip(gpu.forward_batch(nxt, gs), cpu.forward_batch(nxt, cs))]
-    print(f"\n{arch} window of decode steps: {', '.join(f'{e:.2e}' for e in errs)}")
-    assert max(errs) < 2e-2 and [g.n_past for g in gs] == [c.n_past for c in cs]
-
-
 def pipelined_equals_plain(gpu, prompts, draws, steps: int) -> None:
     """The decode pipeline (strata/gpu/ahead.py: draws inside the graph, one launch ahead) against plain
     windows (forward_batch, then the CPU sampler on the host): the same tokens, and states left the same."""
