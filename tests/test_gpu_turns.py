@@ -75,3 +75,48 @@ def test_the_next_turn_from_a_snapshot_equals_all_resident(tmp_path, size):
         assert np.array_equal(got[0], want[0]), f"cache {size}, restored {restored}: the prompt differs"
         for a, b in zip(got[1], want[1]):
             assert np.array_equal(a, b), f"cache {size}, restored {restored}: decode after it differs"
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
+def test_a_prompt_read_aside_beside_decode_steps_equals_one_at_a_time(tmp_path, arch):
+    """The server's second lane (sched/aside.py): a newcomer's prompt read in passes on the low-priority
+    stream by a thread of its own while the engine's thread replays a stream's decode steps on the model's
+    stream. Both give, bit for bit, what they give one at a time; a tiered model has no second lane."""
+    import threading
+
+    path = tiny_file(tmp_path, arch)
+    m = _model(path)
+    assert m.aside is not None and _model(path, "50%").aside is None
+    rng = np.random.default_rng(11)
+    p0, p1 = rng.integers(0, 900, 20), rng.integers(0, 900, 40)
+    chunks = [p1[:16], p1[16:32], p1[32:]]
+    toks = rng.integers(0, 900, 40)
+
+    def stream_state():
+        st = m.new_state()
+        m.forward(p0, st, all_logits=False)
+        return st
+
+    st = stream_state()
+    want_steps = [m.forward(np.array([t]), st, all_logits=False) for t in toks]
+    ref1 = m.new_state()
+    want_prompt = [m.forward(c, ref1, all_logits=False) for c in chunks]
+
+    st, st1 = stream_state(), m.new_state()
+    got_prompt: list[np.ndarray] = []
+    reader = threading.Thread(target=lambda: got_prompt.extend(m.read_aside(c, st1) for c in chunks))
+    reader.start()
+    got_steps, beside = [], 0
+    for t in toks:
+        got_steps.append(m.forward(np.array([t]), st, all_logits=False))
+        beside += reader.is_alive()
+    reader.join()
+    print(f"\n{arch}: {beside} of {len(toks)} decode steps ran while the prompt was read aside")
+    assert len(got_prompt) == len(chunks) and st1.n_past == len(p1)
+    for a, b in zip(got_prompt, want_prompt):
+        assert np.array_equal(a, b), "the prompt read aside differs"
+    for a, b in zip(got_steps, want_steps):
+        assert np.array_equal(a, b), "a decode step beside the aside read differs"
+    # the state read aside goes on in the decode graph as the one read on the model's stream does
+    nxt = np.array([5])
+    assert np.array_equal(m.forward(nxt, st1, all_logits=False), m.forward(nxt, ref1, all_logits=False))

@@ -46,6 +46,15 @@ def lost_context(e: BaseException) -> str | None:
     return next((name for name in STICKY_ERRORS if name in text), None)
 
 
+def priority_stream(high: bool) -> Any:
+    """A non-blocking stream at the device's greatest priority (high) or its least: where a prompt pass runs
+    beside decode steps, the SMs take the steps' blocks first as they free up (a graph launched into a stream
+    runs at the stream's priority)."""
+    cp = cupy_module()
+    least, greatest = cp.cuda.runtime.deviceGetStreamPriorityRange()
+    return cp.cuda.Stream(non_blocking=True, priority=greatest if high else least)
+
+
 def available() -> bool:
     """True when cupy imports and sees a CUDA device."""
     try:
