@@ -9,6 +9,8 @@ difference:
 |---|---|---|---|---|
 | f16 | 0.0025, 100%, 32 | 0.0002, 100%, 32 | 0.0005, 100%, 32 | 0.0004, 100%, 32 |
 | int8 | 0.112, 97.9%, 5 | 0.011, 99.0%, 32 | 0.504, 86.5%, 9 | 0.018, 98.9%, 32 |
+SmolLM2's int8 run parts at its third token where numpy's BLAS runs on one thread (as after the CPU pool's
+tests): the f32 run's top two logits there are 0.17% of the largest apart, so a run may part at such a step.
 The trained model loses little; the random-init fixtures have peaky, outlier-heavy keys (the tiny qwen3moe's
 attention logits are the most sensitive), so their int8 bounds are loose and say so.
 """
@@ -105,17 +107,26 @@ def test_kv_types_stay_close_to_f32(arch: str, tiny_qwen3moe: dict, smollm2_path
         ids = [int(t) for t in np.random.default_rng(0).integers(0, min(eng.tokenizer.vocab_size, 30000), 96)]
     ref = eng.logits(ids)
     ref_gen = eng.generate(ids[:40], max_tokens=32, params=GREEDY, ignore_eos=True).run().tokens
+    # greedy runs part where the f32 run's top two logits are closer than a KV type's error: that step may go
+    # either way (SmolLM2's third token under int8: numpy's BLAS on one thread or two decided it). The tokens
+    # must agree for `need` steps, or part first at a step whose f32 margin is within the type's bound
+    ref_along = eng.logits(ids[:40] + ref_gen[:-1])[39:]
+    top2 = np.sort(ref_along, axis=-1)[:, -2:]
+    margin = (top2[:, 1] - top2[:, 0]) / float(np.abs(ref).max())
     for kind, (rel, top1, need) in BOUNDS[arch].items():
         eng.model.kv_type = kind
         got = eng.logits(ids)
         gen = eng.generate(ids[:40], max_tokens=32, params=GREEDY, ignore_eos=True).run().tokens
         err = float(np.abs(got - ref).max() / np.abs(ref).max())
         agree = float((got.argmax(-1) == ref.argmax(-1)).mean())
+        first = next((i for i, (a, b) in enumerate(zip(gen, ref_gen)) if a != b), len(gen))
         print(
-            f"{arch} {kind}: max |dlogit| / max |logit| {err:.4f}, top-1 {agree:.3f}, greedy "
-            f"{next((i for i, (a, b) in enumerate(zip(gen, ref_gen)) if a != b), len(gen))} / {len(gen)}"
+            f"{arch} {kind}: max |dlogit| / max |logit| {err:.4f}, top-1 {agree:.3f}, "
+            f"greedy {first} / {len(gen)}"
+            + (f", parting where the f32 margin is {margin[first]:.4f}" if first < len(gen) else "")
         )
-        assert err <= rel and agree >= top1 and gen[:need] == ref_gen[:need], (kind, err, agree, gen, ref_gen)
+        tie = first < len(gen) and margin[first] <= rel
+        assert err <= rel and agree >= top1 and (first >= need or tie), (kind, err, agree, gen, ref_gen)
 
 
 def test_kv_type_reaches_the_states(smollm2_path: Path) -> None:
