@@ -237,11 +237,13 @@ class Scheduler(PipelinedWindows, AsideReads):
 
     def _next_admission(self) -> Request | None:
         """The queued request `_admit` would take now: a slot is free, and no prompt is being read, or the
-        prompts being read and this one fit one chunk together, and no snapshot still being copied could
-        serve it (clients that left are dropped)."""
+        prompts being read and this one fit one chunk together and none is read aside, and no snapshot still
+        being copied could serve it (clients that left are dropped)."""
         while self._queue and self._queue[0].cancelled:
             self._queue.popleft()
         if not self._queue or len(self._slots) >= self.parallel:
+            return None
+        if self._aside is not None:  # one prompt pass at a time: the plan keeps room for one pass's buffers
             return None
         req = self._queue[0]
         left = sum(s.prompt_left for s in self._admitting())

@@ -13,7 +13,7 @@ import numpy as np
 from sched_fakes import FakeEngine, FakeModel, drain, make, run, solo
 
 from strata.runtime.state import SequenceState
-from strata.sched.request import DoneEvent, ErrorEvent
+from strata.sched.request import DoneEvent, ErrorEvent, RequestState
 from strata.sched.scheduler import Scheduler
 
 LONG = [(7 * i) % 43 + 1 for i in range(30)]  # 30 prompt tokens: 3 passes of the fake's 8-token chunk, then 6
@@ -148,5 +148,30 @@ def test_a_client_that_leaves_during_an_aside_read_is_reaped_after_its_pass() ->
         sch.stop()
         assert isinstance(first_done, DoneEvent) and len(rest) == len(solo(STREAM, 80)) - 1
         assert sch.busy_slots == 0
+
+    run(go())
+
+
+def test_a_request_that_comes_during_an_aside_read_waits_for_it() -> None:
+    """One prompt pass at a time (the GPU plans room for one pass's buffers): a newcomer during an aside read
+    is admitted once that read is done, and every request still equals its solo run."""
+
+    async def go() -> None:
+        eng = aside_engine(pass_s=0.03)
+        sch = Scheduler(eng, parallel=4)  # type: ignore[arg-type]
+        sch.start()
+        first = make(STREAM, 80)
+        sch.submit(first)
+        await asyncio.wait_for(first.events.get(), 5)
+        late, later = make(LONG, 6), make([9, 8, 7, 6, 5], 6)
+        sch.submit(late)
+        await asyncio.sleep(0.01)
+        sch.submit(later)
+        await asyncio.sleep(0.02)  # within the first aside pass
+        assert later.state is RequestState.QUEUED
+        results = await asyncio.gather(drain(first), drain(late), drain(later))
+        sch.stop()
+        assert results[1][0] == solo(LONG, 6) and results[2][0] == solo([9, 8, 7, 6, 5], 6)
+        assert all(isinstance(done, DoneEvent) for _, done in results)
 
     run(go())
