@@ -13,7 +13,7 @@ import numpy as np
 from sched_fakes import FakeEngine, FakeModel, drain, make, run, solo
 
 from strata.runtime.state import SequenceState
-from strata.sched.request import DoneEvent, ErrorEvent, RequestState
+from strata.sched.request import DoneEvent, ErrorEvent, Request, RequestState
 from strata.sched.scheduler import Scheduler
 
 LONG = [(7 * i) % 43 + 1 for i in range(30)]  # 30 prompt tokens: 3 passes of the fake's 8-token chunk, then 6
@@ -66,6 +66,17 @@ async def _stream_then_long(sch: Scheduler, n_stream: int = 60) -> tuple[list, l
     sch.submit(late)
     a, b = await asyncio.gather(drain(first), drain(late))
     return [ev.token, *a[0]], [a[1], b[0], b[1]]
+
+
+async def _streaming(pass_s: float) -> tuple[FakeEngine, Scheduler, Request]:
+    """A scheduler over the fake with aside passes of pass_s, and a stream of 80 tokens that has begun."""
+    eng = aside_engine(pass_s=pass_s)
+    sch = Scheduler(eng, parallel=4)  # type: ignore[arg-type]
+    sch.start()
+    first = make(STREAM, 80)
+    sch.submit(first)
+    await asyncio.wait_for(first.events.get(), 5)
+    return eng, sch, first
 
 
 def test_a_prompt_beside_a_stream_is_read_aside_while_the_stream_decodes() -> None:
@@ -130,12 +141,7 @@ def test_a_failed_aside_pass_fails_its_request_alone() -> None:
 
 def test_a_client_that_leaves_during_an_aside_read_is_reaped_after_its_pass() -> None:
     async def go() -> None:
-        eng = aside_engine(pass_s=0.05)
-        sch = Scheduler(eng, parallel=4)  # type: ignore[arg-type]
-        sch.start()
-        first = make(STREAM, 80)
-        sch.submit(first)
-        await asyncio.wait_for(first.events.get(), 5)
+        eng, sch, first = await _streaming(0.05)
         late = make(LONG, 6)
         sch.submit(late)
         await asyncio.sleep(0.07)  # within its second pass
@@ -157,12 +163,7 @@ def test_a_request_that_comes_during_an_aside_read_waits_for_it() -> None:
     is admitted once that read is done, and every request still equals its solo run."""
 
     async def go() -> None:
-        eng = aside_engine(pass_s=0.03)
-        sch = Scheduler(eng, parallel=4)  # type: ignore[arg-type]
-        sch.start()
-        first = make(STREAM, 80)
-        sch.submit(first)
-        await asyncio.wait_for(first.events.get(), 5)
+        _, sch, first = await _streaming(0.03)
         late, later = make(LONG, 6), make([9, 8, 7, 6, 5], 6)
         sch.submit(late)
         await asyncio.sleep(0.01)
