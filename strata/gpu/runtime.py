@@ -51,8 +51,8 @@ def priority_stream(high: bool) -> Any:
     beside decode steps, the SMs take the steps' blocks first as they free up (a graph launched into a stream
     runs at the stream's priority)."""
     cp = cupy_module()
-    least, greatest = cp.cuda.runtime.deviceGetStreamPriorityRange()
-    return cp.cuda.Stream(non_blocking=True, priority=greatest if high else least)
+    span = cp.cuda.runtime.deviceGetStreamPriorityRange()  # lower numbers are higher priorities
+    return cp.cuda.Stream(non_blocking=True, priority=min(span) if high else max(span))
 
 
 def available() -> bool:
