@@ -111,7 +111,11 @@ def test_a_prompt_read_aside_beside_decode_steps_equals_one_at_a_time(tmp_path, 
         got_steps.append(m.forward(np.array([t]), st, all_logits=False))
         beside += reader.is_alive()
     reader.join()
-    print(f"\n{arch}: {beside} of {len(toks)} decode steps ran while the prompt was read aside")
+    print(
+        f"\n{arch}: {beside} of {len(toks)} decode steps ran while the prompt was read aside "
+        f"(stream priorities: steps {m.stream.priority}, aside {m.aside.priority})"
+    )
+    assert m.stream.priority < m.aside.priority  # lower numbers are higher priorities
     assert len(got_prompt) == len(chunks) and st1.n_past == len(p1)
     for a, b in zip(got_prompt, want_prompt):
         assert np.array_equal(a, b), "the prompt read aside differs"
