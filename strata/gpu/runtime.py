@@ -51,8 +51,9 @@ def priority_stream(high: bool) -> Any:
     beside decode steps, the SMs take the steps' blocks first as they free up (a graph launched into a stream
     runs at the stream's priority)."""
     cp = cupy_module()
-    span = cp.cuda.runtime.deviceGetStreamPriorityRange()  # lower numbers are higher priorities
-    return cp.cuda.Stream(non_blocking=True, priority=min(span) if high else max(span))
+    # lower numbers are higher priorities; CUDA clamps a number past the device's range to its end (0 is the
+    # least everywhere, the default)
+    return cp.cuda.Stream(non_blocking=True, priority=-(1 << 20) if high else 0)
 
 
 def available() -> bool:
