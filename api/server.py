@@ -62,13 +62,7 @@ def app_state(cfg: ServerConfig, engine: Engine, alias: str) -> AppState:
     return AppState(
         engine,
         Scheduler(
-            engine,
-            cfg.parallel,
-            cfg.queue_limit,
-            cache,
-            cfg.watchdog_s,
-            decode_ahead=cfg.decode_ahead,
-            prefill_aside=cfg.prefill_aside,
+            engine, cfg.parallel, cfg.queue_limit, cache, cfg.watchdog_s, decode_ahead=cfg.decode_ahead
         ),
         cfg,
         alias,

@@ -40,7 +40,6 @@ class ServerConfig:
     prompt_cache: bool = True
     cache_ram_mib: int = 1024  # prefix cache budget
     decode_ahead: bool = True  # decode windows queued one ahead of the host's work (sched/ahead.py)
-    prefill_aside: bool = True  # prompts beside streams read on the model's second lane (sched/aside.py)
     max_body_mib: float = 16.0  # larger request bodies get a 413
     watchdog_s: float = (
         60.0  # /health turns 503 when the scheduler makes no progress this long with work waiting
@@ -129,14 +128,6 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
         "time, the host's sampling, detokenising and SSE between steps; for comparison)",
     )
     p.add_argument(
-        "--prefill-aside",
-        choices=("on", "off"),
-        default="on",
-        help="read a prompt that arrives beside running streams on the GPU's second lane, at low priority, "
-        "while the streams keep decoding (all-resident experts; off: in the windows, taking turns with the "
-        "streams; for comparison)",
-    )
-    p.add_argument(
         "--max-body-mib", type=float, default=16.0, help="largest request body (MiB); more is a 413"
     )
     p.add_argument(
@@ -191,7 +182,6 @@ def server_config(args: argparse.Namespace, env: Mapping[str, str] | None = None
         cache_ram_mib=args.cache_ram_mib,
         test_hooks=args.test_hooks,
         decode_ahead=args.decode_ahead == "on",
-        prefill_aside=args.prefill_aside == "on",
         max_body_mib=args.max_body_mib,
         watchdog_s=args.watchdog_s,
         shutdown_grace_s=args.shutdown_grace_s,

@@ -48,13 +48,6 @@ def _stub_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--pcie-gb-s", type=float, default=None, help="snapshot and restore copies (h200: 44)")
     p.add_argument("--eager-host-ms", type=float, default=None, help="an eager pass's launches (h200: 35)")
-    p.add_argument(
-        "--aside",
-        default=None,
-        metavar="PASS,STEP",
-        help="give the stand-in a second lane (--prefill-aside): a prompt pass there takes PASS times its "
-        "time alone, a decode step beside it STEP times (guesses until a GPU measures them)",
-    )
     p.add_argument("--profile", type=Path, default=None, help="the event loop's cProfile, written at exit")
 
 
@@ -101,8 +94,6 @@ def serve_main(argv: list[str]) -> int:
     cfg = server_config(args)
     times = {"h200": GpuTimes, "h100-24g": GpuTimes.h100_24g, "zero": GpuTimes.zero}[args.gpu]()
     given = {"pcie_gb_s": args.pcie_gb_s, "eager_host_ms": args.eager_host_ms}
-    if args.aside:
-        given["aside_slow"], given["step_slow"] = (float(v) for v in args.aside.split(","))
     times = dataclasses.replace(times, **{k: v for k, v in given.items() if v is not None})
     from strata.api.server import serve
 
@@ -132,8 +123,7 @@ def bench_main(argv: list[str]) -> int:
     args.serve_args = ""
     cfg = bench_config(args)
     child = [str(Path(__file__).resolve()), "serve", "--gpu", args.gpu]
-    given = {"--pcie-gb-s": args.pcie_gb_s, "--eager-host-ms": args.eager_host_ms, "--aside": args.aside}
-    for flag, value in given.items():
+    for flag, value in (("--pcie-gb-s", args.pcie_gb_s), ("--eager-host-ms", args.eager_host_ms)):
         child += [flag, str(value)] if value is not None else []
     if args.profile is not None:
         child += ["--profile", str(args.profile.resolve())]

@@ -71,10 +71,6 @@ class GpuTimes:
     staged_from: int = 1 << 30
     staged_a_ms: float = 0.0
     staged_b_ms: float = 0.0
-    # the second lane (GpuModel.read_aside; 0: none): a pass there takes aside_slow times its time alone, and
-    # decode steps that run while one is in flight take step_slow times theirs (both assumed, not measured)
-    aside_slow: float = 0.0
-    step_slow: float = 1.0
 
     @classmethod
     def zero(cls) -> GpuTimes:
@@ -225,8 +221,6 @@ class StubModel:
         rng = np.random.default_rng(0)
         self._noise = (rng.standard_normal((8, vocab)) * 3).astype(np.float32)  # [8, vocab]
         self._turn = 0
-        self.aside = True if self.times.aside_slow else None  # GpuModel.aside's stand-in
-        self._aside_until = 0.0  # when the second lane's pass in flight ends
 
     def next_token(self, position: int) -> int:
         """The token the model writes after `position` tokens."""
@@ -246,28 +240,13 @@ class StubModel:
         rows = self.forward_batch([tokens], [state])
         return np.stack(rows)
 
-    def step_s(self, rows: int) -> float:
-        """A decode step of `rows` rows, slower while the second lane has a pass in flight."""
-        slow = self.times.step_slow if time.perf_counter() < self._aside_until else 1.0
-        return self.times.decode_s(rows) * slow
-
-    def read_aside(self, tokens: np.ndarray, state: SequenceState) -> np.ndarray:
-        """GpuModel.read_aside: a pass on the second lane, beside the first's queue."""
-        tokens = np.asarray(tokens, np.int64).reshape(-1)
-        t = self.times
-        hold_gil(t.eager_host_ms / 1e3)
-        self._aside_until = time.perf_counter() + t.prompt_s(len(tokens)) * t.aside_slow
-        Device.wait(self._aside_until)
-        advance(state, tokens.tolist())
-        return self._logits([state])[0]
-
     def forward_batch(self, tokens: list[np.ndarray], states: list[SequenceState]) -> list[np.ndarray]:
         tokens = [np.asarray(t, np.int64).reshape(-1) for t in tokens]
         t, dev = self.times, self.device
         if max(len(x) for x in tokens) <= STEP_ROWS and len(tokens) <= self.max_batch:
             for j in range(max(len(x) for x in tokens)):  # decode steps, a row of each sequence a step
                 hold_gil(t.graph_host_ms / 1e3)
-                done = dev.queue(self.step_s(sum(len(x) > j for x in tokens)))
+                done = dev.queue(t.decode_s(sum(len(x) > j for x in tokens)))
         else:  # the eager pass: the GPU follows the launches, and ends no sooner than the last one
             done = dev.queue(t.prompt_s(sum(len(x) for x in tokens)))
             hold_gil(t.eager_host_ms / 1e3)
@@ -336,7 +315,7 @@ class StubAhead:
             s.kv.length = s.n_past  # type: ignore[attr-defined]
             draw_row(params, seed, s.n_past)  # the host's share of a device draw: its Philox uniform
         chosen = np.asarray([m.next_token(s.n_past) for s in states], np.int64)
-        self._pending.append((m.device.queue(m.step_s(len(states))), chosen))
+        self._pending.append((m.device.queue(m.times.decode_s(len(states))), chosen))
 
     def _collect(self) -> np.ndarray:
         done, chosen = self._pending.popleft()

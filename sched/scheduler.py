@@ -44,7 +44,6 @@ from strata.runtime.finish import FinishReason
 from strata.runtime.passes import pass_rows
 from strata.runtime.sequence import ActiveSequence, Chunk
 from strata.sched.ahead import Ahead, HostAhead
-from strata.sched.aside import AsideReads
 from strata.sched.constraints import request_constraints
 from strata.sched.faults import FaultHook
 from strata.sched.metrics import Metrics
@@ -61,7 +60,7 @@ __all__ = ["QueueFullError", "Scheduler", "ShuttingDownError"]
 log = logging.getLogger("strata.scheduler")
 
 
-class Scheduler(PipelinedWindows, AsideReads):
+class Scheduler(PipelinedWindows):
     def __init__(
         self,
         engine: Engine,
@@ -70,7 +69,6 @@ class Scheduler(PipelinedWindows, AsideReads):
         prefix_cache: PrefixCache | None = None,
         watchdog_s: float = 60.0,
         decode_ahead: bool = True,
-        prefill_aside: bool = True,
     ) -> None:
         self.engine = engine
         self.parallel = parallel
@@ -101,9 +99,6 @@ class Scheduler(PipelinedWindows, AsideReads):
         self._live: list[Slot] | None = None  # the slots of the pipeline's launch in flight
         self._reset_due = False  # a failed window left the pipeline with launches to drop
         self._decode_mark: float | None = None  # when the last decode-only window's tokens came (pacer)
-        # False: a prompt beside streams is read in the windows, never on the model's second lane
-        # (sched/aside.py)
-        self._init_aside(engine.model, prefill_aside)
 
     def calibrate(self) -> None:
         """Before serving (on the warm-up's thread): the pacer's cost model from prompt passes timed alone."""
@@ -122,7 +117,6 @@ class Scheduler(PipelinedWindows, AsideReads):
             self._task.cancel()
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._masks.shutdown(wait=False, cancel_futures=True)
-        self._stop_aside()
         if self._snapshots is not None:
             self._snapshots.close()
 
@@ -195,16 +189,14 @@ class Scheduler(PipelinedWindows, AsideReads):
             await self._drain()
         self._reap_cancelled()
         self._admit()
-        self._start_aside(self._reading(), bool(self._decoding()))
         if not self._slots:
             self._wake.clear()
             copies = self._copies_for_next()
             await (asyncio.wait(copies) if copies else self._wake.wait())
             return
         window = self._plan()
-        if not window:  # every slot is a prompt waiting for its checkpoint's copy, or being read aside
-            waits: list[Any] = [s.copy for s in self._slots if s.copy is not None and s.copying]
-            await asyncio.wait([*waits, *([self._aside_task] if self._aside_task is not None else [])])
+        if not window:  # every slot is a prompt waiting for its checkpoint's copy
+            await asyncio.wait([s.copy for s in self._slots if s.copy is not None and s.copying])
             return
         if self._live is not None or self._pipelined(window):
             await self._ahead_window(window)
@@ -227,9 +219,8 @@ class Scheduler(PipelinedWindows, AsideReads):
         return [s for s in self._slots if s.req.state is RequestState.ADMITTING]
 
     def _reading(self) -> list[Slot]:
-        """The newcomers that may read their prompts in the next window: none waits for a copy or is being
-        read aside."""
-        return [s for s in self._admitting() if not s.copying and s is not self._aside]
+        """The newcomers that may read their prompts in the next window: none waits for a copy."""
+        return [s for s in self._admitting() if not s.copying]
 
     def _forward(self, window: list[tuple[Slot, np.ndarray]]) -> list[np.ndarray]:
         self.faults.check()
@@ -237,13 +228,11 @@ class Scheduler(PipelinedWindows, AsideReads):
 
     def _next_admission(self) -> Request | None:
         """The queued request `_admit` would take now: a slot is free, and no prompt is being read, or the
-        prompts being read and this one fit one chunk together and none is read aside, and no snapshot still
-        being copied could serve it (clients that left are dropped)."""
+        prompts being read and this one fit one chunk together, and no snapshot still being copied could
+        serve it (clients that left are dropped)."""
         while self._queue and self._queue[0].cancelled:
             self._queue.popleft()
         if not self._queue or len(self._slots) >= self.parallel:
-            return None
-        if self._aside is not None:  # one prompt pass at a time: the plan keeps room for one pass's buffers
             return None
         req = self._queue[0]
         left = sum(s.prompt_left for s in self._admitting())
@@ -393,8 +382,7 @@ class Scheduler(PipelinedWindows, AsideReads):
         )
 
     def _reap_cancelled(self) -> None:
-        # the prompt being read aside is reaped between its passes (sched/aside.py): one may use its state
-        for slot in [s for s in self._slots if s.req.cancelled and s is not self._aside]:
+        for slot in [s for s in self._slots if s.req.cancelled]:
             slot.seq.cancel()
             self._finish(slot)
 

@@ -10,7 +10,6 @@ size (`6GiB`, `4096MiB`, `40%` of all experts) or nothing (`off`: every expert r
 from __future__ import annotations
 
 import re
-import threading
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -143,24 +142,20 @@ class Ledger:
         self.budget = budget
         self.used = reserved  # weights, activations and graph buffers, fixed at start-up
         self.lender: Lender | None = None
-        # a prompt read on the aside lane grows its KV while the engine's thread grows the streams'
-        self._lock = threading.RLock()
 
     def take(self, nbytes: int, what: str) -> None:
-        with self._lock:
-            if self.used + nbytes > self.budget and self.lender is not None:
-                self.lender.lend(self.used + nbytes - self.budget)
-            if self.used + nbytes > self.budget:
-                raise VramBudgetError(
-                    f"{what} needs {nbytes / MIB:,.1f} MiB more, but {self.used / MIB:,.0f} of the "
-                    f"{self.budget / MIB:,.0f} MiB VRAM budget are in use (raise vram_budget_mib or shorten "
-                    "the context)"
-                )
-            self.used += nbytes
+        if self.used + nbytes > self.budget and self.lender is not None:
+            self.lender.lend(self.used + nbytes - self.budget)
+        if self.used + nbytes > self.budget:
+            raise VramBudgetError(
+                f"{what} needs {nbytes / MIB:,.1f} MiB more, but {self.used / MIB:,.0f} of the "
+                f"{self.budget / MIB:,.0f} MiB VRAM budget are in use (raise vram_budget_mib or shorten the "
+                "context)"
+            )
+        self.used += nbytes
 
     def give(self, nbytes: int) -> None:
-        with self._lock:
-            self.used -= nbytes
+        self.used -= nbytes
 
     def fits(self, nbytes: int) -> bool:
         """Whether nbytes more (a transient copy, say) stay within the budget."""

@@ -47,7 +47,7 @@ from strata.gpu.plan import (
     with_chunk,
 )
 from strata.gpu.qwen4exp import Qwen4ExpParts, hc_dims
-from strata.gpu.runtime import cupy_module, priority_stream, ptr
+from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.segments import Segment
 from strata.gpu.tiers import GpuTiers
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
@@ -100,7 +100,7 @@ class GpuModel(Model):
         )
         # --kv-resident: the plan's room for one layer's cells before the window (long passes read them there)
         self.kv_stage = StageRoom(kv_stage_bytes(self.dims, self.n_attn, self.n_ctx, opts))
-        self.stream = priority_stream(high=True)
+        self.stream = cp.cuda.Stream(non_blocking=True)
         layout = ExpertLayout.from_gguf(gguf)
         # with --kv-grow a cache that holds every expert still lends its slots to a growing KV
         tiered = layout is not None and (
@@ -144,13 +144,6 @@ class GpuModel(Model):
         # is for decode rows), and borrowing chunks through the prefill table (staged, borrowed slots)
         self._full_layers = self._tier_layers(None if self.tiers is None else self.tiers.full)
         self._prefill_layers = self._tier_layers(None if self.tiers is None else self.tiers.ptab)
-        # a second lane for prompt passes beside decode steps (`read_aside`), where a pass shares nothing with
-        # them but the weights: no expert slots to borrow or refill, no PLE rows or KV staging room in common
-        self.aside = (
-            priority_stream(high=False)
-            if self.tiers is None and self.hc is None and not opts.kv_resident
-            else None
-        )
 
     def _choose_context(self, gguf: Any, trained: int, budget: int) -> int:
         """No context asked for: the trained one when its KV fits the plan, else the largest that does."""
@@ -318,29 +311,15 @@ class GpuModel(Model):
                 last[i] = logits[r]
         return last
 
-    def read_aside(self, tokens: np.ndarray, state: SequenceState) -> np.ndarray:
-        """One prompt pass of one sequence on the second lane, at the device's least priority, while the
-        engine's thread replays decode steps on the first: the SMs take the steps' blocks first as they free
-        up, and the pass fills the rest (a decode step leaves most of them idle). Its last row's logits. Only
-        where `aside` is a stream; the sequence must be in no other window meanwhile."""
-        assert self.aside is not None, "this model reads no prompt beside decode steps"
-        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        assert len(tokens) <= self.chunk + PASS_SLACK, f"a pass of {len(tokens)} rows outgrows the workspace"
-        return self._pass([tokens], [state], "last", self.aside)[0]
-
     # ---- eager pass ----
-    def _pass(
-        self, tokens: list[np.ndarray], states: list[SequenceState], want: str, stream: Any = None
-    ) -> np.ndarray:
-        """Every layer over the concatenated rows; logits of all rows, each sequence's last, or none. On the
-        model's stream, or `stream` (the aside lane)."""
+    def _pass(self, tokens: list[np.ndarray], states: list[SequenceState], want: str) -> np.ndarray:
+        """Every layer over the concatenated rows; logits of all rows, each sequence's last, or none."""
         cp = cupy_module()
-        stream = self.stream if stream is None else stream
         n = sum(len(t) for t in tokens)
         tiers = self.tiers
         assert tiers is None or n <= len(tiers.counts), f"a pass of {n} rows outgrows the tier counters"
         staging = None
-        with stream:
+        with self.stream:
             for t, s in zip(tokens, states):  # before the tables go up: growth may take slots (--kv-grow)
                 s.kv.reserve(s.n_past + len(t))  # type: ignore[attr-defined]
             if tiers is not None:
@@ -379,7 +358,7 @@ class GpuModel(Model):
                 )
                 tiers.after_pass(n)
             if want == "none":
-                stream.synchronize()
+                self.stream.synchronize()
                 return np.empty((0, self.params.vocab), np.float32)
             rows = n
             if want != "all":  # each sequence's last row moves to the front for the head
@@ -390,7 +369,7 @@ class GpuModel(Model):
                 else:
                     act.x[:rows] = act.x[idx]
             logits = self.head_logits(act, rows)
-            return logits.get(stream=stream)
+            return logits.get(stream=self.stream)
 
     # ---- the steps of a pass (this eager one and the decode graphs') ----
     def prepare(self, tokens: list[np.ndarray], states: list[SequenceState], act: Activations) -> None:

@@ -46,16 +46,6 @@ def lost_context(e: BaseException) -> str | None:
     return next((name for name in STICKY_ERRORS if name in text), None)
 
 
-def priority_stream(high: bool) -> Any:
-    """A non-blocking stream at the device's greatest priority (high) or its least: where a prompt pass runs
-    beside decode steps, the SMs take the steps' blocks first as they free up (a graph launched into a stream
-    runs at the stream's priority)."""
-    cp = cupy_module()
-    # lower numbers are higher priorities; CUDA clamps a number past the device's range to its end (0 is the
-    # least everywhere, the default)
-    return cp.cuda.Stream(non_blocking=True, priority=-(1 << 20) if high else 0)
-
-
 def available() -> bool:
     """True when cupy imports and sees a CUDA device."""
     try:
