@@ -19,7 +19,7 @@ case " $STEPS " in *" engine "*|*" serve "*)
 case " $STEPS " in *" tests "*)
   (cd /tmp && timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -rA -s -p no:cacheprovider -W "ignore:::cupy" \
     -k "${TEST_K:-sampler or pipeline or draw}" $REPO/tests/test_gpu_refs.py $REPO/tests/test_gpu_kernels.py \
-    $REPO/tests/test_gpu_model.py $REPO/tests/test_gpu_tiers.py >"$OUT/tests.log" 2>&1)
+    $REPO/tests/test_gpu_model.py $REPO/tests/test_gpu_tiers.py $REPO/tests/test_gpu_turns.py >"$OUT/tests.log" 2>&1)
   echo "tests rc=$?"; grep -E "^(PASSED|FAILED|ERROR)|passed|failed|agree|Error" "$OUT/tests.log" | tail -40 ;; esac
 case " $STEPS " in *" engine "*)
   wait $SYNTH_PID; tail -2 "$OUT/synth.log"
