@@ -10,8 +10,10 @@ stream at all (cupy loads its modules in the primary context).
 
     python perf/green_probe.py [--decode-sms 16] [--json OUT]
 
-It builds perf/green_probe.cu with nvcc into /tmp. Not a test: a measurement that says whether an SM split is
-worth building into the server.
+It builds perf/green_probe.cu with nvcc into /tmp. The chain is launched from Python (~6 us a launch, more
+than each kernel's own time), so it tells whether the chain stalls behind the load, not a decode step's exact
+cost.
+Not a test: a measurement that says whether an SM split is worth building into the server.
 """
 
 from __future__ import annotations
@@ -57,8 +59,9 @@ def chain_ms(tiny, x, out, stream) -> float:  # type: ignore[no-untyped-def]
     n = x.size
     stream.synchronize()
     t = time.perf_counter()
-    for _ in range(CHAIN):
-        tiny((4,), (256,), (x, out, cp.int32(n)), stream=stream)
+    with stream:  # a RawKernel launches on the current stream
+        for _ in range(CHAIN):
+            tiny((4,), (256,), (x, out, cp.int32(n)))
     stream.synchronize()
     return (time.perf_counter() - t) * 1e3
 
@@ -67,8 +70,9 @@ def load_rate(heavy, y, stream, blocks: int) -> float:  # type: ignore[no-untype
     """The load's blocks a ms on `stream` alone."""
     stream.synchronize()
     t = time.perf_counter()
-    for _ in range(LOAD):
-        heavy((blocks,), (256,), (y, cp.int32(ITERS)), stream=stream)
+    with stream:
+        for _ in range(LOAD):
+            heavy((blocks,), (256,), (y, cp.int32(ITERS)))
     stream.synchronize()
     return LOAD * blocks / ((time.perf_counter() - t) * 1e3)
 
@@ -77,8 +81,9 @@ def beside(tiny, heavy, x, out, y, s_chain, s_load, blocks: int) -> tuple[float,
     """The chain's ms while `heavy` keeps `s_load` busy, and the load's blocks a ms meanwhile."""
     s_load.synchronize()
     t = time.perf_counter()
-    for _ in range(LOAD):  # queued well past the chain, even a slowed one
-        heavy((blocks,), (256,), (y, cp.int32(ITERS)), stream=s_load)
+    with s_load:  # queued well past the chain, even a slowed one
+        for _ in range(LOAD):
+            heavy((blocks,), (256,), (y, cp.int32(ITERS)))
     ms = chain_ms(tiny, x, out, s_chain)
     s_load.synchronize()
     return ms, LOAD * blocks / ((time.perf_counter() - t) * 1e3)
