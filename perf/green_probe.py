@@ -66,13 +66,18 @@ def chain_ms(tiny, x, out, stream) -> float:  # type: ignore[no-untyped-def]
     return (time.perf_counter() - t) * 1e3
 
 
+def queue_load(heavy, y, stream, blocks: int) -> None:  # type: ignore[no-untyped-def]
+    """LOAD launches of `blocks` load blocks on `stream`."""
+    with stream:
+        for _ in range(LOAD):
+            heavy((blocks,), (256,), (y, cp.int32(ITERS)))
+
+
 def load_rate(heavy, y, stream, blocks: int) -> float:  # type: ignore[no-untyped-def]
     """The load's blocks a ms on `stream` alone."""
     stream.synchronize()
     t = time.perf_counter()
-    with stream:
-        for _ in range(LOAD):
-            heavy((blocks,), (256,), (y, cp.int32(ITERS)))
+    queue_load(heavy, y, stream, blocks)
     stream.synchronize()
     return LOAD * blocks / ((time.perf_counter() - t) * 1e3)
 
@@ -81,9 +86,7 @@ def beside(tiny, heavy, x, out, y, s_chain, s_load, blocks: int) -> tuple[float,
     """The chain's ms while `heavy` keeps `s_load` busy, and the load's blocks a ms meanwhile."""
     s_load.synchronize()
     t = time.perf_counter()
-    with s_load:  # queued well past the chain, even a slowed one
-        for _ in range(LOAD):
-            heavy((blocks,), (256,), (y, cp.int32(ITERS)))
+    queue_load(heavy, y, s_load, blocks)  # queued well past the chain, even a slowed one
     ms = chain_ms(tiny, x, out, s_chain)
     s_load.synchronize()
     return ms, LOAD * blocks / ((time.perf_counter() - t) * 1e3)
@@ -135,9 +138,10 @@ def main() -> int:
         res["green_ms"], res["green_load_blocks_per_ms"] = beside(tiny, heavy, x, out, y, ga, gb, blocks)
     except Exception as e:  # the answer is then why not
         res["green_error"] = f"{type(e).__name__}: {e}"
-    print(json.dumps(res, indent=1))
+    text = json.dumps(res, indent=1)
+    print(text)
     if args.json is not None:
-        args.json.write_text(json.dumps(res, indent=1))
+        args.json.write_text(text)
     return 0
 
 
