@@ -29,6 +29,7 @@ import numpy as np
 from strata.bench.gpu_profile import Profile, print_table
 from strata.bench.report import engine_result, engine_tables, run_meta, write_json
 from strata.console.logs import configure_logging
+from strata.gpu.kernels import attention
 
 
 def run(
@@ -38,7 +39,6 @@ def run(
     import psutil
 
     from strata.gguf import GGUFFile
-    from strata.gpu.kernels import attention
     from strata.gpu.model import GpuModel, GpuOptions
     from strata.gpu.tiers import TierOptions
     from strata.models import model_class
@@ -144,7 +144,7 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=4096, help="prefill rows per pass")
     ap.add_argument("--vram-budget-mib", type=int, default=0)
     ap.add_argument("--kv-type", default="int8", choices=["f16", "int8"])
-    ap.add_argument("--splits", type=lambda s: [int(v) for v in s.split(",")], default=[32])
+    ap.add_argument("--splits", type=lambda s: [int(v) for v in s.split(",")], default=[attention.SPLITS])
     ap.add_argument(
         "--n-ctx",
         type=int,

@@ -72,7 +72,7 @@ case " $STEPS " in *" long "*)
   wait $SYNTH_PID 2>/dev/null; tail -2 "$OUT/synth.log"
   # LONG_RUNS: splits:kv-type:contexts[:resident[:grow]] each, every run on the same plan (N_CTX); resident: the
   # --kv-resident cells (0: all in VRAM), grow: 1 for --kv-grow
-  for spec in ${LONG_RUNS:-32:int8:4096,32768,131072,262144 1:int8:4096,131072 32:f16:4096,131072}; do
+  for spec in ${LONG_RUNS:-64:int8:4096,32768,131072,262144 1:int8:4096,131072 64:f16:4096,131072}; do
     IFS=: read -r sp kv ctx res grow <<<"$spec"
     extra="--kv-resident ${res:-0}"; [ "${grow:-0}" = 1 ] && extra="$extra --kv-grow"
     echo "== splits $sp, KV $kv, resident ${res:-all}, grow ${grow:-0}"

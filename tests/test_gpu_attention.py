@@ -251,3 +251,43 @@ def test_split_decode_equals_one_block(cp, ops, hd, q8):
     again = cp.full((n, h * hd), cp.nan, cp.float32)
     ops.attn_decode(qq, tab, TAB, layer, n, h, kv, hd, scale, again, q8)
     np.testing.assert_allclose(fused.get(), again.get(), rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("q8", [False, True])
+@pytest.mark.parametrize("h, kv", [(16, 2), (12, 2), (6, 6), (9, 3)])
+def test_decode_blocks_of_query_groups(cp, ops, h, kv, q8):
+    """Decode blocks take the query heads of a kv group together (attention.group_heads: 8, 6 of a padded 8,
+    1 and 3 of a padded 4): one block a group and split-K against the twin, and the launch fused with the
+    q/k/v epilogue against qkv_post then attn_decode; rows at different lengths share a launch."""
+    rng = np.random.default_rng(130 + h + kv + 7 * q8)
+    hd, layer = 128, 1
+    lengths = [1, 300, 5000]
+    n = len(lengths)
+    cap = max(lengths) + 3
+    caches, rows_ = [], []
+    for s_ in lengths:
+        k = rng.standard_normal((s_, kv, hd)).astype(np.float32)
+        v = rng.standard_normal((s_, kv, hd)).astype(np.float32)
+        keep, row, _, _ = _cells(cp, k, v, layer, cap, q8)
+        rows_.append(row)
+        caches.append((keep, k, v))
+    tab = _tab(cp, rows_)
+    q = rng.standard_normal((n, h, hd)).astype(np.float32)
+    scale = 1 / np.sqrt(hd)
+    part = cp.empty(n * h * attention.SPLITS * (hd + 2), cp.float32)
+    for p in (None, part):
+        out = cp.full((n, h * hd), cp.nan, cp.float32)
+        ops.attn_decode(cp.asarray(q.reshape(n, -1)), tab, TAB, layer, n, h, kv, hd, scale, out, q8, p)
+        for r, (_, k, v) in enumerate(caches):
+            ref = attention.ref_attention(q[r][None], k, v, scale, q8)
+            np.testing.assert_allclose(out.get()[r].reshape(1, h, hd), ref, rtol=1e-4, atol=1e-5)
+    rope = Rope(n_rot=hd, base=1e6, style=RopeStyle.NEOX)
+    qkv = rng.standard_normal((n, (h + 2 * kv) * hd)).astype(np.float32)
+    args = (None, None, 1e-6, cp.asarray(rows.inv_freq(rope)), hd, True, rope.scale)
+    fused = cp.full((n, h * hd), cp.nan, cp.float32)
+    ops.attn_decode_qkv(cp.asarray(qkv), tab, TAB, layer, n, h, kv, hd, *args, scale, fused, q8, part)
+    qq = cp.empty((n, h * hd), cp.float32)
+    ops.qkv_post(cp.asarray(qkv), n, h, kv, hd, *args, tab, TAB, layer, qq, q8)  # rewrites the same cells
+    again = cp.full((n, h * hd), cp.nan, cp.float32)
+    ops.attn_decode(qq, tab, TAB, layer, n, h, kv, hd, scale, again, q8)
+    np.testing.assert_allclose(fused.get(), again.get(), rtol=2e-4, atol=2e-4)

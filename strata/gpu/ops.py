@@ -54,7 +54,7 @@ def gemv_nt(n: int) -> int:
     return next(nt for nt in GEMV_NT if n <= nt) if n <= GEMV_NT[-1] else GEMV_NT[-1]
 
 
-# flash_attn: two stages of 64-key K and V tiles in shared memory (68 KiB at 128, 132 KiB at 256: Qwen3-Next)
+# flash_attn's shared memory (flash.flash_smem): at head dim 256 (Qwen3-Next) 165-204 KiB, one block an SM
 HEAD_DIMS = (16, 32, 64, 128, 256)
 
 
@@ -104,10 +104,11 @@ class Ops(MixerOps, MoeOps, Qwen4ExpOps):
         self.attn = Kernels(
             attention.SOURCE,
             [
-                f(h, q8)
+                f(h, q8, g)
                 for f in (attention.decode_name, attention.decode_qkv_name)
                 for h in HEAD_DIMS
                 for q8 in kv_kinds
+                for g in attention.GROUP_SIZES
             ]
             + [attention.merge_name(h) for h in HEAD_DIMS],
         )

@@ -139,16 +139,20 @@ class MixerOps:
             f32(scale),
             dev_ptr(out),
         )
-        self._decode(attention.decode_name(hd, q8), args, part, n, h, hd, out)
+        gb = attention.group_heads(h, kv)
+        self._decode(attention.decode_name(hd, q8, gb), gb, args, part, n, h, hd, out)
 
-    def _decode(self, name: str, args: tuple[Any, ...], part: Any, n: int, h: int, hd: int, out: Any) -> None:
-        """One decode attention kernel over (head, row, split) blocks, its arguments followed by the partials
-        buffer and the split count; with more than one split, attn_merge then writes out."""
+    def _decode(
+        self, name: str, gb: int, args: tuple[Any, ...], part: Any, n: int, h: int, hd: int, out: Any
+    ) -> None:
+        """One decode attention kernel over (group of gb query heads, row, split) blocks, its arguments
+        followed by the partials buffer and the split count; with more than one split, attn_merge then writes
+        out."""
         splits = 1 if part is None else attention.SPLITS
         part = part if splits > 1 else None
         launch(
             self.attn[name],
-            (h, n, splits),
+            (h // gb, n, splits),
             128,
             (*args, NULL if part is None else dev_ptr(part), i32(splits)),
         )
@@ -201,7 +205,8 @@ class MixerOps:
             f32(scale),
             dev_ptr(out),
         )
-        self._decode(attention.decode_qkv_name(hd, q8), args, part, n, h, hd, out)
+        gb = attention.group_heads(h, kv)
+        self._decode(attention.decode_qkv_name(hd, q8, gb), gb, args, part, n, h, hd, out)
 
     def flash(
         self,
@@ -251,5 +256,5 @@ class MixerOps:
                 dev_ptr(hvs),
                 i32(base),
             ),
-            smem=flash.flash_smem(hd),
+            smem=flash.flash_smem(hd, scales is not None, w),
         )

@@ -5,11 +5,12 @@ scales [n_layer, n_kv, cap, head_dim / 32] (strata.runtime.kvcache's cells: the 
 find a row's cache through a table row of int64 (k pointer, v pointer, cap, position), so one captured CUDA
 graph serves whichever sequences sit in its slots: only the table changes between replays.
 
-- `attn_decode`: one query per row (decode). Block (head, row), 4 warps; each warp scores 32 keys
-  at a time (a lane per key), keeps a running max/sum (online softmax) and accumulates V with the
-  lanes over head dims (each lane a contiguous run of HD/32, several keys' V loads in flight); the
-  4 partial results merge in shared memory. fp32 math throughout. `attn_decode_qkv` is the same
-  with rows.py's q/k/v epilogue (`head_post`) in front, so a decode layer needs no qkv_post launch.
+- `attn_decode`: one query per row (decode). Block (group of query heads that share a kv head, row, split),
+  4 warps; each warp scores 32 keys at a time (a lane per key, against every query of the block), keeps a
+  running max/sum per head (online softmax) and accumulates V with the lanes over head dims (each lane a
+  contiguous run of HD/32, several keys' V loads in flight); the 4 partial results merge in shared memory.
+  fp32 math throughout. `attn_decode_qkv` is the same with rows.py's q/k/v epilogue (`head_post`) in
+  front, so a decode layer needs no qkv_post launch.
 - prefill's `flash_attn` is kernels/flash.py's.
 
 Numpy twin: `ref_attention` (strata.blocks.attention.attend on the cells as cached, `ref_cells`).
@@ -24,10 +25,11 @@ from strata.gpu.kernels.common import HEADER
 from strata.gpu.kernels.rows import HEAD_POST
 from strata.runtime.kvcache import dequantize_rows, quantize_rows
 
-# decode blocks a (row, head) with a partials buffer: 16 heads x 32 splits keeps the H200's 132 SMs busy from
-# a batch of one; a split scores whole 128-key steps, so below 4,096 keys fewer splits have work (the rest
-# exit)
-SPLITS = 32
+# decode blocks a (group of query heads, row) with a partials buffer: the 80B's 2 groups x 64 splits keep the
+# H100's 132 SMs busy from a batch of one (perf/bench_attn.py, H100, int8 cells: 131k keys 295 us a layer
+# with 64 splits, 545 with 32; 4k keys 35 against 33); a split scores whole 128-key steps, so below 8,192 keys
+# fewer splits have work (the rest exit)
+SPLITS = 64
 
 
 SOURCE = (
@@ -231,94 +233,303 @@ __global__ void __launch_bounds__(256) attn_merge(const float* __restrict__ part
   if (d < HD) out[(i64)blockIdx.y * H * HD + blockIdx.x * HD + d] = o / L;
 }
 
-// grid (H, rows, splits)
-template <int HD, int Q8>
+// ---- decode, a block per group of query heads that share a kv head ----
+// Each key's cells are read and decoded once for the GM query heads of the block (at most 8 of a kv group;
+// the 80B's 8), where a block per query head read them 8 times: at 131k keys that was ~0.58 ms a layer
+// for 151 MB of int8 cells. The block's queries wait in shared memory dims-major (qs[d * GM + j]: a dim's
+// GM queries in one or two float4 reads); a lane scores one key against all of them and accumulates all
+// their outputs in its dims. Heads j >= gb (the block's live heads) have zero queries and are not written.
+// Every head sees the same keys in the same order, with decode_core's arithmetic: its outputs are
+// decode_core's to the bit.
+template <int HD, int Q8, int GM>
+__device__ __forceinline__ void decode_group(const float* qs, int gb, const Cells<HD, Q8>& c, int lo, int hi,
+                                             int last, const void* klast, const void* vlast,
+                                             const float* klast_s, const float* vlast_s, float scale,
+                                             float* __restrict__ o0, i64 o_stride, int partial) {
+  constexpr int PER = HD >= 32 ? HD / 32 : 1;  // head dims per lane
+  constexpr int G = Q8_GROUP(HD), NG = Q8_GROUPS(HD);
+  __shared__ float pm[4][GM], pl[4][GM];
+  __shared__ float pacc[4][GM][HD];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float m[GM], l[GM], acc[GM][PER];
+#pragma unroll
+  for (int j = 0; j < GM; j++) {
+    m[j] = -INFINITY; l[j] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PER; i++) acc[j][i] = 0.0f;
+  }
+  // dot[j] += q_j[d] * x for the GM queries of dim d
+  auto fma_dim = [&](float* dot, int d, float x) {
+    if (GM % 4 == 0) {
+#pragma unroll
+      for (int j = 0; j < GM; j += 4) {
+        const float4 qv = *(const float4*)(qs + d * GM + j);
+        dot[j] = fmaf(qv.x, x, dot[j]); dot[j + 1 % GM] = fmaf(qv.y, x, dot[j + 1 % GM]);
+        dot[j + 2 % GM] = fmaf(qv.z, x, dot[j + 2 % GM]); dot[j + 3 % GM] = fmaf(qv.w, x, dot[j + 3 % GM]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < GM; j++) dot[j] = fmaf(qs[d * GM + j], x, dot[j]);
+    }
+  };
+  for (int base = lo + warp * 32; base < hi; base += 128) {
+    const int key = base + lane;
+    float s[GM];
+#pragma unroll
+    for (int j = 0; j < GM; j++) s[j] = -INFINITY;
+    if (key < hi) {
+      float dot[GM];
+#pragma unroll
+      for (int j = 0; j < GM; j++) dot[j] = 0.0f;
+      if (Q8) {
+        const uint4* kr = (const uint4*)(key == last ? klast : (const void*)c.kat(key));
+        const float* sc = key == last ? klast_s : c.ksat(key);
+#pragma unroll
+        for (int g = 0; g < NG; g++) {
+          float part[GM];
+#pragma unroll
+          for (int j = 0; j < GM; j++) part[j] = 0.0f;
+#pragma unroll
+          for (int cc = 0; cc < G / 16; cc++) {
+            const uint4 w = kr[g * (G / 16) + cc];
+            const signed char* b = (const signed char*)&w;
+#pragma unroll
+            for (int i = 0; i < 16; i++) fma_dim(part, g * G + 16 * cc + i, (float)b[i]);
+          }
+#pragma unroll
+          for (int j = 0; j < GM; j++) dot[j] = fmaf(part[j], sc[g], dot[j]);
+        }
+      } else {
+        const uint4* kr = (const uint4*)(key == last ? klast : (const void*)c.kat(key));
+#pragma unroll
+        for (int cc = 0; cc < HD / 8; cc++) {
+          const uint4 w = kr[cc];
+          const u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            fma_dim(dot, 8 * cc + 2 * i, h2f(ws[i] & 0xFFFF));
+            fma_dim(dot, 8 * cc + 2 * i + 1, h2f(ws[i] >> 16));
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < GM; j++) s[j] = dot[j] * scale;
+    }
+    float p[GM];
+#pragma unroll
+    for (int j = 0; j < GM; j++) {
+      const float mnew = fmaxf(m[j], warp_max(s[j]));  // lane 0's key is live: mnew is finite
+      const float alpha = expf(m[j] - mnew);  // m = -inf on the first step: alpha = 0, acc is 0 anyway
+      p[j] = key < hi ? expf(s[j] - mnew) : 0.0f;
+      l[j] = l[j] * alpha + p[j];
+#pragma unroll
+      for (int i = 0; i < PER; i++) acc[j][i] *= alpha;
+      m[j] = mnew;
+    }
+    // lane owns dims PER*lane .. +PER-1 (one 2/4/8-byte load per key); unrolled so several keys' V
+    // loads are in flight at once instead of one dependent L2 round trip per key
+    const int nk = min(32, hi - base);
+#pragma unroll 8
+    for (int jj = 0; jj < nk; jj++) {
+      float pj[GM];
+#pragma unroll
+      for (int j = 0; j < GM; j++) pj[j] = __shfl_sync(0xffffffffu, p[j], jj);
+      const int at = base + jj;
+      if (PER * lane >= HD) continue;
+      float vv[PER];
+      if (Q8) {
+        const signed char* vr =
+            (const signed char*)(at == last ? vlast : (const void*)c.vat(at)) + PER * lane;
+        const float sv = (at == last ? vlast_s : c.vsat(at))[(PER * lane) / G];
+#pragma unroll
+        for (int i = 0; i < PER; i++) vv[i] = (float)vr[i] * sv;
+      } else {
+        const u16* vr = (const u16*)(at == last ? vlast : (const void*)c.vat(at)) + PER * lane;
+        if (PER == 8) {
+          const uint4 w = *(const uint4*)vr;
+          const u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            vv[(2 * i) % PER] = h2f(ws[i] & 0xFFFF);
+            vv[(2 * i + 1) % PER] = h2f(ws[i] >> 16);
+          }
+        } else if (PER == 4) {
+          const uint2 w = *(const uint2*)vr;
+          vv[0] = h2f(w.x & 0xFFFF); vv[1 % PER] = h2f(w.x >> 16);
+          vv[2 % PER] = h2f(w.y & 0xFFFF); vv[3 % PER] = h2f(w.y >> 16);
+        } else if (PER == 2) {
+          const u32 w = *(const u32*)vr;
+          vv[0] = h2f(w & 0xFFFF); vv[1 % PER] = h2f(w >> 16);
+        } else {
+#pragma unroll
+          for (int i = 0; i < PER; i++) vv[i] = h2f(vr[i]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < GM; j++)
+#pragma unroll
+        for (int i = 0; i < PER; i++) acc[j][i] = fmaf(pj[j], vv[i], acc[j][i]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < GM; j++) {
+    l[j] = warp_sum(l[j]);
+    if (lane == 0) { pm[warp][j] = m[j]; pl[warp][j] = l[j]; }
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+      const int d = PER * lane + i;
+      if (d < HD) pacc[warp][j][d] = acc[j][i];
+    }
+  }
+  __syncthreads();
+  // head j's outputs at o0 + j * o_stride: divided by the softmax sum, or (partial) as they are, followed by
+  // the running max and sum
+  for (int x = threadIdx.x; x < gb * HD; x += blockDim.x) {
+    const int j = x / HD, d = x % HD;
+    const float M = fmaxf(fmaxf(pm[0][j], pm[1][j]), fmaxf(pm[2][j], pm[3][j]));
+    float w[4], L = 0.0f, o = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      w[i] = pm[i][j] == -INFINITY ? 0.0f : expf(pm[i][j] - M);
+      L += pl[i][j] * w[i];
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) o += pacc[i][j][d] * w[i];
+    float* oj = o0 + j * o_stride;
+    oj[d] = partial ? o : o / L;
+    if (partial && d == 0) { oj[HD] = M; oj[HD + 1] = L; }
+  }
+}
+
+// Where a block's gb heads write (heads h0.. of row `row`): the output rows, or their partials in part
+// ([rows, H, splits, HD + 2]) with splits > 1; a split past the last key marks its partials empty.
+template <int HD>
+__device__ __forceinline__ float* group_out(float* out, float* part, int H, int splits, int row, int h0,
+                                            i64& stride) {
+  if (splits > 1) {
+    stride = (i64)splits * (HD + 2);
+    return part + (((i64)row * H + h0) * splits + blockIdx.z) * (HD + 2);
+  }
+  stride = HD;
+  return out + (i64)row * H * HD + (i64)h0 * HD;
+}
+
+// grid (H / gb, rows, splits): block x takes query heads x * gb .. + gb - 1, all of one kv group
+template <int HD, int Q8, int GM>
 __global__ void __launch_bounds__(128) attn_decode(
     const float* __restrict__ q, const i64* __restrict__ tab, int tab_stride, int layer,
     int H, int KV, float scale, float* __restrict__ out, float* __restrict__ part, int splits) {
-  __shared__ float qs[HD];
-  const int h = blockIdx.x, row = blockIdx.y, kvh = h / (H / KV);
+  __shared__ __align__(16) float qs[HD * GM];
+  const int gb = H / gridDim.x, h0 = blockIdx.x * gb, row = blockIdx.y, kvh = h0 / (H / KV);
   const i64* tr = tab + (i64)row * tab_stride;
   const int S = (int)tr[3] + 1;  // keys 0..pos, this token's included
   int lo, hi;
-  float* partial = splits > 1 ? part_of<HD>(part, H, splits) : nullptr;
-  if (!split_range(S, splits, lo, hi)) { if (threadIdx.x == 0) partial[HD + 1] = 0.f; return; }
+  i64 stride;
+  float* o0 = group_out<HD>(out, part, H, splits, row, h0, stride);
+  if (!split_range(S, splits, lo, hi)) {
+    if (threadIdx.x < gb) o0[threadIdx.x * stride + HD + 1] = 0.f;
+    return;
+  }
   const Cells<HD, Q8> c(tr, layer, KV, kvh);
-  for (int d = threadIdx.x; d < HD; d += blockDim.x) qs[d] = q[(i64)row * H * HD + h * HD + d];
+  for (int x = threadIdx.x; x < HD * GM; x += blockDim.x) {
+    const int d = x / GM, j = x % GM;
+    qs[x] = j < gb ? q[(i64)row * H * HD + (i64)(h0 + j) * HD + d] : 0.f;
+  }
   __syncthreads();
-  decode_core<HD, Q8>(qs, c, AllKeys(), lo, hi, S - 1, c.kat(S - 1), c.vat(S - 1), c.ksat(S - 1),
-                      c.vsat(S - 1), scale, partial != nullptr ? partial : out + (i64)row * H * HD + h * HD,
-                      partial != nullptr ? partial + HD : nullptr);
+  decode_group<HD, Q8, GM>(qs, gb, c, lo, hi, S - 1, c.kat(S - 1), c.vat(S - 1), c.ksat(S - 1), c.vsat(S - 1),
+                           scale, o0, stride, splits > 1);
 }
 
-// qkv_post and attn_decode in one launch (decode rows only): warp 0 makes this head's query, warps 1
-// and 2 this row's new K and V rows of the head's kv group (as qkv_post does, fp16-rounded) into
-// shared memory, and the group's first query head also stores them in the cache. Every block takes
+// qkv_post and attn_decode in one launch (decode rows only): the warps make the block's gb queries and, in
+// the split that holds the new key, this row's new K and V rows of the kv group (as qkv_post does,
+// fp16-rounded) into shared memory; the group's first block also stores them in the cache. Every block takes
 // the new key from its own shared copy, so no block waits for another's cache write.
-template <int HD, int Q8>
+template <int HD, int Q8, int GM>
 __global__ void __launch_bounds__(128) attn_decode_qkv(
     const float* __restrict__ qkv, const i64* __restrict__ tab, int tab_stride, int layer, int H, int KV,
     const float* __restrict__ qn, const float* __restrict__ kn, float eps, const float* __restrict__ inv_freq,
     int n_rot, int neox, float pos_scale, float scale, float* __restrict__ out, float* __restrict__ part,
     int splits) {
   constexpr int PER = HD >= 32 ? HD / 32 : 1;
-  __shared__ float qs[HD];
-  __shared__ float scr[3][HD];
+  __shared__ __align__(16) float qs[HD * GM];
+  __shared__ float scr[4][HD];
   // the new key and value row (fp16, or int8 codes with their scales)
   __shared__ __align__(16) u16 knew[HD > 8 ? HD : 8];
   __shared__ __align__(16) u16 vnew[HD > 8 ? HD : 8];
   __shared__ float knew_s[Q8_GROUPS(HD)], vnew_s[Q8_GROUPS(HD)];
-  const int h = blockIdx.x, row = blockIdx.y, group = H / KV, kvh = h / group;
+  const int gb = H / gridDim.x, h0 = blockIdx.x * gb, row = blockIdx.y, group = H / KV, kvh = h0 / group;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const i64* tr = tab + (i64)row * tab_stride;
   const i64 pos = tr[3];
   const int S = (int)pos + 1;
   const Cells<HD, Q8> c(tr, layer, KV, kvh);
   int lo, hi;
-  float* partial = splits > 1 ? part_of<HD>(part, H, splits) : nullptr;
-  if (!split_range(S, splits, lo, hi)) { if (threadIdx.x == 0) partial[HD + 1] = 0.f; return; }
-  // only the split holding the new key makes it (and stores it): the others read older keys only
-  if (warp == 0 || (warp < 3 && hi == S)) {
-    const int hh = warp == 0 ? h : (warp == 1 ? H + kvh : H + KV + kvh);
+  i64 stride;
+  float* o0 = group_out<HD>(out, part, H, splits, row, h0, stride);
+  if (!split_range(S, splits, lo, hi)) {
+    if (threadIdx.x < gb) o0[threadIdx.x * stride + HD + 1] = 0.f;
+    return;
+  }
+  for (int x = threadIdx.x; x < HD * GM; x += blockDim.x)
+    if (x % GM >= gb) qs[x] = 0.f;
+  // tasks: the gb queries, then the new key and value (only the split holding the new key makes them: the
+  // others read older keys only)
+  const int tasks = gb + (hi == S ? 2 : 0);
+  for (int t = warp; t < tasks; t += 4) {
+    const int kind = t < gb ? 0 : t - gb + 1;  // 0 query, 1 key, 2 value
+    const int hh = kind == 0 ? h0 + t : (kind == 1 ? H + kvh : H + KV + kvh);
     float v[PER];
-    head_post<HD>(qkv + (i64)row * (H + 2 * KV) * HD + hh * HD, warp, warp == 0 ? qn : kn, eps, inv_freq,
+    head_post<HD>(qkv + (i64)row * (H + 2 * KV) * HD + hh * HD, kind, kind == 0 ? qn : kn, eps, inv_freq,
                   n_rot, neox, pos_scale, pos, scr[warp], v);
-    u16* mine = warp == 1 ? knew : vnew;
-    if (warp > 0 && Q8) {
-      store_q8<HD>(v, (signed char*)mine, warp == 1 ? knew_s : vnew_s);
-      if (h % group == 0)
-        store_q8<HD>(v, (signed char*)(warp == 1 ? c.kat(pos) : c.vat(pos)),
-                     (float*)(warp == 1 ? c.ksat(pos) : c.vsat(pos)));
+    u16* mine = kind == 1 ? knew : vnew;
+    if (kind > 0 && Q8) {
+      store_q8<HD>(v, (signed char*)mine, kind == 1 ? knew_s : vnew_s);
+      if (h0 % group == 0)
+        store_q8<HD>(v, (signed char*)(kind == 1 ? c.kat(pos) : c.vat(pos)),
+                     (float*)(kind == 1 ? c.ksat(pos) : c.vsat(pos)));
     }
-    u16* cache = (u16*)(warp == 1 ? c.kat(pos) : c.vat(pos));
+    u16* cache = (u16*)(kind == 1 ? c.kat(pos) : c.vat(pos));
 #pragma unroll
     for (int i = 0; i < PER; i++) {
       const int d = lane + 32 * i;
       if (d >= HD) continue;
-      if (warp == 0) {
-        qs[d] = v[i];
+      if (kind == 0) {
+        qs[d * GM + t] = v[i];
       } else if (!Q8) {
         const u16 hv = f2h(v[i]);
         mine[d] = hv;
-        if (h % group == 0) cache[d] = hv;
+        if (h0 % group == 0) cache[d] = hv;
       }
     }
   }
   __syncthreads();
-  decode_core<HD, Q8>(qs, c, AllKeys(), lo, hi, S - 1, knew, vnew, knew_s, vnew_s, scale,
-                      partial != nullptr ? partial : out + (i64)row * H * HD + h * HD,
-                      partial != nullptr ? partial + HD : nullptr);
+  decode_group<HD, Q8, GM>(qs, gb, c, lo, hi, S - 1, knew, vnew, knew_s, vnew_s, scale, o0, stride,
+                           splits > 1);
 }
 """
 )
 
 
-def decode_name(hd: int, q8: bool = False) -> str:
-    return f"attn_decode<{hd}, {int(q8)}>"
+# the query heads a decode block takes, at most (the kernels' GM): 1, 4 or 8, the least that holds gb
+GROUP_SIZES = (1, 4, 8)
 
 
-def decode_qkv_name(hd: int, q8: bool = False) -> str:
-    return f"attn_decode_qkv<{hd}, {int(q8)}>"
+def group_heads(h: int, kv: int) -> int:
+    """gb: the query heads of one kv group a decode block takes, the largest divisor of the group up to 8."""
+    group = h // kv
+    return max(d for d in range(1, GROUP_SIZES[-1] + 1) if group % d == 0)
+
+
+def group_size(gb: int) -> int:
+    return next(g for g in GROUP_SIZES if g >= gb)
+
+
+def decode_name(hd: int, q8: bool = False, gb: int = 1) -> str:
+    return f"attn_decode<{hd}, {int(q8)}, {group_size(gb)}>"
+
+
+def decode_qkv_name(hd: int, q8: bool = False, gb: int = 1) -> str:
+    return f"attn_decode_qkv<{hd}, {int(q8)}, {group_size(gb)}>"
 
 
 def merge_name(hd: int) -> str:

@@ -64,6 +64,12 @@ __device__ __forceinline__ float byte_f(u32 w, int i) {
   u32 r; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(w), "r"(0x4B000000u), "r"(0x7540u + i));
   return __uint_as_float(r) - 8388608.0f;
 }
+// signed byte i of w (an int8 code) as a float, exactly: the code + 128 under the exponent of 2^23, minus
+// 2^23 + 128 (byte_f's permute, on the codes' sign bits flipped)
+__device__ __forceinline__ float code_f(u32 w, int i) {
+  u32 r; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(w ^ 0x80808080u), "r"(0x4B000000u), "r"(0x7540u + i));
+  return __uint_as_float(r) - 8388736.0f;
+}
 // 4 bytes from a 2-byte aligned address (Q6_K/Q8_0/Q5_0 blocks are only 2-aligned)
 __device__ __forceinline__ u32 ld32a2(const u8* p) { return (u32)ld16(p) | ((u32)ld16(p + 2) << 16); }
 

@@ -3,8 +3,9 @@ the cache layout and the decode kernels).
 
 Tiled 64 or 128 queries (4 or 8 warps) x 64 keys with `mma.sync` (fp16 operands, fp32 accumulators) and an
 online softmax, so no T x S score matrix is built whatever the prompt length. Key tiles past the block's last
-query are never loaded; the next tile streams into a second shared-memory stage (cp.async) while this one is
-multiplied.
+query are never loaded; the next tile streams into shared memory (cp.async) while this one is multiplied:
+as fp16, or for int8 cells as its codes and scales, decoded to fp16 once a block. The queries wait in shared
+memory, so at head dim 256 a thread's registers hold the output rows and one tile's scores, not the queries.
 
 Numpy twin: `ref_flash`; an int8 tile is decoded to fp16 as it loads, so the twin takes
 `attention.ref_cells(k, True)`.
@@ -21,9 +22,13 @@ FLASH_WARPS = (4, 8)  # flash_attn's block sizes (warps of 16 query rows)
 FLASH_WIDE_ROWS, FLASH_WIDE_KEYS = 1024, 16384  # where the 8-warp blocks take over: not yet measured
 
 
-def flash_smem(hd: int) -> int:
-    """flash_attn's dynamic shared memory: two stages of K and V tiles, rows padded by 16 bytes."""
-    return 2 * 2 * FLASH_KT * (hd + 8) * 2
+def flash_smem(hd: int, q8: bool, warps: int) -> int:
+    """flash_attn's dynamic shared memory: the block's queries and the K and V tiles (two stages; one for int8
+    cells, beside two raw stages of codes and scales), fp16 rows padded by 16 bytes."""
+    lk = hd + 8
+    fp16 = 16 * warps * lk + 2 * (1 if q8 else 2) * FLASH_KT * lk
+    raw = 2 * (2 * FLASH_KT * hd + 8 * FLASH_KT * (hd // min(hd, 32))) if q8 else 0
+    return 2 * fp16 + raw
 
 
 SOURCE = (
@@ -47,25 +52,50 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" :: "n"(N));
 }
-// Two 8x8 b16 matrices transposed: rows (keys) from lanes 0-7 and 8-15, so lane l gets the column (dim) l / 4
-// at keys 2 (l % 4), +1 of each: the B fragment of m16n8k16 from a [key][dim] tile
-__device__ __forceinline__ void ldsm_x2_trans(u32* r, const u16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+// ldmatrix: four 8x8 b16 matrices, rows from lanes 0-7, 8-15, 16-23, 24-31 (each lane one row's address);
+// .trans gives each lane a column instead of a row
+__device__ __forceinline__ void ldsm_x4(u32* r, const u16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(u32* r, const u16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x2(u32* r, const u16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
                : "=r"(r[0]), "=r"(r[1])
                : "r"(smem_addr(p)));
 }
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(smem_addr(dst)), "l"(src));
+}
+// 8 int8 codes times their scale, rounded to fp16 and packed: the same bits as f2h((float)code * scale), by
+// code_f's byte permute and one cvt per two values, where a plain int-to-float and a float-to-half cvt each
+// issue at a sixteenth of the FMA rate
+__device__ __forceinline__ uint4 dequant8(uint2 w, float s) {
+  const u32 ws[2] = {w.x, w.y};
+  u32 h[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+    h[i] = pack2(code_f(ws[i >> 1], 2 * (i & 1)) * s, code_f(ws[i >> 1], 2 * (i & 1) + 1) * s);
+  return make_uint4(h[0], h[1], h[2], h[3]);
+}
 
-// Dynamic shared memory: flash_smem(HD) bytes = two stages of K and V tiles [KT][HD + 8] halves. The next
-// tile's K and V stream in by cp.async while this one is multiplied; V stays [key][dim] and its P.V
-// fragments come through ldmatrix .trans.
-// Q8: kc, vc hold int8 codes and ksc, vsc their scales (sc_stride floats a kv head); a tile is decoded to
-// fp16 (code * scale, rounded) as it is loaded, with plain loads instead of cp.async.
-// Cells before `base` (--kv-resident) come from hkc, hvc (hksc, hvsc; h_stride cells a kv head): the
-// host's, read in place, or a staged copy of them; plain loads there too. kc, vc are then the window minus
-// base cells.
-// W warps a block, 16 query rows each: every key tile a block loads (and, for int8 cells, decodes) serves
-// W x 16 queries, so W = 8 halves the loads and decodes per multiply of W = 4 and doubles the warps an SM
-// has to hide the multiplies' latency (the two stages' shared memory leave one block an SM at HD 256).
+// Dynamic shared memory (flash_smem): the block's queries Qs [16 W][HD + 8] fp16 (A fragments by ldmatrix, so
+// no thread holds a query in registers: at HD 256 the output's 128 floats a thread leave no room for them),
+// then the K and V tiles [KT][HD + 8] fp16: two stages of each for fp16 cells, which stream in by cp.async
+// while the other stage is multiplied. For int8 cells one fp16 stage and two raw stages (codes [KT][HD] and
+// their scales [KT][HD / 32] for K and V): tile j + 1's raw bytes stream in by cp.async while tile j is
+// decoded into the fp16 stage and multiplied, so each block decodes a tile once, by one byte permute a code.
+// Cells before `base` (--kv-resident) come from hkc, hvc (hksc, hvsc; h_stride cells a kv head): the host's,
+// read in place, or a staged copy of them; plain loads there (cp.async reads device memory). kc, vc are then
+// the window minus base cells.
+// W warps a block, 16 query rows each: every key tile a block loads serves W x 16 queries, so W = 8 halves
+// the loads (and int8 decodes) per multiply of W = 4 and doubles the warps an SM has to hide the multiplies'
+// latency (the shared memory leaves one block an SM at HD 256).
 template <int HD, int Q8, int W>
 __global__ void __launch_bounds__(32 * W) flash_attn(
     const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc, i64 head_stride,
@@ -73,10 +103,14 @@ __global__ void __launch_bounds__(32 * W) flash_attn(
     int T, int n_past, int H, int KV, float scale_log2, float* __restrict__ out,
     const void* __restrict__ hkc, const void* __restrict__ hvc, i64 h_stride, const float* __restrict__ hksc,
     const float* __restrict__ hvsc, int base) {
-  constexpr int KT = 64, LK = HD + 8, TILE = KT * LK;
+  constexpr int KT = 64, LK = HD + 8, TILE = KT * LK, G = Q8_GROUPS(HD), GS = Q8_GROUP(HD);
+  constexpr int STAGES = Q8 ? 1 : 2;
+  constexpr int RAW = 2 * KT * HD + 8 * KT * G;  // bytes of a raw stage: K and V codes, then their scales
   extern __shared__ uint4 fsm[];
-  u16* Ks = (u16*)fsm;        // [2][KT][LK]
-  u16* Vs = Ks + 2 * TILE;    // [2][KT][LK]
+  u16* Qs = (u16*)fsm;                  // [16 W][LK]
+  u16* Ks = Qs + 16 * W * LK;           // [STAGES][KT][LK]
+  u16* Vs = Ks + STAGES * TILE;         // [STAGES][KT][LK]
+  char* raw = (char*)(Vs + STAGES * TILE);  // Q8: [2][RAW]: K codes, V codes, K scales, V scales
   const int h = blockIdx.y, kvh = h / (H / KV);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
   const int q0 = blockIdx.x * 16 * W + warp * 16;  // this warp's first query row
@@ -89,86 +123,138 @@ __global__ void __launch_bounds__(32 * W) flash_attn(
   constexpr int ES = Q8 ? 1 : 2;
   const char* hkb = (const char*)hkc + (i64)kvh * h_stride * HD * ES;
   const char* hvb = (const char*)hvc + (i64)kvh * h_stride * HD * ES;
-  const float* hksb = Q8 ? hksc + (i64)kvh * h_stride * Q8_GROUPS(HD) : nullptr;
-  const float* hvsb = Q8 ? hvsc + (i64)kvh * h_stride * Q8_GROUPS(HD) : nullptr;
+  const float* hksb = Q8 ? hksc + (i64)kvh * h_stride * G : nullptr;
+  const float* hvsb = Q8 ? hvsc + (i64)kvh * h_stride * G : nullptr;
   const int S = n_past + T;
-  // Q fragments (pre-scaled by scale*log2(e): the softmax runs in base 2)
-  u32 qa[HD / 16][4];
-#pragma unroll
-  for (int ks = 0; ks < HD / 16; ks++)
-#pragma unroll
-    for (int r = 0; r < 4; r++) {
-      const int row = q0 + g + 8 * (r & 1), col = ks * 16 + 2 * t4 + 8 * (r >> 1);
-      float a = 0.f, b = 0.f;
-      if (row < T) {
-        const float* p = q + (i64)row * H * HD + h * HD + col;
-        a = p[0] * scale_log2; b = p[1] * scale_log2;
-      }
-      qa[ks][r] = pack2(a, b);
+  // the queries, pre-scaled by scale*log2(e) (the softmax runs in base 2), as fp16 rows
+  for (int i = threadIdx.x; i < 16 * W * HD / 2; i += blockDim.x) {
+    const int r = i / (HD / 2), c = (i % (HD / 2)) * 2, row = blockIdx.x * 16 * W + r;
+    float a = 0.f, b = 0.f;
+    if (row < T) {
+      const float* p = q + (i64)row * H * HD + h * HD + c;
+      a = p[0] * scale_log2; b = p[1] * scale_log2;
     }
+    *(u32*)(Qs + r * LK + c) = pack2(a, b);
+  }
   float o[HD / 8][4];
 #pragma unroll
   for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
   const int last = min(S, n_past + (int)blockIdx.x * 16 * W + 16 * W);  // keys this block can see
+  // fp16 cells: tile j0's K and V into stage st (cp.async from the device, plain loads from the host, zeros
+  // past the last key)
   auto load_tile = [&](int j0, int st) {
     for (int i = threadIdx.x; i < KT * HD / 8; i += blockDim.x) {
       const int key = i / (HD / 8), d = (i % (HD / 8)) * 8;
       u16* kd = Ks + st * TILE + key * LK + d;
       u16* vd = Vs + st * TILE + key * LK + d;
-      const bool cold = j0 + key < base;
-      if (j0 + key < S && Q8) {
-        const i64 cell = j0 + key;
-        const signed char* kr = (cold ? (const signed char*)hkb : kb8) + cell * HD + d;
-        const signed char* vr = (cold ? (const signed char*)hvb : vb8) + cell * HD + d;
-        const uint2 kw = *(const uint2*)kr, vw = *(const uint2*)vr;
-        const float ks = (cold ? hksb : ksb)[cell * Q8_GROUPS(HD) + d / Q8_GROUP(HD)],
-                    vs = (cold ? hvsb : vsb)[cell * Q8_GROUPS(HD) + d / Q8_GROUP(HD)];
-        const signed char* kq = (const signed char*)&kw;
-        const signed char* vq = (const signed char*)&vw;
-        u32 kh[4], vh[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-          kh[i] = (u32)f2h((float)kq[2 * i] * ks) | ((u32)f2h((float)kq[2 * i + 1] * ks) << 16);
-          vh[i] = (u32)f2h((float)vq[2 * i] * vs) | ((u32)f2h((float)vq[2 * i + 1] * vs) << 16);
-        }
-        *(uint4*)kd = make_uint4(kh[0], kh[1], kh[2], kh[3]);
-        *(uint4*)vd = make_uint4(vh[0], vh[1], vh[2], vh[3]);
-      } else if (cold) {  // plain loads: cp.async is for device memory
-        *(uint4*)kd = *(const uint4*)((const u16*)hkb + (i64)(j0 + key) * HD + d);
-        *(uint4*)vd = *(const uint4*)((const u16*)hvb + (i64)(j0 + key) * HD + d);
-      } else if (j0 + key < S) {
-        cp_async16(kd, kb + (i64)(j0 + key) * HD + d);
-        cp_async16(vd, vb + (i64)(j0 + key) * HD + d);
-      } else {
+      if (j0 + key >= S) {
         *(uint4*)kd = make_uint4(0, 0, 0, 0);
         *(uint4*)vd = make_uint4(0, 0, 0, 0);
+      } else if (j0 + key < base) {
+        *(uint4*)kd = *(const uint4*)((const u16*)hkb + (i64)(j0 + key) * HD + d);
+        *(uint4*)vd = *(const uint4*)((const u16*)hvb + (i64)(j0 + key) * HD + d);
+      } else {
+        cp_async16(kd, kb + (i64)(j0 + key) * HD + d);
+        cp_async16(vd, vb + (i64)(j0 + key) * HD + d);
       }
     }
     cp_async_commit();
   };
-  load_tile(0, 0);
+  // int8 cells: tile j0's codes and scales into raw stage rs, as stored
+  auto load_raw = [&](int j0, int rs) {
+    signed char* kr = (signed char*)(raw + rs * RAW);
+    signed char* vr = kr + KT * HD;
+    float* kss = (float*)(vr + KT * HD);
+    float* vss = kss + KT * G;
+    for (int i = threadIdx.x; i < KT * HD / 16; i += blockDim.x) {
+      const int key = i / (HD / 16), d = (i % (HD / 16)) * 16;
+      const i64 cell = j0 + key;
+      uint4* kd = (uint4*)(kr + key * HD + d);
+      uint4* vd = (uint4*)(vr + key * HD + d);
+      if (cell >= S) {
+        *kd = make_uint4(0, 0, 0, 0);
+        *vd = make_uint4(0, 0, 0, 0);
+      } else if (cell < base) {
+        *kd = *(const uint4*)(hkb + cell * HD + d);
+        *vd = *(const uint4*)(hvb + cell * HD + d);
+      } else {
+        cp_async16(kd, kb8 + cell * HD + d);
+        cp_async16(vd, vb8 + cell * HD + d);
+      }
+    }
+    for (int i = threadIdx.x; i < KT * G; i += blockDim.x) {
+      const i64 cell = j0 + i / G;
+      const int gi = i % G;
+      if (cell >= S) {
+        kss[i] = 0.f; vss[i] = 0.f;
+      } else if (cell < base) {
+        kss[i] = hksb[cell * G + gi]; vss[i] = hvsb[cell * G + gi];
+      } else {
+        cp_async4(kss + i, ksb + cell * G + gi);
+        cp_async4(vss + i, vsb + cell * G + gi);
+      }
+    }
+    cp_async_commit();
+  };
+  // raw stage rs decoded into the fp16 stage
+  auto decode_raw = [&](int rs) {
+    const signed char* kr = (const signed char*)(raw + rs * RAW);
+    const signed char* vr = kr + KT * HD;
+    const float* kss = (const float*)(vr + KT * HD);
+    const float* vss = kss + KT * G;
+    for (int i = threadIdx.x; i < KT * HD / 8; i += blockDim.x) {
+      const int key = i / (HD / 8), d = (i % (HD / 8)) * 8;
+      *(uint4*)(Ks + key * LK + d) = dequant8(*(const uint2*)(kr + key * HD + d), kss[key * G + d / GS]);
+      *(uint4*)(Vs + key * LK + d) = dequant8(*(const uint2*)(vr + key * HD + d), vss[key * G + d / GS]);
+    }
+  };
+  if (Q8) load_raw(0, 0); else load_tile(0, 0);
   int st = 0;
   for (int j0 = 0; j0 < last; j0 += KT, st ^= 1) {
-    if (j0 + KT < last) {  // the other stage was released by the barrier that ended the last step
+    if (Q8) {
+      cp_async_wait<0>();
+      __syncthreads();  // raw stage st complete; every warp done with the fp16 stage and the other raw stage
+      if (j0 + KT < last) load_raw(j0 + KT, st ^ 1);
+      decode_raw(st);
+      __syncthreads();  // the fp16 stage complete
+    } else if (j0 + KT < last) {  // the other stage was released by the barrier that ended the last step
       load_tile(j0 + KT, st ^ 1);
       cp_async_wait<1>();
+      __syncthreads();  // stage st complete for every thread
     } else {
       cp_async_wait<0>();
+      __syncthreads();
     }
-    __syncthreads();  // stage st complete for every thread
     if (q0 < T) {  // a warp with no live query still helps load tiles
-      const u16* ks_ = Ks + st * TILE;
-      const u16* vs_ = Vs + st * TILE;
+      const u16* ks_ = Ks + (Q8 ? 0 : st) * TILE;
+      const u16* vs_ = Vs + (Q8 ? 0 : st) * TILE;
+      const u16* qs_ = Qs + (warp * 16 + (lane & 15)) * LK + (lane >> 4) * 8;
       float s[KT / 8][4];
 #pragma unroll
-      for (int nt = 0; nt < KT / 8; nt++) {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+      for (int nt = 0; nt < KT / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+      if (HD % 32 == 0) {
 #pragma unroll
-        for (int ks = 0; ks < HD / 16; ks++) {
-          const u16* p = ks_ + (nt * 8 + g) * LK + ks * 16 + 2 * t4;
-          const u32 b[2] = {*(const u32*)p, *(const u32*)(p + 8)};
-          mma16816(s[nt], qa[ks], b);
+        for (int kp = 0; kp < HD / 32; kp++) {  // two 16-dim steps a pass: one ldmatrix.x4 of K serves both
+          u32 qa0[4], qa1[4];
+          ldsm_x4(qa0, qs_ + kp * 32);
+          ldsm_x4(qa1, qs_ + kp * 32 + 16);
+#pragma unroll
+          for (int nt = 0; nt < KT / 8; nt++) {
+            u32 b[4];
+            ldsm_x4(b, ks_ + (nt * 8 + (lane & 7)) * LK + kp * 32 + (lane >> 3) * 8);
+            mma16816(s[nt], qa0, b);
+            mma16816(s[nt], qa1, b + 2);
+          }
+        }
+      } else {  // HD 16
+        u32 qa[4];
+        ldsm_x4(qa, qs_);
+#pragma unroll
+        for (int nt = 0; nt < KT / 8; nt++) {
+          u32 b[2];
+          ldsm_x2(b, ks_ + (nt * 8 + (lane & 7)) * LK + ((lane >> 3) & 1) * 8);
+          mma16816(s[nt], qa, b);
         }
       }
       float mx[2] = {-INFINITY, -INFINITY};
@@ -210,14 +296,15 @@ __global__ void __launch_bounds__(32 * W) flash_attn(
                            pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                            pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-        for (int dt = 0; dt < HD / 8; dt++) {
-          u32 b[2];
-          ldsm_x2_trans(b, vs_ + (kk * 16 + (lane & 15)) * LK + dt * 8);
-          mma16816(o[dt], pa, b);
+        for (int dp = 0; dp < HD / 16; dp++) {  // two 8-dim output tiles an ldmatrix.x4
+          u32 b[4];
+          ldsm_x4_trans(b, vs_ + (kk * 16 + (lane & 15)) * LK + dp * 16 + (lane >> 4) * 8);
+          mma16816(o[2 * dp], pa, b);
+          mma16816(o[2 * dp + 1], pa, b + 2);
         }
       }
     }
-    __syncthreads();  // every warp is done with stage st before the next step refills it
+    if (!Q8) __syncthreads();  // every warp is done with stage st before the next step refills it
   }
   if (q0 >= T) return;
 #pragma unroll
