@@ -4,7 +4,8 @@ each context, per cell type and block size, in TFLOP/s; decode attention (split-
 cells read. Not a test: prints a table and writes JSON.
 
     python perf/bench_attn.py [--contexts 4096,32768,131072,262144] [--chunk 4096] [--kv-types f16,int8]
-                              [--warps 4,8] [--before DIR] [--json OUT.json]
+                              [--warps 4,8] [--splits 32,64] [--no-flash | --no-decode] [--before DIR]
+                              [--json OUT.json]
 
 `--before` names a folder with copies of an earlier kernels/flash.py and kernels/attention.py (either): their
 kernels run beside the current ones on the same cells in the same process, and each row gives both and the
@@ -82,6 +83,7 @@ def main() -> None:
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--before", type=Path, help="a folder of earlier flash.py and attention.py to run beside")
     ap.add_argument("--splits", default="32", help="decode's split-K counts to time (attention.SPLITS's)")
+    ap.add_argument("--no-flash", action="store_true")
     ap.add_argument("--no-decode", action="store_true")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
@@ -93,7 +95,7 @@ def main() -> None:
     from strata.gpu.runtime import NULL, Kernels, dev_ptr, f32, i32, i64, launch
 
     h, kv, hd, t = a.heads, a.kv_heads, a.head_dim, a.chunk
-    warps = [int(w) for w in a.warps.split(",")]
+    warps = [] if a.no_flash else [int(w) for w in a.warps.split(",")]
     kinds = [k == "int8" for k in a.kv_types.split(",")]
     contexts = [int(c) for c in a.contexts.split(",")]
     before = a.before or Path("/nonexistent")
@@ -155,10 +157,9 @@ def main() -> None:
                     row[f"flash_{name}_w{w}_ms"] = round(sec * 1e3, 3)
                     row[f"flash_{name}_w{w}_tflops"] = round(flops / sec / 1e12, 1)
                     outs[(name, w)] = out
-            ref = outs[("now", warps[0])]
             for (name, w), o in outs.items():
                 if (name, w) != ("now", warps[0]):
-                    row[f"diff_{name}_w{w}"] = float(cp.abs(o - ref).max())
+                    row[f"diff_{name}_w{w}"] = float(cp.abs(o - outs["now", warps[0]]).max())
             if not a.no_decode:
                 tab = cp.zeros((1, TAB), cp.int64)
                 kp, vp = (ks.data.ptr, vs.data.ptr) if q8 else (0, 0)

@@ -130,13 +130,20 @@ class GpuKV:
         # pieces it cannot join: the 80B's f16 KV growing to 64k asked for 768 MiB beside its old cells and
         # found no piece, though the ledger had room
         kept, rows = {}, self.length - self.base
-        if rows:
-            via_host = old >= HOST_MOVE_BYTES or not self.ledger.fits(old)
-            for name in self._arrays():
-                a = getattr(self, name)[:, :, :rows]
-                kept[name] = a.get() if via_host else a
-                if via_host:
-                    setattr(self, name, None)
+        via_host = rows > 0 and (old >= HOST_MOVE_BYTES or not self.ledger.fits(old))
+        for name in self._arrays():
+            if rows:
+                view = getattr(self, name)[:, :, :rows]
+                kept[name] = view.get() if via_host else view
+            if via_host or not rows:
+                setattr(self, name, None)
+        # cupy's pool counts the blocks it caches against its limit (the budget) and gives them back to the
+        # driver only when cudaMalloc fails, never when the limit is reached: the old cells' blocks, cached,
+        # left no room for the new (the 80B's int8 KV growing to 256k at 24 GiB asked for 1.5 GiB of K codes
+        # with the old 0.8 GiB cached beside). So they go back before the new are made, and after a move on
+        # the device, once the new have them
+        pool = cp.get_default_memory_pool()
+        pool.free_all_blocks()
         n_layer, n_kv, _ = self.shape
         for name in self._arrays():
             width, dtype = self._width(name)
@@ -144,6 +151,9 @@ class GpuKV:
             if name in kept:
                 grown[:, :, :rows] = cp.asarray(kept[name])  # asarray: a no-op for device arrays
             setattr(self, name, grown)
+        if kept and not via_host:
+            kept.clear()
+            pool.free_all_blocks()
         self.cap = cap
         self.layout += 1
 
