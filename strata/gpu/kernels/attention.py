@@ -71,13 +71,11 @@ struct Cells {
 };
 
 // ---- decode: q [rows, H*HD] fp32, out [rows, H*HD] fp32 ----
+// decode_core: one query head against a list of keys, kernels/qsa.py's (QsaKeys: the selected blocks); the
+// decode kernels below read every key through decode_group, a kv group's query heads at once.
 // Key lists: key i of a row's list is the cache position pos(i); in the V loop a lane's key jj of the
 // warp's step from `base` is at(base, jj, kp), kp each lane's own position (QSA's lists share them by
-// shuffle). AllKeys: positions 0..S-1 in order (attn_decode); kernels/qsa.py's QsaKeys: the selected blocks.
-struct AllKeys {
-  __device__ int pos(int i) const { return i; }
-  __device__ int at(int base, int jj, int) const { return base + jj; }
-};
+// shuffle).
 
 // One head of one row against keys lo..hi-1 of its list (c: its kv head's cells); the key at position
 // `last` (or none: -1) has its K and V rows read from klast, vlast (the cache itself, or shared memory when
