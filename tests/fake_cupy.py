@@ -55,6 +55,13 @@ class _Stream:
         pass
 
 
+class _Pool:
+    """cupy's memory pool: host arrays go back to the allocator when dropped, so it keeps nothing to free."""
+
+    def free_all_blocks(self) -> None:
+        pass
+
+
 def _memcpy2d(
     dst: int, dpitch: int, src: int, spitch: int, width: int, height: int, kind: int, s: int
 ) -> None:
@@ -69,6 +76,8 @@ def module() -> types.ModuleType:
     cp.zeros = _empty  # type: ignore[attr-defined]
     cp.asarray = _asarray  # type: ignore[attr-defined]
     cp.arange = lambda n, dtype=None: np.arange(n, dtype=dtype).view(FakeArray)  # type: ignore[attr-defined]
+    pool = _Pool()
+    cp.get_default_memory_pool = lambda: pool  # type: ignore[attr-defined]
     for name in ("float16", "float32", "int8", "int32", "int64", "uint8"):
         setattr(cp, name, getattr(np, name))
     cuda = types.SimpleNamespace(
