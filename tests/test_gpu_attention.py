@@ -64,6 +64,38 @@ def _cells(cp, k: np.ndarray, v: np.ndarray, layer: int, cap: int, q8: bool):
     return (kc, vc), [kc.data.ptr, vc.data.ptr, cap, s - 1, 0, 0, 0, 0, 0], args, None
 
 
+def _rows(cp, rng, lengths: list[int], kv: int, hd: int, layer: int, q8: bool):
+    """One cached sequence of random keys and values a length (each its own cache, one capacity), and the
+    table of their rows at their last keys; the caches come back with their k and v for the twins."""
+    cap = max(lengths) + 3
+    caches, rows_ = [], []
+    for s_ in lengths:
+        k = rng.standard_normal((s_, kv, hd)).astype(np.float32)
+        v = rng.standard_normal((s_, kv, hd)).astype(np.float32)
+        keep, row, _, _ = _cells(cp, k, v, layer, cap, q8)
+        rows_.append(row)
+        caches.append((keep, k, v))
+    return _tab(cp, rows_), caches
+
+
+def _fused_equals_two_launches(
+    cp, ops, rng, tab, n: int, h: int, kv: int, hd: int, layer: int, q8: bool, part
+) -> None:
+    """attn_decode_qkv on random q/k/v rows against qkv_post then attn_decode on the same caches (which the
+    second writes again, the same cells)."""
+    scale = 1 / np.sqrt(hd)
+    rope = Rope(n_rot=hd, base=1e6, style=RopeStyle.NEOX)
+    qkv = rng.standard_normal((n, (h + 2 * kv) * hd)).astype(np.float32)
+    args = (None, None, 1e-6, cp.asarray(rows.inv_freq(rope)), hd, True, rope.scale)
+    fused = cp.full((n, h * hd), cp.nan, cp.float32)
+    ops.attn_decode_qkv(cp.asarray(qkv), tab, TAB, layer, n, h, kv, hd, *args, scale, fused, q8, part)
+    qq = cp.empty((n, h * hd), cp.float32)
+    ops.qkv_post(cp.asarray(qkv), n, h, kv, hd, *args, tab, TAB, layer, qq, q8)
+    again = cp.full((n, h * hd), cp.nan, cp.float32)
+    ops.attn_decode(qq, tab, TAB, layer, n, h, kv, hd, scale, again, q8)
+    np.testing.assert_allclose(fused.get(), again.get(), rtol=2e-4, atol=2e-4)
+
+
 @pytest.mark.parametrize("q8", [False, True])
 @pytest.mark.parametrize("hd", HDS)
 def test_attention_decode_and_flash(cp, ops, hd, q8):
@@ -220,15 +252,7 @@ def test_split_decode_equals_one_block(cp, ops, hd, q8):
     h, kv, layer = 8, 2, 0
     lengths = [1, 100, 4097, 70_000]
     n = len(lengths)
-    cap = max(lengths) + 3
-    caches, rows_ = [], []
-    for s_ in lengths:
-        k = rng.standard_normal((s_, kv, hd)).astype(np.float32)
-        v = rng.standard_normal((s_, kv, hd)).astype(np.float32)
-        keep, row, _, _ = _cells(cp, k, v, layer, cap, q8)
-        rows_.append(row)
-        caches.append((keep, k, v))
-    tab = _tab(cp, rows_)
+    tab, caches = _rows(cp, rng, lengths, kv, hd, layer, q8)
     q = rng.standard_normal((n, h, hd)).astype(np.float32)
     scale = 1 / np.sqrt(hd)
     part = cp.empty(n * h * attention.SPLITS * (hd + 2), cp.float32)
@@ -241,16 +265,7 @@ def test_split_decode_equals_one_block(cp, ops, hd, q8):
         ref = attention.ref_attention(q[r][None], k, v, scale, q8)
         np.testing.assert_allclose(split.get()[r].reshape(1, h, hd), ref, rtol=1e-4, atol=1e-5)
     # the fused kernel: each split computes the query; only the split with the new key makes and stores it
-    rope = Rope(n_rot=hd, base=1e6, style=RopeStyle.NEOX)
-    qkv = rng.standard_normal((n, (h + 2 * kv) * hd)).astype(np.float32)
-    args = (None, None, 1e-6, cp.asarray(rows.inv_freq(rope)), hd, True, rope.scale)
-    fused = cp.full((n, h * hd), cp.nan, cp.float32)
-    ops.attn_decode_qkv(cp.asarray(qkv), tab, TAB, layer, n, h, kv, hd, *args, scale, fused, q8, part)
-    qq = cp.empty((n, h * hd), cp.float32)
-    ops.qkv_post(cp.asarray(qkv), n, h, kv, hd, *args, tab, TAB, layer, qq, q8)  # rewrites the same cells
-    again = cp.full((n, h * hd), cp.nan, cp.float32)
-    ops.attn_decode(qq, tab, TAB, layer, n, h, kv, hd, scale, again, q8)
-    np.testing.assert_allclose(fused.get(), again.get(), rtol=2e-4, atol=2e-4)
+    _fused_equals_two_launches(cp, ops, rng, tab, n, h, kv, hd, layer, q8, part)
 
 
 @pytest.mark.parametrize("q8", [False, True])
@@ -263,15 +278,7 @@ def test_decode_blocks_of_query_groups(cp, ops, h, kv, q8):
     hd, layer = 128, 1
     lengths = [1, 300, 5000]
     n = len(lengths)
-    cap = max(lengths) + 3
-    caches, rows_ = [], []
-    for s_ in lengths:
-        k = rng.standard_normal((s_, kv, hd)).astype(np.float32)
-        v = rng.standard_normal((s_, kv, hd)).astype(np.float32)
-        keep, row, _, _ = _cells(cp, k, v, layer, cap, q8)
-        rows_.append(row)
-        caches.append((keep, k, v))
-    tab = _tab(cp, rows_)
+    tab, caches = _rows(cp, rng, lengths, kv, hd, layer, q8)
     q = rng.standard_normal((n, h, hd)).astype(np.float32)
     scale = 1 / np.sqrt(hd)
     part = cp.empty(n * h * attention.SPLITS * (hd + 2), cp.float32)
@@ -281,13 +288,4 @@ def test_decode_blocks_of_query_groups(cp, ops, h, kv, q8):
         for r, (_, k, v) in enumerate(caches):
             ref = attention.ref_attention(q[r][None], k, v, scale, q8)
             np.testing.assert_allclose(out.get()[r].reshape(1, h, hd), ref, rtol=1e-4, atol=1e-5)
-    rope = Rope(n_rot=hd, base=1e6, style=RopeStyle.NEOX)
-    qkv = rng.standard_normal((n, (h + 2 * kv) * hd)).astype(np.float32)
-    args = (None, None, 1e-6, cp.asarray(rows.inv_freq(rope)), hd, True, rope.scale)
-    fused = cp.full((n, h * hd), cp.nan, cp.float32)
-    ops.attn_decode_qkv(cp.asarray(qkv), tab, TAB, layer, n, h, kv, hd, *args, scale, fused, q8, part)
-    qq = cp.empty((n, h * hd), cp.float32)
-    ops.qkv_post(cp.asarray(qkv), n, h, kv, hd, *args, tab, TAB, layer, qq, q8)  # rewrites the same cells
-    again = cp.full((n, h * hd), cp.nan, cp.float32)
-    ops.attn_decode(qq, tab, TAB, layer, n, h, kv, hd, scale, again, q8)
-    np.testing.assert_allclose(fused.get(), again.get(), rtol=2e-4, atol=2e-4)
+    _fused_equals_two_launches(cp, ops, rng, tab, n, h, kv, hd, layer, q8, part)

@@ -77,6 +77,40 @@ struct Cells {
 // warp's step from `base` is at(base, jj, kp), kp each lane's own position (QSA's lists share them by
 // shuffle).
 
+// The lane's PER values of a cached V row (dims PER * lane ..), decoded: int8 codes times their 32 dims'
+// scale in fp32, or fp16; one load a lane where PER allows
+template <int HD, int Q8>
+__device__ __forceinline__ void v_lane(const void* row, const float* scales, int lane, float* vv) {
+  constexpr int PER = HD >= 32 ? HD / 32 : 1;
+  if (Q8) {
+    const signed char* vr = (const signed char*)row + PER * lane;
+    const float sv = scales[(PER * lane) / Q8_GROUP(HD)];
+#pragma unroll
+    for (int i = 0; i < PER; i++) vv[i] = (float)vr[i] * sv;
+    return;
+  }
+  const u16* vr = (const u16*)row + PER * lane;
+  if (PER == 8) {
+    const uint4 w = *(const uint4*)vr;
+    const u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      vv[(2 * i) % PER] = h2f(ws[i] & 0xFFFF);
+      vv[(2 * i + 1) % PER] = h2f(ws[i] >> 16);
+    }
+  } else if (PER == 4) {
+    const uint2 w = *(const uint2*)vr;
+    vv[0] = h2f(w.x & 0xFFFF); vv[1 % PER] = h2f(w.x >> 16);
+    vv[2 % PER] = h2f(w.y & 0xFFFF); vv[3 % PER] = h2f(w.y >> 16);
+  } else if (PER == 2) {
+    const u32 w = *(const u32*)vr;
+    vv[0] = h2f(w & 0xFFFF); vv[1 % PER] = h2f(w >> 16);
+  } else {
+#pragma unroll
+    for (int i = 0; i < PER; i++) vv[i] = h2f(vr[i]);
+  }
+}
+
 // One head of one row against keys lo..hi-1 of its list (c: its kv head's cells); the key at position
 // `last` (or none: -1) has its K and V rows read from klast, vlast (the cache itself, or shared memory when
 // the fused kernel below has just computed them). qs: the query, in shared memory; o: the head's HD outputs,
@@ -149,28 +183,10 @@ __device__ __forceinline__ void decode_core(const float* qs, const Cells<HD, Q8>
       const int at = keys.at(base, jj, kp);
       if (PER * lane >= HD) continue;
       const bool is_last = at == last;
-      if (Q8) {
-        const signed char* vr = (const signed char*)(is_last ? vlast : (const void*)c.vat(at)) + PER * lane;
-        const float sv = (is_last ? vlast_s : c.vsat(at))[(PER * lane) / G];
+      float vv[PER];
+      v_lane<HD, Q8>(is_last ? vlast : (const void*)c.vat(at), is_last ? vlast_s : c.vsat(at), lane, vv);
 #pragma unroll
-        for (int i = 0; i < PER; i++) acc[i] = fmaf(pj, (float)vr[i] * sv, acc[i]);
-      } else {
-        const u16* vr = (const u16*)(is_last ? vlast : (const void*)c.vat(at)) + PER * lane;
-        float vv[PER];
-        if (PER == 4) {
-          const uint2 w = *(const uint2*)vr;
-          vv[0] = h2f(w.x & 0xFFFF); vv[1 % PER] = h2f(w.x >> 16);
-          vv[2 % PER] = h2f(w.y & 0xFFFF); vv[3 % PER] = h2f(w.y >> 16);
-        } else if (PER == 2) {
-          const u32 w = *(const u32*)vr;
-          vv[0] = h2f(w & 0xFFFF); vv[1 % PER] = h2f(w >> 16);
-        } else {
-#pragma unroll
-          for (int i = 0; i < PER; i++) vv[i] = h2f(vr[i]);
-        }
-#pragma unroll
-        for (int i = 0; i < PER; i++) acc[i] = fmaf(pj, vv[i], acc[i]);
-      }
+      for (int i = 0; i < PER; i++) acc[i] = fmaf(pj, vv[i], acc[i]);
     }
     m = mnew;
   }
@@ -335,34 +351,8 @@ __device__ __forceinline__ void decode_group(const float* qs, int gb, const Cell
       const int at = base + jj;
       if (PER * lane >= HD) continue;
       float vv[PER];
-      if (Q8) {
-        const signed char* vr =
-            (const signed char*)(at == last ? vlast : (const void*)c.vat(at)) + PER * lane;
-        const float sv = (at == last ? vlast_s : c.vsat(at))[(PER * lane) / G];
-#pragma unroll
-        for (int i = 0; i < PER; i++) vv[i] = (float)vr[i] * sv;
-      } else {
-        const u16* vr = (const u16*)(at == last ? vlast : (const void*)c.vat(at)) + PER * lane;
-        if (PER == 8) {
-          const uint4 w = *(const uint4*)vr;
-          const u32 ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            vv[(2 * i) % PER] = h2f(ws[i] & 0xFFFF);
-            vv[(2 * i + 1) % PER] = h2f(ws[i] >> 16);
-          }
-        } else if (PER == 4) {
-          const uint2 w = *(const uint2*)vr;
-          vv[0] = h2f(w.x & 0xFFFF); vv[1 % PER] = h2f(w.x >> 16);
-          vv[2 % PER] = h2f(w.y & 0xFFFF); vv[3 % PER] = h2f(w.y >> 16);
-        } else if (PER == 2) {
-          const u32 w = *(const u32*)vr;
-          vv[0] = h2f(w & 0xFFFF); vv[1 % PER] = h2f(w >> 16);
-        } else {
-#pragma unroll
-          for (int i = 0; i < PER; i++) vv[i] = h2f(vr[i]);
-        }
-      }
+      const bool is_last = at == last;
+      v_lane<HD, Q8>(is_last ? vlast : (const void*)c.vat(at), is_last ? vlast_s : c.vsat(at), lane, vv);
 #pragma unroll
       for (int j = 0; j < GM; j++)
 #pragma unroll
