@@ -7,8 +7,8 @@ query are never loaded; the next tile streams into shared memory (cp.async) whil
 as fp16, or for int8 cells as its codes and scales, decoded to fp16 once a block. The queries wait in shared
 memory, so at head dim 256 a thread's registers hold the output rows and one tile's scores, not the queries.
 
-Numpy twin: `ref_flash`; an int8 tile is decoded to fp16 as it loads, so the twin takes
-`attention.ref_cells(k, True)`.
+Numpy twin: `ref_flash`; an int8 tile is decoded to fp16 (code * scale, rounded once) before it is
+multiplied, so the twin takes `attention.ref_cells(k, True)`.
 """
 
 from __future__ import annotations
