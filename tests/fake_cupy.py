@@ -56,7 +56,14 @@ class _Stream:
 
 
 class _Pool:
-    """cupy's memory pool: host arrays go back to the allocator when dropped, so it keeps nothing to free."""
+    """cupy's memory pool, with no limit: host arrays go back to the allocator when dropped, so it keeps
+    nothing to free."""
+
+    def get_limit(self) -> int:
+        return 0
+
+    def total_bytes(self) -> int:
+        return 0
 
     def free_all_blocks(self) -> None:
         pass

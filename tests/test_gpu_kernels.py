@@ -497,11 +497,12 @@ def test_kv_growth_keeps_the_cells_when_the_budget_holds_one_copy(cp, kind):
 
 
 @pytest.mark.parametrize("via_host", [False, True])
-def test_kv_growth_gives_the_old_cells_blocks_back_to_the_driver(cp, via_host):
+def test_kv_growth_gives_cached_blocks_back_under_the_pool_limit(cp, via_host):
     """The pool's limit (the budget, strata.gpu.model) counts the blocks cupy caches, and cupy gives them
-    back only when cudaMalloc fails: a KV that grows gives its old cells' blocks back itself. Through host
-    RAM, the new cells fit under a limit with no room for the old beside them; moved on the device (where
-    the budget holds both), the old cells' room is free again afterwards. The cells survive either move."""
+    back only when cudaMalloc fails: a KV whose new cells would pass the limit gives the cached blocks back
+    itself. Through host RAM, the new cells fit under a limit with no room for the old beside them; on the
+    device (where the budget holds both), a growth fits beside the cells it moves though the blocks of the
+    growth before wait in the pool's cache. The cells survive every move."""
     from strata.gpu import kv as kvmod
     from strata.gpu.kv import GpuKV
     from strata.runtime.kvcache import KVType
@@ -512,22 +513,22 @@ def test_kv_growth_gives_the_old_cells_blocks_back_to_the_driver(cp, via_host):
     kv = GpuKV(Ledger(1 << 40, 0), 4, 4, 128, 16384, KVType.F16)
     old_hm = kvmod.HOST_MOVE_BYTES
     kvmod.HOST_MOVE_BYTES = 1 if via_host else 1 << 40
+    spare = 1 << 20
     try:
         kv.reserve(3000)
         kv.k[...] = 1.5
         kv.v[...] = -2.0
         kv.length = 3000
-        old = kv.k.nbytes + kv.v.nbytes
-        new = old // 3000 * 10000
-        spare = 1 << 20
-        # through the host: room for the new cells alone; on the device: for both, during the move
-        pool.set_limit(size=pool.total_bytes() + new + spare - (old if via_host else 0))
-        kv.reserve(10000)
-        assert kv.cap == 10000
-        if not via_host:
-            room = cp.empty(old, cp.uint8)  # where the old cells were
-            del room
+        per = (kv.k.nbytes + kv.v.nbytes) // 3000
+        target = 10000 if via_host else 12000  # the last capacity (on the device: doublings to 6,000, 12,000)
+        if via_host:  # room for the new cells alone
+            pool.set_limit(size=pool.total_bytes() - 3000 * per + target * per + spare)
+        else:  # a growth first, whose old blocks stay cached; then room for the cells and the new beside them
+            kv.reserve(5000)
+            pool.set_limit(size=pool.used_bytes() + target * per + spare)
+        kv.reserve(target)
     finally:
         pool.set_limit(size=0)
         kvmod.HOST_MOVE_BYTES = old_hm
+    assert kv.cap == target
     assert float(kv.k[:, :, :3000].min()) == 1.5 and float(kv.v[:, :, :3000].max()) == -2.0

@@ -138,12 +138,14 @@ class GpuKV:
             if via_host or not rows:
                 setattr(self, name, None)
         # cupy's pool counts the blocks it caches against its limit (the budget) and gives them back to the
-        # driver only when cudaMalloc fails, never when the limit is reached: the old cells' blocks, cached,
-        # left no room for the new (the 80B's int8 KV growing to 256k at 24 GiB asked for 1.5 GiB of K codes
-        # with the old 0.8 GiB cached beside). So they go back before the new are made, and after a move on
-        # the device, once the new have them
+        # driver only when cudaMalloc fails, never when the limit is reached: old cells' blocks, cached, left
+        # no room for new ones (the 80B's int8 KV growing to 256k at 24 GiB asked for 1.5 GiB of K codes
+        # beside 0.8 GiB of old cells the pool kept). So where the new cells would pass the limit, the cached
+        # blocks go back to the driver first
         pool = cp.get_default_memory_pool()
-        pool.free_all_blocks()
+        limit = pool.get_limit()
+        if limit and pool.total_bytes() + self._bytes(cap) > limit:
+            pool.free_all_blocks()
         n_layer, n_kv, _ = self.shape
         for name in self._arrays():
             width, dtype = self._width(name)
@@ -151,9 +153,6 @@ class GpuKV:
             if name in kept:
                 grown[:, :, :rows] = cp.asarray(kept[name])  # asarray: a no-op for device arrays
             setattr(self, name, grown)
-        if kept and not via_host:
-            kept.clear()
-            pool.free_all_blocks()
         self.cap = cap
         self.layout += 1
 
