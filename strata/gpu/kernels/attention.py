@@ -77,6 +77,60 @@ struct Cells {
 // warp's step from `base` is at(base, jj, kp), kp each lane's own position (QSA's lists share them by
 // shuffle).
 
+// dot[j] += q_j[d] * x for GM queries held dims-major (qs[d * GM + j]: a dim's queries in float4 reads)
+template <int GM>
+__device__ __forceinline__ void fma_dim(const float* qs, float* dot, int d, float x) {
+  if (GM % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < GM; j += 4) {
+      const float4 qv = *(const float4*)(qs + d * GM + j);
+      dot[j] = fmaf(qv.x, x, dot[j]); dot[j + 1 % GM] = fmaf(qv.y, x, dot[j + 1 % GM]);
+      dot[j + 2 % GM] = fmaf(qv.z, x, dot[j + 2 % GM]); dot[j + 3 % GM] = fmaf(qv.w, x, dot[j + 3 % GM]);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < GM; j++) dot[j] = fmaf(qs[d * GM + j], x, dot[j]);
+  }
+}
+
+// dot[j] = the GM queries in qs (dims-major) against one cached K row: int8 codes summed per 32-dim group,
+// then times the group's scale (sc), as strata.runtime.kvcache decodes them; or fp16
+template <int HD, int Q8, int GM>
+__device__ __forceinline__ void k_dots(const float* qs, const void* row, const float* sc, float* dot) {
+  constexpr int G = Q8_GROUP(HD), NG = Q8_GROUPS(HD);
+  const uint4* kr = (const uint4*)row;
+#pragma unroll
+  for (int j = 0; j < GM; j++) dot[j] = 0.0f;
+  if (Q8) {
+#pragma unroll
+    for (int g = 0; g < NG; g++) {
+      float part[GM];
+#pragma unroll
+      for (int j = 0; j < GM; j++) part[j] = 0.0f;
+#pragma unroll
+      for (int cc = 0; cc < G / 16; cc++) {
+        const uint4 w = kr[g * (G / 16) + cc];
+        const signed char* b = (const signed char*)&w;
+#pragma unroll
+        for (int i = 0; i < 16; i++) fma_dim<GM>(qs, part, g * G + 16 * cc + i, (float)b[i]);
+      }
+#pragma unroll
+      for (int j = 0; j < GM; j++) dot[j] = fmaf(part[j], sc[g], dot[j]);
+    }
+  } else {
+#pragma unroll
+    for (int cc = 0; cc < HD / 8; cc++) {
+      const uint4 w = kr[cc];
+      const u32 ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        fma_dim<GM>(qs, dot, 8 * cc + 2 * i, h2f(ws[i] & 0xFFFF));
+        fma_dim<GM>(qs, dot, 8 * cc + 2 * i + 1, h2f(ws[i] >> 16));
+      }
+    }
+  }
+}
+
 // The lane's PER values of a cached V row (dims PER * lane ..), decoded: int8 codes times their 32 dims'
 // scale in fp32, or fp16; one load a lane where PER allows
 template <int HD, int Q8>
@@ -124,7 +178,6 @@ __device__ __forceinline__ void decode_core(const float* qs, const Cells<HD, Q8>
                                             const float* klast_s, const float* vlast_s, float scale,
                                             float* __restrict__ o_out, float* __restrict__ ml) {
   constexpr int PER = HD >= 32 ? HD / 32 : 1;  // head dims per lane
-  constexpr int G = Q8_GROUP(HD), NG = Q8_GROUPS(HD);
   __shared__ float pm[4], pl[4];
   __shared__ float pacc[4][HD];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -137,36 +190,10 @@ __device__ __forceinline__ void decode_core(const float* qs, const Cells<HD, Q8>
     float s = -INFINITY;
     if (key < hi) {
       kp = keys.pos(key);
-      float dot = 0.0f;
-      if (Q8) {
-        const uint4* kr = (const uint4*)(kp == last ? klast : (const void*)c.kat(kp));
-        const float* sc = kp == last ? klast_s : c.ksat(kp);
-#pragma unroll
-        for (int g = 0; g < NG; g++) {
-          float part = 0.0f;
-#pragma unroll
-          for (int cc = 0; cc < G / 16; cc++) {
-            const uint4 w = kr[g * (G / 16) + cc];
-            const signed char* b = (const signed char*)&w;
-#pragma unroll
-            for (int i = 0; i < 16; i++) part = fmaf(qs[g * G + 16 * cc + i], (float)b[i], part);
-          }
-          dot = fmaf(part, sc[g], dot);
-        }
-      } else {
-        const uint4* kr = (const uint4*)(kp == last ? klast : (const void*)c.kat(kp));
-#pragma unroll
-        for (int cc = 0; cc < HD / 8; cc++) {
-          const uint4 w = kr[cc];
-          const u32 ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            dot = fmaf(qs[8 * cc + 2 * i], h2f(ws[i] & 0xFFFF), dot);
-            dot = fmaf(qs[8 * cc + 2 * i + 1], h2f(ws[i] >> 16), dot);
-          }
-        }
-      }
-      s = dot * scale;
+      const bool is_last = kp == last;
+      float dot[1];
+      k_dots<HD, Q8, 1>(qs, is_last ? klast : (const void*)c.kat(kp), is_last ? klast_s : c.ksat(kp), dot);
+      s = dot[0] * scale;
     }
     const float mnew = fmaxf(m, warp_max(s));  // lane 0's key is live: mnew is finite
     const float alpha = expf(m - mnew);  // m = -inf on the first step: alpha = 0, acc is 0 anyway
@@ -261,7 +288,6 @@ __device__ __forceinline__ void decode_group(const float* qs, int gb, const Cell
                                              const float* klast_s, const float* vlast_s, float scale,
                                              float* __restrict__ o0, i64 o_stride, int partial) {
   constexpr int PER = HD >= 32 ? HD / 32 : 1;  // head dims per lane
-  constexpr int G = Q8_GROUP(HD), NG = Q8_GROUPS(HD);
   __shared__ float pm[4][GM], pl[4][GM];
   __shared__ float pacc[4][GM][HD];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -272,60 +298,15 @@ __device__ __forceinline__ void decode_group(const float* qs, int gb, const Cell
 #pragma unroll
     for (int i = 0; i < PER; i++) acc[j][i] = 0.0f;
   }
-  // dot[j] += q_j[d] * x for the GM queries of dim d
-  auto fma_dim = [&](float* dot, int d, float x) {
-    if (GM % 4 == 0) {
-#pragma unroll
-      for (int j = 0; j < GM; j += 4) {
-        const float4 qv = *(const float4*)(qs + d * GM + j);
-        dot[j] = fmaf(qv.x, x, dot[j]); dot[j + 1 % GM] = fmaf(qv.y, x, dot[j + 1 % GM]);
-        dot[j + 2 % GM] = fmaf(qv.z, x, dot[j + 2 % GM]); dot[j + 3 % GM] = fmaf(qv.w, x, dot[j + 3 % GM]);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < GM; j++) dot[j] = fmaf(qs[d * GM + j], x, dot[j]);
-    }
-  };
   for (int base = lo + warp * 32; base < hi; base += 128) {
     const int key = base + lane;
     float s[GM];
 #pragma unroll
     for (int j = 0; j < GM; j++) s[j] = -INFINITY;
     if (key < hi) {
+      const bool is_last = key == last;
       float dot[GM];
-#pragma unroll
-      for (int j = 0; j < GM; j++) dot[j] = 0.0f;
-      if (Q8) {
-        const uint4* kr = (const uint4*)(key == last ? klast : (const void*)c.kat(key));
-        const float* sc = key == last ? klast_s : c.ksat(key);
-#pragma unroll
-        for (int g = 0; g < NG; g++) {
-          float part[GM];
-#pragma unroll
-          for (int j = 0; j < GM; j++) part[j] = 0.0f;
-#pragma unroll
-          for (int cc = 0; cc < G / 16; cc++) {
-            const uint4 w = kr[g * (G / 16) + cc];
-            const signed char* b = (const signed char*)&w;
-#pragma unroll
-            for (int i = 0; i < 16; i++) fma_dim(part, g * G + 16 * cc + i, (float)b[i]);
-          }
-#pragma unroll
-          for (int j = 0; j < GM; j++) dot[j] = fmaf(part[j], sc[g], dot[j]);
-        }
-      } else {
-        const uint4* kr = (const uint4*)(key == last ? klast : (const void*)c.kat(key));
-#pragma unroll
-        for (int cc = 0; cc < HD / 8; cc++) {
-          const uint4 w = kr[cc];
-          const u32 ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            fma_dim(dot, 8 * cc + 2 * i, h2f(ws[i] & 0xFFFF));
-            fma_dim(dot, 8 * cc + 2 * i + 1, h2f(ws[i] >> 16));
-          }
-        }
-      }
+      k_dots<HD, Q8, GM>(qs, is_last ? klast : (const void*)c.kat(key), is_last ? klast_s : c.ksat(key), dot);
 #pragma unroll
       for (int j = 0; j < GM; j++) s[j] = dot[j] * scale;
     }
