@@ -1,10 +1,12 @@
-"""--kv-resident on the GPU: the window of recent cells in VRAM, the older ones in pinned RAM.
+"""The KV cells on the GPU: --kv-resident's window of recent cells in VRAM, the older ones in pinned RAM, and
+a KV that grows.
 
 The window only moves cells: prompt logits (chunks that read the cold cells in place, and chunks past
 kv.STAGE_ROWS that read a staged copy, through flash's arguments or, for qwen4exp's QSA, the table) and
 graph-replayed decode logits must be bit-identical to a model without a window, in fp16 and int8 cells,
 through a rollback behind the window's base, and the KV's VRAM stays at the window's size however long the
-context.
+context. A KV that grows keeps its cells, whether the budget holds the old beside the new or not, and fits
+under the pool's limit.
 """
 
 from __future__ import annotations
@@ -72,3 +74,67 @@ def test_a_window_equals_the_whole_kv(tmp_path, arch, kind, chunk):
     again.restore(snap)
     a_, b_ = st.kv.host(0), again.kv.host(0)
     assert np.array_equal(a_[0], b_[0]) and np.array_equal(a_[1], b_[1])
+
+
+@pytest.mark.parametrize("kind", ["f16", "int8"])
+def test_kv_growth_keeps_the_cells_when_the_budget_holds_one_copy(cp, kind):
+    """A KV cache that grows where the budget has no room for the old cells beside the new moves them through
+    host RAM; either way the cells survive the move."""
+    from strata.gpu.kv import GpuKV
+    from strata.runtime.kvcache import KVCache, KVType
+    from strata.tiers.budget import Ledger
+
+    kv_kind = KVType(kind)
+    per = KVCache.bytes_per_token(kv_kind, 2, 2, 64)
+    for budget in (1 << 40, 1000 * per):  # room for both copies, then for the final one only
+        kv = GpuKV(Ledger(budget, 0), 2, 2, 64, 4096, kv_kind)
+        kv.reserve(300)
+        rng = np.random.default_rng(3)
+        before = {}
+        for name in ["k", "v", "ks", "vs"] if kind == "int8" else ["k", "v"]:
+            a = getattr(kv, name)
+            a[...] = cp.asarray(rng.integers(-100, 100, a.shape).astype(a.dtype))
+            before[name] = a[:, :, :300].get()
+        kv.length = 300
+        kv.reserve(1000)
+        assert kv.cap == 1000 and kv.ledger.used == 1000 * per
+        for name, want in before.items():
+            np.testing.assert_array_equal(getattr(kv, name)[:, :, :300].get(), want)
+
+
+@pytest.mark.parametrize("via_host", [False, True])
+def test_kv_growth_gives_cached_blocks_back_under_the_pool_limit(cp, via_host):
+    """The pool's limit (the budget, strata.gpu.model) counts the blocks cupy caches, and cupy gives them
+    back only when cudaMalloc fails: a KV whose new cells would pass the limit gives the cached blocks back
+    itself. Through host RAM, the new cells fit under a limit with no room for the old beside them; on the
+    device (where the budget holds both), a growth fits beside the cells it moves though the blocks of the
+    growth before wait in the pool's cache. The cells survive every move."""
+    from strata.gpu import kv as kvmod
+    from strata.gpu.kv import GpuKV
+    from strata.runtime.kvcache import KVType
+    from strata.tiers.budget import Ledger
+
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()  # the arrays below are then whole cudaMalloc blocks, none carved from a cached one
+    kv = GpuKV(Ledger(1 << 40, 0), 4, 4, 128, 16384, KVType.F16)
+    old_hm = kvmod.HOST_MOVE_BYTES
+    kvmod.HOST_MOVE_BYTES = 1 if via_host else 1 << 40
+    spare = 1 << 20
+    try:
+        kv.reserve(3000)
+        kv.k[...] = 1.5
+        kv.v[...] = -2.0
+        kv.length = 3000
+        per = (kv.k.nbytes + kv.v.nbytes) // 3000
+        target = 10000 if via_host else 12000  # the last capacity (on the device: doublings to 6,000, 12,000)
+        if via_host:  # room for the new cells alone
+            pool.set_limit(size=pool.total_bytes() - 3000 * per + target * per + spare)
+        else:  # a growth first, whose old blocks stay cached; then room for the cells and the new beside them
+            kv.reserve(5000)
+            pool.set_limit(size=pool.used_bytes() + target * per + spare)
+        kv.reserve(target)
+    finally:
+        pool.set_limit(size=0)
+        kvmod.HOST_MOVE_BYTES = old_hm
+    assert kv.cap == target
+    assert float(kv.k[:, :, :3000].min()) == 1.5 and float(kv.v[:, :, :3000].max()) == -2.0
