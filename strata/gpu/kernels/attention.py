@@ -25,11 +25,12 @@ from strata.gpu.kernels.common import HEADER
 from strata.gpu.kernels.rows import HEAD_POST
 from strata.runtime.kvcache import dequantize_rows, quantize_rows
 
-# decode blocks a (group of query heads, row) with a partials buffer: the 80B's 2 groups x 64 splits keep the
-# H100's 132 SMs busy from a batch of one (perf/bench_attn.py, H100, int8 cells: 131k keys 295 us a layer
-# with 64 splits, 545 with 32; 4k keys 35 against 33); a split scores whole 128-key steps, so below 8,192 keys
-# fewer splits have work (the rest exit)
-SPLITS = 64
+# decode blocks a (group of query heads, row) with a partials buffer: the 80B's 2 groups x 128 splits give the
+# H100's 132 SMs two blocks each from a batch of one, where 64 splits left one each waiting on its loads
+# (perf/bench_attn.py --splits 64,128, H100, same process, perf/attn_decode_tiles_h100_2026-12-07.json's
+# "before" columns, int8 cells: 262k keys 565 -> 363 us a layer, 131k 300 -> 205, 32k 97 -> 90, 4k 35 -> 40;
+# f16 alike); a split scores whole 128-key steps, so below 16,384 keys fewer splits have work (the rest exit)
+SPLITS = 128
 
 
 SOURCE = (
