@@ -4,7 +4,7 @@ each context, per cell type and block size, in TFLOP/s; decode attention (split-
 cells read. Not a test: prints a table and writes JSON.
 
     python perf/bench_attn.py [--contexts 4096,32768,131072,262144] [--chunk 4096] [--kv-types f16,int8]
-                              [--warps 4,8] [--splits 32,64] [--no-flash | --no-decode] [--before DIR]
+                              [--warps 4,8] [--splits 64,128] [--no-flash | --no-decode] [--before DIR]
                               [--json OUT.json]
 
 `--before` names a folder with copies of an earlier kernels/flash.py and kernels/attention.py (either): their
@@ -82,7 +82,9 @@ def main() -> None:
     ap.add_argument("--kv-types", default="f16,int8")
     ap.add_argument("--warps", default="4,8")
     ap.add_argument("--before", type=Path, help="a folder of earlier flash.py and attention.py to run beside")
-    ap.add_argument("--splits", default="32", help="decode's split-K counts to time (attention.SPLITS's)")
+    ap.add_argument(
+        "--splits", default=None, help="decode's split-K counts to time (default attention.SPLITS alone)"
+    )
     ap.add_argument("--no-flash", action="store_true")
     ap.add_argument("--no-decode", action="store_true")
     ap.add_argument("--json", type=Path)
@@ -116,7 +118,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     cp.random.seed(0)
     q = (cp.random.standard_normal((t, h * hd), dtype=cp.float32)).astype(cp.float32)
-    splits = [int(z) for z in a.splits.split(",")]
+    splits = [int(z) for z in a.splits.split(",")] if a.splits else [attention.SPLITS]
     part = cp.empty((1, h, max(splits), hd + 2), cp.float32)
     for ctx in contexts:
         s = ctx
