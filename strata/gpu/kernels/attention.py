@@ -26,10 +26,12 @@ from strata.gpu.kernels.rows import HEAD_POST
 from strata.runtime.kvcache import dequantize_rows, quantize_rows
 
 # decode blocks a (group of query heads, row) with a partials buffer: the 80B's 2 groups x 128 splits give the
-# H100's 132 SMs two blocks each from a batch of one, where 64 splits left one each waiting on its loads
-# (perf/bench_attn.py --splits 64,128, H100, same process, perf/attn_decode_tiles_h100_2026-12-07.json's
-# "before" columns, int8 cells: 262k keys 565 -> 363 us a layer, 131k 300 -> 205, 32k 97 -> 90, 4k 35 -> 40;
-# f16 alike); a split scores whole 128-key steps, so below 16,384 keys fewer splits have work (the rest exit)
+# H100's 132 SMs two blocks each from a batch of one, where 64 splits left one block of 4 warps, too few to
+# hide the latencies of its per-key work (perf/bench_attn.py --splits 64,128, H100, same process,
+# perf/attn_decode_tiles_h100_2026-12-07.json's "before" columns, int8 cells: 262k keys 565 -> 363 us a layer,
+# 131k 300 -> 205, 32k 97 -> 90, 4k 35 -> 40; f16 cells, twice the bytes, take the same time a key: the kernel
+# is bound by its FMAs and conversions a key, not by HBM); a split scores whole 128-key steps, so below 16,384
+# keys fewer splits have work (the rest exit)
 SPLITS = 128
 
 
