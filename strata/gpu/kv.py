@@ -122,8 +122,8 @@ class GpuKV:
         limit = self.window.device_cells if self.window is not None else self.max_len
         cap = min(max(MIN_CAP, 2 * self.cap, need), max(need, limit))
         cp = cupy_module()
-        old = self._bytes(self.cap)
-        self.ledger.take(self._bytes(cap) - old, f"KV cache for {cap} positions")
+        old, new = self._bytes(self.cap), self._bytes(cap)
+        self.ledger.take(new - old, f"KV cache for {cap} positions")
         # a move on the device holds the old cells beside the new: when the budget has no room for both (a
         # long context, whose KV the plan holds once), or the old are big, they wait in host RAM instead (2
         # PCIe copies, once a doubling: ~70 ms for 1.8 GB). Big, because the pool's free room may lie in
@@ -144,7 +144,7 @@ class GpuKV:
         # blocks go back to the driver first
         pool = cp.get_default_memory_pool()
         limit = pool.get_limit()
-        if limit and pool.total_bytes() + self._bytes(cap) > limit:
+        if limit and pool.total_bytes() + new > limit:
             pool.free_all_blocks()
         n_layer, n_kv, _ = self.shape
         for name in self._arrays():
