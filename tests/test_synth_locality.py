@@ -1,8 +1,10 @@
 """`strata synth --router-mode locality` (strata/synth/locality.py): the model's own routing, recorded by the
 CPU expert tiers over random tokens and replayed through a per-layer LRU of 1/8 of the experts, hits far more
-often than the skew mode's routing does at layer 0 (~1/8: uniform) and in every layer, well above uniform;
-the skew mode's routing stays uniform in every layer (its attention no longer makes every position alike:
-strata/synth/plan.py QK_GAIN).
+often than the skew mode's routing does at layer 0 (~1/8: uniform) and in every layer, well above uniform,
+while the experts it favours change: a static top 1/16 learned on the first half of the stream covers about
+what it would of uniform routing in the second (1/16; 27% before the clocks subtracted the context's mean,
+locality.py `_mean_head`); the skew mode's routing stays uniform in every layer (its attention no longer makes
+every position alike: strata/synth/plan.py QK_GAIN).
 Margins, not the calibrated values (perf/README.md "synth locality router" has those)."""
 
 from __future__ import annotations
@@ -24,23 +26,24 @@ E, TOKENS = 128, 600
 SHAPE = dataclasses.replace(SHAPES[(QWEN3MOE, "tiny")], name="locality-test", n_layer=4, n_expert=E, top_k=4)
 
 
-def _lru(tmp_path: Path, tokenizer: Path, mode: str) -> list[float]:
-    """Per-layer hit rates of an LRU of E/8 slots on the routes of TOKENS random tokens."""
+def _replays(tmp_path: Path, tokenizer: Path, mode: str) -> tuple[list[float], float]:
+    """On the routes of TOKENS random tokens: the per-layer hit rates of an LRU of E/8 slots, and the hit
+    rate of a static E/16 learned on the first half."""
     path = write_synth(
         tmp_path / f"{mode}.gguf", SHAPE, Q.Q8_0, Q.Q8_0, 0.0, tokenizer, seed=1, router_mode=mode
     ).path
     assert GGUFFile(path).get(KEY_MODE) == (None if mode == "skew" else mode)
-    return sim.simulate(
-        measured_routes(path, tmp_path / f"{mode}.npz", TOKENS, 300), E, E // 8, "lru"
-    ).per_layer
+    ids = measured_routes(path, tmp_path / f"{mode}.npz", TOKENS, 300)
+    return sim.simulate(ids, E, E // 8, "lru").per_layer, sim.simulate(ids, E, E // 16, "static").hit_rate
 
 
 def test_locality_mode_routes_with_more_lru_hits(tmp_path, qwen3_tokenizer_dir):
-    skew, local = (_lru(tmp_path, qwen3_tokenizer_dir, m) for m in ("skew", "locality"))
+    (skew, _), (local, static) = (_replays(tmp_path, qwen3_tokenizer_dir, m) for m in ("skew", "locality"))
     assert skew[0] < 0.25  # uniform: ~1/8
     assert local[0] > skew[0] + 0.3
     assert min(local) > 0.45  # every layer drifts slowly (uniform would be ~0.125)
     assert max(skew) < 0.25  # the skew mode: uniform in every layer, deep ones included
+    assert static < 0.15  # no expert stays popular all along (uniform: 1/16; 0.27 with the mean kept)
 
 
 def test_an_unknown_mode_is_refused(tmp_path, qwen3_tokenizer_dir):

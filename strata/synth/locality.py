@@ -18,7 +18,11 @@ average of values, drifts on that time scale and lands in the residual through t
 attn_output, W0 [D, hd]. The router rows of the layer (and, in Qwen3-Next, of the DeltaNet layers up to the
 next attention layer) read only that subspace: row e = s_e * unit(W0 u_e), u_e random, s_e the popularity
 scales of router.py. Consecutive tokens then see nearly the same logits (they share experts), and the set
-drifts as the window slides; the skew still comes from s_e. Layers before the first attention layer keep the
+drifts as the window slides; the skew still comes from s_e. The clock's window alone would carry the mean of
+its values over the context, which drifts only as a cumulative average does, so the same experts would stay
+popular all along: query head 1 (the clock's KV head too) attends uniformly and writes minus that mean through
+the clock's own columns, and the group's other heads, whose keys hold only the clock's one rotary pair and so
+attend as broadly, write nothing (`_mean_head`). Layers before the first attention layer keep the
 plain router. Two gains set how local it is: the clock's values are amplified (V_GAIN, less in deeper layers,
 where the slow parts of the residual have added up, and times WEIGHT_STD / attn_out_std, which restores what
 attn_output's smaller std takes from the clock), and every other head attends sharply (QK_GAIN), so nothing
@@ -46,19 +50,19 @@ MODES = ("skew", "locality")
 # Calibrated with `tiers simulate --policy lru` on routes the CPU model recorded over 1,000 random tokens at
 # the benchmark shapes (perf/synth_locality.py --shape: 48 layers at full width, narrow experts scaled to add
 # what full-width ones do; perf/README.md "synth locality router"): a per-layer LRU of 1/8 and 1/4 of the
-# experts hits 67.5% and 84.0% on the 80B, 67.0% and 88.9% on the 30B, as published routing (tiers/trace.py:
-# ~67% and ~81%). Shallower, narrower shapes route more locally (qwen3moe at 4 layers and D 256: 82.5% and
-# 90.6%).
-WINDOW = 16.0  # tokens the clock head's window spans (1/(theta sqrt(A))): how fast the routing drifts
+# experts hits 66.9% and 80.6% on the 80B, 67.2% and 88.7% on the 30B, as published routing (tiers/trace.py:
+# ~67% and ~81%), while a static top 1/16 learned on the first half of the stream covers 5.1% (80B) and 4.3%
+# (30B) of the second half's routing, about the 6.25% of uniform routing (published ~10%: that much
+# popularity is --router-skew's to add).
+WINDOW = 48.0  # tokens the clock head's window spans (1/(theta sqrt(A))): how fast the routing drifts
 SHARPNESS = 96.0  # A, the clock's peak score
 # the clock's values are amplified g (n + 1)^-decay at the n-th clock, (g, decay) = V_GAIN[arch]: the slow
 # parts of the residual add up over the layers, so deeper clocks need less. qwen3moe attends in every layer,
 # qwen3next only in every 4th, behind an output gate whose sigmoid of random gate rows is ~0.5: its clocks
-# need more gain. Fitted at 4-12 layers and D 256-512 first, (4.5, 1.75) and (20, 1.5) left the 48-layer, D
-# 2048 files far less local than published (LRU 1/8: 30B 24%, 80B 41.5%, falling with depth): the wider
-# residual carries more fast noise from the other heads and experts. Decay 1 keeps the depth profile about
-# flat there.
-V_GAIN = {QWEN3MOE: (5.0, 1.0), QWEN3NEXT: (19.0, 1.0)}
+# need more gain. Before the clocks subtracted the context's mean (`_mean_head`), (5.0, 1.0) and (19.0, 1.0)
+# at a 16-token window gave the published LRU rates, but mostly from a mean that drifted as slowly as a
+# cumulative average: the same experts stayed popular all along (static top 1/16: 42% on the 80B).
+V_GAIN = {QWEN3MOE: (4.0, 0.25), QWEN3NEXT: (19.0, 0.25)}
 
 
 def clock(s: Shape) -> tuple[int, float]:
@@ -83,6 +87,25 @@ def _keep_one_row(fd: int, spec: TensorSpec, pos: int, hd: int, i0: int) -> None
     os.pwrite(fd, bytes(rb * (hd - i0 - 1)), pos + rb * (i0 + 1))
 
 
+def _copy_rows(fd: int, spec: TensorSpec, pos: int, src: int, dst: int, n: int) -> None:
+    """Rows [dst, dst + n) of the matrix at pos become a copy of rows [src, src + n)."""
+    rb = _row_bytes(spec)
+    os.pwrite(fd, os.pread(fd, rb * n, pos + rb * src), pos + rb * dst)
+
+
+def _head_columns(fd: int, spec: TensorSpec, pos: int, hd: int, group: int) -> None:
+    """attn_output (the matrix at pos): head 1's columns become minus head 0's, and heads 2 .. group - 1's are
+    zeroed (each head's hd columns are whole quant blocks)."""
+    block, size = GGML_QUANT_SIZES[spec.qtype]
+    w = hd // block * size  # bytes of a head's columns in a row
+    rows = np.frombuffer(os.pread(fd, spec.nbytes, pos), np.uint8).reshape(spec.shape[0], -1).copy()
+    minus = rows[:, :w].copy()
+    _rescale(minus.reshape(-1, size), spec.qtype, -1.0)
+    rows[:, w : 2 * w] = minus
+    rows[:, 2 * w : group * w] = 0
+    os.pwrite(fd, rows.tobytes(), pos)
+
+
 def _scale_rows(fd: int, spec: TensorSpec, pos: int, n: int, gain: float) -> None:
     """Rows [0, n) of the matrix at pos times `gain` (every block's scale fields)."""
     size = GGML_QUANT_SIZES[spec.qtype][1]
@@ -94,6 +117,24 @@ def _scale_rows(fd: int, spec: TensorSpec, pos: int, n: int, gain: float) -> Non
 def _read(fd: int, spec: TensorSpec, pos: int) -> np.ndarray:
     raw = np.frombuffer(os.pread(fd, spec.nbytes, pos), np.uint8)
     return dequantize(raw.reshape(spec.shape[0], -1), spec.qtype, spec.shape[-1])
+
+
+def _mean_head(fd: int, at: dict[str, tuple[TensorSpec, int]], s: Shape, layer: int) -> None:
+    """Query head 1 (the clock's KV head too) attends uniformly (zero query rows: every score 0), so its
+    output is the mean of the clock's values over the whole context, and writes it through minus the clock's
+    attn_output columns (and, in Qwen3-Next, behind the clock's own output gate): the clock adds its window
+    less the context's mean. The group's other heads write nothing: their keys are the clock's one rotary
+    pair, so they too average broadly. Without this the routers read that mean, which drifts only as fast as a
+    cumulative average: on the 80B (perf/synth_locality.py --shape 80b-a3b) a static top 1/16 learned on one
+    half of a random stream covered 42% of the other half's routing (published routing: ~10%), now 5%."""
+    hd = s.head_dim
+    spec, pos = at[tensor(T.ATTN_Q, layer)]
+    per_head = spec.shape[0] // s.n_head  # qwen3next: [query | gate] a head
+    rb = _row_bytes(spec)
+    os.pwrite(fd, bytes(rb * hd), pos + rb * per_head)
+    if per_head == 2 * hd:
+        _copy_rows(fd, spec, pos, hd, per_head + hd, hd)
+    _head_columns(fd, *at[tensor(T.ATTN_OUT, layer)], hd, s.n_head // s.n_kv)
 
 
 def patch(fd: int, s: Shape, plan: list[TensorSpec], offsets: list[int], skew: float, seed: int) -> None:
@@ -115,6 +156,7 @@ def patch(fd: int, s: Shape, plan: list[TensorSpec], offsets: list[int], skew: f
                 gains[i0] = g
                 os.pwrite(fd, gains.tobytes(), off)
             _scale_rows(fd, *at[tensor(T.ATTN_V, layer)], hd, gain * (clocks + 1) ** -v_decay)
+            _mean_head(fd, at, s, layer)
             out = _read(fd, *at[tensor(T.ATTN_OUT, layer)])  # [D, n_head * hd]
             w0, clocks = out[:, :hd], clocks + 1
         if w0 is None:

@@ -110,8 +110,11 @@ def fitting_type(qtype: Q, n_cols: int) -> Q:
     return fallback if n_cols % GGML_QUANT_SIZES[fallback][0] == 0 else Q.F16
 
 
-def tensor_plan(s: Shape, quant: Q, output_quant: Q) -> list[TensorSpec]:
-    """Every tensor of the file, in writing order."""
+def tensor_plan(s: Shape, quant: Q, output_quant: Q, head_blocks: bool = False) -> list[TensorSpec]:
+    """Every tensor of the file, in writing order. head_blocks: attn_output in a type whose blocks divide a
+    head's columns (the locality router edits them a head at a time)."""
+    attn_out = fitting_type(quant, s.head_dim) if head_blocks else quant
+    out_std = attn_out_std(s.n_layer)
 
     def mat(name: str, *shape: int, qtype: Q = quant, std: float = WEIGHT_STD) -> TensorSpec:
         return TensorSpec(name, shape, fitting_type(qtype, shape[-1]), Fill.WEIGHT, std)
@@ -131,7 +134,7 @@ def tensor_plan(s: Shape, quant: Q, output_quant: Q) -> list[TensorSpec]:
                 mat(tensor(T.ATTN_Q, i), q_rows, d),
                 mat(tensor(T.ATTN_K, i), s.n_kv * s.head_dim, d),
                 mat(tensor(T.ATTN_V, i), s.n_kv * s.head_dim, d),
-                mat(tensor(T.ATTN_OUT, i), d, s.n_head * s.head_dim, std=attn_out_std(s.n_layer)),
+                mat(tensor(T.ATTN_OUT, i), d, s.n_head * s.head_dim, qtype=attn_out, std=out_std),
                 f32(tensor(T.ATTN_Q_NORM, i), Fill.QK_NORM, s.head_dim),
                 f32(tensor(T.ATTN_K_NORM, i), Fill.QK_NORM, s.head_dim),
             ]

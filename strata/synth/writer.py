@@ -157,9 +157,11 @@ def write_synth(
     path = Path(path)
     if router_mode not in locality.MODES:
         raise SynthError(f"router mode {router_mode!r}: choose from {', '.join(locality.MODES)}")
+    if router_mode == "locality" and s.n_head // s.n_kv < 2:
+        raise SynthError(f"router mode locality needs two query heads a kv head ({s.n_head} / {s.n_kv})")
     if missing := missing_files(tokenizer_dir):
         raise SynthError(f"no Qwen3 tokenizer in {tokenizer_dir} (missing {', '.join(missing)})")
-    plan = tensor_plan(s, quant, output_quant)
+    plan = tensor_plan(s, quant, output_quant, head_blocks=router_mode == "locality")
     data_bytes = sum(_pad(t.nbytes) for t in plan)
     _check_space(path, data_bytes + HEADER_BUDGET)
     tmp = path.with_name(path.name + ".tmp")
