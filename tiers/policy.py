@@ -172,9 +172,17 @@ class Adaptive(_Sized):
     score = p - (g (1 - p))^left (p - z): the discounted use rate while recent, less what is lost if the
     window closes before the next use (the chance to stay unused for `left` tokens, discounted), after which
     only z remains. Measured on the calibrated trace (tests/test_tier_sim.py), it hits at least as often as
-    LRU at 32-256 slots with no more copies; window 16 is the trace's, decay 0.999 and prior 50 the best of
-    0.995-0.9995 and 10-200; margin 0.05 brings the copies at 32 slots to half of LRU's (0.6-0.8 of them
-    without it), hits within the noise of a few tens.
+    LRU at 32-256 slots with no more copies; decay 0.999 and prior 50 the best of 0.995-0.9995 and 10-200;
+    margin 0.05 brings the copies at 32 slots to half of LRU's (0.6-0.8 of them without it), hits within the
+    noise of a few tens.
+
+    The window: at least `window` tokens (16, the calibrated trace's reuse), and per_slot * slots / top-k with
+    more slots. Routing whose experts drift (the synth locality router at the published LRU and static
+    figures, perf/README.md) keeps an expert in use for ~50 tokens; a 16-token window then scores experts a
+    large cache should keep as gone, and lost to LRU by 3.8 and 2.4 points at 128 and 232 slots. A window of
+    3 slots / top-k is about how long an expert stays in an LRU of that size at the published hit rates (a
+    third of the lookups new): there it hits as LRU does at 64-256 slots with a fifth fewer copies, and on
+    the calibrated trace it keeps to at least LRU.
 
     Only experts the window used are candidates (a copy is made for a lookup that missed, as LRU does)."""
 
@@ -186,9 +194,11 @@ class Adaptive(_Sized):
         margin: float = 0.05,
         window: int = 16,
         prior: float = 50.0,
+        per_slot: float = 3.0,
     ) -> None:
         self.slots = np.asarray(slots, np.int64)
         self.decay, self.margin, self.window, self.prior = decay, margin, window, prior
+        self.per_slot = per_slot
         self.resident = np.asarray(start, bool).copy()
         self.last = np.full(start.shape, -np.inf)  # token of the last use
         self.came = np.zeros(start.shape)  # decayed returns
@@ -198,8 +208,10 @@ class Adaptive(_Sized):
 
     def update(self, ids: np.ndarray, budget: int | None = None) -> None:
         t, n_l, a = ids.shape
-        c, w = self.clock, self.window
-        key = (np.arange(n_l)[None, :, None] * self.last.shape[1] + ids).reshape(-1)
+        c, n_e = self.clock, self.last.shape[1]
+        w = np.maximum(self.window, np.round(self.per_slot * self.slots / a))[:, None]  # [L, 1]: the window
+        wf = np.broadcast_to(w, self.last.shape).reshape(-1)
+        key = (np.arange(n_l)[None, :, None] * n_e + ids).reshape(-1)
         tok = np.broadcast_to(c + np.arange(t)[:, None, None], ids.shape).reshape(-1)
         uniq, first = np.unique(key, return_index=True)  # each expert's first use in the window
         last = self.last.reshape(-1)
@@ -209,9 +221,9 @@ class Adaptive(_Sized):
         until[uniq] = tok[first]
         fade = self.decay**t
         self.away *= fade
-        self.away += np.maximum(until - np.maximum(c, last + w + 1), 0).reshape(self.away.shape)
+        self.away += np.maximum(until - np.maximum(c, last + wf + 1), 0).reshape(self.away.shape)
         came = np.zeros(last.size)
-        came[uniq] = (tok[first] - last[uniq] > w) * self.decay ** (c + t - 1 - tok[first])
+        came[uniq] = (tok[first] - last[uniq] > wf[uniq]) * self.decay ** (c + t - 1 - tok[first])
         self.came *= fade
         self.came += came.reshape(self.came.shape)
         np.maximum.at(last, key, tok)
