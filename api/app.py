@@ -28,7 +28,8 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     msg = {404: f"no route {request.url.path}", 405: f"method {request.method} not allowed here"}
-    return error_response(request, APIError(exc.status_code, msg.get(exc.status_code, str(exc.detail))))
+    err = APIError(exc.status_code, msg.get(exc.status_code, str(exc.detail)), headers=exc.headers)
+    return error_response(request, err)  # 405 keeps Starlette's Allow header
 
 
 async def _strata_error(request: Request, exc: Exception) -> Response:

@@ -56,7 +56,8 @@ def is_anthropic(request: Request) -> bool:
 
 
 def error_response(request: Request, err: APIError) -> JSONResponse:
-    oa_type, an_type = _TYPES.get(err.status, ("server_error", "api_error"))
+    client = ("invalid_request_error", "invalid_request_error")  # any other 4xx (405: a wrong method)
+    oa_type, an_type = _TYPES.get(err.status, client if err.status < 500 else ("server_error", "api_error"))
     status = err.status
     if is_anthropic(request):
         if status == 429:  # Anthropic signals a full server as 529 overloaded_error

@@ -132,6 +132,15 @@ def test_unknown_route_is_404_json(server: Server) -> None:
     assert r.status_code == 404 and "error" in r.json()
 
 
+def test_wrong_method_is_a_client_error_that_names_the_allowed_ones(server: Server) -> None:
+    with server.client() as c:
+        r = c.put("/v1/chat/completions", json={})
+        assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+        assert "POST" in r.headers["allow"]
+        r = c.put("/v1/messages", json={})
+        assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+
+
 def test_ops_endpoints(server: Server) -> None:
     with server.client() as c:
         c.post("/v1/completions", json={"prompt": "Hello", "max_tokens": 3, "temperature": 0})
