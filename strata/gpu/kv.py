@@ -25,7 +25,7 @@ import numpy as np
 from strata.gpu.pinned import snapshot_pool, to_pinned
 from strata.gpu.runtime import cupy_module
 from strata.runtime.kvcache import KVCache, KVType, dequantize_rows, group_of
-from strata.tiers.budget import Ledger
+from strata.tiers.budget import Ledger, VramBudgetError
 from strata.tiers.kvwindow import KVWindow
 
 MIN_CAP = 256
@@ -130,11 +130,17 @@ class GpuKV:
         # pieces it cannot join: the 80B's f16 KV growing to 64k asked for 768 MiB beside its old cells and
         # found no piece, though the ledger had room
         kept, rows = {}, self.length - self.base
-        via_host = rows > 0 and (old >= HOST_MOVE_BYTES or not self.ledger.fits(old))
+        pool = cp.get_default_memory_pool()
+        limit = pool.get_limit()
+        # the pool's own count decides too: what it holds beyond the ledger (workspaces, graphs' buffers) can
+        # leave no room for the old cells beside the new where the ledger saw some
+        beside = not limit or pool.used_bytes() + new <= limit
+        via_host = rows > 0 and (old >= HOST_MOVE_BYTES or not self.ledger.fits(old) or not beside)
         for name in self._arrays():
-            if rows:
-                view = getattr(self, name)[:, :, :rows]
-                kept[name] = view.get() if via_host else view
+            if rows:  # no name may outlive the loop holding an old array: its block would stay in use
+                kept[name] = (
+                    getattr(self, name)[:, :, :rows].get() if via_host else getattr(self, name)[:, :, :rows]
+                )
             if via_host or not rows:
                 setattr(self, name, None)
         # cupy's pool counts the blocks it caches against its limit (the budget) and gives them back to the
@@ -142,14 +148,21 @@ class GpuKV:
         # no room for new ones (the 80B's int8 KV growing to 256k at 24 GiB asked for 1.5 GiB of K codes
         # beside 0.8 GiB of old cells the pool kept). So where the new cells would pass the limit, the cached
         # blocks go back to the driver first
-        pool = cp.get_default_memory_pool()
-        limit = pool.get_limit()
         if limit and pool.total_bytes() + new > limit:
             pool.free_all_blocks()
         n_layer, n_kv, _ = self.shape
         for name in self._arrays():
             width, dtype = self._width(name)
-            grown = cp.empty((n_layer, n_kv, cap, width), dtype)
+            try:
+                grown = cp.empty((n_layer, n_kv, cap, width), dtype)
+            except cp.cuda.memory.OutOfMemoryError as e:  # what the pool held against what the plan counted
+                raise VramBudgetError(
+                    f"KV cache for {cap} positions: no room for {name} ({e}); the pool holds "
+                    f"{pool.used_bytes() / 2**20:,.0f} MiB in use and {pool.total_bytes() / 2**20:,.0f} MiB "
+                    f"in all under its limit of {limit / 2**20:,.0f} MiB; the plan counts "
+                    f"{self.ledger.used / 2**20:,.0f} MiB; the old cells "
+                    f"({old / 2**20:,.0f} MiB) {'wait in host RAM' if via_host else 'stay beside'}"
+                ) from e
             if name in kept:
                 grown[:, :, :rows] = cp.asarray(kept[name])  # asarray: a no-op for device arrays
             setattr(self, name, grown)
