@@ -131,10 +131,10 @@ class GpuKV:
         # found no piece, though the ledger had room
         kept, rows = {}, self.length - self.base
         pool = cp.get_default_memory_pool()
-        limit = pool.get_limit()
+        pool_limit = pool.get_limit()
         # the pool's own count decides too: what it holds beyond the ledger (workspaces, graphs' buffers) can
         # leave no room for the old cells beside the new where the ledger saw some
-        beside = not limit or pool.used_bytes() + new <= limit
+        beside = not pool_limit or pool.used_bytes() + new <= pool_limit
         via_host = rows > 0 and (old >= HOST_MOVE_BYTES or not self.ledger.fits(old) or not beside)
         for name in self._arrays():
             if rows:  # no name may outlive the loop holding an old array: its block would stay in use
@@ -148,7 +148,7 @@ class GpuKV:
         # no room for new ones (the 80B's int8 KV growing to 256k at 24 GiB asked for 1.5 GiB of K codes
         # beside 0.8 GiB of old cells the pool kept). So where the new cells would pass the limit, the cached
         # blocks go back to the driver first
-        if limit and pool.total_bytes() + new > limit:
+        if pool_limit and pool.total_bytes() + new > pool_limit:
             pool.free_all_blocks()
         n_layer, n_kv, _ = self.shape
         for name in self._arrays():
@@ -159,7 +159,7 @@ class GpuKV:
                 raise VramBudgetError(
                     f"KV cache for {cap} positions: no room for {name} ({e}); the pool holds "
                     f"{pool.used_bytes() / 2**20:,.0f} MiB in use and {pool.total_bytes() / 2**20:,.0f} MiB "
-                    f"in all under its limit of {limit / 2**20:,.0f} MiB; the plan counts "
+                    f"in all under its limit of {pool_limit / 2**20:,.0f} MiB; the plan counts "
                     f"{self.ledger.used / 2**20:,.0f} MiB; the old cells "
                     f"({old / 2**20:,.0f} MiB) {'wait in host RAM' if via_host else 'stay beside'}"
                 ) from e
