@@ -137,10 +137,10 @@ class GpuKV:
         beside = not pool_limit or pool.used_bytes() + new <= pool_limit
         via_host = rows > 0 and (old >= HOST_MOVE_BYTES or not self.ledger.fits(old) or not beside)
         for name in self._arrays():
-            if rows:  # no name may outlive the loop holding an old array: its block would stay in use
-                kept[name] = (
-                    getattr(self, name)[:, :, :rows].get() if via_host else getattr(self, name)[:, :, :rows]
-                )
+            if rows:  # only `kept` may hold an old array past the loop: a stray name kept its block in use
+                kept[name] = getattr(self, name)[:, :, :rows]
+                if via_host:
+                    kept[name] = kept[name].get()
             if via_host or not rows:
                 setattr(self, name, None)
         # cupy's pool counts the blocks it caches against its limit (the budget) and gives them back to the
