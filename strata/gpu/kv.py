@@ -136,11 +136,18 @@ class GpuKV:
         # leave no room for the old cells beside the new where the ledger saw some
         beside = not pool_limit or pool.used_bytes() + new <= pool_limit
         via_host = rows > 0 and (old >= HOST_MOVE_BYTES or not self.ledger.fits(old) or not beside)
+        n_layer, n_kv, _ = self.shape
         for name in self._arrays():
-            if rows:  # only `kept` may hold an old array past the loop: a stray name kept its block in use
+            # only `kept` may hold an old array past the loop: a stray name kept its block in use. The moves
+            # through host RAM are strided copies, which take no device temporary: a slice's .get() or
+            # asarray would hold a contiguous copy of the old cells (0.8 GB at 131k) in the pool
+            if rows and via_host:
+                dev = getattr(self, name)
+                cell = dev.strides[2]
+                kept[name] = np.empty((n_layer, n_kv, rows, cell // dev.itemsize), dev.dtype)
+                self._copy2d(kept[name].ctypes.data, rows * cell, dev.data.ptr, self.cap * cell, rows * cell)
+            elif rows:
                 kept[name] = getattr(self, name)[:, :, :rows]
-                if via_host:
-                    kept[name] = kept[name].get()
             if via_host or not rows:
                 setattr(self, name, None)
         # cupy's pool counts the blocks it caches against its limit (the budget) and gives them back to the
@@ -150,7 +157,6 @@ class GpuKV:
         # blocks go back to the driver first
         if pool_limit and pool.total_bytes() + new > pool_limit:
             pool.free_all_blocks()
-        n_layer, n_kv, _ = self.shape
         for name in self._arrays():
             width, dtype = self._width(name)
             try:
@@ -163,8 +169,11 @@ class GpuKV:
                     f"{self.ledger.used / 2**20:,.0f} MiB; the old cells "
                     f"({old / 2**20:,.0f} MiB) {'wait in host RAM' if via_host else 'stay beside'}"
                 ) from e
-            if name in kept:
-                grown[:, :, :rows] = cp.asarray(kept[name])  # asarray: a no-op for device arrays
+            if via_host:
+                cell = grown.strides[2]
+                self._copy2d(grown.data.ptr, cap * cell, kept[name].ctypes.data, rows * cell, rows * cell)
+            elif name in kept:
+                grown[:, :, :rows] = kept[name]
             setattr(self, name, grown)
         self.cap = cap
         self.layout += 1
