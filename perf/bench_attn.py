@@ -66,9 +66,9 @@ def _decode_name(mod: ModuleType, hd: int, q8: bool, h: int, kv: int) -> tuple[s
     return mod.decode_name(hd, q8), 1
 
 
-def _decode(launch: Any, split: tuple[Any, ...], merge: tuple[Any, ...]) -> None:
-    """Split-K decode attention, then the merge of its partials."""
-    launch(*split)
+def _decode(split: Any, launch: Any, merge: tuple[Any, ...]) -> None:
+    """Split-K decode attention (a launch ready to go), then the merge of its partials."""
+    split()
     launch(*merge)
 
 
@@ -174,8 +174,11 @@ def main() -> None:
                         merge_args = (part, i32(z), i32(h), dout)
                         merge = (dec[name][m.merge_name(hd)], (h, 1), max(32, hd), merge_args)
                         name_d, gb = _decode_name(m, hd, q8, h, kv)
-                        split = (dec[name][name_d], (h // gb, 1, z), 128, (*args_d, i32(z)))
-                        sec = _time(cp, functools.partial(_decode, launch, split, merge))
+                        smem = m.decode_smem(hd, q8, gb) if hasattr(m, "decode_smem") else 0
+                        split = functools.partial(
+                            launch, dec[name][name_d], (h // gb, 1, z), 128, (*args_d, i32(z)), smem=smem
+                        )
+                        sec = _time(cp, functools.partial(_decode, split, launch, merge))
                         row[f"decode_{name}_s{z}_us"] = round(sec * 1e6, 1)
                         row[f"decode_{name}_s{z}_gbps"] = round(cell_bytes / sec / 1e9, 1)
                 ref_d = douts["now", splits[0]]

@@ -140,10 +140,19 @@ class MixerOps:
             dev_ptr(out),
         )
         gb = attention.group_heads(h, kv)
-        self._decode(attention.decode_name(hd, q8, gb), gb, args, part, n, h, hd, out)
+        self._decode(attention.decode_name(hd, q8, gb), q8, gb, args, part, n, h, hd, out)
 
     def _decode(
-        self, name: str, gb: int, args: tuple[Any, ...], part: Any, n: int, h: int, hd: int, out: Any
+        self,
+        name: str,
+        q8: bool,
+        gb: int,
+        args: tuple[Any, ...],
+        part: Any,
+        n: int,
+        h: int,
+        hd: int,
+        out: Any,
     ) -> None:
         """One decode attention kernel over (group of gb query heads, row, split) blocks, its arguments
         followed by the partials buffer and the split count; with more than one split, attn_merge then writes
@@ -155,6 +164,7 @@ class MixerOps:
             (h // gb, n, splits),
             128,
             (*args, NULL if part is None else dev_ptr(part), i32(splits)),
+            smem=attention.decode_smem(hd, q8, gb),
         )
         if part is not None:
             launch(
@@ -206,7 +216,7 @@ class MixerOps:
             dev_ptr(out),
         )
         gb = attention.group_heads(h, kv)
-        self._decode(attention.decode_qkv_name(hd, q8, gb), gb, args, part, n, h, hd, out)
+        self._decode(attention.decode_qkv_name(hd, q8, gb), q8, gb, args, part, n, h, hd, out)
 
     def flash(
         self,

@@ -6,10 +6,10 @@ find a row's cache through a table row of int64 (k pointer, v pointer, cap, posi
 graph serves whichever sequences sit in its slots: only the table changes between replays.
 
 - `attn_decode`: one query per row (decode). Block (group of query heads that share a kv head, row, split),
-  4 warps; each warp scores 32 keys at a time (a lane per key, against every query of the block), keeps a
-  running max/sum per head (online softmax) and accumulates V with the lanes over head dims (each lane a
-  contiguous run of HD/32, several keys' V loads in flight); the 4 partial results merge in shared memory.
-  fp32 math throughout. `attn_decode_qkv` is the same with rows.py's q/k/v epilogue (`head_post`) in
+  4 warps; the split's keys stream through shared memory in tiles of 64 (cp.async, two stages), each key
+  read and decoded once for every query of the block; lanes hold head dims and the queries of those dims,
+  a warp's partial dot products meet by a reduce-scatter across its lanes, one online softmax a head for the
+  block. fp32 math throughout. `attn_decode_qkv` is the same with rows.py's q/k/v epilogue (`head_post`) in
   front, so a decode layer needs no qkv_post launch.
 - prefill's `flash_attn` is kernels/flash.py's.
 
@@ -75,7 +75,7 @@ struct Cells {
 
 // ---- decode: q [rows, H*HD] fp32, out [rows, H*HD] fp32 ----
 // decode_core: one query head against a list of keys, kernels/qsa.py's (QsaKeys: the selected blocks); the
-// decode kernels below read every key through decode_group, a kv group's query heads at once.
+// decode kernels below read every key through decode_tiles, a kv group's query heads at once.
 // Key lists: key i of a row's list is the cache position pos(i); in the V loop a lane's key jj of the
 // warp's step from `base` is at(base, jj, kp), kp each lane's own position (QSA's lists share them by
 // shuffle).
@@ -278,98 +278,225 @@ __global__ void __launch_bounds__(256) attn_merge(const float* __restrict__ part
 }
 
 // ---- decode, a block per group of query heads that share a kv head ----
-// Each key's cells are read and decoded once for the GM query heads of the block (at most 8 of a kv group;
-// the 80B's 8), where a block per query head read them 8 times: at 131k keys that was ~0.58 ms a layer
-// for 151 MB of int8 cells. The block's queries wait in shared memory dims-major (qs[d * GM + j]: a dim's
-// GM queries in one or two float4 reads); a lane scores one key against all of them and accumulates all
-// their outputs in its dims. Heads j >= gb (the block's live heads) have zero queries and are not written.
-// Every head sees the same keys in the same order, with decode_core's arithmetic: its outputs are
-// decode_core's to the bit.
+// The block's keys [lo, hi) stream through shared memory in tiles of DT keys (cp.async, two stages: tile
+// t + 1 lands while tile t is scored), so every load is a coalesced 16-byte copy and many are in flight; each
+// key's cells are read and decoded once for the GM query heads of the block (at most 8 of a kv group).
+// Lanes hold head dims (PER each, as the V loop always did) and the queries of those dims in registers.
+// A warp scores 16 keys of a tile, NB at a time: each lane's partial dot products for NB keys x GM heads
+// (32 values, or fewer) are summed across the lanes by a reduce-scatter that leaves one sum a lane. The
+// tile's softmax is the block's (one running max and sum a head), so the warps' outputs add up at the end
+// without weights. Heads j >= gb have zero queries and are not written.
+#define DT 64
+template <int HD, int Q8>
+struct DecodeTile {
+  static constexpr int ROW = HD * (Q8 ? 1 : 2);          // bytes of a key's K (or V) row
+  static constexpr int NGS = Q8 ? Q8_GROUPS(HD) : 0;     // scales a key
+  static constexpr int STAGE = 2 * DT * ROW + 2 * DT * NGS * 4;
+};
+
+// Tile t0.. of the keys into stage st (K rows, V rows, K scales, V scales): cp.async from the device cache;
+// plain loads for the key at `last` (from klast, vlast: the fused kernel's own copy) and for cells before the
+// window's base (host memory); zeros past hi.
+template <int HD, int Q8>
+__device__ __forceinline__ void tile_load(char* st, const Cells<HD, Q8>& c, int t0, int hi, int last,
+                                          const void* klast, const void* vlast, const float* klast_s,
+                                          const float* vlast_s) {
+  using TD = DecodeTile<HD, Q8>;
+  constexpr int CH = TD::ROW / 16;  // 16-byte pieces a row
+  for (int i = threadIdx.x; i < 2 * DT * CH; i += blockDim.x) {
+    const int isv = i / (DT * CH), key = (i / CH) % DT, off = (i % CH) * 16, kp = t0 + key;
+    char* dst = st + isv * DT * TD::ROW + key * TD::ROW + off;
+    if (kp >= hi) {
+      *(uint4*)dst = make_uint4(0, 0, 0, 0);
+    } else if (kp == last) {
+      *(uint4*)dst = *(const uint4*)((const char*)(isv ? vlast : klast) + off);
+    } else if (kp < c.base) {
+      *(uint4*)dst = *(const uint4*)((isv ? c.vat(kp) : c.kat(kp)) + off);
+    } else {
+      cp_async16(dst, (isv ? c.vat(kp) : c.kat(kp)) + off);
+    }
+  }
+  if constexpr (Q8) {
+    float* sc = (float*)(st + 2 * DT * TD::ROW);
+    for (int i = threadIdx.x; i < 2 * DT * TD::NGS; i += blockDim.x) {
+      const int isv = i / (DT * TD::NGS), key = (i / TD::NGS) % DT, g = i % TD::NGS, kp = t0 + key;
+      float* dst = sc + i;
+      if (kp >= hi) *dst = 0.f;
+      else if (kp == last) *dst = (isv ? vlast_s : klast_s)[g];
+      else if (kp < c.base) *dst = (isv ? c.vsat(kp) : c.ksat(kp))[g];
+      else cp_async4(dst, (isv ? c.vsat(kp) : c.ksat(kp)) + g);
+    }
+  }
+  cp_async_commit();
+}
+
+// The lane's PER values of row `key` of a stage's K (isv 0) or V (1) rows, decoded (int8: code * scale)
+template <int HD, int Q8>
+__device__ __forceinline__ void tile_row(const char* st, int isv, int key, int lane, float* x) {
+  using TD = DecodeTile<HD, Q8>;
+  constexpr int PER = HD >= 32 ? HD / 32 : 1;
+  if (PER * lane >= HD) {
+#pragma unroll
+    for (int i = 0; i < PER; i++) x[i] = 0.f;
+    return;
+  }
+  const char* r = st + isv * DT * TD::ROW + key * TD::ROW;
+  if constexpr (Q8) {
+    const float* scales = (const float*)(st + 2 * DT * TD::ROW);
+    const float sc = scales[(isv * DT + key) * TD::NGS + PER * lane / Q8_GROUP(HD)];
+    const signed char* v = (const signed char*)r + PER * lane;
+#pragma unroll
+    for (int i = 0; i < PER; i++) x[i] = (float)v[i] * sc;
+  } else {
+    const u16* v = (const u16*)r + PER * lane;
+#pragma unroll
+    for (int i = 0; i < PER; i++) x[i] = h2f(v[i]);
+  }
+}
+
+// p ? a : b by one selp: a plain ?: on two elements of a register array is folded into a computed index,
+// which sends the array to local memory
+__device__ __forceinline__ float pick(bool p, float a, float b) {
+  float r;
+  asm("{ .reg .pred q; setp.ne.u32 q, %1, 0; selp.f32 %0, %2, %3, q; }"
+      : "=f"(r)
+      : "r"((u32)p), "f"(a), "f"(b));
+  return r;
+}
+
+// Sums across the warp's lanes of O * 2 values a lane (v[0 .. 2 O)), scattered: after the step of offset o a
+// lane keeps the half of its values its lane bit o picks, plus the other lane's half, so lane l ends with the
+// sum of value l % (2 O) in v[0]. A template a step, so that every index is a constant and v stays in
+// registers.
+template <int O>
+__device__ __forceinline__ void reduce_scatter(float* v, int lane) {
+  if constexpr (O >= 1) {
+    const bool upper = lane & O;
+#pragma unroll
+    for (int i = 0; i < O; i++) {
+      const float keep = pick(upper, v[i + O], v[i]), give = pick(upper, v[i], v[i + O]);
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, give, O);
+    }
+    reduce_scatter<O / 2>(v, lane);
+  }
+}
+
 template <int HD, int Q8, int GM>
-__device__ __forceinline__ void decode_group(const float* qs, int gb, const Cells<HD, Q8>& c, int lo, int hi,
+__device__ __forceinline__ void decode_tiles(const float* qs, int gb, const Cells<HD, Q8>& c, int lo, int hi,
                                              int last, const void* klast, const void* vlast,
                                              const float* klast_s, const float* vlast_s, float scale,
                                              float* __restrict__ o0, i64 o_stride, int partial) {
-  constexpr int PER = HD >= 32 ? HD / 32 : 1;  // head dims per lane
-  __shared__ float pm[4][GM], pl[4][GM];
-  __shared__ float pacc[4][GM][HD];
+  using TD = DecodeTile<HD, Q8>;
+  constexpr int PER = HD >= 32 ? HD / 32 : 1;  // head dims a lane
+  constexpr int NB = (32 / GM) < 16 ? (32 / GM) : 16;  // keys a warp scores at once (16 a warp a tile)
+  constexpr int N = NB * GM;  // partial sums a lane holds per step, 32 or fewer
+  extern __shared__ uint4 dsm[];
+  char* stages = (char*)dsm;                            // [2][STAGE]
+  float* sp = (float*)(stages + 2 * TD::STAGE);         // [DT][GM]: scores, then probabilities
+  float* mrun = sp + DT * GM;                           // [GM]
+  float* lrun = mrun + GM;                              // [GM]
+  float* alpha = lrun + GM;                             // [GM]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float m[GM], l[GM], acc[GM][PER];
+  float q[GM][PER], acc[GM][PER];
 #pragma unroll
-  for (int j = 0; j < GM; j++) {
-    m[j] = -INFINITY; l[j] = 0.0f;
+  for (int j = 0; j < GM; j++)
 #pragma unroll
-    for (int i = 0; i < PER; i++) acc[j][i] = 0.0f;
-  }
-  for (int base = lo + warp * 32; base < hi; base += 128) {
-    const int key = base + lane;
-    float s[GM];
-#pragma unroll
-    for (int j = 0; j < GM; j++) s[j] = -INFINITY;
-    if (key < hi) {
-      const bool is_last = key == last;
-      float dot[GM];
-      k_dots<HD, Q8, GM>(qs, is_last ? klast : (const void*)c.kat(key), is_last ? klast_s : c.ksat(key), dot);
-#pragma unroll
-      for (int j = 0; j < GM; j++) s[j] = dot[j] * scale;
+    for (int i = 0; i < PER; i++) {
+      q[j][i] = PER * lane + i < HD ? qs[(PER * lane + i) * GM + j] : 0.f;
+      acc[j][i] = 0.f;
     }
-    float p[GM];
+  if (threadIdx.x < GM) { mrun[threadIdx.x] = -INFINITY; lrun[threadIdx.x] = 0.f; }
+  const int ntiles = (hi - lo + DT - 1) / DT;
+  tile_load<HD, Q8>(stages, c, lo, hi, last, klast, vlast, klast_s, vlast_s);
+  for (int t = 0; t < ntiles; t++) {
+    const int t0 = lo + t * DT;
+    const char* st = stages + (t & 1) * TD::STAGE;
+    if (t + 1 < ntiles) {
+      tile_load<HD, Q8>(stages + ((t + 1) & 1) * TD::STAGE, c, t0 + DT, hi, last, klast, vlast, klast_s,
+                        vlast_s);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // tile t complete for every thread
+    // scores: warp w takes keys 16 w .. 16 w + 15, NB at a time
+#pragma unroll
+    for (int k0 = 0; k0 < 16; k0 += NB) {
+      float v[N];
+#pragma unroll
+      for (int kk = 0; kk < NB; kk++) {
+        float x[PER];
+        tile_row<HD, Q8>(st, 0, warp * 16 + k0 + kk, lane, x);
+#pragma unroll
+        for (int j = 0; j < GM; j++) {
+          float d = 0.f;
+#pragma unroll
+          for (int i = 0; i < PER; i++) d = fmaf(q[j][i], x[i], d);
+          v[kk * GM + j] = d;
+        }
+      }
+      reduce_scatter<N / 2>(v, lane);
+#pragma unroll
+      for (int o = N; o < 32; o *= 2) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+      if (lane < N) {
+        const int key = warp * 16 + k0 + lane / GM;
+        sp[key * GM + lane % GM] = t0 + key < hi ? v[0] * scale : -INFINITY;
+      }
+    }
+    __syncthreads();
+    // the tile's softmax: warp w takes heads w, w + 4, .. (a lane two keys of each)
+    for (int j = warp; j < GM; j += 4) {
+      const float s0 = sp[lane * GM + j], s1 = sp[(lane + 32) * GM + j];
+      const float mold = mrun[j], mnew = fmaxf(mold, warp_max(fmaxf(s0, s1)));  // a live key: finite
+      const float p0 = expf(s0 - mnew), p1 = expf(s1 - mnew);
+      sp[lane * GM + j] = p0;
+      sp[(lane + 32) * GM + j] = p1;
+      const float sum = warp_sum(p0 + p1);
+      if (lane == 0) {
+        const float a = expf(mold - mnew);  // mold = -inf at the first tile: 0
+        alpha[j] = a;
+        lrun[j] = lrun[j] * a + sum;
+        mrun[j] = mnew;
+      }
+    }
+    __syncthreads();
+    // values: the warp's 16 keys into its outputs, rescaled to the new running max first
 #pragma unroll
     for (int j = 0; j < GM; j++) {
-      const float mnew = fmaxf(m[j], warp_max(s[j]));  // lane 0's key is live: mnew is finite
-      const float alpha = expf(m[j] - mnew);  // m = -inf on the first step: alpha = 0, acc is 0 anyway
-      p[j] = key < hi ? expf(s[j] - mnew) : 0.0f;
-      l[j] = l[j] * alpha + p[j];
+      const float a = alpha[j];
 #pragma unroll
-      for (int i = 0; i < PER; i++) acc[j][i] *= alpha;
-      m[j] = mnew;
+      for (int i = 0; i < PER; i++) acc[j][i] *= a;
     }
-    // lane owns dims PER*lane .. +PER-1 (one 2/4/8-byte load per key); unrolled so several keys' V
-    // loads are in flight at once instead of one dependent L2 round trip per key
-    const int nk = min(32, hi - base);
-#pragma unroll 8
-    for (int jj = 0; jj < nk; jj++) {
-      float pj[GM];
+#pragma unroll 4
+    for (int kk = 0; kk < 16; kk++) {
+      const int key = warp * 16 + kk;
+      float x[PER], p[GM];
+      tile_row<HD, Q8>(st, 1, key, lane, x);
 #pragma unroll
-      for (int j = 0; j < GM; j++) pj[j] = __shfl_sync(0xffffffffu, p[j], jj);
-      const int at = base + jj;
-      if (PER * lane >= HD) continue;
-      float vv[PER];
-      const bool is_last = at == last;
-      v_lane<HD, Q8>(is_last ? vlast : (const void*)c.vat(at), is_last ? vlast_s : c.vsat(at), lane, vv);
+      for (int j = 0; j < GM; j++) p[j] = sp[key * GM + j];
 #pragma unroll
       for (int j = 0; j < GM; j++)
 #pragma unroll
-        for (int i = 0; i < PER; i++) acc[j][i] = fmaf(pj[j], vv[i], acc[j][i]);
+        for (int i = 0; i < PER; i++) acc[j][i] = fmaf(p[j], x[i], acc[j][i]);
     }
+    __syncthreads();  // every warp is done with stage t & 1 before tile t + 2 streams into it
   }
+  // the warps' outputs add up (one softmax for the block); head j's at o0 + j * o_stride, divided by the sum,
+  // or (partial) as they are with the running max and sum after them
+  float* pacc = (float*)stages;  // [4][GM][HD]: the stages are free now
 #pragma unroll
-  for (int j = 0; j < GM; j++) {
-    l[j] = warp_sum(l[j]);
-    if (lane == 0) { pm[warp][j] = m[j]; pl[warp][j] = l[j]; }
+  for (int j = 0; j < GM; j++)
 #pragma unroll
-    for (int i = 0; i < PER; i++) {
-      const int d = PER * lane + i;
-      if (d < HD) pacc[warp][j][d] = acc[j][i];
-    }
-  }
+    for (int i = 0; i < PER; i++)
+      if (PER * lane + i < HD) pacc[(warp * GM + j) * HD + PER * lane + i] = acc[j][i];
   __syncthreads();
-  // head j's outputs at o0 + j * o_stride: divided by the softmax sum, or (partial) as they are, followed by
-  // the running max and sum
   for (int x = threadIdx.x; x < gb * HD; x += blockDim.x) {
     const int j = x / HD, d = x % HD;
-    const float M = fmaxf(fmaxf(pm[0][j], pm[1][j]), fmaxf(pm[2][j], pm[3][j]));
-    float w[4], L = 0.0f, o = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      w[i] = pm[i][j] == -INFINITY ? 0.0f : expf(pm[i][j] - M);
-      L += pl[i][j] * w[i];
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++) o += pacc[i][j][d] * w[i];
+    const float o = pacc[j * HD + d] + pacc[(GM + j) * HD + d] + pacc[(2 * GM + j) * HD + d] +
+                    pacc[(3 * GM + j) * HD + d];
     float* oj = o0 + j * o_stride;
-    oj[d] = partial ? o : o / L;
-    if (partial && d == 0) { oj[HD] = M; oj[HD + 1] = L; }
+    oj[d] = partial ? o : o / lrun[j];
+    if (partial && d == 0) { oj[HD] = mrun[j]; oj[HD + 1] = lrun[j]; }
   }
 }
 
@@ -408,7 +535,7 @@ __global__ void __launch_bounds__(128) attn_decode(
     qs[x] = j < gb ? q[(i64)row * H * HD + (i64)(h0 + j) * HD + d] : 0.f;
   }
   __syncthreads();
-  decode_group<HD, Q8, GM>(qs, gb, c, lo, hi, S - 1, c.kat(S - 1), c.vat(S - 1), c.ksat(S - 1), c.vsat(S - 1),
+  decode_tiles<HD, Q8, GM>(qs, gb, c, lo, hi, S - 1, c.kat(S - 1), c.vat(S - 1), c.ksat(S - 1), c.vsat(S - 1),
                            scale, o0, stride, splits > 1);
 }
 
@@ -475,7 +602,7 @@ __global__ void __launch_bounds__(128) attn_decode_qkv(
     }
   }
   __syncthreads();
-  decode_group<HD, Q8, GM>(qs, gb, c, lo, hi, S - 1, knew, vnew, knew_s, vnew_s, scale, o0, stride,
+  decode_tiles<HD, Q8, GM>(qs, gb, c, lo, hi, S - 1, knew, vnew, knew_s, vnew_s, scale, o0, stride,
                            splits > 1);
 }
 """
@@ -494,6 +621,19 @@ def group_heads(h: int, kv: int) -> int:
 
 def group_size(gb: int) -> int:
     return next(g for g in GROUP_SIZES if g >= gb)
+
+
+DECODE_TILE = 64  # keys a decode tile (DT)
+
+
+def decode_smem(hd: int, q8: bool, gb: int) -> int:
+    """decode_tiles' dynamic shared memory: two stages of a tile's K and V rows (and int8 scales), then the
+    tile's scores and a running max, sum and rescale a head (the warps' outputs reuse the stages)."""
+    gm = group_size(gb)
+    row = hd * (1 if q8 else 2)
+    scales = hd // min(hd, 32) if q8 else 0
+    stage = 2 * DECODE_TILE * row + 2 * DECODE_TILE * scales * 4
+    return 2 * stage + (DECODE_TILE * gm + 3 * gm) * 4
 
 
 def decode_name(hd: int, q8: bool = False, gb: int = 1) -> str:

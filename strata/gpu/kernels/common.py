@@ -70,6 +70,21 @@ __device__ __forceinline__ float code_f(u32 w, int i) {
   u32 r; asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(w ^ 0x80808080u), "r"(0x4B000000u), "r"(0x7540u + i));
   return __uint_as_float(r) - 8388736.0f;
 }
+// cp.async: global to shared memory copies that land while the issuing threads go on (device memory only);
+// a thread's copies commit as a group, and wait_group<N> waits until at most N of its groups are in flight
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+  unsigned long long a; asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p)); return (u32)a;
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N));
+}
 // 4 bytes from a 2-byte aligned address (Q6_K/Q8_0/Q5_0 blocks are only 2-aligned)
 __device__ __forceinline__ u32 ld32a2(const u8* p) { return (u32)ld16(p) | ((u32)ld16(p + 2) << 16); }
 

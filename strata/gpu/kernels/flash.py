@@ -42,16 +42,6 @@ __device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-  unsigned long long a; asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p)); return (u32)a;
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" :: "n"(N));
-}
 // ldmatrix: four 8x8 b16 matrices, rows from lanes 0-7, 8-15, 16-23, 24-31 (each lane one row's address);
 // .trans gives each lane a column instead of a row
 __device__ __forceinline__ void ldsm_x4(u32* r, const u16* p) {
@@ -68,9 +58,6 @@ __device__ __forceinline__ void ldsm_x2(u32* r, const u16* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
                : "=r"(r[0]), "=r"(r[1])
                : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" :: "r"(smem_addr(dst)), "l"(src));
 }
 // 8 int8 codes times their scale, rounded to fp16 and packed: the same bits as f2h((float)code * scale), by
 // code_f's byte permute and one cvt per two values, where a plain int-to-float and a float-to-half cvt each
