@@ -43,6 +43,10 @@ def test_flash_twin_matches_attention():
         ref = attend(q, k, v, scale)
         assert _rel(flash.ref_flash(q, k, v, scale), ref) < 5e-3
         assert _rel(attention.ref_attention(q, k, v, scale), ref) < 5e-3
+        # decode_mma's twin: the last query row, fp16 like flash's, int8 cells within their own error too
+        for q8 in (False, True):
+            want = attend(q[-1:], attention.ref_cells(k, q8), attention.ref_cells(v, q8), scale)
+            assert _rel(attention.ref_decode(q[-1:], k, v, scale, q8), want) < 5e-3
 
 
 def test_int8_cell_twins_are_the_cpu_cache_cells():

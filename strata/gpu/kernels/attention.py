@@ -22,6 +22,7 @@ import numpy as np
 
 from strata.blocks.attention import attend
 from strata.gpu.kernels.common import HEADER
+from strata.gpu.kernels.flash import ref_flash
 from strata.gpu.kernels.rows import HEAD_POST
 from strata.runtime.kvcache import dequantize_rows, quantize_rows
 
@@ -75,7 +76,7 @@ struct Cells {
 
 // ---- decode: q [rows, H*HD] fp32, out [rows, H*HD] fp32 ----
 // decode_core: one query head against a list of keys, kernels/qsa.py's (QsaKeys: the selected blocks); the
-// decode kernels below read every key through decode_tiles, a kv group's query heads at once.
+// decode kernels below read every key through decode_mma, a kv group's query heads at once.
 // Key lists: key i of a row's list is the cache position pos(i); in the V loop a lane's key jj of the
 // warp's step from `base` is at(base, jj, kp), kp each lane's own position (QSA's lists share them by
 // shuffle).
@@ -278,31 +279,33 @@ __global__ void __launch_bounds__(256) attn_merge(const float* __restrict__ part
 }
 
 // ---- decode, a block per group of query heads that share a kv head ----
-// The block's keys [lo, hi) stream through shared memory in tiles of DT keys (cp.async, two stages: tile
-// t + 1 lands while tile t is scored), so every load is a coalesced 16-byte copy and many are in flight; each
-// key's cells are read and decoded once for the GM query heads of the block (at most 8 of a kv group).
-// Lanes hold head dims (PER each, as the V loop always did) and the queries of those dims in registers.
-// A warp scores 16 keys of a tile, NB at a time: each lane's partial dot products for NB keys x GM heads
-// (32 values, or fewer) are summed across the lanes by a reduce-scatter that leaves one sum a lane. The
-// tile's softmax is the block's (one running max and sum a head), so the warps' outputs add up at the end
-// without weights. Heads j >= gb have zero queries and are not written.
+// On the tensor cores: the block's GM query heads (at most 8 of a kv group, padded to 16 rows) are the rows
+// of flash_attn's mma tiles, so a key's cells are multiplied for every head of the group by mma.sync, and the
+// kernel is bound by the bytes it reads, not by its FMAs a key (the lane-FMA kernel before took the same time
+// a key for f16 cells as for int8's half bytes). The block's keys [lo, hi) stream through shared memory in
+// tiles of DT keys by cp.async, two stages (tile t + 1 lands while tile t is multiplied): fp16 cells as they
+// are, into rows padded against bank conflicts; int8 cells as codes and scales, decoded to fp16 once a tile
+// (dequant8). Warp w takes keys 16 w .. 16 w + 15 of every tile with a softmax of its own (base 2, queries
+// pre-scaled by scale * log2 e, as flash_attn); the four warps' states merge at the end. Heads j >= gb have
+// zero queries and are not written. Numpy twin: ref_decode_mma.
 #define DT 64
 template <int HD, int Q8>
 struct DecodeTile {
-  static constexpr int ROW = HD * (Q8 ? 1 : 2);          // bytes of a key's K (or V) row
-  static constexpr int NGS = Q8 ? Q8_GROUPS(HD) : 0;     // scales a key
-  static constexpr int STAGE = 2 * DT * ROW + 2 * DT * NGS * 4;
+  static constexpr int LK = HD + 8;                   // fp16 row pitch (u16s) of the tiles the mma reads
+  static constexpr int ROW = Q8 ? HD : 2 * LK;        // bytes a stored row: int8 codes, or padded fp16
+  static constexpr int NGS = Q8 ? Q8_GROUPS(HD) : 0;  // scales a key
+  static constexpr int STAGE = 2 * DT * ROW + 2 * DT * NGS * 4;  // K rows, V rows, K scales, V scales
 };
 
-// Tile t0.. of the keys into stage st (K rows, V rows, K scales, V scales): cp.async from the device cache;
-// plain loads for the key at `last` (from klast, vlast: the fused kernel's own copy) and for cells before the
-// window's base (host memory); zeros past hi.
+// Tile t0.. of the keys into stage st: cp.async from the device cache; plain loads for the key at `last`
+// (from klast, vlast: the fused kernel's own copy) and for cells before the window's base (host memory);
+// zeros past hi.
 template <int HD, int Q8>
 __device__ __forceinline__ void tile_load(char* st, const Cells<HD, Q8>& c, int t0, int hi, int last,
                                           const void* klast, const void* vlast, const float* klast_s,
                                           const float* vlast_s) {
   using TD = DecodeTile<HD, Q8>;
-  constexpr int CH = TD::ROW / 16;  // 16-byte pieces a row
+  constexpr int CH = HD * (Q8 ? 1 : 2) / 16;  // 16-byte pieces a cell row
   for (int i = threadIdx.x; i < 2 * DT * CH; i += blockDim.x) {
     const int isv = i / (DT * CH), key = (i / CH) % DT, off = (i % CH) * 16, kp = t0 + key;
     char* dst = st + isv * DT * TD::ROW + key * TD::ROW + off;
@@ -330,173 +333,162 @@ __device__ __forceinline__ void tile_load(char* st, const Cells<HD, Q8>& c, int 
   cp_async_commit();
 }
 
-// The lane's PER values of row `key` of a stage's K (isv 0) or V (1) rows, decoded (int8: code * scale)
-template <int HD, int Q8>
-__device__ __forceinline__ void tile_row(const char* st, int isv, int key, int lane, float* x) {
-  using TD = DecodeTile<HD, Q8>;
-  constexpr int PER = HD >= 32 ? HD / 32 : 1;
-  if (PER * lane >= HD) {
-#pragma unroll
-    for (int i = 0; i < PER; i++) x[i] = 0.f;
-    return;
-  }
-  const char* r = st + isv * DT * TD::ROW + key * TD::ROW;
-  if constexpr (Q8) {
-    const float* scales = (const float*)(st + 2 * DT * TD::ROW);
-    const float sc = scales[(isv * DT + key) * TD::NGS + PER * lane / Q8_GROUP(HD)];
-    const signed char* v = (const signed char*)r + PER * lane;
-#pragma unroll
-    for (int i = 0; i < PER; i++) x[i] = (float)v[i] * sc;
-  } else {
-    const u16* v = (const u16*)r + PER * lane;
-#pragma unroll
-    for (int i = 0; i < PER; i++) x[i] = h2f(v[i]);
-  }
-}
-
-// p ? a : b by one selp: a plain ?: on two elements of a register array is folded into a computed index,
-// which sends the array to local memory
-__device__ __forceinline__ float pick(bool p, float a, float b) {
-  float r;
-  asm("{ .reg .pred q; setp.ne.u32 q, %1, 0; selp.f32 %0, %2, %3, q; }"
-      : "=f"(r)
-      : "r"((u32)p), "f"(a), "f"(b));
-  return r;
-}
-
-// Sums across the warp's lanes of O * 2 values a lane (v[0 .. 2 O)), scattered: after the step of offset o a
-// lane keeps the half of its values its lane bit o picks, plus the other lane's half, so lane l ends with the
-// sum of value l % (2 O) in v[0]. A template a step, so that every index is a constant and v stays in
-// registers.
-template <int O>
-__device__ __forceinline__ void reduce_scatter(float* v, int lane) {
-  if constexpr (O >= 1) {
-    const bool upper = lane & O;
-#pragma unroll
-    for (int i = 0; i < O; i++) {
-      const float keep = pick(upper, v[i + O], v[i]), give = pick(upper, v[i], v[i + O]);
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, give, O);
-    }
-    reduce_scatter<O / 2>(v, lane);
-  }
-}
-
 template <int HD, int Q8, int GM>
-__device__ __forceinline__ void decode_tiles(const float* qs, int gb, const Cells<HD, Q8>& c, int lo, int hi,
-                                             int last, const void* klast, const void* vlast,
-                                             const float* klast_s, const float* vlast_s, float scale,
-                                             float* __restrict__ o0, i64 o_stride, int partial) {
+__device__ __forceinline__ void decode_mma(const float* qs, int gb, const Cells<HD, Q8>& c, int lo, int hi,
+                                           int last, const void* klast, const void* vlast,
+                                           const float* klast_s, const float* vlast_s, float scale,
+                                           float* __restrict__ o0, i64 o_stride, int partial) {
   using TD = DecodeTile<HD, Q8>;
-  constexpr int PER = HD >= 32 ? HD / 32 : 1;  // head dims a lane
-  constexpr int NB = (32 / GM) < 16 ? (32 / GM) : 16;  // keys a warp scores at once (16 a warp a tile)
-  constexpr int N = NB * GM;  // partial sums a lane holds per step, 32 or fewer
+  constexpr int LK = TD::LK, G = Q8_GROUPS(HD), GS = Q8_GROUP(HD);
+  static_assert(HD % 16 == 0, "decode_mma takes head dims of whole 16-dim steps");
   extern __shared__ uint4 dsm[];
-  char* stages = (char*)dsm;                            // [2][STAGE]
-  float* sp = (float*)(stages + 2 * TD::STAGE);         // [DT][GM]: scores, then probabilities
-  float* mrun = sp + DT * GM;                           // [GM]
-  float* lrun = mrun + GM;                              // [GM]
-  float* alpha = lrun + GM;                             // [GM]
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float q[GM][PER], acc[GM][PER];
+  u16* Qs = (u16*)dsm;                      // [16][LK]: the queries, rows j >= gb zero
+  char* stages = (char*)(Qs + 16 * LK);     // [2][STAGE]
+  u16* F = (u16*)(stages + 2 * TD::STAGE);  // int8 cells: [2][DT][LK], the tile's K and V decoded
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  const float qscale = scale * 1.4426950408889634f;
+  for (int i = threadIdx.x; i < 16 * HD / 2; i += blockDim.x) {
+    const int r = i / (HD / 2), d = (i % (HD / 2)) * 2;
+    const float a = r < GM ? qs[d * GM + r] * qscale : 0.f, b = r < GM ? qs[(d + 1) * GM + r] * qscale : 0.f;
+    *(u32*)(Qs + r * LK + d) = pack2(a, b);
+  }
+  float o[HD / 8][4];
 #pragma unroll
-  for (int j = 0; j < GM; j++)
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-      q[j][i] = PER * lane + i < HD ? qs[(PER * lane + i) * GM + j] : 0.f;
-      acc[j][i] = 0.f;
-    }
-  if (threadIdx.x < GM) { mrun[threadIdx.x] = -INFINITY; lrun[threadIdx.x] = 0.f; }
+  for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
   const int ntiles = (hi - lo + DT - 1) / DT;
   tile_load<HD, Q8>(stages, c, lo, hi, last, klast, vlast, klast_s, vlast_s);
   for (int t = 0; t < ntiles; t++) {
     const int t0 = lo + t * DT;
-    const char* st = stages + (t & 1) * TD::STAGE;
-    if (t + 1 < ntiles) {
+    char* st = stages + (t & 1) * TD::STAGE;
+    if (t + 1 < ntiles) {  // the other stage was released by the barrier that ended the last step
       tile_load<HD, Q8>(stages + ((t + 1) & 1) * TD::STAGE, c, t0 + DT, hi, last, klast, vlast, klast_s,
                         vlast_s);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
-    __syncthreads();  // tile t complete for every thread
-    // scores: warp w takes keys 16 w .. 16 w + 15, NB at a time
+    __syncthreads();  // tile t complete for every thread (and, at t = 0, the queries)
+    const u16* Ks = (const u16*)st;
+    const u16* Vs = (const u16*)(st + DT * TD::ROW);
+    if constexpr (Q8) {  // decoded once a tile into F
+      const signed char* kr = (const signed char*)st;
+      const signed char* vr = kr + DT * HD;
+      const float* kss = (const float*)(vr + DT * HD);
+      const float* vss = kss + DT * G;
+      for (int i = threadIdx.x; i < DT * HD / 8; i += blockDim.x) {
+        const int key = i / (HD / 8), d = (i % (HD / 8)) * 8;
+        *(uint4*)(F + key * LK + d) = dequant8(*(const uint2*)(kr + key * HD + d), kss[key * G + d / GS]);
+        *(uint4*)(F + (DT + key) * LK + d) =
+            dequant8(*(const uint2*)(vr + key * HD + d), vss[key * G + d / GS]);
+      }
+      __syncthreads();
+      Ks = F;
+      Vs = F + DT * LK;
+    }
+    // scores: this warp's 16 keys (two 8-key n-tiles) x 16 query rows
+    float s[2][4];
 #pragma unroll
-    for (int k0 = 0; k0 < 16; k0 += NB) {
-      float v[N];
+    for (int nt = 0; nt < 2; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    const u16* qs_ = Qs + (lane & 15) * LK + (lane >> 4) * 8;
+    if constexpr (HD % 32 == 0) {
 #pragma unroll
-      for (int kk = 0; kk < NB; kk++) {
-        float x[PER];
-        tile_row<HD, Q8>(st, 0, warp * 16 + k0 + kk, lane, x);
+      for (int kp = 0; kp < HD / 32; kp++) {  // two 16-dim steps a pass: one ldmatrix.x4 of K serves both
+        u32 qa0[4], qa1[4];
+        ldsm_x4(qa0, qs_ + kp * 32);
+        ldsm_x4(qa1, qs_ + kp * 32 + 16);
 #pragma unroll
-        for (int j = 0; j < GM; j++) {
-          float d = 0.f;
-#pragma unroll
-          for (int i = 0; i < PER; i++) d = fmaf(q[j][i], x[i], d);
-          v[kk * GM + j] = d;
+        for (int nt = 0; nt < 2; nt++) {
+          u32 b[4];
+          ldsm_x4(b, Ks + (warp * 16 + nt * 8 + (lane & 7)) * LK + kp * 32 + (lane >> 3) * 8);
+          mma16816(s[nt], qa0, b);
+          mma16816(s[nt], qa1, b + 2);
         }
       }
-      reduce_scatter<N / 2>(v, lane);
+    } else {  // HD 16
+      u32 qa[4];
+      ldsm_x4(qa, qs_);
 #pragma unroll
-      for (int o = N; o < 32; o *= 2) v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
-      if (lane < N) {
-        const int key = warp * 16 + k0 + lane / GM;
-        sp[key * GM + lane % GM] = t0 + key < hi ? v[0] * scale : -INFINITY;
+      for (int nt = 0; nt < 2; nt++) {
+        u32 b[2];
+        ldsm_x2(b, Ks + (warp * 16 + nt * 8 + (lane & 7)) * LK + ((lane >> 3) & 1) * 8);
+        mma16816(s[nt], qa, b);
       }
     }
-    __syncthreads();
-    // the tile's softmax: warp w takes heads w, w + 4, .. (a lane two keys of each)
-    for (int j = warp; j < GM; j += 4) {
-      const float s0 = sp[lane * GM + j], s1 = sp[(lane + 32) * GM + j];
-      const float mold = mrun[j], mnew = fmaxf(mold, warp_max(fmaxf(s0, s1)));  // a live key: finite
-      const float p0 = expf(s0 - mnew), p1 = expf(s1 - mnew);
-      sp[lane * GM + j] = p0;
-      sp[(lane + 32) * GM + j] = p1;
-      const float sum = warp_sum(p0 + p1);
-      if (lane == 0) {
-        const float a = expf(mold - mnew);  // mold = -inf at the first tile: 0
-        alpha[j] = a;
-        lrun[j] = lrun[j] * a + sum;
-        mrun[j] = mnew;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        if (t0 + warp * 16 + nt * 8 + 2 * t4 + (e & 1) >= hi) s[nt][e] = -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
       }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mnew = fmaxf(mrow[r], mx[r]);
+      alpha[r] = mnew == -INFINITY ? 1.f : exp2f(mrow[r] - mnew);
+      mrow[r] = mnew;
+      lrow[r] *= alpha[r];
     }
-    __syncthreads();
-    // values: the warp's 16 keys into its outputs, rescaled to the new running max first
 #pragma unroll
-    for (int j = 0; j < GM; j++) {
-      const float a = alpha[j];
+    for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-      for (int i = 0; i < PER; i++) acc[j][i] *= a;
+      for (int e = 0; e < 4; e++) {
+        const float mr = mrow[e >> 1];
+        const float p = mr == -INFINITY ? 0.f : exp2f(s[nt][e] - mr);
+        s[nt][e] = p;
+        lrow[e >> 1] += p;
+      }
+#pragma unroll
+    for (int dt = 0; dt < HD / 8; dt++) {
+      o[dt][0] *= alpha[0]; o[dt][1] *= alpha[0]; o[dt][2] *= alpha[1]; o[dt][3] *= alpha[1];
     }
-#pragma unroll 4
-    for (int kk = 0; kk < 16; kk++) {
-      const int key = warp * 16 + kk;
-      float x[PER], p[GM];
-      tile_row<HD, Q8>(st, 1, key, lane, x);
+    // values: P (16 rows x the warp's 16 keys) times their V rows
+    const u32 pa[4] = {pack2(s[0][0], s[0][1]), pack2(s[0][2], s[0][3]), pack2(s[1][0], s[1][1]),
+                       pack2(s[1][2], s[1][3])};
 #pragma unroll
-      for (int j = 0; j < GM; j++) p[j] = sp[key * GM + j];
-#pragma unroll
-      for (int j = 0; j < GM; j++)
-#pragma unroll
-        for (int i = 0; i < PER; i++) acc[j][i] = fmaf(p[j], x[i], acc[j][i]);
+    for (int dp = 0; dp < HD / 16; dp++) {  // two 8-dim output tiles an ldmatrix.x4
+      u32 b[4];
+      ldsm_x4_trans(b, Vs + (warp * 16 + (lane & 15)) * LK + dp * 16 + (lane >> 4) * 8);
+      mma16816(o[2 * dp], pa, b);
+      mma16816(o[2 * dp + 1], pa, b + 2);
     }
-    __syncthreads();  // every warp is done with stage t & 1 before tile t + 2 streams into it
+    __syncthreads();  // every warp is done with stage t & 1 (and F) before they are refilled
   }
-  // the warps' outputs add up (one softmax for the block); head j's at o0 + j * o_stride, divided by the sum,
-  // or (partial) as they are with the running max and sum after them
-  float* pacc = (float*)stages;  // [4][GM][HD]: the stages are free now
+  // the warps' states merge: rows g (< GM <= 8) of each warp's running max, sum and outputs
+  lrow[0] += __shfl_xor_sync(0xffffffffu, lrow[0], 1);
+  lrow[0] += __shfl_xor_sync(0xffffffffu, lrow[0], 2);
+  float* wo = (float*)stages;          // [4][GM][HD]: the stages are free now
+  float* wml = wo + 4 * GM * HD;       // [4][GM][2]
+  if (g < GM) {
 #pragma unroll
-  for (int j = 0; j < GM; j++)
-#pragma unroll
-    for (int i = 0; i < PER; i++)
-      if (PER * lane + i < HD) pacc[(warp * GM + j) * HD + PER * lane + i] = acc[j][i];
+    for (int dt = 0; dt < HD / 8; dt++) {
+      wo[(warp * GM + g) * HD + dt * 8 + 2 * t4] = o[dt][0];
+      wo[(warp * GM + g) * HD + dt * 8 + 2 * t4 + 1] = o[dt][1];
+    }
+    if (t4 == 0) { wml[(warp * GM + g) * 2] = mrow[0]; wml[(warp * GM + g) * 2 + 1] = lrow[0]; }
+  }
   __syncthreads();
   for (int x = threadIdx.x; x < gb * HD; x += blockDim.x) {
     const int j = x / HD, d = x % HD;
-    const float o = pacc[j * HD + d] + pacc[(GM + j) * HD + d] + pacc[(2 * GM + j) * HD + d] +
-                    pacc[(3 * GM + j) * HD + d];
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < 4; w++) M = fmaxf(M, wml[(w * GM + j) * 2]);
+    float ov = 0.f, L = 0.f;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+      const float mw = wml[(w * GM + j) * 2];
+      const float f = mw == -INFINITY ? 0.f : exp2f(mw - M);  // a warp whose keys were all past hi
+      ov += wo[(w * GM + j) * HD + d] * f;
+      L += wml[(w * GM + j) * 2 + 1] * f;
+    }
     float* oj = o0 + j * o_stride;
-    oj[d] = partial ? o : o / lrun[j];
-    if (partial && d == 0) { oj[HD] = mrun[j]; oj[HD + 1] = lrun[j]; }
+    oj[d] = partial ? ov : ov / L;
+    // attn_merge weighs the partials by expf: the max in natural-log units
+    if (partial && d == 0) { oj[HD] = M * 0.6931471805599453f; oj[HD + 1] = L; }
   }
 }
 
@@ -535,7 +527,7 @@ __global__ void __launch_bounds__(128) attn_decode(
     qs[x] = j < gb ? q[(i64)row * H * HD + (i64)(h0 + j) * HD + d] : 0.f;
   }
   __syncthreads();
-  decode_tiles<HD, Q8, GM>(qs, gb, c, lo, hi, S - 1, c.kat(S - 1), c.vat(S - 1), c.ksat(S - 1), c.vsat(S - 1),
+  decode_mma<HD, Q8, GM>(qs, gb, c, lo, hi, S - 1, c.kat(S - 1), c.vat(S - 1), c.ksat(S - 1), c.vsat(S - 1),
                            scale, o0, stride, splits > 1);
 }
 
@@ -602,7 +594,7 @@ __global__ void __launch_bounds__(128) attn_decode_qkv(
     }
   }
   __syncthreads();
-  decode_tiles<HD, Q8, GM>(qs, gb, c, lo, hi, S - 1, knew, vnew, knew_s, vnew_s, scale, o0, stride,
+  decode_mma<HD, Q8, GM>(qs, gb, c, lo, hi, S - 1, knew, vnew, knew_s, vnew_s, scale, o0, stride,
                            splits > 1);
 }
 """
@@ -627,13 +619,15 @@ DECODE_TILE = 64  # keys a decode tile (DT)
 
 
 def decode_smem(hd: int, q8: bool, gb: int) -> int:
-    """decode_tiles' dynamic shared memory: two stages of a tile's K and V rows (and int8 scales), then the
-    tile's scores and a running max, sum and rescale a head (the warps' outputs reuse the stages)."""
-    gm = group_size(gb)
-    row = hd * (1 if q8 else 2)
+    """decode_mma's dynamic shared memory: the queries as 16 fp16 rows, two stages of a tile's K and V rows
+    (int8 codes and their scales, or fp16 rows padded by 16 bytes), and for int8 cells the tile decoded to
+    fp16 (the warps' outputs reuse the stages at the end)."""
+    lk = hd + 8
+    row = hd if q8 else 2 * lk
     scales = hd // min(hd, 32) if q8 else 0
     stage = 2 * DECODE_TILE * row + 2 * DECODE_TILE * scales * 4
-    return 2 * stage + (DECODE_TILE * gm + 3 * gm) * 4
+    merge = 4 * group_size(gb) * (hd + 2) * 4
+    return 16 * lk * 2 + max(2 * stage, merge) + (2 * DECODE_TILE * lk * 2 if q8 else 0)
 
 
 def decode_name(hd: int, q8: bool = False, gb: int = 1) -> str:
@@ -657,5 +651,13 @@ def ref_cells(x: np.ndarray, q8: bool) -> np.ndarray:
 
 
 def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, q8: bool = False) -> np.ndarray:
-    """q [T, H, D] against k, v [S, KV, D] as the decode kernels see them (fp32 math on the cached cells)."""
+    """q [T, H, D] against k, v [S, KV, D] in fp32 math on the cached cells (decode_core's, which QSA's
+    kernels use)."""
     return attend(q.astype(np.float32), ref_cells(k, q8), ref_cells(v, q8), scale)
+
+
+def ref_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, q8: bool = False) -> np.ndarray:
+    """decode_mma's twin: one query row q [1, H, D] after k, v [S, KV, D], with the cached cells rounded to
+    fp16 (int8 cells decoded as code * scale, then rounded, as dequant8), fp16 queries and probabilities and
+    fp32 sums: flash_attn's twin on its last row (keys in other tiles; the roundings are the same)."""
+    return ref_flash(q, ref_cells(k, q8), ref_cells(v, q8), scale)

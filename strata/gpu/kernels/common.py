@@ -85,6 +85,43 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" :: "n"(N));
 }
+// tensor cores (flash_attn, attn_decode): fp16 operands, fp32 accumulators; fragments from shared memory
+__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
+  asm volatile(
+    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// ldmatrix: four 8x8 b16 matrices, rows from lanes 0-7, 8-15, 16-23, 24-31 (each lane one row's address);
+// .trans gives each lane a column instead of a row
+__device__ __forceinline__ void ldsm_x4(u32* r, const u16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(u32* r, const u16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x2(u32* r, const u16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(p)));
+}
+// 8 int8 codes times their scale, rounded to fp16 and packed: the same bits as f2h((float)code * scale), by
+// code_f's byte permute and one cvt per two values, where a plain int-to-float and a float-to-half cvt each
+// issue at a sixteenth of the FMA rate
+__device__ __forceinline__ uint4 dequant8(uint2 w, float s) {
+  const u32 ws[2] = {w.x, w.y};
+  u32 h[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+    h[i] = pack2(code_f(ws[i >> 1], 2 * (i & 1)) * s, code_f(ws[i >> 1], 2 * (i & 1) + 1) * s);
+  return make_uint4(h[0], h[1], h[2], h[3]);
+}
+
 // 4 bytes from a 2-byte aligned address (Q6_K/Q8_0/Q5_0 blocks are only 2-aligned)
 __device__ __forceinline__ u32 ld32a2(const u8* p) { return (u32)ld16(p) | ((u32)ld16(p + 2) << 16); }
 
