@@ -37,13 +37,6 @@ SOURCE = (
 #define BM 64
 #define BN 128
 
-__device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
-  asm volatile(
-    "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 // Q4_K scale / min pair j from the 12 scale bytes held in a block header's words y, z, w (scale_min_k4)
 __device__ __forceinline__ u32 hdr_byte(const uint4& hd, int k) {
   const u32 w = k < 4 ? hd.y : (k < 8 ? hd.z : hd.w);
