@@ -66,6 +66,14 @@ def _decode_name(mod: ModuleType, hd: int, q8: bool, h: int, kv: int) -> tuple[s
     return mod.decode_name(hd, q8), 1
 
 
+def _merge_name(mod: ModuleType, hd: int) -> str:
+    """The split-K merge's name: kernels/cells.py's, composed into attention.py's source (the versions before
+    it defined it themselves)."""
+    from strata.gpu.kernels import cells
+
+    return str(getattr(mod, "merge_name", cells.merge_name)(hd))
+
+
 def _decode(split: Any, launch: Any, merge: tuple[Any, ...]) -> None:
     """Split-K decode attention (a launch ready to go), then the merge of its partials."""
     split()
@@ -110,7 +118,7 @@ def main() -> None:
         for name, m in mods.items()
     }
     dec = {
-        name: Kernels(m.SOURCE, [_decode_name(m, hd, q8, h, kv)[0] for q8 in kinds] + [m.merge_name(hd)])
+        name: Kernels(m.SOURCE, [_decode_name(m, hd, q8, h, kv)[0] for q8 in kinds] + [_merge_name(m, hd)])
         for name, m in amods.items()
     }
     ng = hd // min(hd, 32)
@@ -172,7 +180,7 @@ def main() -> None:
                         dout = douts[name, z] = cp.empty((1, h * hd), cp.float32)
                         args_d = (q[:1], tab, i32(TAB), i32(0), i32(h), i32(kv), f32(scale), dout, part)
                         merge_args = (part, i32(z), i32(h), dout)
-                        merge = (dec[name][m.merge_name(hd)], (h, 1), max(32, hd), merge_args)
+                        merge = (dec[name][_merge_name(m, hd)], (h, 1), max(32, hd), merge_args)
                         name_d, gb = _decode_name(m, hd, q8, h, kv)
                         smem = m.decode_smem(hd, q8, gb) if hasattr(m, "decode_smem") else 0
                         split = functools.partial(

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from strata.blocks.rope import Rope, RopeStyle
-from strata.gpu.kernels import attention, flash, rows
+from strata.gpu.kernels import attention, cells, flash, rows
 from strata.gpu.layers import TAB
 from strata.runtime.kvcache import dequantize_rows, group_of, quantize_rows
 
@@ -112,7 +112,7 @@ def test_attention_decode_and_flash(cp, ops, hd, q8):
         q = rng.standard_normal((t, h, hd)).astype(np.float32)
         k = rng.standard_normal((s, kv, hd)).astype(np.float32)
         v = rng.standard_normal((s, kv, hd)).astype(np.float32)
-        _keep, row, cells, scales = _cells(cp, k, v, layer, s + 13, q8)
+        _keep, row, kv_cells, scales = _cells(cp, k, v, layer, s + 13, q8)
         out = cp.full((t, h * hd), cp.nan, cp.float32)
         scale = 1 / np.sqrt(hd)
         if t == 1:
@@ -120,17 +120,17 @@ def test_attention_decode_and_flash(cp, ops, hd, q8):
             ops.attn_decode(cp.asarray(q.reshape(1, -1)), tab, TAB, layer, 1, h, kv, hd, scale, out, q8)
             got = out.get().reshape(t, h, hd)
             np.testing.assert_allclose(got, attention.ref_decode(q, k, v, scale, q8), **DECODE_TOL)
-            ref = attention.ref_attention(q, k, v, scale, q8)
+            ref = cells.ref_attention(q, k, v, scale, q8)
             assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3
             continue
-        want = flash.ref_flash(q, attention.ref_cells(k, q8), attention.ref_cells(v, q8), scale)
+        want = flash.ref_flash(q, cells.ref_cells(k, q8), cells.ref_cells(v, q8), scale)
         for warps in flash.FLASH_WARPS:  # blocks of 64 and of 128 queries: the same rows, the same order
             out.fill(cp.nan)
-            ops.flash(cp.asarray(q), *cells, t, n_past, h, kv, hd, scale, out, scales, warps=warps)
+            ops.flash(cp.asarray(q), *kv_cells, t, n_past, h, kv, hd, scale, out, scales, warps=warps)
             got = out.get().reshape(t, h, hd)
             np.testing.assert_allclose(got, want, rtol=1e-3, atol=2e-3, err_msg=f"{warps} warps")
             if not q8:
-                ref = attention.ref_attention(q, k, v, scale)
+                ref = cells.ref_attention(q, k, v, scale)
                 assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 5e-3
 
 

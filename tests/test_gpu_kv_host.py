@@ -1,7 +1,7 @@
 """strata/gpu/kv.py's --kv-resident bookkeeping in CI, over tests/fake_cupy.py (host memory for VRAM).
 
 The kernels are not run; this test plays their part: it writes each pass's cells where the table row says (the
-k and v addresses are the window's minus `base` cells) and reads every cell back as kernels/attention.py's
+k and v addresses are the window's minus `base` cells) and reads every cell back as kernels/cells.py's
 `Cells` does (before `base` from the cold columns' host cells, else from the device), and as flash_attn reads
 them from `flash_args` (the host's cells in place for short passes, a staged copy for long ones) and QSA's
 attend from `staged_cold_cols` in a long pass's table. Through evictions, a rollback behind the base and host

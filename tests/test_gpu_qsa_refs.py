@@ -12,7 +12,7 @@ from strata.blocks.gated_attn import attend_masked
 from strata.blocks.qsa import QSAParams, QSAState, qsa_select
 from strata.blocks.rope import Rope, RopeStyle
 from strata.gguf.names import X, tensor
-from strata.gpu.kernels import attention
+from strata.gpu.kernels import cells
 from strata.gpu.kernels import qsa as qk
 from strata.gpu.kernels import qsa_select as qsel
 
@@ -103,8 +103,8 @@ def test_twins_compose_to_qsa_select_and_attend_masked(chunks, ratio, top, hi, d
             )
         budget_bit |= bool((nsel < (pos + 1) // ratio).any())
         got = qk.ref_qsa_attend(qa[n_past:s], k[:s], v[:s], pos, sel, nsel, ratio, scale)
-        cells = attention.ref_cells(k[:s], False), attention.ref_cells(v[:s], False)
-        np.testing.assert_array_equal(got, attend_masked(qa[n_past:s], *cells, scale, mask))
+        kv_cells = cells.ref_cells(k[:s], False), cells.ref_cells(v[:s], False)
+        np.testing.assert_array_equal(got, attend_masked(qa[n_past:s], *kv_cells, scale, mask))
         n_past = s
     assert budget_bit, "the budget never bit: selection was not exercised"
     assert ties_bit or not ties, "no row had more zero-score blocks than room: the tie rule was not exercised"

@@ -19,7 +19,7 @@ from strata.blocks.rope import Rope, RopeStyle
 from strata.errors import ConfigError
 from strata.gguf.names import T, tensor
 from strata.gpu import available, resolve_device
-from strata.gpu.kernels import attention, flash, gemm, gemv, mmvq, moe, rows, sample
+from strata.gpu.kernels import attention, cells, flash, gemm, gemv, mmvq, moe, rows, sample
 from strata.gpu.kernels import deltanet as dk
 from strata.quants import dequantize
 from strata.sampling import sampler as sample_mod
@@ -42,10 +42,10 @@ def test_flash_twin_matches_attention():
         scale = 1 / np.sqrt(d)
         ref = attend(q, k, v, scale)
         assert _rel(flash.ref_flash(q, k, v, scale), ref) < 5e-3
-        assert _rel(attention.ref_attention(q, k, v, scale), ref) < 5e-3
+        assert _rel(cells.ref_attention(q, k, v, scale), ref) < 5e-3
         # decode_mma's twin: the last query row, fp16 like flash's, int8 cells within their own error too
         for q8 in (False, True):
-            want = attend(q[-1:], attention.ref_cells(k, q8), attention.ref_cells(v, q8), scale)
+            want = attend(q[-1:], cells.ref_cells(k, q8), cells.ref_cells(v, q8), scale)
             assert _rel(attention.ref_decode(q[-1:], k, v, scale, q8), want) < 5e-3
 
 
@@ -60,8 +60,8 @@ def test_int8_cell_twins_are_the_cpu_cache_cells():
     v = rng.standard_normal((40, 2, 64)).astype(np.float32)
     q = rng.standard_normal((1, 4, 64)).astype(np.float32)
     cached = KVCache([0], 2, 64, kind=KVType.INT8).append(0, k, v)
-    np.testing.assert_array_equal(attention.ref_cells(k, True), cached[0])
-    np.testing.assert_array_equal(attention.ref_attention(q, k, v, 0.125, q8=True), attend(q, *cached, 0.125))
+    np.testing.assert_array_equal(cells.ref_cells(k, True), cached[0])
+    np.testing.assert_array_equal(cells.ref_attention(q, k, v, 0.125, q8=True), attend(q, *cached, 0.125))
     rope = Rope(n_rot=64, base=1e6, style=RopeStyle.NEOX)
     qkv = rng.standard_normal((3, 8 * 64)).astype(np.float32)
     _, rk, rv = rows.ref_qkv_post(qkv, 4, 2, 64, rope, np.array([0, 5, 9]), None, None, 1e-6)

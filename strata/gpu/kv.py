@@ -31,7 +31,7 @@ from strata.tiers.kvwindow import KVWindow
 MIN_CAP = 256
 MEMCPY_DEFAULT = 4  # cudaMemcpyDefault: the direction from the addresses (unified addressing)
 STAGE_ROWS = 64  # a pass of more rows (past one 4-warp flash block) reads the cold cells from a staged copy
-COLD_COL = 10  # the table's first of the six cold columns (kernels/attention.py COLD)
+COLD_COL = 10  # the table's first of the six cold columns (kernels/cells.py COLD)
 HOST_MOVE_BYTES = 256 << 20  # a growing KV's old cells of at least this many bytes wait in host RAM
 
 
@@ -241,7 +241,7 @@ class GpuKV:
         return [self._virtual(self.ks), self._virtual(self.vs)] if self.q8 else [0, 0]
 
     def cold_cols(self) -> list[int]:
-        """The table's columns 10-15 (kernels/attention.py COLD): the host cells' k, v, k scale and v scale
+        """The table's columns 10-15 (kernels/cells.py COLD): the host cells' k, v, k scale and v scale
         addresses, their cells a kv head, and `base` (all 0 without cells on the host)."""
         if not self.base:
             return [0] * 6

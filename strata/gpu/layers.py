@@ -37,7 +37,7 @@ from strata.gpu.weights import DevMatrix, same_kind
 # int64 columns per row of the table kernels read: k ptr, v ptr, cap, position, token, the DeltaNet
 # state's conv and ssm addresses (0 for models without it), int8 KV cells' k and v scale addresses (0 for
 # fp16 cells), qwen4exp's QSA and PLE state address (0 for other models), and the --kv-resident window's
-# host cells: k, v, k scales, v scales, cells a kv head, base (kernels/attention.py COLD; 0 without)
+# host cells: k, v, k scales, v scales, cells a kv head, base (kernels/cells.py COLD; 0 without)
 TAB = 16
 
 

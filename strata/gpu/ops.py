@@ -12,6 +12,7 @@ from typing import Any
 
 from strata.gpu.kernels import (
     attention,
+    cells,
     deltanet,
     flash,
     gemm,
@@ -110,7 +111,7 @@ class Ops(MixerOps, MoeOps, Qwen4ExpOps):
                 for q8 in kv_kinds
                 for g in attention.GROUP_SIZES
             ]
-            + [attention.merge_name(h) for h in HEAD_DIMS],
+            + [cells.merge_name(h) for h in HEAD_DIMS],
         )
         self.flash_attn = Kernels(  # not `flash`: that is the launcher (ops_mixers.py)
             flash.SOURCE,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from strata.gpu.kernels import attention, deltanet, flash
+from strata.gpu.kernels import attention, cells, deltanet, flash
 from strata.gpu.runtime import NULL, dev_ptr, f32, i32, i64, launch
 
 
@@ -168,7 +168,7 @@ class MixerOps:
         )
         if part is not None:
             launch(
-                self.attn[attention.merge_name(hd)],
+                self.attn[cells.merge_name(hd)],
                 (h, n),
                 max(32, hd),
                 (dev_ptr(part), i32(attention.SPLITS), i32(h), dev_ptr(out)),

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from strata.gpu.kernels import attention, hyper, qsa
+from strata.gpu.kernels import attention, cells, hyper, qsa
 from strata.gpu.kernels import qsa_select as qsel
 from strata.gpu.runtime import NULL, dev_ptr, f32, i32, i64, launch
 from strata.gpu.weights import DevMatrix
@@ -367,7 +367,7 @@ class Qwen4ExpOps:
         )
         if part is not None:
             launch(
-                self.attn[attention.merge_name(hd)],
+                self.attn[cells.merge_name(hd)],
                 (n_head, n),
                 max(32, hd),
                 (dev_ptr(part), i32(splits), i32(n_head), dev_ptr(out)),

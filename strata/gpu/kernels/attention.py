@@ -1,30 +1,26 @@
-"""Causal grouped-query attention against the KV cache, fp16 or int8 (`--kv-type`).
+"""Decode attention against the KV cache, fp16 or int8 (`--kv-type`), on the tensor cores.
 
-Cache layout, per sequence: K and V [n_layer, n_kv, cap, head_dim] fp16, or int8 codes with float32
-scales [n_layer, n_kv, cap, head_dim / 32] (strata.runtime.kvcache's cells: the template flag Q8). Kernels
-find a row's cache through a table row of int64 (k pointer, v pointer, cap, position), so one captured CUDA
-graph serves whichever sequences sit in its slots: only the table changes between replays.
+The cells, their layout and split-K's partials are kernels/cells.py's.
 
 - `attn_decode`: one query per row (decode). Block (group of query heads that share a kv head, row, split),
-  4 warps; the split's keys stream through shared memory in tiles of 64 (cp.async, two stages), each key
-  read and decoded once for every query of the block; lanes hold head dims and the queries of those dims,
-  a warp's partial dot products meet by a reduce-scatter across its lanes, one online softmax a head for the
-  block. fp32 math throughout. `attn_decode_qkv` is the same with rows.py's q/k/v epilogue (`head_post`) in
-  front, so a decode layer needs no qkv_post launch.
+  4 warps; the group's query heads (at most 8, padded to 16) are the rows of mma tiles, the split's keys
+  stream through shared memory in tiles of 64 (cp.async, two stages; int8 cells decoded to fp16 once a
+  tile), each warp takes 16 keys of every tile with a softmax of its own, and the warps merge at the end.
+  `attn_decode_qkv` is the same with rows.py's q/k/v epilogue (`head_post`) in front, so a decode layer needs
+  no qkv_post launch.
 - prefill's `flash_attn` is kernels/flash.py's.
 
-Numpy twin: `ref_attention` (strata.blocks.attention.attend on the cells as cached, `ref_cells`).
+Numpy twin: `ref_decode` (flash_attn's twin on the last row: fp16 queries, cells and probabilities).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from strata.blocks.attention import attend
+from strata.gpu.kernels import cells
 from strata.gpu.kernels.common import HEADER
 from strata.gpu.kernels.flash import ref_flash
 from strata.gpu.kernels.rows import HEAD_POST
-from strata.runtime.kvcache import dequantize_rows, quantize_rows
 
 # decode blocks a (group of query heads, row) with a partials buffer: the 80B's 2 groups x 128 splits give the
 # H100's 132 SMs two blocks each from a batch of one, where 64 splits left one block of 4 warps, too few to
@@ -39,245 +35,8 @@ SPLITS = 128
 SOURCE = (
     HEADER
     + HEAD_POST
+    + cells.SOURCE
     + r"""
-// A row's cells of one kv head in the table's cache (columns 0, 1; with Q8 the scales at 7, 8), and key j's.
-// --kv-resident: cells before the window's `base` (column COLD + 5) live on the host, [n_layer, n_kv, hcap]
-// like the device's (columns COLD.. + 4: k, v, k scales, v scales, hcap), read in place (zero-copy); the
-// device pointers are the window's minus `base` cells, so cell j >= base is at the same arithmetic as without
-// a window (and base 0, the host columns 0, is the plain cache).
-#define COLD 10
-template <int HD, int Q8>
-struct Cells {
-  const char* k; const char* v; const float* ks; const float* vs;
-  const char* hk; const char* hv; const float* hks; const float* hvs;
-  int base;
-  __device__ Cells(const i64* tr, int layer, int KV, int kvh) {
-    constexpr int ES = Q8 ? 1 : 2;
-    const i64 head = (i64)layer * KV + kvh, cell0 = head * tr[2], hcell0 = head * tr[COLD + 4];
-    k = (const char*)tr[0] + cell0 * HD * ES;
-    v = (const char*)tr[1] + cell0 * HD * ES;
-    ks = Q8 ? (const float*)tr[7] + cell0 * Q8_GROUPS(HD) : nullptr;
-    vs = Q8 ? (const float*)tr[8] + cell0 * Q8_GROUPS(HD) : nullptr;
-    base = (int)tr[COLD + 5];
-    hk = (const char*)tr[COLD] + hcell0 * HD * ES;
-    hv = (const char*)tr[COLD + 1] + hcell0 * HD * ES;
-    hks = Q8 ? (const float*)tr[COLD + 2] + hcell0 * Q8_GROUPS(HD) : nullptr;
-    hvs = Q8 ? (const float*)tr[COLD + 3] + hcell0 * Q8_GROUPS(HD) : nullptr;
-  }
-  __device__ const char* kat(int j) const { return (j < base ? hk : k) + (i64)j * HD * (Q8 ? 1 : 2); }
-  __device__ const char* vat(int j) const { return (j < base ? hv : v) + (i64)j * HD * (Q8 ? 1 : 2); }
-  __device__ const float* ksat(int j) const {
-    return Q8 ? (j < base ? hks : ks) + (i64)j * Q8_GROUPS(HD) : nullptr;
-  }
-  __device__ const float* vsat(int j) const {
-    return Q8 ? (j < base ? hvs : vs) + (i64)j * Q8_GROUPS(HD) : nullptr;
-  }
-};
-
-// ---- decode: q [rows, H*HD] fp32, out [rows, H*HD] fp32 ----
-// decode_core: one query head against a list of keys, kernels/qsa.py's (QsaKeys: the selected blocks); the
-// decode kernels below read every key through decode_mma, a kv group's query heads at once.
-// Key lists: key i of a row's list is the cache position pos(i); in the V loop a lane's key jj of the
-// warp's step from `base` is at(base, jj, kp), kp each lane's own position (QSA's lists share them by
-// shuffle).
-
-// dot[j] += q_j[d] * x for GM queries held dims-major (qs[d * GM + j]: a dim's queries in float4 reads)
-template <int GM>
-__device__ __forceinline__ void fma_dim(const float* qs, float* dot, int d, float x) {
-  if (GM % 4 == 0) {
-#pragma unroll
-    for (int j = 0; j < GM; j += 4) {
-      const float4 qv = *(const float4*)(qs + d * GM + j);
-      dot[j] = fmaf(qv.x, x, dot[j]); dot[j + 1 % GM] = fmaf(qv.y, x, dot[j + 1 % GM]);
-      dot[j + 2 % GM] = fmaf(qv.z, x, dot[j + 2 % GM]); dot[j + 3 % GM] = fmaf(qv.w, x, dot[j + 3 % GM]);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < GM; j++) dot[j] = fmaf(qs[d * GM + j], x, dot[j]);
-  }
-}
-
-// dot[j] = the GM queries in qs (dims-major) against one cached K row: int8 codes summed per 32-dim group,
-// then times the group's scale (sc), as strata.runtime.kvcache decodes them; or fp16
-template <int HD, int Q8, int GM>
-__device__ __forceinline__ void k_dots(const float* qs, const void* row, const float* sc, float* dot) {
-  constexpr int G = Q8_GROUP(HD), NG = Q8_GROUPS(HD);
-  const uint4* kr = (const uint4*)row;
-#pragma unroll
-  for (int j = 0; j < GM; j++) dot[j] = 0.0f;
-  if (Q8) {
-#pragma unroll
-    for (int g = 0; g < NG; g++) {
-      float part[GM];
-#pragma unroll
-      for (int j = 0; j < GM; j++) part[j] = 0.0f;
-#pragma unroll
-      for (int cc = 0; cc < G / 16; cc++) {
-        const uint4 w = kr[g * (G / 16) + cc];
-        const signed char* b = (const signed char*)&w;
-#pragma unroll
-        for (int i = 0; i < 16; i++) fma_dim<GM>(qs, part, g * G + 16 * cc + i, (float)b[i]);
-      }
-#pragma unroll
-      for (int j = 0; j < GM; j++) dot[j] = fmaf(part[j], sc[g], dot[j]);
-    }
-  } else {
-#pragma unroll
-    for (int cc = 0; cc < HD / 8; cc++) {
-      const uint4 w = kr[cc];
-      const u32 ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        fma_dim<GM>(qs, dot, 8 * cc + 2 * i, h2f(ws[i] & 0xFFFF));
-        fma_dim<GM>(qs, dot, 8 * cc + 2 * i + 1, h2f(ws[i] >> 16));
-      }
-    }
-  }
-}
-
-// The lane's PER values of a cached V row (dims PER * lane ..), decoded: int8 codes times their 32 dims'
-// scale in fp32, or fp16; one load a lane where PER allows
-template <int HD, int Q8>
-__device__ __forceinline__ void v_lane(const void* row, const float* scales, int lane, float* vv) {
-  constexpr int PER = HD >= 32 ? HD / 32 : 1;
-  if (Q8) {
-    const signed char* vr = (const signed char*)row + PER * lane;
-    const float sv = scales[(PER * lane) / Q8_GROUP(HD)];
-#pragma unroll
-    for (int i = 0; i < PER; i++) vv[i] = (float)vr[i] * sv;
-    return;
-  }
-  const u16* vr = (const u16*)row + PER * lane;
-  if (PER == 8) {
-    const uint4 w = *(const uint4*)vr;
-    const u32 ws[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      vv[(2 * i) % PER] = h2f(ws[i] & 0xFFFF);
-      vv[(2 * i + 1) % PER] = h2f(ws[i] >> 16);
-    }
-  } else if (PER == 4) {
-    const uint2 w = *(const uint2*)vr;
-    vv[0] = h2f(w.x & 0xFFFF); vv[1 % PER] = h2f(w.x >> 16);
-    vv[2 % PER] = h2f(w.y & 0xFFFF); vv[3 % PER] = h2f(w.y >> 16);
-  } else if (PER == 2) {
-    const u32 w = *(const u32*)vr;
-    vv[0] = h2f(w & 0xFFFF); vv[1 % PER] = h2f(w >> 16);
-  } else {
-#pragma unroll
-    for (int i = 0; i < PER; i++) vv[i] = h2f(vr[i]);
-  }
-}
-
-// One head of one row against keys lo..hi-1 of its list (c: its kv head's cells); the key at position
-// `last` (or none: -1) has its K and V rows read from klast, vlast (the cache itself, or shared memory when
-// the fused kernel below has just computed them). qs: the query, in shared memory; o: the head's HD outputs,
-// divided by the softmax sum, or with ml given (a split's partial) as they are, the running max and sum in
-// ml[0..1].
-// Q8: the cells are int8 codes (c's, klast, vlast as signed char) with per-row scales (c's, klast_s,
-// vlast_s: Q8_GROUPS(HD) floats a key), each decoded as code * scale in fp32 as strata.runtime.kvcache does.
-template <int HD, int Q8, class Keys>
-__device__ __forceinline__ void decode_core(const float* qs, const Cells<HD, Q8>& c, const Keys& keys, int lo,
-                                            int hi, int last, const void* klast, const void* vlast,
-                                            const float* klast_s, const float* vlast_s, float scale,
-                                            float* __restrict__ o_out, float* __restrict__ ml) {
-  constexpr int PER = HD >= 32 ? HD / 32 : 1;  // head dims per lane
-  __shared__ float pm[4], pl[4];
-  __shared__ float pacc[4][HD];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float m = -INFINITY, l = 0.0f, acc[PER];
-#pragma unroll
-  for (int i = 0; i < PER; i++) acc[i] = 0.0f;
-  for (int base = lo + warp * 32; base < hi; base += 128) {
-    const int key = base + lane;
-    int kp = 0;  // the key's position
-    float s = -INFINITY;
-    if (key < hi) {
-      kp = keys.pos(key);
-      const bool is_last = kp == last;
-      float dot[1];
-      k_dots<HD, Q8, 1>(qs, is_last ? klast : (const void*)c.kat(kp), is_last ? klast_s : c.ksat(kp), dot);
-      s = dot[0] * scale;
-    }
-    const float mnew = fmaxf(m, warp_max(s));  // lane 0's key is live: mnew is finite
-    const float alpha = expf(m - mnew);  // m = -inf on the first step: alpha = 0, acc is 0 anyway
-    const float p = key < hi ? expf(s - mnew) : 0.0f;
-    l = l * alpha + p;
-#pragma unroll
-    for (int i = 0; i < PER; i++) acc[i] *= alpha;
-    // lane owns dims PER*lane .. +PER-1 (one 2/4/8-byte load per key); unrolled so several keys' V
-    // loads are in flight at once instead of one dependent L2 round trip per key
-    const int nk = min(32, hi - base);
-#pragma unroll 8
-    for (int jj = 0; jj < nk; jj++) {
-      const float pj = __shfl_sync(0xffffffffu, p, jj);
-      const int at = keys.at(base, jj, kp);
-      if (PER * lane >= HD) continue;
-      const bool is_last = at == last;
-      float vv[PER];
-      v_lane<HD, Q8>(is_last ? vlast : (const void*)c.vat(at), is_last ? vlast_s : c.vsat(at), lane, vv);
-#pragma unroll
-      for (int i = 0; i < PER; i++) acc[i] = fmaf(pj, vv[i], acc[i]);
-    }
-    m = mnew;
-  }
-  l = warp_sum(l);
-  if (lane == 0) { pm[warp] = m; pl[warp] = l; }
-#pragma unroll
-  for (int i = 0; i < PER; i++) {
-    const int d = PER * lane + i;
-    if (d < HD) pacc[warp][d] = acc[i];
-  }
-  __syncthreads();
-  float M = fmaxf(fmaxf(pm[0], pm[1]), fmaxf(pm[2], pm[3]));
-  float w[4], L = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; i++) { w[i] = pm[i] == -INFINITY ? 0.0f : expf(pm[i] - M); L += pl[i] * w[i]; }
-  for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-    float o = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) o += pacc[i][d] * w[i];
-    o_out[d] = ml == nullptr ? o / L : o;
-  }
-  if (ml != nullptr && threadIdx.x == 0) { ml[0] = M; ml[1] = L; }
-}
-
-// Split-K decode (flash-decoding): a long context's keys are shared out among `splits` blocks of a (head,
-// row), each scoring a run of whole 128-key steps, so a batch of one keeps the SMs busy at 100k+ keys. Split
-// z takes keys [z * chunk, (z + 1) * chunk) of S; with splits == 1 the block takes them all and writes the
-// output.
-// part: [rows, H, splits, HD + 2] partials (HD outputs, max, sum) that attn_merge combines.
-__device__ __forceinline__ bool split_range(int S, int splits, int& lo, int& hi) {
-  const int chunk = ((S + splits - 1) / splits + 127) / 128 * 128;
-  lo = (int)blockIdx.z * chunk;
-  hi = min(S, lo + chunk);
-  return lo < hi;
-}
-
-template <int HD>
-__device__ __forceinline__ float* part_of(float* part, int H, int splits) {
-  return part + (((i64)blockIdx.y * H + blockIdx.x) * splits + blockIdx.z) * (HD + 2);
-}
-
-// grid (H, rows), block HD (<= 256 threads, one a dim): the splits' partials merged by the log-sum-exp rule
-template <int HD>
-__global__ void __launch_bounds__(256) attn_merge(const float* __restrict__ part, int splits, int H,
-                                                  float* __restrict__ out) {
-  const float* p = part + ((i64)blockIdx.y * H + blockIdx.x) * splits * (HD + 2);
-  float M = -INFINITY;
-  for (int z = 0; z < splits; z++) if (p[z * (HD + 2) + HD + 1] > 0.f) M = fmaxf(M, p[z * (HD + 2) + HD]);
-  const int d = threadIdx.x;
-  float o = 0.f, L = 0.f;
-  for (int z = 0; z < splits; z++) {
-    const float* pz = p + z * (HD + 2);
-    if (pz[HD + 1] <= 0.f) continue;  // a split past the last key
-    const float w = expf(pz[HD] - M);
-    L += pz[HD + 1] * w;
-    if (d < HD) o += pz[d] * w;
-  }
-  if (d < HD) out[(i64)blockIdx.y * H * HD + blockIdx.x * HD + d] = o / L;
-}
-
 // ---- decode, a block per group of query heads that share a kv head ----
 // On the tensor cores: the block's GM query heads (at most 8 of a kv group, padded to 16 rows) are the rows
 // of flash_attn's mma tiles, so a key's cells are multiplied for every head of the group by mma.sync, and the
@@ -287,7 +46,7 @@ __global__ void __launch_bounds__(256) attn_merge(const float* __restrict__ part
 // are, into rows padded against bank conflicts; int8 cells as codes and scales, decoded to fp16 once a tile
 // (dequant8). Warp w takes keys 16 w .. 16 w + 15 of every tile with a softmax of its own (base 2, queries
 // pre-scaled by scale * log2 e, as flash_attn); the four warps' states merge at the end. Heads j >= gb have
-// zero queries and are not written. Numpy twin: ref_decode_mma.
+// zero queries and are not written. Numpy twin: ref_decode.
 #define DT 64
 template <int HD, int Q8>
 struct DecodeTile {
@@ -638,26 +397,8 @@ def decode_qkv_name(hd: int, q8: bool = False, gb: int = 1) -> str:
     return f"attn_decode_qkv<{hd}, {int(q8)}, {group_size(gb)}>"
 
 
-def merge_name(hd: int) -> str:
-    return f"attn_merge<{hd}>"
-
-
-def ref_cells(x: np.ndarray, q8: bool) -> np.ndarray:
-    """Keys or values [S, KV, D] as the kernels read them back: fp16, or int8 cells decoded
-    (strata.runtime.kvcache)."""
-    if q8:
-        return dequantize_rows(*quantize_rows(x))
-    return x.astype(np.float16).astype(np.float32)
-
-
-def ref_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, q8: bool = False) -> np.ndarray:
-    """q [T, H, D] against k, v [S, KV, D] in fp32 math on the cached cells (decode_core's, which QSA's
-    kernels use)."""
-    return attend(q.astype(np.float32), ref_cells(k, q8), ref_cells(v, q8), scale)
-
-
 def ref_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, q8: bool = False) -> np.ndarray:
     """decode_mma's twin: one query row q [1, H, D] after k, v [S, KV, D], with the cached cells rounded to
     fp16 (int8 cells decoded as code * scale, then rounded, as dequant8), fp16 queries and probabilities and
     fp32 sums: flash_attn's twin on its last row (keys in other tiles; the roundings are the same)."""
-    return ref_flash(q, ref_cells(k, q8), ref_cells(v, q8), scale)
+    return ref_flash(q, cells.ref_cells(k, q8), cells.ref_cells(v, q8), scale)

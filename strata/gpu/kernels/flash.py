@@ -1,5 +1,5 @@
-"""Prefill attention: `flash_attn`, T queries of one sequence against its KV cache (kernels/attention.py has
-the cache layout and the decode kernels).
+"""Prefill attention: `flash_attn`, T queries of one sequence against its KV cache (kernels/cells.py has
+the cache layout, kernels/attention.py the decode kernels).
 
 Tiled 64 or 128 queries (4 or 8 warps) x 64 keys with `mma.sync` (fp16 operands, fp32 accumulators) and an
 online softmax, so no T x S score matrix is built whatever the prompt length. Key tiles past the block's last
@@ -8,7 +8,7 @@ as fp16, or for int8 cells as its codes and scales, decoded to fp16 once a block
 memory, so at head dim 256 a thread's registers hold the output rows and one tile's scores, not the queries.
 
 Numpy twin: `ref_flash`; an int8 tile is decoded to fp16 (code * scale, rounded once) before it is
-multiplied, so the twin takes `attention.ref_cells(k, True)`.
+multiplied, so the twin takes `cells.ref_cells(k, True)`.
 """
 
 from __future__ import annotations

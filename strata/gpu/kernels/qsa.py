@@ -15,7 +15,7 @@ complete; positions must stay below max_blocks * ratio.
 - `qsa_query`: the indexer query heads' RMSNorm and RoPE in place, a warp per (row, head).
 - `qsa_score` + `qsa_pick` (kernels/qsa_select.py, compiled with this source): block scores and their exact
   top-k, each row's selected blocks ascending.
-- `qsa_attend`: attention.py's `decode_core` itself (a block per (head, row, split), 4 warps, a lane per
+- `qsa_attend`: cells.py's `attend_keys` (a block per (head, row, split), 4 warps, a lane per
   key, online softmax, the attn_merge partials for split-K) over the key list `QsaKeys`: the selected
   blocks' positions, then the incomplete block's complete * ratio .. p. Serves prefill rows and decode rows
   alike; K/V cells (fp16, or int8 codes * scale, host cells past a --kv-resident window) read through Cells.
@@ -37,7 +37,9 @@ from strata.blocks.gated_attn import attend_masked
 from strata.blocks.norms import rms_norm
 from strata.blocks.qsa import QSAParams, QSAState, _compress
 from strata.blocks.rope import Rope
-from strata.gpu.kernels import attention, qsa_select
+from strata.gpu.kernels import cells, qsa_select
+from strata.gpu.kernels.common import HEADER
+from strata.gpu.kernels.rows import HEAD_POST
 from strata.runtime.weights import WeightStore
 
 QSA_COL = 9  # the table column holding a row's QSA state address
@@ -49,7 +51,9 @@ def qsa_stride(max_blocks: int, ratio: int, d: int) -> int:
 
 
 SOURCE = (
-    attention.SOURCE
+    HEADER
+    + HEAD_POST
+    + cells.SOURCE
     + f"#define QSA_COL {QSA_COL}\n"
     + r"""
 
@@ -127,7 +131,7 @@ __global__ void __launch_bounds__(32) qsa_query(float* __restrict__ q, int hi, c
     + r"""
 // ---- attention over the selected keys: q, out [rows, H * HD] ----
 // Key i of a row's list: the nb = nsel * ratio positions of its selected blocks in order, then the
-// incomplete block's from tail0 (attention.py's decode_core runs over it; lanes share their positions).
+// incomplete block's from tail0 (cells.py's attend_keys runs over it; lanes share their positions).
 struct QsaKeys {
   const int* sel;
   int nb, ratio, tail0;
@@ -153,9 +157,8 @@ __global__ void __launch_bounds__(128) qsa_attend(
   for (int d = threadIdx.x; d < HD; d += blockDim.x) qs[d] = q[(i64)row * H * HD + h * HD + d];
   __syncthreads();
   const QsaKeys keys{sel + (i64)row * top, nb, ratio, tail0};
-  decode_core<HD, Q8>(qs, c, keys, lo, hi, -1, nullptr, nullptr, nullptr, nullptr, scale,
-                      partial != nullptr ? partial : out + (i64)row * H * HD + h * HD,
-                      partial != nullptr ? partial + HD : nullptr);
+  float* o = partial != nullptr ? partial : out + (i64)row * H * HD + h * HD;
+  attend_keys<HD, Q8>(qs, c, keys, lo, hi, scale, o, partial != nullptr ? partial + HD : nullptr);
 }
 """
 )
@@ -262,6 +265,6 @@ def ref_qsa_attend(
     q8: bool = False,
 ) -> np.ndarray:
     """q [T, H, hd] of one sequence's rows against its keys and values [S, KV, hd] as cached (fp16 or int8
-    cells, attention.ref_cells), restricted to the selection: attend_masked."""
+    cells, cells.ref_cells), restricted to the selection: attend_masked."""
     mask = ref_qsa_mask(sel, nsel, positions, ratio, k.shape[0])
-    return attend_masked(q, attention.ref_cells(k, q8), attention.ref_cells(v, q8), scale, mask)
+    return attend_masked(q, cells.ref_cells(k, q8), cells.ref_cells(v, q8), scale, mask)
