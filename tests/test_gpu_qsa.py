@@ -236,7 +236,8 @@ def _cells(cp, k: np.ndarray, v: np.ndarray, layer: int, cap: int, q8: bool):
 def test_attention_over_selected_blocks(cp, ops, hd, q8, split):
     """qsa_attend over random selections against the twin (attend_masked on the cached cells): a prompt's
     13 rows, a chunk at 100.., decode rows at 300 and 4095; a decode row whose every block is selected (40)
-    equals attn_decode on the same table row."""
+    equals attn_decode on the same table row, within the tensor-core decode's fp16 roundings
+    (test_gpu_attention.py DECODE_TOL)."""
     rng = np.random.default_rng(40 + hd + 3 * q8 + split)
     h, kv, layer, ratio, top = 8, 2, 1, 4, 16
     runs = [np.arange(13), np.array([300]), np.arange(100, 105), np.array([4095]), np.array([40])]
@@ -275,4 +276,4 @@ def test_attention_over_selected_blocks(cp, ops, hd, q8, split):
     ops.attn_decode(
         cp.asarray(q[n - 1 :].reshape(1, -1)), last, TAB, layer, 1, h, kv, hd, scale, full, q8, part
     )
-    np.testing.assert_allclose(got[n - 1], full.get().reshape(h, hd), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[n - 1], full.get().reshape(h, hd), rtol=1e-3, atol=2e-3)
