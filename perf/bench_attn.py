@@ -183,8 +183,9 @@ def main() -> None:
                         merge = (dec[name][_merge_name(m, hd)], (h, 1), max(32, hd), merge_args)
                         name_d, gb = _decode_name(m, hd, q8, h, kv)
                         smem = m.decode_smem(hd, q8, gb) if hasattr(m, "decode_smem") else 0
+                        threads = 32 * m.decode_warps(hd) if hasattr(m, "decode_warps") else 128
                         split = functools.partial(
-                            launch, dec[name][name_d], (h // gb, 1, z), 128, (*args_d, i32(z)), smem=smem
+                            launch, dec[name][name_d], (h // gb, 1, z), threads, (*args_d, i32(z)), smem=smem
                         )
                         sec = _time(cp, functools.partial(_decode, split, launch, merge))
                         row[f"decode_{name}_s{z}_us"] = round(sec * 1e6, 1)

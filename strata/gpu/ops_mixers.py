@@ -162,7 +162,7 @@ class MixerOps:
         launch(
             self.attn[name],
             (h // gb, n, splits),
-            128,
+            32 * attention.decode_warps(hd),
             (*args, NULL if part is None else dev_ptr(part), i32(splits)),
             smem=attention.decode_smem(hd, q8, gb),
         )

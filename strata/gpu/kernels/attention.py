@@ -78,7 +78,18 @@ __device__ __forceinline__ void tile_load(char* st, const Cells<HD, Q8>& c, int 
       cp_async16(dst, (isv ? c.vat(kp) : c.kat(kp)) + off);
     }
   }
-  if constexpr (Q8) {
+  if constexpr (Q8 && TD::NGS % 4 == 0) {  // a key's scales in 16-byte pieces
+    constexpr int SP = TD::NGS / 4;
+    float* sc = (float*)(st + 2 * DT * TD::ROW);
+    for (int i = threadIdx.x; i < 2 * DT * SP; i += blockDim.x) {
+      const int isv = i / (DT * SP), key = (i / SP) % DT, g = (i % SP) * 4, kp = t0 + key;
+      float* dst = sc + (isv * DT + key) * TD::NGS + g;
+      if (kp >= hi) *(float4*)dst = make_float4(0.f, 0.f, 0.f, 0.f);
+      else if (kp == last) *(float4*)dst = *(const float4*)((isv ? vlast_s : klast_s) + g);
+      else if (kp < c.base) *(float4*)dst = *(const float4*)((isv ? c.vsat(kp) : c.ksat(kp)) + g);
+      else cp_async16(dst, (isv ? c.vsat(kp) : c.ksat(kp)) + g);
+    }
+  } else if constexpr (Q8) {
     float* sc = (float*)(st + 2 * DT * TD::ROW);
     for (int i = threadIdx.x; i < 2 * DT * TD::NGS; i += blockDim.x) {
       const int isv = i / (DT * TD::NGS), key = (i / TD::NGS) % DT, g = i % TD::NGS, kp = t0 + key;
@@ -92,14 +103,16 @@ __device__ __forceinline__ void tile_load(char* st, const Cells<HD, Q8>& c, int 
   cp_async_commit();
 }
 
-template <int HD, int Q8, int GM>
+template <int HD, int Q8, int GM, int NW>
 __device__ __forceinline__ void decode_mma(const float* qs, int gb, const Cells<HD, Q8>& c, int lo, int hi,
                                            int last, const void* klast, const void* vlast,
                                            const float* klast_s, const float* vlast_s, float scale,
                                            float* __restrict__ o0, i64 o_stride, int partial) {
   using TD = DecodeTile<HD, Q8>;
   constexpr int LK = TD::LK, G = Q8_GROUPS(HD), GS = Q8_GROUP(HD);
+  constexpr int KW = DT / NW;  // keys a warp takes of every tile: 16 (k = 16 steps of P V) or 8 (k = 8)
   static_assert(HD % 16 == 0, "decode_mma takes head dims of whole 16-dim steps");
+  static_assert(KW == 16 || (KW == 8 && HD % 32 == 0), "8-key warps read V in 32-dim steps");
   extern __shared__ uint4 dsm[];
   u16* Qs = (u16*)dsm;                      // [16][LK]: the queries, rows j >= gb zero
   char* stages = (char*)(Qs + 16 * LK);     // [2][STAGE]
@@ -135,7 +148,8 @@ __device__ __forceinline__ void decode_mma(const float* qs, int gb, const Cells<
       const signed char* vr = kr + DT * HD;
       const float* kss = (const float*)(vr + DT * HD);
       const float* vss = kss + DT * G;
-      for (int i = threadIdx.x; i < DT * HD / 8; i += blockDim.x) {
+#pragma unroll 4
+      for (int i = threadIdx.x; i < DT * HD / 8; i += NW * 32) {
         const int key = i / (HD / 8), d = (i % (HD / 8)) * 8;
         *(uint4*)(F + key * LK + d) = dequant8(*(const uint2*)(kr + key * HD + d), kss[key * G + d / GS]);
         *(uint4*)(F + (DT + key) * LK + d) =
@@ -145,10 +159,13 @@ __device__ __forceinline__ void decode_mma(const float* qs, int gb, const Cells<
       Ks = F;
       Vs = F + DT * LK;
     }
-    // scores: this warp's 16 keys (two 8-key n-tiles) x 16 query rows
-    float s[2][4];
+    // scores: this warp's KW keys (8-key n-tiles) x 16 query rows; two accumulators a tile, the 16-dim
+    // steps alternating, halve the chain of dependent mmas
+    float s[KW / 8][4], s2[KW / 8][4];
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    for (int nt = 0; nt < KW / 8; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[nt][e] = s2[nt][e] = 0.f;
     const u16* qs_ = Qs + (lane & 15) * LK + (lane >> 4) * 8;
     if constexpr (HD % 32 == 0) {
 #pragma unroll
@@ -157,29 +174,30 @@ __device__ __forceinline__ void decode_mma(const float* qs, int gb, const Cells<
         ldsm_x4(qa0, qs_ + kp * 32);
         ldsm_x4(qa1, qs_ + kp * 32 + 16);
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
+        for (int nt = 0; nt < KW / 8; nt++) {
           u32 b[4];
-          ldsm_x4(b, Ks + (warp * 16 + nt * 8 + (lane & 7)) * LK + kp * 32 + (lane >> 3) * 8);
+          ldsm_x4(b, Ks + (warp * KW + nt * 8 + (lane & 7)) * LK + kp * 32 + (lane >> 3) * 8);
           mma16816(s[nt], qa0, b);
-          mma16816(s[nt], qa1, b + 2);
+          mma16816(s2[nt], qa1, b + 2);
         }
       }
     } else {  // HD 16
       u32 qa[4];
       ldsm_x4(qa, qs_);
 #pragma unroll
-      for (int nt = 0; nt < 2; nt++) {
+      for (int nt = 0; nt < KW / 8; nt++) {
         u32 b[2];
-        ldsm_x2(b, Ks + (warp * 16 + nt * 8 + (lane & 7)) * LK + ((lane >> 3) & 1) * 8);
+        ldsm_x2(b, Ks + (warp * KW + nt * 8 + (lane & 7)) * LK + ((lane >> 3) & 1) * 8);
         mma16816(s[nt], qa, b);
       }
     }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++)
+    for (int nt = 0; nt < KW / 8; nt++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        if (t0 + warp * 16 + nt * 8 + 2 * t4 + (e & 1) >= hi) s[nt][e] = -INFINITY;
+        s[nt][e] += s2[nt][e];
+        if (t0 + warp * KW + nt * 8 + 2 * t4 + (e & 1) >= hi) s[nt][e] = -INFINITY;
         mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
       }
     float alpha[2];
@@ -193,7 +211,7 @@ __device__ __forceinline__ void decode_mma(const float* qs, int gb, const Cells<
       lrow[r] *= alpha[r];
     }
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++)
+    for (int nt = 0; nt < KW / 8; nt++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const float mr = mrow[e >> 1];
@@ -201,27 +219,42 @@ __device__ __forceinline__ void decode_mma(const float* qs, int gb, const Cells<
         s[nt][e] = p;
         lrow[e >> 1] += p;
       }
+    // the running max of a long context settles early: most tiles leave it, and the HD / 2 products of the
+    // outputs by 1 are skipped where every row of the warp kept its max
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int dt = 0; dt < HD / 8; dt++) {
-      o[dt][0] *= alpha[0]; o[dt][1] *= alpha[0]; o[dt][2] *= alpha[1]; o[dt][3] *= alpha[1];
+      for (int dt = 0; dt < HD / 8; dt++) {
+        o[dt][0] *= alpha[0]; o[dt][1] *= alpha[0]; o[dt][2] *= alpha[1]; o[dt][3] *= alpha[1];
+      }
     }
-    // values: P (16 rows x the warp's 16 keys) times their V rows
-    const u32 pa[4] = {pack2(s[0][0], s[0][1]), pack2(s[0][2], s[0][3]), pack2(s[1][0], s[1][1]),
-                       pack2(s[1][2], s[1][3])};
+    // values: P (16 rows x the warp's KW keys) times their V rows
+    if constexpr (KW == 16) {
+      const u32 pa[4] = {pack2(s[0][0], s[0][1]), pack2(s[0][2], s[0][3]), pack2(s[1][0], s[1][1]),
+                         pack2(s[1][2], s[1][3])};
 #pragma unroll
-    for (int dp = 0; dp < HD / 16; dp++) {  // two 8-dim output tiles an ldmatrix.x4
-      u32 b[4];
-      ldsm_x4_trans(b, Vs + (warp * 16 + (lane & 15)) * LK + dp * 16 + (lane >> 4) * 8);
-      mma16816(o[2 * dp], pa, b);
-      mma16816(o[2 * dp + 1], pa, b + 2);
+      for (int dp = 0; dp < HD / 16; dp++) {  // two 8-dim output tiles an ldmatrix.x4
+        u32 b[4];
+        ldsm_x4_trans(b, Vs + (warp * 16 + (lane & 15)) * LK + dp * 16 + (lane >> 4) * 8);
+        mma16816(o[2 * dp], pa, b);
+        mma16816(o[2 * dp + 1], pa, b + 2);
+      }
+    } else {
+      const u32 pa[2] = {pack2(s[0][0], s[0][1]), pack2(s[0][2], s[0][3])};
+#pragma unroll
+      for (int dp = 0; dp < HD / 32; dp++) {  // four 8-dim output tiles an ldmatrix.x4: lanes 8m.. matrix m
+        u32 b[4];
+        ldsm_x4_trans(b, Vs + (warp * 8 + (lane & 7)) * LK + dp * 32 + (lane >> 3) * 8);
+#pragma unroll
+        for (int m = 0; m < 4; m++) mma1688(o[4 * dp + m], pa, b[m]);
+      }
     }
     __syncthreads();  // every warp is done with stage t & 1 (and F) before they are refilled
   }
   // the warps' states merge: rows g (< GM <= 8) of each warp's running max, sum and outputs
   lrow[0] += __shfl_xor_sync(0xffffffffu, lrow[0], 1);
   lrow[0] += __shfl_xor_sync(0xffffffffu, lrow[0], 2);
-  float* wo = (float*)stages;          // [4][GM][HD]: the stages are free now
-  float* wml = wo + 4 * GM * HD;       // [4][GM][2]
+  float* wo = (float*)stages;          // [NW][GM][HD]: the stages are free now
+  float* wml = wo + NW * GM * HD;      // [NW][GM][2]
   if (g < GM) {
 #pragma unroll
     for (int dt = 0; dt < HD / 8; dt++) {
@@ -235,10 +268,10 @@ __device__ __forceinline__ void decode_mma(const float* qs, int gb, const Cells<
     const int j = x / HD, d = x % HD;
     float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < 4; w++) M = fmaxf(M, wml[(w * GM + j) * 2]);
+    for (int w = 0; w < NW; w++) M = fmaxf(M, wml[(w * GM + j) * 2]);
     float ov = 0.f, L = 0.f;
 #pragma unroll
-    for (int w = 0; w < 4; w++) {
+    for (int w = 0; w < NW; w++) {
       const float mw = wml[(w * GM + j) * 2];
       const float f = mw == -INFINITY ? 0.f : exp2f(mw - M);  // a warp whose keys were all past hi
       ov += wo[(w * GM + j) * HD + d] * f;
@@ -265,8 +298,8 @@ __device__ __forceinline__ float* group_out(float* out, float* part, int H, int 
 }
 
 // grid (H / gb, rows, splits): block x takes query heads x * gb .. + gb - 1, all of one kv group
-template <int HD, int Q8, int GM>
-__global__ void __launch_bounds__(128) attn_decode(
+template <int HD, int Q8, int GM, int NW>
+__global__ void __launch_bounds__(NW * 32) attn_decode(
     const float* __restrict__ q, const i64* __restrict__ tab, int tab_stride, int layer,
     int H, int KV, float scale, float* __restrict__ out, float* __restrict__ part, int splits) {
   __shared__ __align__(16) float qs[HD * GM];
@@ -286,27 +319,28 @@ __global__ void __launch_bounds__(128) attn_decode(
     qs[x] = j < gb ? q[(i64)row * H * HD + (i64)(h0 + j) * HD + d] : 0.f;
   }
   __syncthreads();
-  decode_mma<HD, Q8, GM>(qs, gb, c, lo, hi, S - 1, c.kat(S - 1), c.vat(S - 1), c.ksat(S - 1), c.vsat(S - 1),
-                           scale, o0, stride, splits > 1);
+  decode_mma<HD, Q8, GM, NW>(qs, gb, c, lo, hi, S - 1, c.kat(S - 1), c.vat(S - 1), c.ksat(S - 1),
+                             c.vsat(S - 1), scale, o0, stride, splits > 1);
 }
 
 // qkv_post and attn_decode in one launch (decode rows only): the warps make the block's gb queries and, in
 // the split that holds the new key, this row's new K and V rows of the kv group (as qkv_post does,
 // fp16-rounded) into shared memory; the group's first block also stores them in the cache. Every block takes
 // the new key from its own shared copy, so no block waits for another's cache write.
-template <int HD, int Q8, int GM>
-__global__ void __launch_bounds__(128) attn_decode_qkv(
+template <int HD, int Q8, int GM, int NW>
+__global__ void __launch_bounds__(NW * 32) attn_decode_qkv(
     const float* __restrict__ qkv, const i64* __restrict__ tab, int tab_stride, int layer, int H, int KV,
     const float* __restrict__ qn, const float* __restrict__ kn, float eps, const float* __restrict__ inv_freq,
     int n_rot, int neox, float pos_scale, float scale, float* __restrict__ out, float* __restrict__ part,
     int splits) {
   constexpr int PER = HD >= 32 ? HD / 32 : 1;
   __shared__ __align__(16) float qs[HD * GM];
-  __shared__ float scr[4][HD];
+  __shared__ float scr[NW][HD];
   // the new key and value row (fp16, or int8 codes with their scales)
   __shared__ __align__(16) u16 knew[HD > 8 ? HD : 8];
   __shared__ __align__(16) u16 vnew[HD > 8 ? HD : 8];
-  __shared__ float knew_s[Q8_GROUPS(HD)], vnew_s[Q8_GROUPS(HD)];
+  __shared__ __align__(16) float knew_s[Q8_GROUPS(HD)];  // 16-byte aligned: tile_load reads them by float4
+  __shared__ __align__(16) float vnew_s[Q8_GROUPS(HD)];
   const int gb = H / gridDim.x, h0 = blockIdx.x * gb, row = blockIdx.y, group = H / KV, kvh = h0 / group;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const i64* tr = tab + (i64)row * tab_stride;
@@ -325,7 +359,7 @@ __global__ void __launch_bounds__(128) attn_decode_qkv(
   // tasks: the gb queries, then the new key and value (only the split holding the new key makes them: the
   // others read older keys only)
   const int tasks = gb + (hi == S ? 2 : 0);
-  for (int t = warp; t < tasks; t += 4) {
+  for (int t = warp; t < tasks; t += NW) {
     const int kind = t < gb ? 0 : t - gb + 1;  // 0 query, 1 key, 2 value
     const int hh = kind == 0 ? h0 + t : (kind == 1 ? H + kvh : H + KV + kvh);
     float v[PER];
@@ -353,8 +387,8 @@ __global__ void __launch_bounds__(128) attn_decode_qkv(
     }
   }
   __syncthreads();
-  decode_mma<HD, Q8, GM>(qs, gb, c, lo, hi, S - 1, knew, vnew, knew_s, vnew_s, scale, o0, stride,
-                           splits > 1);
+  decode_mma<HD, Q8, GM, NW>(qs, gb, c, lo, hi, S - 1, knew, vnew, knew_s, vnew_s, scale, o0, stride,
+                             splits > 1);
 }
 """
 )
@@ -375,26 +409,37 @@ def group_size(gb: int) -> int:
 
 
 DECODE_TILE = 64  # keys a decode tile (DT)
+# warps a decode block: with one block an SM (the int8 tiles' 150 KB of shared memory), 4 warps left every
+# step's latency in view (5.6 us a 64-key tile at 262k, 848 GB/s on the H100); 8 warps of 8 keys a tile
+# share the loads and the decoding and keep two warps a scheduler. 8-key warps read V in 32-dim steps, so
+# head dims of 16 keep 4
+DECODE_WARPS = 8
 
 
-def decode_smem(hd: int, q8: bool, gb: int) -> int:
+def decode_warps(hd: int, warps: int = 0) -> int:
+    """Warps a decode block for head dim hd: `warps` where given (perf/bench_attn.py's A/B), else
+    DECODE_WARPS where the head takes whole 32-dim steps, else 4."""
+    return warps or (DECODE_WARPS if hd % 32 == 0 else 4)
+
+
+def decode_smem(hd: int, q8: bool, gb: int, warps: int = 0) -> int:
     """decode_mma's dynamic shared memory: the queries as 16 fp16 rows, two stages of a tile's K and V rows
     (int8 codes and their scales, or fp16 rows padded by 16 bytes), and for int8 cells the tile decoded to
-    fp16 (the warps' outputs reuse the stages at the end)."""
+    fp16 (the warps' outputs, maxima and sums reuse the stages at the end)."""
     lk = hd + 8
     row = hd if q8 else 2 * lk
     scales = hd // min(hd, 32) if q8 else 0
     stage = 2 * DECODE_TILE * row + 2 * DECODE_TILE * scales * 4
-    merge = 4 * group_size(gb) * (hd + 2) * 4
+    merge = decode_warps(hd, warps) * group_size(gb) * (hd + 2) * 4
     return 16 * lk * 2 + max(2 * stage, merge) + (2 * DECODE_TILE * lk * 2 if q8 else 0)
 
 
-def decode_name(hd: int, q8: bool = False, gb: int = 1) -> str:
-    return f"attn_decode<{hd}, {int(q8)}, {group_size(gb)}>"
+def decode_name(hd: int, q8: bool = False, gb: int = 1, warps: int = 0) -> str:
+    return f"attn_decode<{hd}, {int(q8)}, {group_size(gb)}, {decode_warps(hd, warps)}>"
 
 
-def decode_qkv_name(hd: int, q8: bool = False, gb: int = 1) -> str:
-    return f"attn_decode_qkv<{hd}, {int(q8)}, {group_size(gb)}>"
+def decode_qkv_name(hd: int, q8: bool = False, gb: int = 1, warps: int = 0) -> str:
+    return f"attn_decode_qkv<{hd}, {int(q8)}, {group_size(gb)}, {decode_warps(hd, warps)}>"
 
 
 def ref_decode(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, q8: bool = False) -> np.ndarray:

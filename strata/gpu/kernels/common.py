@@ -93,6 +93,14 @@ __device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// the same at k = 8 (attn_decode's 8-key warps: P times V)
+__device__ __forceinline__ void mma1688(float* c, const u32* a, u32 b) {
+  asm volatile(
+    "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+    : "r"(a[0]), "r"(a[1]), "r"(b));
+}
+
 // ldmatrix: four 8x8 b16 matrices, rows from lanes 0-7, 8-15, 16-23, 24-31 (each lane one row's address);
 // .trans gives each lane a column instead of a row
 __device__ __forceinline__ void ldsm_x4(u32* r, const u16* p) {
