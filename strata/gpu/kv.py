@@ -142,10 +142,7 @@ class GpuKV:
             # through host RAM are strided copies, which take no device temporary: a slice's .get() or
             # asarray would hold a contiguous copy of the old cells (0.8 GB at 131k) in the pool
             if rows and via_host:
-                dev = getattr(self, name)
-                cell = dev.strides[2]
-                kept[name] = np.empty((n_layer, n_kv, rows, cell // dev.itemsize), dev.dtype)
-                self._copy2d(kept[name].ctypes.data, rows * cell, dev.data.ptr, self.cap * cell, rows * cell)
+                kept[name] = self._rows_to_host(getattr(self, name), rows)
             elif rows:
                 kept[name] = getattr(self, name)[:, :, :rows]
             if via_host or not rows:
@@ -177,6 +174,15 @@ class GpuKV:
             setattr(self, name, grown)
         self.cap = cap
         self.layout += 1
+
+    def _rows_to_host(self, dev: Any, rows: int) -> np.ndarray:
+        """The first `rows` cells of device array `dev` in host RAM, by one strided copy (a method, so that no
+        name outlives the move to keep `dev`'s block in use)."""
+        n_layer, n_kv, _ = self.shape
+        cell = dev.strides[2]
+        host = np.empty((n_layer, n_kv, rows, cell // dev.itemsize), dev.dtype)
+        self._copy2d(host.ctypes.data, rows * cell, dev.data.ptr, self.cap * cell, rows * cell)
+        return host
 
     # ---- the window (--kv-resident) ----
     def _copy2d(self, dst: int, dpitch: int, src: int, spitch: int, width: int, rows: int = 0) -> None:
