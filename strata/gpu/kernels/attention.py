@@ -3,9 +3,10 @@
 The cells, their layout and split-K's partials are kernels/cells.py's.
 
 - `attn_decode`: one query per row (decode). Block (group of query heads that share a kv head, row, split),
-  4 warps; the group's query heads (at most 8, padded to 16) are the rows of mma tiles, the split's keys
-  stream through shared memory in tiles of 64 (cp.async, two stages; int8 cells decoded to fp16 once a
-  tile), each warp takes 16 keys of every tile with a softmax of its own, and the warps merge at the end.
+  8 warps (`decode_warps`; 4 for 16-dim heads); the group's query heads (at most 8, padded to 16) are the
+  rows of mma tiles, the split's keys stream through shared memory in tiles of 64 (cp.async, two stages;
+  int8 cells decoded to fp16 once a tile), each warp takes 8 keys of every tile (16 with 4 warps) with a
+  softmax of its own, and the warps merge at the end.
   `attn_decode_qkv` is the same with rows.py's q/k/v epilogue (`head_post`) in front, so a decode layer needs
   no qkv_post launch.
 - prefill's `flash_attn` is kernels/flash.py's.
@@ -22,14 +23,13 @@ from strata.gpu.kernels.common import HEADER
 from strata.gpu.kernels.flash import ref_flash
 from strata.gpu.kernels.rows import HEAD_POST
 
-# decode blocks a (group of query heads, row) with a partials buffer: the 80B's 2 groups x 128 splits give the
-# H100's 132 SMs two blocks each from a batch of one, where 64 splits left one block of 4 warps, too few to
-# hide the latencies of its per-key work (perf/bench_attn.py --splits 64,128, H100, same process,
-# perf/attn_decode_tiles_h100_2026-12-07.json's "before" columns, int8 cells: 262k keys 565 -> 363 us a layer,
-# 131k 300 -> 205, 32k 97 -> 90, 4k 35 -> 40; f16 cells, twice the bytes, take the same time a key: the kernel
-# is bound by its FMAs and conversions a key, not by HBM); a split scores whole 128-key steps, so below 16,384
-# keys fewer splits have work (the rest exit)
-SPLITS = 128
+# decode blocks a (group of query heads, row) with a partials buffer. A block of the tensor-core kernel holds
+# its SM alone (150 KB of shared memory for int8 tiles), so the 80B's 2 groups x 64 splits fill the H100's
+# 132 SMs in one wave from a batch of one, where 128 splits take two and 32 leave half the SMs idle
+# (perf/bench_attn.py --splits 32,64,128, H100, 8-warp kernel, int8 cells, us a layer: 262k keys 470 / 255 /
+# 308, 131k 245 / 142 / 190, 32k 76 / 57 / 77, 4k 25.5 / 27.5 / 31.9); a split takes whole 128-key steps
+# (cells.split_range), so below 8,192 keys fewer splits have work (the rest exit)
+SPLITS = 64
 
 
 SOURCE = (
@@ -39,14 +39,13 @@ SOURCE = (
     + r"""
 // ---- decode, a block per group of query heads that share a kv head ----
 // On the tensor cores: the block's GM query heads (at most 8 of a kv group, padded to 16 rows) are the rows
-// of flash_attn's mma tiles, so a key's cells are multiplied for every head of the group by mma.sync, and the
-// kernel is bound by the bytes it reads, not by its FMAs a key (the lane-FMA kernel before took the same time
-// a key for f16 cells as for int8's half bytes). The block's keys [lo, hi) stream through shared memory in
+// of flash_attn's mma tiles, so a key's cells are multiplied for every head of the group by mma.sync (the
+// lane-FMA kernel before took the same time a key for f16 cells as for int8's half bytes: bound by its FMAs). The block's keys [lo, hi) stream through shared memory in
 // tiles of DT keys by cp.async, two stages (tile t + 1 lands while tile t is multiplied): fp16 cells as they
 // are, into rows padded against bank conflicts; int8 cells as codes and scales, decoded to fp16 once a tile
-// (dequant8). Warp w takes keys 16 w .. 16 w + 15 of every tile with a softmax of its own (base 2, queries
-// pre-scaled by scale * log2 e, as flash_attn); the four warps' states merge at the end. Heads j >= gb have
-// zero queries and are not written. Numpy twin: ref_decode.
+// (dequant8). Of NW warps, warp w takes keys KW w .. KW w + KW - 1 of every tile (KW = 64 / NW) with a
+// softmax of its own (base 2, queries pre-scaled by scale * log2 e, as flash_attn); the warps' states merge
+// at the end. Heads j >= gb have zero queries and are not written. Numpy twin: ref_decode.
 #define DT 64
 template <int HD, int Q8>
 struct DecodeTile {
