@@ -40,12 +40,13 @@ SOURCE = (
 // ---- decode, a block per group of query heads that share a kv head ----
 // On the tensor cores: the block's GM query heads (at most 8 of a kv group, padded to 16 rows) are the rows
 // of flash_attn's mma tiles, so a key's cells are multiplied for every head of the group by mma.sync (the
-// lane-FMA kernel before took the same time a key for f16 cells as for int8's half bytes: bound by its FMAs). The block's keys [lo, hi) stream through shared memory in
-// tiles of DT keys by cp.async, two stages (tile t + 1 lands while tile t is multiplied): fp16 cells as they
-// are, into rows padded against bank conflicts; int8 cells as codes and scales, decoded to fp16 once a tile
-// (dequant8). Of NW warps, warp w takes keys KW w .. KW w + KW - 1 of every tile (KW = 64 / NW) with a
-// softmax of its own (base 2, queries pre-scaled by scale * log2 e, as flash_attn); the warps' states merge
-// at the end. Heads j >= gb have zero queries and are not written. Numpy twin: ref_decode.
+// lane-FMA kernel before took the same time a key for f16 cells as for int8's half bytes: bound by its
+// FMAs). The block's keys [lo, hi) stream through shared memory in tiles of DT keys by cp.async, two stages
+// (tile t + 1 lands while tile t is multiplied): fp16 cells as they are, into rows padded against bank
+// conflicts; int8 cells as codes and scales, decoded to fp16 once a tile (dequant8). Of NW warps, warp w
+// takes keys KW w .. KW w + KW - 1 of every tile (KW = 64 / NW) with a softmax of its own (base 2, queries
+// pre-scaled by scale * log2 e, as flash_attn); the warps' states merge at the end. Heads j >= gb have zero
+// queries and are not written. Numpy twin: ref_decode.
 #define DT 64
 template <int HD, int Q8>
 struct DecodeTile {
