@@ -191,34 +191,15 @@ __device__ __forceinline__ void decode_mma(const float* qs, int gb, const Cells<
         mma16816(s[nt], qa, b);
       }
     }
-    float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < KW / 8; nt++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         s[nt][e] += s2[nt][e];
         if (t0 + warp * KW + nt * 8 + 2 * t4 + (e & 1) >= hi) s[nt][e] = -INFINITY;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
       }
     float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mnew = fmaxf(mrow[r], mx[r]);
-      alpha[r] = mnew == -INFINITY ? 1.f : exp2f(mrow[r] - mnew);
-      mrow[r] = mnew;
-      lrow[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int nt = 0; nt < KW / 8; nt++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const float mr = mrow[e >> 1];
-        const float p = mr == -INFINITY ? 0.f : exp2f(s[nt][e] - mr);
-        s[nt][e] = p;
-        lrow[e >> 1] += p;
-      }
+    softmax_tile(s, mrow, lrow, alpha);
     // the running max of a long context settles early: most tiles leave it, and the HD / 2 products of the
     // outputs by 1 are skipped where every row of the warp kept its max
     if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {

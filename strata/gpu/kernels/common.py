@@ -93,6 +93,36 @@ __device__ __forceinline__ void mma16816(float* c, const u32* a, const u32* b) {
     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// flash_attn's and attn_decode's online softmax over a warp's tile of mma scores s [NT 8-key tiles][4] (the
+// C fragments' rows g and g + 8; masked keys -INFINITY; base 2): the rows' running max and sum (mrow, lrow)
+// move on to the tile's, s becomes the probabilities, and alpha gets the factor the rows' outputs take
+template <int NT>
+__device__ __forceinline__ void softmax_tile(float (&s)[NT][4], float* mrow, float* lrow, float* alpha) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float mnew = fmaxf(mrow[r], mx[r]);
+    alpha[r] = mnew == -INFINITY ? 1.f : exp2f(mrow[r] - mnew);
+    mrow[r] = mnew;
+    lrow[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const float mr = mrow[e >> 1];
+      const float p = mr == -INFINITY ? 0.f : exp2f(s[nt][e] - mr);
+      s[nt][e] = p;
+      lrow[e >> 1] += p;
+    }
+}
+
 // the same at k = 8 (attn_decode's 8-key warps: P times V)
 __device__ __forceinline__ void mma1688(float* c, const u32* a, u32 b) {
   asm volatile(

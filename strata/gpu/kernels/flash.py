@@ -208,7 +208,6 @@ __global__ void __launch_bounds__(32 * W) flash_attn(
           mma16816(s[nt], qa, b);
         }
       }
-      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int nt = 0; nt < KT / 8; nt++)
 #pragma unroll
@@ -216,27 +215,9 @@ __global__ void __launch_bounds__(32 * W) flash_attn(
           const int key = j0 + nt * 8 + 2 * t4 + (e & 1);
           const int qpos = n_past + q0 + g + 8 * (e >> 1);
           if (key > qpos) s[nt][e] = -INFINITY;
-          mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
         }
       float alpha[2];
-#pragma unroll
-      for (int r = 0; r < 2; r++) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float mnew = fmaxf(mrow[r], mx[r]);
-        alpha[r] = mnew == -INFINITY ? 1.f : exp2f(mrow[r] - mnew);
-        mrow[r] = mnew;
-        lrow[r] *= alpha[r];
-      }
-#pragma unroll
-      for (int nt = 0; nt < KT / 8; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const float mr = mrow[e >> 1];
-          const float p = mr == -INFINITY ? 0.f : exp2f(s[nt][e] - mr);
-          s[nt][e] = p;
-          lrow[e >> 1] += p;
-        }
+      softmax_tile(s, mrow, lrow, alpha);
 #pragma unroll
       for (int dt = 0; dt < HD / 8; dt++) {
         o[dt][0] *= alpha[0]; o[dt][1] *= alpha[0]; o[dt][2] *= alpha[1]; o[dt][3] *= alpha[1];
