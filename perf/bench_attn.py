@@ -9,7 +9,8 @@ cells read. Not a test: prints a table and writes JSON.
 
 `--before` names a folder with copies of an earlier kernels/flash.py and kernels/attention.py (either): their
 kernels run beside the current ones on the same cells in the same process, and each row gives both and the
-largest difference of their outputs.
+largest difference of their outputs. Repeated, each folder's kernels run, labelled by the folder's name (they
+compile against the current kernels/common.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 
 def _load(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"{path.stem}_before", path)
+    spec = importlib.util.spec_from_file_location(f"{path.stem}_{path.parent.name}", path)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -89,7 +90,14 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=256)
     ap.add_argument("--kv-types", default="f16,int8")
     ap.add_argument("--warps", default="4,8")
-    ap.add_argument("--before", type=Path, help="a folder of earlier flash.py and attention.py to run beside")
+    ap.add_argument(
+        "--before",
+        type=Path,
+        action="append",
+        default=[],
+        help="a folder of other flash.py and attention.py to run beside (repeatable: each labelled by its "
+        "folder's name, or 'before' when alone)",
+    )
     ap.add_argument(
         "--splits", default=None, help="decode's split-K counts to time (default attention.SPLITS alone)"
     )
@@ -108,11 +116,11 @@ def main() -> None:
     warps = [] if a.no_flash else [int(w) for w in a.warps.split(",")]
     kinds = [k == "int8" for k in a.kv_types.split(",")]
     contexts = [int(c) for c in a.contexts.split(",")]
-    before = a.before or Path("/nonexistent")
-    mods = {"now": flash} | ({"before": _load(before / "flash.py")} if (before / "flash.py").exists() else {})
-    amods = {"now": attention} | (
-        {"before": _load(before / "attention.py")} if (before / "attention.py").exists() else {}
-    )
+    label = {d: "before" if len(a.before) == 1 else d.name for d in a.before}
+    mods = {"now": flash} | {label[d]: _load(d / "flash.py") for d in a.before if (d / "flash.py").exists()}
+    amods = {"now": attention} | {
+        label[d]: _load(d / "attention.py") for d in a.before if (d / "attention.py").exists()
+    }
     kern = {
         name: Kernels(m.SOURCE, [m.flash_name(hd, q8, w) for q8 in kinds for w in warps])
         for name, m in mods.items()
