@@ -216,6 +216,7 @@ class StubModel:
         self.params = SimpleNamespace(vocab=vocab)
         self.times = times or GpuTimes()
         self.max_batch = max_batch
+        self.prompt_rows = 0  # all-resident: a prompt's passes are the chunk's (Model.prompt_rows)
         self.kv_bytes, self.state_bytes = kv_bytes_per_token, state_bytes
         self.device = Device()
         rng = np.random.default_rng(0)

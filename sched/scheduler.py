@@ -294,11 +294,14 @@ class Scheduler(PipelinedWindows):
 
     def _prompt_share(self, beside_streams: bool) -> dict[Slot, int]:
         """Prompt tokens each newcomer feeds in the next window: the pacer's chunk beside running streams (a
-        full chunk without them), shared out in the order they came."""
+        full chunk without them, the engine's widest pass for a prompt read alone), shared out in the order
+        they came."""
         admitting = self._reading()
         left = [s.prompt_left for s in admitting]
+        alone = len(admitting) == 1 and not self._decoding()
+        rows = self.engine.prompt_rows if alone else self.engine.options.prefill_chunk
         # the chunk, or the whole rest where it is a few tokens past it (passes.PASS_SLACK)
-        full = pass_rows(sum(left), self.engine.options.prefill_chunk, len(self._decoding()))
+        full = pass_rows(sum(left), rows, len(self._decoding()))
         # a last prompt token costs what a decode row does (it is one): it never waits for owed windows
         paced = beside_streams and any(n > 1 for n in left)
         budget = self.pacer.chunk(full, sum(left)) if paced else full

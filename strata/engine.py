@@ -306,9 +306,14 @@ class Engine:
         ids = np.asarray(token_ids, dtype=np.int64)
         return self.model.forward(ids, self.new_state(), all_logits=True)
 
+    @property
+    def prompt_rows(self) -> int:
+        """Rows a lone prompt's pass reads: the model's wide passes (the GPU's, tiered), else the chunk."""
+        return max(self.model.prompt_rows, self.options.prefill_chunk)
+
     def prefill(self, state: SequenceState, ids: Sequence[int]) -> np.ndarray:
-        """Feed `ids` in chunks; returns the logits [vocab] after the last one."""
-        chunk = self.options.prefill_chunk
+        """Feed `ids` in passes of prompt_rows; returns the logits [vocab] after the last one."""
+        chunk = self.prompt_rows
         last = None
         for s, e in pass_spans(len(ids), chunk):
             last = self.model.forward(np.asarray(ids[s:e]), state, all_logits=False)
@@ -363,7 +368,7 @@ class Engine:
         return Generation(self._steps(seq), seq.result)
 
     def _steps(self, seq: ActiveSequence) -> Iterator[Chunk]:
-        chunk = self.options.prefill_chunk
+        chunk = self.prompt_rows
         tables = getattr(self.model, "ple_stats", None)  # lookup-table traffic, for the timings
         start = (tables.rows, tables.bytes, tables.disk_bytes, tables.wait_s) if tables is not None else None
         while not seq.finished:

@@ -70,6 +70,11 @@ class FakeEngine:
         self.tokenizer = FakeTokenizer()
         self.options = FakeOptions()
         self.expert_cache = None  # every expert resident: no tier counters
+        self.wide_rows = 0  # the model's wide prompt passes (Engine.prompt_rows); 0: none
+
+    @property
+    def prompt_rows(self) -> int:
+        return max(self.wide_rows, self.options.prefill_chunk)
 
     def new_state(self) -> SequenceState:
         return SequenceState(KVCache([0], 1, 1))

@@ -441,6 +441,48 @@ def test_the_greedy_loop_passes_on_a_fed_stream(tmp_path, cache):
     assert st.tokens == st_ref.tokens and st.n_past == st_ref.n_past
 
 
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3next"])
+def test_wide_prompt_pass_equals_chunked_passes(tmp_path, arch):
+    """A lone prompt under tiers reads in one wide pass (GpuModel.prompt_rows: every layer over chunk-sized
+    parts, each part's rows attending to the cells the parts before it wrote, the recurrent state carried
+    from part to part), and computes what chunk passes compute, bit for bit: the prompt's last logits and the
+    greedy decode after it. Each part's counts and routed ids land at its own rows (the same lookups and
+    hits), the layer's misses are staged once for every part (fewer bytes over PCIe), and the borrowed slots
+    get their own experts back."""
+    import cupy
+
+    path = tiny_file(tmp_path, arch)
+    prompt = np.random.default_rng(7).integers(0, 900, 100)  # 16-row parts: six of 16, a rest of 4
+
+    def run(chunked: bool):  # type: ignore[no-untyped-def]
+        m = _model(path, "50%")
+        m.expert_cache.borrow_min = 12  # the 16-row parts stage their misses
+        assert m.prompt_rows == 256  # the context's length: the whole prompt in one pass
+        if chunked:
+            m.prompt_rows = m.chunk
+        cupy.cuda.Device().synchronize()
+        before = [a.get() for a in m.tiers.slots.arrays]
+        st = m.new_state()
+        out = [m.forward(prompt, st, all_logits=False)]
+        for _ in range(4):
+            out.append(m.forward(np.array([int(out[-1][-1].argmax())]), st, all_logits=False))
+        return out, st.experts, _changed_slots(m, before)
+
+    (wide, use, changed), (ref, use_ref, _) = run(False), run(True)
+    for k, (a, b) in enumerate(zip(wide, ref)):
+        assert np.array_equal(a, b), f"{arch}: step {k} differs by {np.abs(a - b).max()}"
+    assert not changed, f"{arch}: changed slots (part, slot, its expert): {changed}"
+    assert (use.prefill.lookups, use.prefill.hits) == (use_ref.prefill.lookups, use_ref.prefill.hits)
+    assert use.prefill.lookups == len(prompt) * _lookups_a_row(path) and use.decode == use_ref.decode
+    assert 0 < use.prefill.pcie_bytes < use_ref.prefill.pcie_bytes
+
+
+def _lookups_a_row(path: Path) -> int:
+    """Routed lookups a row makes over every MoE layer of the file at `path`."""
+    layout = ExpertLayout.from_gguf(GGUFFile(path))
+    return len(layout.layers) * layout.top_k
+
+
 def test_recorded_gpu_routes_replay_to_the_counters(tmp_path):
     """--record-routes on the GPU: the routed ids the graph leaves behind, replayed by the simulator with the
     static policy from the engine's placement, give exactly the lookups and hits the device counted. The

@@ -130,6 +130,37 @@ def test_long_prompt_prefills_in_shared_chunks_while_others_decode() -> None:
     run(go())
 
 
+def test_a_prompt_read_alone_goes_in_the_engines_widest_passes() -> None:
+    """Under tiers the GPU reads a lone prompt in passes wider than the chunk (Engine.prompt_rows: a layer's
+    staged experts serve every chunk-sized part); beside a stream, or beside another prompt, the windows keep
+    to the chunk."""
+
+    async def go() -> None:
+        eng = FakeEngine()
+        eng.options.prefill_chunk, eng.wide_rows = 8, 32
+        sch = Scheduler(eng, parallel=2)  # type: ignore[arg-type]
+        sch.pacer.chunk = lambda max_chunk, left: min(max_chunk, left)  # type: ignore[method-assign]
+        sch.start()
+        alone = make(list(range(1, 31)) * 2, 3)  # 60 tokens: 32 and 28 alone
+        sch.submit(alone)
+        await drain(alone)
+        assert [w for w in eng.model.windows if w and w[0] > 1][:2] == [[32], [28]]
+        eng.model.windows.clear()
+        runner = make([1, 2, 3], 40)
+        sch.submit(runner)
+        while runner.state is not RequestState.SOLO:
+            await asyncio.sleep(0)
+        beside = make(list(range(1, 31)), 2)
+        sch.submit(beside)
+        (t1, _), (t2, _) = await asyncio.gather(drain(runner), drain(beside))
+        sch.stop()
+        assert t1 == solo([1, 2, 3], 40) and t2 == solo(list(range(1, 31)), 2)
+        shared = [w for w in eng.model.windows if len(w) == 2]
+        assert shared and all(max(w) <= 8 for w in shared)
+
+    run(go())
+
+
 def test_queue_is_fifo_and_limit_raises() -> None:
     async def go() -> None:
         eng = FakeEngine()

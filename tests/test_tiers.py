@@ -190,6 +190,48 @@ def test_the_gpu_reads_prompts_in_the_longest_chunk_its_budget_fits():
     assert chunk(dataclasses.replace(auto, n_ctx=0), need[4096], trained=3000) == 3000
 
 
+def test_planner_counts_wide_prompt_passes_under_tiers(capsys):
+    """Under tiers a lone prompt reads in passes of up to WIDE_ROWS rows (never past the context), whose extra
+    rows the plan holds (residual, row table, tier counters and routed ids); without tiers, or with a
+    --kv-resident window, the passes keep to the chunk. The planner's prefill bound is a pass's rows over its
+    staging copies, so it grows with them."""
+    import json
+
+    from strata.cli import main
+    from strata.gguf import GGUFFile
+    from strata.gpu.plan import WIDE_ROWS, GpuOptions, shape_of, vram_plan, wide_row_bytes
+    from strata.models import model_class
+    from strata.runtime.weights import WeightStore
+
+    path = _fixture("qwen3moe")
+    g = GGUFFile(path)
+    cpu = model_class(g)(g, WeightStore(g, 0))
+    dims, linear = shape_of(cpu)
+    layout = ExpertLayout.from_gguf(g)
+    vocab = cpu.params.vocab
+
+    def plan(n_ctx: int, **kw):  # type: ignore[no-untyped-def]
+        opts = GpuOptions(n_ctx=n_ctx, chunk=512, **kw)
+        return vram_plan(g, dims, linear, n_ctx, 512, vocab, opts, 1 << 40)
+
+    half = plan(32768, expert_cache="50%")
+    wide = [k for k in half.parts if k.startswith("wide prompt passes")]
+    assert half.prompt_rows == WIDE_ROWS and wide == [f"wide prompt passes ({WIDE_ROWS:,} rows)"]
+    assert half.parts[wide[0]] == (WIDE_ROWS - 512) * wide_row_bytes(dims, layout)
+    assert wide_row_bytes(dims, layout) == 4 * dims.d + 8 * 16 + 24 + 4 * len(layout.layers) * layout.top_k
+    assert plan(2000, expert_cache="50%").prompt_rows == 2000  # never past the context
+    assert plan(300, expert_cache="50%").prompt_rows == 512  # the chunk at least
+    for flat in (plan(32768), plan(32768, expert_cache="50%", kv_resident=1024)):  # all resident; a window
+        assert flat.prompt_rows in (0, 512) and not [k for k in flat.parts if k.startswith("wide")]
+    # the planner's prefill bound: the same staging copies serve a pass of WIDE_ROWS rows, not 512
+    args = ["plan", str(path), "--vram-gib", "0.5", "--expert-cache", "50%", "--ctx-size", "32768", "--json"]
+    assert main([*args, "--prefill", "512"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prefill_rows"] == WIDE_ROWS
+    assert main([*args, "--prefill", "512", "--kv-resident", "1024"]) == 0
+    assert json.loads(capsys.readouterr().out)["prefill_rows"] == 512
+
+
 def test_expert_cache_on_a_dense_model_is_refused(smollm2_path):
     with pytest.raises(ConfigError, match="no routed experts"):
         Engine.load(smollm2_path, device="cpu", expert_cache="50%")

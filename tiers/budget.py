@@ -68,6 +68,7 @@ class VramPlan:
     n_slots: int = 0  # set by size_cache
     worst_slots: int | None = None  # --kv-grow: the slots left when every sequence's KV is full
     kv_full: int = 0  # --kv-grow: those KV bytes
+    prompt_rows: int = 0  # rows a lone prompt's pass reads (strata.gpu.plan.WIDE_ROWS); 0: the chunk's
 
     @property
     def dense(self) -> int:

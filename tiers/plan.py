@@ -3,8 +3,9 @@ would see and the speed it allows, before anything but the header is loaded (`st
 
 Decode reads, per token, the dense weights and the routed experts that hit from VRAM, and the misses
 from pinned RAM over PCIe (zero-copy, inside the CUDA graph). Under uniform routing a slot cache of S of
-the N experts hits S / N of lookups. Prefill of a chunk of C tokens copies each layer's missing experts
-once (borrowed slots), so PCIe bounds it at C / (missing bytes / PCIe rate).
+the N experts hits S / N of lookups. A prompt pass of C rows (the chunk, or under tiers a
+wide pass of WIDE_ROWS) copies each layer's missing experts once (borrowed slots), so PCIe bounds it at
+C / (missing bytes / PCIe rate).
 
 Three tiers (tiers/ram.py): when the RAM budget (`--ram-budget-mib`, or `--ram-gib`) cannot hold every expert,
 the pinned arena holds the misses it can and the rest stay in the file's mapping. Each tier's bytes a token
@@ -96,8 +97,8 @@ class Prediction:
     pcie_bytes_per_token: float  # of those, read over PCIe (misses)
     decode_tok_s: float  # predicted, one sequence
     decode_bound_tok_s: float  # the bandwidth bound (PCIe at its probed rate)
-    prefill_pcie_bound_tok_s: float  # a chunk's staging copies alone, at the given chunk
-    prefill_chunk: int
+    prefill_pcie_bound_tok_s: float  # a prompt pass's staging copies alone, at its rows
+    prefill_rows: int  # the rows of a lone prompt's pass (the chunk, or a wide pass under tiers)
     parts: dict[str, int]
     pcie_frac: float = 1.0  # share of the misses read over PCIe; the rest on the CPU pool
     cpu_gbps: float = 0.0  # the CPU pool's expert rate the split assumed (0: no CPU share)
@@ -124,7 +125,7 @@ def predict(
     hbm_gbps: float,
     pcie_gbps: float,
     ram_bytes: int,
-    chunk: int,
+    prompt_rows: int,
     cpu_gbps: float = 0.0,
     cpu_fixed_s: float = 30e-6,
     pcie_frac: float | None = None,
@@ -202,7 +203,7 @@ def predict(
     missing_bytes = (1 - hit) * total
     mmap_bytes = n_mmap / n_total * total if n_total else 0.0
     stage_s = (missing_bytes - mmap_bytes) / pcie + mmap_bytes / min(pcie, disk)
-    prefill = chunk / stage_s if missing_bytes else float("inf")
+    prefill = prompt_rows / stage_s if missing_bytes else float("inf")
     rates = {"vram": hbm, "pinned": pcie * MISS_EFFICIENCY, "mmap": disk}
     per_token = {"vram": dense_per_token + hit * routed, "pinned": miss - mapped, "mmap": mapped}
     counts = {"vram": plan.n_slots, "pinned": held if tiered else 0, "mmap": n_mmap}
@@ -233,7 +234,7 @@ def predict(
         decode,
         bound,
         prefill,
-        chunk,
+        prompt_rows,
         dict(plan.parts),
         frac,
         cpu_gbps,
@@ -349,7 +350,7 @@ def table(p: Prediction) -> str:
     )
     if p.prefill_pcie_bound_tok_s != float("inf"):
         out.append(
-            f"prefill ({p.prefill_chunk}-token chunks): at most {p.prefill_pcie_bound_tok_s:,.0f} tok/s "
+            f"prefill ({p.prefill_rows:,}-row passes): at most {p.prefill_pcie_bound_tok_s:,.0f} tok/s "
             "from the staging copies over PCIe"
         )
     return "\n".join(out)

@@ -269,7 +269,7 @@ def _gpu_plan(args: argparse.Namespace, g: GGUFFile) -> tuple[Prediction, dict[s
             args.hbm_gbps,
             args.pcie_gbps,
             ram,
-            opts.chunk,
+            p.prompt_rows or opts.chunk,
             args.cpu_gbps,
             args.cpu_fixed_us * 1e-6,
             parse_pcie_frac(args.pcie_frac),

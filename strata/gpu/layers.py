@@ -100,11 +100,12 @@ class LayerWeights:
 class Activations:
     """Device buffers for up to `n` rows of one pass (allocated once; views are taken per call)."""
 
-    def __init__(self, dims: Dims, n: int, vocab_rows: int, vocab: int) -> None:
+    def __init__(self, dims: Dims, n: int, vocab_rows: int, vocab: int, residual_rows: int = 0) -> None:
+        """residual_rows: rows of the residual x where it holds more than n (a wide prompt pass's)."""
         cp = cupy_module()
         f32 = cp.float32
         self.n = n
-        self.x = cp.empty((n, dims.d), f32)
+        self.x = cp.empty((max(n, residual_rows), dims.d), f32)
         self.h = cp.empty((n, dims.d), f32)
         self.qkv = cp.empty((n, dims.qkv_cols), f32)
         self.q = cp.empty((n, dims.n_head * dims.hd), f32)

@@ -9,6 +9,7 @@ chunks, mixed windows); forward_batch() of one token per sequence replays a capt
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from typing import Any
@@ -39,6 +40,7 @@ from strata.gpu.plan import (
     GROWING,
     GpuOptions,
     choose_context,
+    is_tiered,
     kv_stage_bytes,
     kv_window,
     shape_of,
@@ -60,6 +62,22 @@ from strata.tiers.budget import MIB, Ledger
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.slots import ExpertCache
 from strata.tiers.telemetry import note
+
+
+def _part(act: Activations, start: int, m: int) -> Activations:
+    """A wide pass's part: the chunk's buffers over residual rows [start, start + m)."""
+    part = copy.copy(act)
+    part.x = act.x[start : start + m]
+    return part
+
+
+def _rows_from(layer: LayerWeights, start: int) -> LayerWeights:
+    """layer for a part whose rows begin at `start` of its pass: tier counters and routed ids at theirs."""
+    t = layer.tier
+    if t is None or start == 0:
+        return layer
+    route = t.route + 4 * start * t.top_k
+    return dataclasses.replace(layer, tier=dataclasses.replace(t, counts=t.counts[start:], route=route))
 
 
 class GpuModel(Model):
@@ -103,14 +121,14 @@ class GpuModel(Model):
         self.stream = cp.cuda.Stream(non_blocking=True)
         layout = ExpertLayout.from_gguf(gguf)
         # with --kv-grow a cache that holds every expert still lends its slots to a growing KV
-        tiered = layout is not None and (
-            opts.expert_cache != "auto" or plan.n_slots < plan.n_total or opts.kv_grow
-        )
+        tiered = layout is not None and is_tiered(plan, opts)
+        # under tiers a lone prompt's pass reads up to plan.prompt_rows, its layers over chunk-sized parts
+        self.prompt_rows = plan.prompt_rows if tiered else self.chunk
         sizes = weight_bytes(gguf)
         with self.stream:
             self.w = GpuWeights(gguf)
             self.tiers = (  # the arena and the slots' fill say what they cost in their own lines
-                GpuTiers(gguf, layout, plan.n_slots, self.chunk + PASS_SLACK, GEMV_ROWS, opts.tiers)
+                GpuTiers(gguf, layout, plan.n_slots, self.prompt_rows + PASS_SLACK, GEMV_ROWS, opts.tiers)
                 if tiered
                 else None
             )
@@ -289,7 +307,8 @@ class GpuModel(Model):
         if len(tokens) == 1 and self.graphs.max_batch:  # a decode step: replay the captured graph
             return self.graphs.step([int(tokens[0])], [state])
         outs = []
-        for s, e in pass_spans(len(tokens), self.chunk):
+        # every row's logits keep to chunk passes: a wide pass's would outgrow the plan's activations
+        for s, e in pass_spans(len(tokens), self.chunk if all_logits else self.prompt_rows):
             want = "all" if all_logits else ("last" if e == len(tokens) else "none")
             outs.append(self._pass([tokens[s:e]], [state], want))
         return np.concatenate(outs) if all_logits else outs[-1]
@@ -333,18 +352,22 @@ class GpuModel(Model):
                 tab_rows += [self.table_row(s, s.n_past + j, int(tok)) for j, tok in enumerate(t)]
                 start += len(t)
             tab = cp.asarray(np.asarray(tab_rows, np.int64))
-            act = Activations(self.dims, n, 0, 0)
+            parts = self._parts(n, segs)
+            act = Activations(self.dims, max(m for _, m in parts), 0, 0, n)  # a wide pass: the parts' buffers
             self.prepare(tokens, states, act)
             self.embed(act, n, tab)
             for i, layer in enumerate(self.layers_for(n)):
-                if staging is None:
+                li = -1 if staging is None else tiers.cache.layer_of[i]  # type: ignore[union-attr]
+                if li >= 0:
+                    tiers.borrowing.before_layer(li)  # type: ignore[union-attr]
+                    layer = self._prefill_layers[i]
+                if len(parts) == 1:
                     self.run_layer(i, layer, act, n, tab, segs)
-                    continue
-                assert tiers is not None
-                li = tiers.cache.layer_of[i]
-                tiers.borrowing.before_layer(li)
-                self.run_layer(i, self._prefill_layers[i], act, n, tab, segs)
-                tiers.borrowing.after_layer(staging, li)
+                for start, m in parts if len(parts) > 1 else ():
+                    seg = [segs[0].at(start, m)]
+                    self.run_layer(i, _rows_from(layer, start), _part(act, start, m), m, tab[start:], seg)
+                if li >= 0:
+                    tiers.borrowing.after_layer(staging, li)  # type: ignore[union-attr]
             staged_bytes = tiers.borrowing.end(staging) if tiers is not None and staging is not None else 0
             if tiers is not None:
                 tiers.overlap()
@@ -370,6 +393,15 @@ class GpuModel(Model):
                     act.x[:rows] = act.x[idx]
             logits = self.head_logits(act, rows)
             return logits.get(stream=self.stream)
+
+    def _parts(self, n: int, segs: list[Segment]) -> list[tuple[int, int]]:
+        """(start, rows) of each part a pass's layers run over: the whole pass, or for a lone prompt's wide
+        pass (more rows than the chunk's activations hold) chunk-sized parts in order, each part's rows
+        attending to the cells the parts before it wrote in the same layer."""
+        if n <= self.chunk + PASS_SLACK:
+            return [(0, n)]
+        assert len(segs) == 1 and n <= self.prompt_rows + PASS_SLACK, f"a pass of {n} rows has no room"
+        return [(s, e - s) for s, e in pass_spans(n, self.chunk)]
 
     # ---- the steps of a pass (this eager one and the decode graphs') ----
     def prepare(self, tokens: list[np.ndarray], states: list[SequenceState], act: Activations) -> None:

@@ -16,6 +16,7 @@ from strata.gguf.names import T, tensor
 from strata.gpu.deltanet import DNDims
 from strata.gpu.layers import (
     GEMV_ROWS,
+    TAB,
     Activations,
     Dims,
 )
@@ -105,6 +106,34 @@ def shape_of(cpu: Model, n_ctx: int = 0) -> tuple[Dims, list[bool]]:
         hc=hc_dims(cpu, n_ctx) if st.streams else None,
     )
     return dims, linear
+
+
+# Under tiers a lone prompt's pass reads up to this many rows, every layer over chunk-sized parts: a pass
+# stages every expert the cache lacks once a layer whatever its rows (~0.56 s on the 80B at 24 GiB, against
+# ~0.1 s of compute for 4,096 rows), so one layer's staging serves four chunks. The parts keep the chunk's
+# activations; the extra rows cost their residual, row table and tier counters (`wide_row_bytes`).
+WIDE_ROWS = 16384
+
+
+def is_tiered(plan: VramPlan, opts: GpuOptions) -> bool:
+    """Whether the experts run through the tiers: a cache that cannot hold them all, one asked for, or one
+    whose slots a growing KV may borrow (--kv-grow)."""
+    return plan.n_total > 0 and (opts.expert_cache != "auto" or plan.n_slots < plan.n_total or opts.kv_grow)
+
+
+def wide_row_bytes(d: Dims, layout: ExpertLayout) -> int:
+    """VRAM a row of a wide prompt pass takes beyond the chunk's: its residual, its row of the kernels' table,
+    its tier counters and routed ids."""
+    return 4 * d.d + 8 * TAB + 24 + 4 * len(layout.layers) * layout.top_k
+
+
+def wide_rows(d: Dims, n_ctx: int, opts: GpuOptions) -> int:
+    """Rows a lone prompt's pass reads under tiers: WIDE_ROWS, or the chunk where it is more, never past the
+    context (0: not chosen yet). qwen4exp keeps the chunk (its streams and QSA records are per pass), and so
+    does --kv-resident (its window keeps room for one chunk)."""
+    if d.hc is not None or opts.kv_resident:
+        return opts.chunk
+    return max(opts.chunk, min(WIDE_ROWS, n_ctx or WIDE_ROWS))
 
 
 def kv_bytes_per_token(d: Dims, n_attn: int) -> int:
@@ -243,6 +272,13 @@ def vram_plan(
             layout, opts.tiers.prefetch, GEMV_ROWS
         )
         plan.size_cache(opts.expert_cache)
+    if layout is not None and is_tiered(plan, opts):  # a lone prompt reads in wide passes (WIDE_ROWS)
+        plan.prompt_rows = wide_rows(d, n_ctx, opts)
+        if plan.prompt_rows > chunk:
+            plan.parts[f"wide prompt passes ({plan.prompt_rows:,} rows)"] = (
+                plan.prompt_rows - chunk
+            ) * wide_row_bytes(d, layout)
+            plan.size_cache(opts.expert_cache)
     if grows:
         assert layout is not None
         grow.plan_worst_case(plan, seqs * cells * kv_per, layout, "vram_budget_mib")

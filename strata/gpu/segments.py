@@ -15,6 +15,10 @@ class Segment:
     n_past: int
     kv: Any  # GpuKV
 
+    def at(self, start: int, n: int) -> Segment:
+        """Rows [start, start + n) of this one as a pass of their own (a wide pass's part)."""
+        return Segment(0, n, self.n_past + start, self.kv)
+
 
 def decode_rows_only(segments: list[Segment] | None) -> bool:
     """Every row a decode row (one a sequence, or None: the graph's rows, whose positions come from the

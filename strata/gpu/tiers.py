@@ -69,6 +69,7 @@ class TierHook:
     layer: int = 0  # the MoE layer
     lookahead: Lookahead | None = None  # set: decode rows prefetch the layer's predicted misses
     ride: RideHook | None = None  # set: decode rows copy the riders they route into their slots
+    top_k: int = 1  # routed ids a row (the columns of `route`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +217,7 @@ class GpuTiers(CpuShareSide, PolicySide):
             li,
             self.lookahead if decode else None,
             self.ride_hook(li) if decode else None,
+            self.layout.top_k,
         )
 
     # ---- between windows ----

@@ -129,6 +129,7 @@ class Model(ABC):
     kv_ledger: Ledger | None = None  # --kv-grow on the CPU: the stand-in VRAM the KV takes from the slots
     kv_resident: int = 0  # --kv-resident: a window of cells per layer (tiers/kvwindow.py); 0: none
     kv_chunk: int = 512  # the longest pass the window makes room for (the prefill chunk)
+    prompt_rows: int = 0  # rows a lone prompt's pass may read past the chunk (the GPU's wide passes); 0: none
 
     @abstractmethod
     def new_state(self) -> SequenceState:
