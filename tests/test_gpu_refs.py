@@ -49,6 +49,21 @@ def test_flash_twin_matches_attention():
             assert _rel(attention.ref_decode(q[-1:], k, v, scale, q8), want) < 5e-3
 
 
+def test_int8_decode_twin_keeps_small_and_large_values():
+    """The int8 decode's arithmetic (exact codes, a key's scale on each 32-dim group's partial score, a
+    value's scale folded into its probability before the fp16 rounding, times VFOLD) stays within fp16's
+    error of fp32 attention on the same cells whether the values are 1e-3, 1 or 1,000 (a fold of 1 leaves
+    the small products in fp16's subnormals: 1e-3 comes out 0.6% off), over a context of many tiles."""
+    rng = np.random.default_rng(12)
+    h, kv, d, s = 8, 2, 128, 700
+    q = rng.standard_normal((1, h, d)).astype(np.float32)
+    k = rng.standard_normal((s, kv, d)).astype(np.float32)
+    for size in (1e-3, 1.0, 1e3):
+        v = (rng.standard_normal((s, kv, d)) * size).astype(np.float32)
+        want = attend(q, cells.ref_cells(k, True), cells.ref_cells(v, True), 1 / np.sqrt(d))
+        assert _rel(attention.ref_decode(q, k, v, 1 / np.sqrt(d), True), want) < 2e-3, size
+
+
 def test_int8_cell_twins_are_the_cpu_cache_cells():
     """--kv-type int8 on the GPU keeps the CPU cache's cells: the attention twins read what
     strata.runtime.kvcache's int8 KVCache returns, and ref_qkv_post's int8 k and v decode to its fp32 rows
