@@ -3,13 +3,14 @@ Not a test: prints a table and writes the numbers as JSON (strata bench's envelo
 
     python perf/bench_long.py --model F.gguf [--contexts 4096,32768,131072,262144] [--gen 64]
                               [--vram-budget-mib 22528] [--kv-type int8] [--splits 32,1] [--n-ctx N]
-                              [--pcie-frac 1] [--profile] [--json OUT.json] [--plot OUT.png]
+                              [--pcie-frac 1] [--prompt-rows N] [--profile] [--json OUT.json] [--plot OUT.png]
     python perf/bench_long.py --replot OUT.json [...] --plot OUT.png     # saved runs, no GPU
 
 The JSON is written after every length, so a run cut short keeps what it measured. `--plot` draws TTFT and
 tok/s (prefill and decode) against the context, one series per setting.
 
-For each context length a fresh sequence reads that many random tokens (`--chunk`-token passes: the TTFT) and
+For each context length a fresh sequence reads that many random tokens (the TTFT; passes of `--chunk` rows, or
+under tiers the model's wide passes, `--prompt-rows` to cap them) and
 then decodes `--gen` greedy tokens by graph replay from there (decode tok/s at that length). `--splits` runs
 the lengths once per split-K setting of decode attention (strata.gpu.kernels.attention.SPLITS; 1 = one block a
 head, the kernel before split-K), each with its own model load and graphs.
@@ -67,8 +68,13 @@ def run(
             kv_grow=a.kv_grow,
         ),
     )
+    if a.prompt_rows:  # a lone prompt's pass: the chunk's, say, against the wide passes of the tiers
+        gpu.prompt_rows = min(a.prompt_rows, gpu.prompt_rows)
     grown = ", kv-grow" if a.kv_grow else ""
-    how = f"splits {splits}, KV {a.kv_type}, resident {a.kv_resident or 'all'}{grown}"
+    how = (
+        f"splits {splits}, KV {a.kv_type}, resident {a.kv_resident or 'all'}{grown}, prompt passes of "
+        f"{gpu.prompt_rows:,} rows"
+    )
     print(f"  loaded in {time.perf_counter() - t0:.1f} s ({how})", flush=True)
     rng = np.random.default_rng(0)
     vocab = gpu.params.vocab
@@ -114,6 +120,7 @@ def run(
             "kv_type": a.kv_type,
             "kv_resident": a.kv_resident,
             "kv_grow": a.kv_grow,
+            "prompt_rows": gpu.prompt_rows,
             "expert_slots": None if gpu.expert_cache is None else gpu.expert_cache.n_slots,
             "ttft_s": ttft,
             "pp_tok_s": n / ttft,
@@ -160,6 +167,12 @@ def main() -> None:
     )
     ap.add_argument("--kv-resident", type=int, default=0, help="Strata's --kv-resident (0: all in VRAM)")
     ap.add_argument("--kv-grow", action="store_true", help="Strata's --kv-grow")
+    ap.add_argument(
+        "--prompt-rows",
+        type=int,
+        default=0,
+        help="rows a prompt's pass reads, at most the model's own (0: its own, under tiers the wide passes)",
+    )
     ap.add_argument(
         "--profile",
         action="store_true",
