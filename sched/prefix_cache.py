@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from strata.runtime.passes import STEP_ROWS
-from strata.runtime.state import SequenceState
+from strata.runtime.state import Checkpoint, SequenceState
 
 log = logging.getLogger("strata.prefix_cache")
 
@@ -60,11 +60,12 @@ class PrefixCache:
         return len(self._entries)
 
     @staticmethod
-    def snapshot(state: SequenceState) -> SequenceState | None:
-        """A copy of `state` in host RAM to `keep`, None where one cannot be made (a cache never fails a
-        request). Any thread may take it, while nothing changes the state."""
+    def snapshot(state: SequenceState, at: Checkpoint | None = None) -> SequenceState | None:
+        """A copy of `state` (as it stood `at` a checkpoint inside its last pass) in host RAM to `keep`, None
+        where one cannot be made (a cache never fails a request). Any thread may take it, while nothing
+        changes the state."""
         try:
-            return state.snapshot()
+            return state.snapshot(at)
         except Exception:
             log.exception("prefix cache: could not snapshot a state of %d tokens", state.n_past)
             return None
@@ -121,18 +122,29 @@ class PrefixCache:
         own = own_checkpoints(prompt_len, turn_end)
         return bool(state.layers) and n >= MIN_REUSE and (n in own or n % self.every == 0)
 
-    def next_stop(self, state: SequenceState, prompt_len: int, turn_end: int | None = None) -> int:
+    def next_stop(
+        self, state: SequenceState, prompt_len: int, turn_end: int | None = None, spaced: bool = True
+    ) -> int:
         """The prompt position the next prefill chunk of a hybrid model must not pass: the next checkpoint
-        (none within `fold` tokens of the prompt's own)."""
+        (none within `fold` tokens of the prompt's own); spaced=False: the prompt's own only (a wide pass
+        takes the spaced ones inside it, `marks`)."""
         n = state.n_past
         if not state.layers:
             return prompt_len
         own = own_checkpoints(prompt_len, turn_end)
-        spaced = (n // self.every + 1) * self.every
-        if own[0] - spaced <= self.fold:
-            spaced = prompt_len
-        stops = [*own, spaced, prompt_len]
-        return min(v for v in stops if v > n)
+        marks = self.marks(state, n + self.every + 1, prompt_len, turn_end) if spaced else []
+        return min(v for v in [*own, *marks, prompt_len] if v > n)
+
+    def marks(
+        self, state: SequenceState, end: int, prompt_len: int, turn_end: int | None = None
+    ) -> list[int]:
+        """The spaced checkpoints of a hybrid prompt after the state's length and before `end`, none within
+        `fold` tokens of the prompt's own."""
+        if not state.layers:
+            return []
+        own = own_checkpoints(prompt_len, turn_end)
+        first = (state.n_past // self.every + 1) * self.every
+        return [p for p in range(first, end, self.every) if own[0] - p > self.fold]
 
     def _drop(self, key: int) -> None:
         self.used -= self._entries.pop(key).nbytes

@@ -224,6 +224,10 @@ class Scheduler(PipelinedWindows):
 
     def _forward(self, window: list[tuple[Slot, np.ndarray]]) -> list[np.ndarray]:
         self.faults.check()
+        if len(window) == 1 and window[0][0].marks:  # checkpoints inside a lone prompt's wide pass
+            slot, tokens = window[0]
+            logits, slot.kept = self.engine.model.forward_marked(tokens, slot.seq.state, slot.marks)
+            return [logits]
         return self.engine.model.forward_batch([t for _, t in window], [s.seq.state for s, _ in window])
 
     def _next_admission(self) -> Request | None:
@@ -300,6 +304,8 @@ class Scheduler(PipelinedWindows):
         left = [s.prompt_left for s in admitting]
         alone = len(admitting) == 1 and not self._decoding()
         rows = self.engine.prompt_rows if alone else self.engine.options.prefill_chunk
+        # a hybrid prompt read in a wide pass has its spaced checkpoints taken inside the pass
+        inside = rows > self.engine.options.prefill_chunk
         # the chunk, or the whole rest where it is a few tokens past it (passes.PASS_SLACK)
         full = pass_rows(sum(left), rows, len(self._decoding()))
         # a last prompt token costs what a decode row does (it is one): it never waits for owed windows
@@ -308,9 +314,12 @@ class Scheduler(PipelinedWindows):
         share = {}
         for s, n in zip(admitting, left):
             n = min(n, budget)
+            s.marks = []
             if self.prefix_cache is not None:  # a hybrid model's chunk ends where its state is kept
-                st = s.seq.state
-                n = min(n, self.prefix_cache.next_stop(st, len(s.seq.prompt), s.req.turn_end) - st.n_past)
+                st, cache, end = s.seq.state, self.prefix_cache, len(s.seq.prompt)
+                n = min(n, cache.next_stop(st, end, s.req.turn_end, spaced=not inside) - st.n_past)
+                if inside:
+                    s.marks = cache.marks(st, st.n_past + n, end, s.req.turn_end)
             share[s], budget = n, budget - n
         return share
 
@@ -348,12 +357,14 @@ class Scheduler(PipelinedWindows):
 
     def _commit_one(self, slot: Slot, row: np.ndarray) -> None:
         req, seq = slot.req, slot.seq
-        if (
-            req.state is RequestState.ADMITTING
-            and self._snapshots is not None
-            and self._snapshots.cache.wants(seq.state, len(seq.prompt), req.turn_end)
-        ):
-            slot.copy = self._snapshots.take(seq.state)  # it sits out until the copy is done
+        if req.state is RequestState.ADMITTING and self._snapshots is not None:
+            # the checkpoints its pass took inside, then the one it ends at: it sits out until they are copied
+            copies = [self._snapshots.take(seq.state, at) for at in slot.kept]
+            if self._snapshots.cache.wants(seq.state, len(seq.prompt), req.turn_end):
+                copies.append(self._snapshots.take(seq.state))
+            if copies:
+                slot.copy = copies[0] if len(copies) == 1 else asyncio.gather(*copies)
+        slot.kept = []
         self._emit(slot, seq.accept(row))
         if req.state is RequestState.ADMITTING and seq.state.n_past >= len(seq.prompt):
             req.state = RequestState.SOLO

@@ -9,6 +9,7 @@ from typing import Any
 from strata.errors import StrataError
 from strata.runtime.finish import FinishReason
 from strata.runtime.sequence import ActiveSequence, GenerationResult
+from strata.runtime.state import Checkpoint
 from strata.sched.request import Request
 
 
@@ -36,7 +37,10 @@ class Slot:
     seq: ActiveSequence
     cached: int  # prompt tokens restored from the prefix cache
     last_token: float = 0.0  # perf_counter of the stream's last token (0: none yet), for /metrics' latencies
-    copy: asyncio.Future[Any] | None = None  # its prompt checkpoint's copy to host RAM, while it sits out
+    copy: asyncio.Future[Any] | None = None  # its prompt checkpoints' copy to host RAM, while it sits out
+    # a hybrid prompt read in a wide pass: the checkpoints the pass takes inside it, and what it took
+    marks: list[int] = field(default_factory=list)
+    kept: list[Checkpoint] = field(default_factory=list)
 
     @property
     def copying(self) -> bool:

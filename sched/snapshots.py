@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from strata.runtime.state import SequenceState
+from strata.runtime.state import Checkpoint, SequenceState
 from strata.sched.prefix_cache import PrefixCache, reusable
 
 
@@ -29,10 +29,12 @@ class Snapshots:
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="strata-snapshot")
         self._pending: list[tuple[asyncio.Future[SequenceState | None], SequenceState]] = []
 
-    def take(self, state: SequenceState) -> asyncio.Future[SequenceState | None]:
-        """Copy `state` on the worker (the caller keeps it unchanged until the future is done); it joins the
-        cache at a later `settle`."""
-        fut = asyncio.get_running_loop().run_in_executor(self._worker, PrefixCache.snapshot, state)
+    def take(
+        self, state: SequenceState, at: Checkpoint | None = None
+    ) -> asyncio.Future[SequenceState | None]:
+        """Copy `state` (as it stood `at` a checkpoint inside its last pass) on the worker (the caller keeps
+        it unchanged until the future is done); it joins the cache at a later `settle`."""
+        fut = asyncio.get_running_loop().run_in_executor(self._worker, PrefixCache.snapshot, state, at)
         self._pending.append((fut, state))
         return fut
 

@@ -477,6 +477,37 @@ def test_wide_prompt_pass_equals_chunked_passes(tmp_path, arch):
     assert 0 < use.prefill.pcie_bytes < use_ref.prefill.pcie_bytes
 
 
+def test_a_wide_pass_keeps_the_recurrent_state_at_its_marks(tmp_path):
+    """A hybrid prompt's wide pass takes its prefix-cache checkpoints inside it (GpuModel.forward_marked): the
+    recurrent state each mark's part left, copied to host RAM as the pass runs, is the state chunk passes
+    have at that position, bit for bit; a snapshot at the mark (with the KV's cells before it), restored,
+    reads the rest of the prompt to the same logits; and the pass's own logits are the chunk passes'."""
+    from strata.gpu.deltanet import RECURRENT
+
+    path = tiny_file(tmp_path, "qwen3next")
+    prompt = np.random.default_rng(8).integers(0, 900, 100)
+    marks = [32, 64]  # chunk boundaries: the wide pass's parts are the chunk passes'
+    m = _model(path, "50%")
+    m.expert_cache.borrow_min = 12
+    st = m.new_state()
+    wide, kept = m.forward_marked(prompt, st, marks)
+    m.prompt_rows, ref, states = m.chunk, m.new_state(), []
+    for s, e in zip([0, *marks], [*marks, len(prompt)]):
+        last = m.forward(prompt[s:e], ref, all_logits=False)
+        rec = ref.layers[RECURRENT]
+        states.append((rec.conv.get(), rec.ssm.get()))
+    assert np.array_equal(wide, last[-1]), f"the pass's logits differ by {np.abs(wide - last[-1]).max()}"
+    assert [k.n_past for k in kept] == marks
+    for k, (conv, ssm) in zip(kept, states):
+        host = k.layers[RECURRENT]
+        assert np.array_equal(host.conv, conv) and np.array_equal(host.ssm, ssm), f"state at {k.n_past}"
+    again = m.new_state()
+    again.restore(st.snapshot(kept[1]))
+    assert again.n_past == 64 and again.tokens == [int(t) for t in prompt[:64]]
+    out = m.forward(prompt[64:], again, all_logits=False)
+    assert np.array_equal(out[-1], last[-1]), f"restored at 64: differs by {np.abs(out[-1] - last[-1]).max()}"
+
+
 def _lookups_a_row(path: Path) -> int:
     """Routed lookups a row makes over every MoE layer of the file at `path`."""
     layout = ExpertLayout.from_gguf(GGUFFile(path))

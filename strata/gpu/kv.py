@@ -341,26 +341,28 @@ class GpuKV:
         """Pinned RAM of the window's host cells."""
         return sum(a.nbytes for a in self.host_cells.values())
 
-    def _logical(self, name: str) -> np.ndarray:
-        """Array `name`'s first `length` cells [n_layer, n_kv, length, ...], from both sides, pinned."""
+    def _logical(self, name: str, length: int | None = None) -> np.ndarray:
+        """Array `name`'s first `length` cells (default: all) [n_layer, n_kv, length, ...], from both sides,
+        pinned."""
+        length = self.length if length is None else length
         dev = getattr(self, name)
-        b, rows = self.base, self.length - self.base
+        b, rows = min(self.base, length), length - min(self.base, length)
         if not b:
-            return to_pinned(dev[:, :, : self.length])
-        out = snapshot_pool().empty((*dev.shape[:2], self.length, dev.shape[3]), dev.dtype)
+            return to_pinned(dev[:, :, :length])
+        out = snapshot_pool().empty((*dev.shape[:2], length, dev.shape[3]), dev.dtype)
         cupy_module().cuda.get_current_stream().synchronize()  # the host cells' copies in flight
         out[:, :, :b] = self.host_cells[name][:, :, :b]
         if rows:
             out[:, :, b:] = to_pinned(dev[:, :, :rows])
         return out
 
-    def to_host(self) -> HostKV:
-        """A copy in host RAM (the prefix cache keeps these, not VRAM); its copy() comes back to the GPU."""
-        arrays = {a: self._logical(a) for a in self._arrays()} if self.length else {}
+    def to_host(self, length: int | None = None) -> HostKV:
+        """A copy in host RAM of the first `length` positions (default: all) (the prefix cache keeps these,
+        not VRAM); its copy() comes back to the GPU."""
+        length = self.length if length is None else min(length, self.length)
+        arrays = {a: self._logical(a, length) for a in self._arrays()} if length else {}
         window = None if self.window is None else (self.window.resident, self.window.chunk)
-        return HostKV(
-            self.ledger, self.shape, self.max_len, self.length, self.kind, arrays, window, self.stage
-        )
+        return HostKV(self.ledger, self.shape, self.max_len, length, self.kind, arrays, window, self.stage)
 
     def host(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """Keys and values of one layer as float32 [length, n_kv, hd], decoded (tests and debugging)."""

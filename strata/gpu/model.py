@@ -20,7 +20,7 @@ from strata.console.progress import ProgressBar
 from strata.errors import ConfigError
 from strata.gguf.names import T, tensor
 from strata.gpu.ahead import GraphAhead
-from strata.gpu.deltanet import RECURRENT, DeltaNetWeights, RecurrentState
+from strata.gpu.deltanet import RECURRENT, DeltaNetWeights, HostRecurrent, RecurrentState
 from strata.gpu.graphs import DecodeGraphs
 from strata.gpu.kernels.rows import inv_freq
 from strata.gpu.kv import GpuKV, StageRoom
@@ -35,6 +35,7 @@ from strata.gpu.layers import (
     run_mixer,
 )
 from strata.gpu.ops import HEAD_DIMS, Ops
+from strata.gpu.pinned import snapshot_pool
 from strata.gpu.plan import (
     DRIVER_PART,
     GROWING,
@@ -49,14 +50,14 @@ from strata.gpu.plan import (
     with_chunk,
 )
 from strata.gpu.qwen4exp import Qwen4ExpParts, hc_dims
-from strata.gpu.runtime import cupy_module, ptr
+from strata.gpu.runtime import DEVICE_TO_HOST, cupy_module, ptr
 from strata.gpu.segments import Segment
 from strata.gpu.tiers import GpuTiers
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
 from strata.models.base import Model
 from strata.runtime.kvcache import KVType
 from strata.runtime.passes import PASS_SLACK, STEP_ROWS, pass_spans
-from strata.runtime.state import SequenceState
+from strata.runtime.state import Checkpoint, SequenceState
 from strata.tiers import grow
 from strata.tiers.budget import MIB, Ledger
 from strata.tiers.layout import ExpertLayout
@@ -78,6 +79,31 @@ def _rows_from(layer: LayerWeights, start: int) -> LayerWeights:
         return layer
     route = t.route + 4 * start * t.top_k
     return dataclasses.replace(layer, tier=dataclasses.replace(t, counts=t.counts[start:], route=route))
+
+
+class _Capture:
+    """The recurrent state of one sequence at one position inside a pass, copied layer by layer into pinned
+    host memory as the pass's parts reach it (the copies queue on the model's stream)."""
+
+    def __init__(self, rec: RecurrentState) -> None:
+        pool = snapshot_pool()
+        self.rec = rec
+        self.host = HostRecurrent(
+            rec.ledger,
+            rec.dims,
+            rec.n_layer,
+            pool.empty(rec.conv.shape, np.float32),
+            pool.empty(rec.ssm.shape, np.float32),
+        )
+
+    def take(self, j: int, stream: Any) -> None:
+        """DeltaNet layer j's conv window and matrices, as the stream has them now."""
+        cp = cupy_module()
+        for dev, host in ((self.rec.conv, self.host.conv), (self.rec.ssm, self.host.ssm)):
+            off, nbytes = 4 * j * (dev.size // self.rec.n_layer), 4 * (dev.size // self.rec.n_layer)
+            cp.cuda.runtime.memcpyAsync(
+                host.ctypes.data + off, dev.data.ptr + off, nbytes, DEVICE_TO_HOST, stream.ptr
+            )
 
 
 class GpuModel(Model):
@@ -319,6 +345,16 @@ class GpuModel(Model):
             return self._steps(tokens, states)
         return list(self._pass(tokens, states, "last"))
 
+    def forward_marked(
+        self, tokens: np.ndarray, state: SequenceState, marks: list[int]
+    ) -> tuple[np.ndarray, list[Checkpoint]]:
+        """One lone prompt's pass, its last logits, and its recurrent state as it stood at each of `marks`
+        (positions inside the pass, ascending) in host RAM: a hybrid model's prefix-cache checkpoints taken
+        inside a wide pass, whose parts end at them (`SequenceState.snapshot(at)` adds the KV's cells)."""
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        kept: list[Checkpoint] = []
+        return self._pass([tokens], [state], "last", marks, kept)[-1], kept
+
     def _steps(self, tokens: list[np.ndarray], states: list[SequenceState]) -> list[np.ndarray]:
         """A window of at most STEP_ROWS rows a sequence as captured decode steps, one row of each sequence a
         step; each sequence's last logits."""
@@ -331,8 +367,16 @@ class GpuModel(Model):
         return last
 
     # ---- eager pass ----
-    def _pass(self, tokens: list[np.ndarray], states: list[SequenceState], want: str) -> np.ndarray:
-        """Every layer over the concatenated rows; logits of all rows, each sequence's last, or none."""
+    def _pass(
+        self,
+        tokens: list[np.ndarray],
+        states: list[SequenceState],
+        want: str,
+        marks: list[int] | None = None,
+        kept: list[Checkpoint] | None = None,
+    ) -> np.ndarray:
+        """Every layer over the concatenated rows; logits of all rows, each sequence's last, or none. marks:
+        a lone sequence's positions inside the pass whose recurrent state goes to `kept` (forward_marked)."""
         cp = cupy_module()
         n = sum(len(t) for t in tokens)
         tiers = self.tiers
@@ -352,7 +396,8 @@ class GpuModel(Model):
                 tab_rows += [self.table_row(s, s.n_past + j, int(tok)) for j, tok in enumerate(t)]
                 start += len(t)
             tab = cp.asarray(np.asarray(tab_rows, np.int64))
-            parts = self._parts(n, segs)
+            parts = self._parts(n, segs, [m - states[0].n_past for m in marks or ()])
+            marked = self._marked(states[0], marks or [])
             act = Activations(self.dims, max(m for _, m in parts), 0, 0, n)  # a wide pass: the parts' buffers
             self.prepare(tokens, states, act)
             self.embed(act, n, tab)
@@ -366,6 +411,8 @@ class GpuModel(Model):
                 for start, m in parts if len(parts) > 1 else ():
                     seg = [segs[0].at(start, m)]
                     self.run_layer(i, _rows_from(layer, start), _part(act, start, m), m, tab[start:], seg)
+                    if layer.dn is not None and segs[0].n_past + start + m in marked:
+                        marked[segs[0].n_past + start + m].take(layer.dn_layer, self.stream)
                 if li >= 0:
                     tiers.borrowing.after_layer(staging, li)  # type: ignore[union-attr]
             staged_bytes = tiers.borrowing.end(staging) if tiers is not None and staging is not None else 0
@@ -380,6 +427,8 @@ class GpuModel(Model):
                     tiers.take_counts(n), staged_bytes, [s.experts for s in states], [len(t) for t in tokens]
                 )
                 tiers.after_pass(n)
+            if kept is not None:  # the pass's copies land before the logits come back
+                kept += [Checkpoint(pos, {RECURRENT: cap.host}) for pos, cap in marked.items()]
             if want == "none":
                 self.stream.synchronize()
                 return np.empty((0, self.params.vocab), np.float32)
@@ -394,14 +443,24 @@ class GpuModel(Model):
             logits = self.head_logits(act, rows)
             return logits.get(stream=self.stream)
 
-    def _parts(self, n: int, segs: list[Segment]) -> list[tuple[int, int]]:
+    def _parts(self, n: int, segs: list[Segment], cuts: list[int]) -> list[tuple[int, int]]:
         """(start, rows) of each part a pass's layers run over: the whole pass, or for a lone prompt's wide
         pass (more rows than the chunk's activations hold) chunk-sized parts in order, each part's rows
-        attending to the cells the parts before it wrote in the same layer."""
-        if n <= self.chunk + PASS_SLACK:
+        attending to the cells the parts before it wrote in the same layer; a part also ends at each of
+        `cuts` (rows into the pass)."""
+        if n <= self.chunk + PASS_SLACK and not cuts:
             return [(0, n)]
         assert len(segs) == 1 and n <= self.prompt_rows + PASS_SLACK, f"a pass of {n} rows has no room"
-        return [(s, e - s) for s, e in pass_spans(n, self.chunk)]
+        ends = sorted({e for _, e in pass_spans(n, self.chunk)} | {c for c in cuts if 0 < c < n})
+        return [(s, e - s) for s, e in zip([0, *ends[:-1]], ends)]
+
+    def _marked(self, state: SequenceState, marks: list[int]) -> dict[int, _Capture]:
+        """Host buffers for the recurrent state at each mark (forward_marked)."""
+        if not marks:
+            return {}
+        rec = state.layers[RECURRENT]
+        assert isinstance(rec, RecurrentState) and set(state.layers) == {RECURRENT}, "marks are for DeltaNet"
+        return {m: _Capture(rec) for m in marks}
 
     # ---- the steps of a pass (this eager one and the decode graphs') ----
     def prepare(self, tokens: list[np.ndarray], states: list[SequenceState], act: Activations) -> None:

@@ -234,9 +234,13 @@ class KVCache:
         """An independent copy, charged to the ledger like the original (a restore, a checkpoint)."""
         return self._copy(True)
 
-    def to_host(self) -> KVCache:
-        """A copy the ledger does not count (the prefix cache's entries, snapshots); its copy() is counted."""
-        return self._copy(False)
+    def to_host(self, length: int | None = None) -> KVCache:
+        """A copy the ledger does not count (the prefix cache's entries, snapshots) of the first `length`
+        positions (default: all); its copy() is counted."""
+        out = self._copy(False)
+        if length is not None:
+            out.truncate(length)
+        return out
 
     def cap_bytes(self) -> int:
         """The device cells' bytes (what the ledger counts; the window's host cells are RAM)."""

@@ -26,6 +26,15 @@ class LayerState(Protocol):
 S = TypeVar("S")
 
 
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A sequence's per-layer state as it stood at position n_past inside a longer pass, in host RAM (a
+    hybrid model's prefix-cache checkpoint taken inside a wide prompt pass, `SequenceState.snapshot`)."""
+
+    n_past: int
+    layers: dict[tuple[str, int], LayerState]
+
+
 @dataclass(slots=True)
 class SequenceState:
     kv: KVCache
@@ -41,13 +50,19 @@ class SequenceState:
         layers = {key: st.copy() for key, st in self.layers.items()}
         return SequenceState(self.kv.copy(), self.n_past, list(self.tokens), layers)
 
-    def snapshot(self) -> SequenceState:
+    def snapshot(self, at: Checkpoint | None = None) -> SequenceState:
         """Like checkpoint(), but parts that live on a device are copied to host RAM (`to_host`); restoring
-        from it brings them back (their copy() allocates on the device again)."""
+        from it brings them back (their copy() allocates on the device again). at: the state as it stood at
+        a position inside its last pass, whose per-layer state the model kept there (the KV's cells before
+        that position do not change after it)."""
 
         def host(part: object) -> object:
             return getattr(part, "to_host", part.copy)()  # type: ignore[attr-defined]
 
+        if at is not None:
+            return SequenceState(
+                self.kv.to_host(at.n_past), at.n_past, self.tokens[: at.n_past], dict(at.layers)
+            )
         layers = {key: host(st) for key, st in self.layers.items()}
         return SequenceState(host(self.kv), self.n_past, list(self.tokens), layers)  # type: ignore[arg-type]
 
