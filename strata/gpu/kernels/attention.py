@@ -72,8 +72,11 @@ struct DecodeTile {
   static constexpr int NGS = Q8 ? Q8_GROUPS(HD) : 0;  // scales a key
   static constexpr int VOFF = DT * KROW, SOFF = VOFF + DT * VROW;  // V rows, then K and V scales
   static constexpr int STAGE = SOFF + 2 * DT * NGS * 4;
-  // stages in flight: as many as leave room under the 227 KB a block may hold (fp16 tiles at 256 dims: 3)
-  static constexpr int NST = (Q8 && !DIRECT) ? 2 : ((2 * LK * 16 + 4 * STAGE) <= 200 * 1024 ? 4 : 3);
+  // stages in flight: a 256-dim head's block holds its SM alone (the registers of its warps' 16 x 256
+  // outputs), so its shared memory goes to stages, four or as many as fit (fp16: 3); narrower heads keep two,
+  // so that blocks can share an SM
+  static constexpr int NST =
+      (HD < 256 || (Q8 && !DIRECT)) ? 2 : ((2 * LK * 16 + 4 * STAGE) <= 200 * 1024 ? 4 : 3);
 };
 
 // two int8 codes of the sign-flipped word u (w ^ 0x80808080), picked by sel, as fp16x2, exactly: the permute
@@ -502,7 +505,8 @@ def decode_warps(hd: int) -> int:
 def decode_tile(hd: int, q8: bool) -> tuple[int, int, int]:
     """DecodeTile's (bytes a stage, stages, bytes of the decoded tile): int8 cells of whole 32-dim groups go
     to the mma from their codes (rows padded by 32 and 16 bytes), 16-dim ones through an fp16 copy; fp16
-    rows padded by 16 bytes; as many stages as fit 200 KB, at most 4."""
+    rows padded by 16 bytes; for 256-dim heads (one block an SM by their registers) as many stages as fit
+    200 KB, at most 4, else 2."""
     direct = q8 and hd % 32 == 0
     lk = hd + 8
     krow = hd + 32 if direct else (hd if q8 else 2 * lk)
@@ -511,6 +515,8 @@ def decode_tile(hd: int, q8: bool) -> tuple[int, int, int]:
     stage = DECODE_TILE * (krow + vrow) + 2 * DECODE_TILE * scales * 4
     if q8 and not direct:
         return stage, 2, 2 * DECODE_TILE * lk * 2
+    if hd < 256:
+        return stage, 2, 0
     return stage, 4 if 2 * lk * 16 + 4 * stage <= 200 * 1024 else 3, 0
 
 
