@@ -226,7 +226,8 @@ class Scheduler(PipelinedWindows):
         self.faults.check()
         if len(window) == 1 and window[0][0].marks:  # checkpoints inside a lone prompt's wide pass
             slot, tokens = window[0]
-            logits, slot.kept = self.engine.model.forward_marked(tokens, slot.seq.state, slot.marks)
+            marks, slot.marks = slot.marks, []  # this window's: the slot's next window plans its own
+            logits, slot.kept = self.engine.model.forward_marked(tokens, slot.seq.state, marks)
             return [logits]
         return self.engine.model.forward_batch([t for _, t in window], [s.seq.state for s, _ in window])
 
