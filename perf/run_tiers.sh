@@ -11,7 +11,8 @@
 # the `lowram` step runs bench_gpu.py at CAP once per --ram-budget-mib value in RAMS (default 0,20736: every
 # expert pinned, then half the 80B's experts, the rest read from the file's mapping, warm after the synth wrote it);
 # the `long` step runs perf/bench_long.py at CAP once per LONG_RUNS entry (splits:kv-type:contexts, all on the
-# plan of N_CTX positions, default 262272; CHUNK: bench_long's --chunk, the prompt rows a pass, default 4096);
+# plan of N_CTX positions, default 262272; CHUNK: bench_long's --chunk, the prompt rows a pass, default 4096;
+# LONG_ARGS adds bench_long options, `--prompt-rows 4096` for chunk passes against the wide ones);
 # PCIE_FRACS the --pcie-frac values per cap (default auto); BENCH_ARGS adds perf/bench_tiers.py options; LLAMA_BIN (a llama.cpp CUDA build's bin) sweeps llama.cpp in the
 # same run, else (80B only) its earlier numbers come from perf/peer_tiers_2026-12-02.json. REUSE=1 keeps a file already written. Carried in (git-ignored): .whl/, .gpu_fixtures/ (see run_gpu.sh).
 set -uo pipefail
@@ -77,7 +78,7 @@ case " $STEPS " in *" long "*)
     extra="--kv-resident ${res:-0}"; [ "${grow:-0}" = 1 ] && extra="$extra --kv-grow"
     echo "== splits $sp, KV $kv, resident ${res:-all}, grow ${grow:-0}"
     timeout ${BENCH_TIMEOUT:-300} python3 $REPO/perf/bench_long.py --model $MODEL --vram-budget-mib ${CAP:-22528} \
-      --contexts $ctx --splits $sp --kv-type $kv --n-ctx ${N_CTX:-262272} ${CHUNK:+--chunk $CHUNK} $extra \
+      --contexts $ctx --splits $sp --kv-type $kv --n-ctx ${N_CTX:-262272} ${CHUNK:+--chunk $CHUNK} $extra ${LONG_ARGS:-} \
       --json "$OUT/long_${sp}_${kv}_${res:-0}_${grow:-0}${CHUNK:+_c$CHUNK}.json" \
       2>&1 | grep -v "^WARNING" | grep -E "strata ctx|loaded|Error|error" | tail -12
   done ;; esac
