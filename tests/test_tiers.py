@@ -223,6 +223,11 @@ def test_planner_counts_wide_prompt_passes_under_tiers(capsys):
     assert plan(300, expert_cache="50%").prompt_rows == 512  # the chunk at least
     for flat in (plan(32768), plan(32768, expert_cache="50%", kv_resident=1024)):  # all resident; a window
         assert flat.prompt_rows in (0, 512) and not [k for k in flat.parts if k.startswith("wide")]
+    # a budget the chunk's passes fit but not the wide ones: the chunk, never a refusal
+    opts = GpuOptions(n_ctx=32768, chunk=512, expert_cache="50%")
+    tight = half.total - half.parts[wide[0]] + half.slot_bytes // 2
+    snug = vram_plan(g, dims, linear, 32768, 512, vocab, opts, tight)
+    assert snug.prompt_rows == 512 and not [k for k in snug.parts if k.startswith("wide")]
     # the planner's prefill bound: the same staging copies serve a pass of WIDE_ROWS rows, not 512
     args = ["plan", str(path), "--vram-gib", "0.5", "--expert-cache", "50%", "--ctx-size", "32768", "--json"]
     assert main([*args, "--prefill", "512"]) == 0

@@ -129,8 +129,8 @@ def wide_row_bytes(d: Dims, layout: ExpertLayout) -> int:
 
 def wide_rows(d: Dims, n_ctx: int, opts: GpuOptions) -> int:
     """Rows a lone prompt's pass reads under tiers: WIDE_ROWS, or the chunk where it is more, never past the
-    context (0: not chosen yet). qwen4exp keeps the chunk (its streams and QSA records are per pass), and so
-    does --kv-resident (its window keeps room for one chunk)."""
+    context (n_ctx 0, a context not chosen yet: WIDE_ROWS). qwen4exp keeps the chunk (its streams and QSA
+    records are per pass), and so does --kv-resident (its window keeps room for one chunk)."""
     if d.hc is not None or opts.kv_resident:
         return opts.chunk
     return max(opts.chunk, min(WIDE_ROWS, n_ctx or WIDE_ROWS))
@@ -274,11 +274,15 @@ def vram_plan(
         plan.size_cache(opts.expert_cache)
     if layout is not None and is_tiered(plan, opts):  # a lone prompt reads in wide passes (WIDE_ROWS)
         plan.prompt_rows = wide_rows(d, n_ctx, opts)
+        wide = f"wide prompt passes ({plan.prompt_rows:,} rows)"
         if plan.prompt_rows > chunk:
-            plan.parts[f"wide prompt passes ({plan.prompt_rows:,} rows)"] = (
-                plan.prompt_rows - chunk
-            ) * wide_row_bytes(d, layout)
-            plan.size_cache(opts.expert_cache)
+            plan.parts[wide] = (plan.prompt_rows - chunk) * wide_row_bytes(d, layout)
+            try:
+                plan.size_cache(opts.expert_cache)
+            except ConfigError:  # a budget the chunk's passes fit is never refused for the wide ones
+                del plan.parts[wide]
+                plan.prompt_rows = chunk
+                plan.size_cache(opts.expert_cache)
     if grows:
         assert layout is not None
         grow.plan_worst_case(plan, seqs * cells * kv_per, layout, "vram_budget_mib")
