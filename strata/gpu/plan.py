@@ -169,18 +169,21 @@ def with_chunk(
     gguf: Any, d: Dims, linear: list[bool], vocab: int, opts: GpuOptions, budget: int, trained: int
 ) -> GpuOptions:
     """opts with its prefill chunk chosen where none was asked for (chunk 0): the largest of AUTO_CHUNKS whose
-    plan fits the budget (at opts.n_ctx; with no context asked for, before the KV, as choose_context plans),
-    and no longer than the context (opts.n_ctx, else the `trained` one): no pass reads more."""
+    plan fits the budget with its wide prompt passes under tiers (a smaller chunk with them reads a long
+    prompt faster than a larger one without: a staging a wide pass, not a chunk), at opts.n_ctx (with no
+    context asked for, before the KV, as choose_context plans), and no longer than the context (opts.n_ctx,
+    else the `trained` one): no pass reads more."""
     if opts.chunk:
         return opts
     chunks = [min(c, opts.n_ctx or trained) for c in AUTO_CHUNKS]
     for chunk in chunks[:-1]:
         tried = dataclasses.replace(opts, chunk=chunk)
         try:
-            vram_plan(gguf, d, linear, opts.n_ctx, chunk, vocab, tried, budget)
+            plan = vram_plan(gguf, d, linear, opts.n_ctx, chunk, vocab, tried, budget)
         except ConfigError:
             continue
-        return tried
+        if plan.prompt_rows in (0, wide_rows(d, opts.n_ctx, tried)):  # not tiered, or its wide passes fit
+            return tried
     return dataclasses.replace(opts, chunk=chunks[-1])
 
 
