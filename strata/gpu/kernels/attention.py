@@ -234,38 +234,19 @@ __device__ __forceinline__ void decode_mma(const float* qs, int gb, const Cells<
         s[0][2] = fmaf(part[2], sa, s[0][2]);
         s[0][3] = fmaf(part[3], sb, s[0][3]);
       }
-    } else if constexpr (HD % 32 == 0) {
+    } else {
       // two accumulators a tile, the 16-dim steps alternating, halve the chain of dependent mmas
       float s2[KW / 8][4];
 #pragma unroll
       for (int nt = 0; nt < KW / 8; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) s2[nt][e] = 0.f;
+      qk_tile<HD, LK, KW / 8>(s, s2, qs_, Ks + warp * KW * LK, lane);
+      if constexpr (HD % 32 == 0) {
 #pragma unroll
-      for (int kp = 0; kp < HD / 32; kp++) {  // two 16-dim steps a pass: one ldmatrix.x4 of K serves both
-        u32 qa0[4], qa1[4];
-        ldsm_x4(qa0, qs_ + kp * 32);
-        ldsm_x4(qa1, qs_ + kp * 32 + 16);
+        for (int nt = 0; nt < KW / 8; nt++)
 #pragma unroll
-        for (int nt = 0; nt < KW / 8; nt++) {
-          u32 b[4];
-          ldsm_x4(b, Ks + (warp * KW + nt * 8 + (lane & 7)) * LK + kp * 32 + (lane >> 3) * 8);
-          mma16816(s[nt], qa0, b);
-          mma16816(s2[nt], qa1, b + 2);
-        }
-      }
-#pragma unroll
-      for (int nt = 0; nt < KW / 8; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) s[nt][e] += s2[nt][e];
-    } else {  // HD 16
-      u32 qa[4];
-      ldsm_x4(qa, qs_);
-#pragma unroll
-      for (int nt = 0; nt < KW / 8; nt++) {
-        u32 b[2];
-        ldsm_x2(b, Ks + (warp * KW + nt * 8 + (lane & 7)) * LK + ((lane >> 3) & 1) * 8);
-        mma16816(s[nt], qa, b);
+          for (int e = 0; e < 4; e++) s[nt][e] += s2[nt][e];
       }
     }
 #pragma unroll

@@ -148,6 +148,38 @@ __device__ __forceinline__ void ldsm_x2(u32* r, const u16* p) {
                : "=r"(r[0]), "=r"(r[1])
                : "r"(smem_addr(p)));
 }
+// q . k of a 16-row query tile (qs: this lane's ldmatrix row of the padded fp16 queries) against NT 8-key
+// n-tiles of fp16 K rows (k0: the first key's row, pitch LK u16s), flash_attn's and attn_decode's scores: in
+// 32-dim passes one ldmatrix.x4 of K serves both 16-dim steps, the first step into s and the second into s2
+// (s itself for one chain of mmas; a second array halves the chain); 16-dim heads take one step into s
+template <int HD, int LK, int NT>
+__device__ __forceinline__ void qk_tile(float (&s)[NT][4], float (&s2)[NT][4], const u16* qs, const u16* k0,
+                                        int lane) {
+  if constexpr (HD % 32 == 0) {
+#pragma unroll
+    for (int kp = 0; kp < HD / 32; kp++) {
+      u32 qa0[4], qa1[4];
+      ldsm_x4(qa0, qs + kp * 32);
+      ldsm_x4(qa1, qs + kp * 32 + 16);
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++) {
+        u32 b[4];
+        ldsm_x4(b, k0 + (nt * 8 + (lane & 7)) * LK + kp * 32 + (lane >> 3) * 8);
+        mma16816(s[nt], qa0, b);
+        mma16816(s2[nt], qa1, b + 2);
+      }
+    }
+  } else {
+    u32 qa[4];
+    ldsm_x4(qa, qs);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+      u32 b[2];
+      ldsm_x2(b, k0 + (nt * 8 + (lane & 7)) * LK + ((lane >> 3) & 1) * 8);
+      mma16816(s[nt], qa, b);
+    }
+  }
+}
 // 8 int8 codes times their scale, rounded to fp16 and packed: the same bits as f2h((float)code * scale), by
 // code_f's byte permute and one cvt per two values, where a plain int-to-float and a float-to-half cvt each
 // issue at a sixteenth of the FMA rate

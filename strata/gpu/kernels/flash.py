@@ -184,30 +184,7 @@ __global__ void __launch_bounds__(32 * W) flash_attn(
       float s[KT / 8][4];
 #pragma unroll
       for (int nt = 0; nt < KT / 8; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-      if (HD % 32 == 0) {
-#pragma unroll
-        for (int kp = 0; kp < HD / 32; kp++) {  // two 16-dim steps a pass: one ldmatrix.x4 of K serves both
-          u32 qa0[4], qa1[4];
-          ldsm_x4(qa0, qs_ + kp * 32);
-          ldsm_x4(qa1, qs_ + kp * 32 + 16);
-#pragma unroll
-          for (int nt = 0; nt < KT / 8; nt++) {
-            u32 b[4];
-            ldsm_x4(b, ks_ + (nt * 8 + (lane & 7)) * LK + kp * 32 + (lane >> 3) * 8);
-            mma16816(s[nt], qa0, b);
-            mma16816(s[nt], qa1, b + 2);
-          }
-        }
-      } else {  // HD 16
-        u32 qa[4];
-        ldsm_x4(qa, qs_);
-#pragma unroll
-        for (int nt = 0; nt < KT / 8; nt++) {
-          u32 b[2];
-          ldsm_x2(b, ks_ + (nt * 8 + (lane & 7)) * LK + ((lane >> 3) & 1) * 8);
-          mma16816(s[nt], qa, b);
-        }
-      }
+      qk_tile<HD, LK, KT / 8>(s, s, qs_, ks_, lane);
 #pragma unroll
       for (int nt = 0; nt < KT / 8; nt++)
 #pragma unroll
