@@ -9,7 +9,6 @@ chunks, mixed windows); forward_batch() of one token per sequence replays a capt
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 from typing import Any
@@ -20,7 +19,7 @@ from strata.console.progress import ProgressBar
 from strata.errors import ConfigError
 from strata.gguf.names import T, tensor
 from strata.gpu.ahead import GraphAhead
-from strata.gpu.deltanet import RECURRENT, DeltaNetWeights, HostRecurrent, RecurrentState
+from strata.gpu.deltanet import RECURRENT, DeltaNetWeights, RecurrentState
 from strata.gpu.graphs import DecodeGraphs
 from strata.gpu.kernels.rows import inv_freq
 from strata.gpu.kv import GpuKV, StageRoom
@@ -35,7 +34,6 @@ from strata.gpu.layers import (
     run_mixer,
 )
 from strata.gpu.ops import HEAD_DIMS, Ops
-from strata.gpu.pinned import snapshot_pool
 from strata.gpu.plan import (
     DRIVER_PART,
     GROWING,
@@ -50,10 +48,11 @@ from strata.gpu.plan import (
     with_chunk,
 )
 from strata.gpu.qwen4exp import Qwen4ExpParts, hc_dims
-from strata.gpu.runtime import DEVICE_TO_HOST, cupy_module, ptr
+from strata.gpu.runtime import cupy_module, ptr
 from strata.gpu.segments import Segment
 from strata.gpu.tiers import GpuTiers
 from strata.gpu.weights import GpuWeights, check_gpu_types, weight_bytes
+from strata.gpu.wide import Capture, part_of, rows_from
 from strata.models.base import Model
 from strata.runtime.kvcache import KVType
 from strata.runtime.passes import PASS_SLACK, STEP_ROWS, pass_spans
@@ -63,47 +62,6 @@ from strata.tiers.budget import MIB, Ledger
 from strata.tiers.layout import ExpertLayout
 from strata.tiers.slots import ExpertCache
 from strata.tiers.telemetry import note
-
-
-def _part(act: Activations, start: int, m: int) -> Activations:
-    """A wide pass's part: the chunk's buffers over residual rows [start, start + m)."""
-    part = copy.copy(act)
-    part.x = act.x[start : start + m]
-    return part
-
-
-def _rows_from(layer: LayerWeights, start: int) -> LayerWeights:
-    """layer for a part whose rows begin at `start` of its pass: tier counters and routed ids at theirs."""
-    t = layer.tier
-    if t is None or start == 0:
-        return layer
-    route = t.route + 4 * start * t.top_k
-    return dataclasses.replace(layer, tier=dataclasses.replace(t, counts=t.counts[start:], route=route))
-
-
-class _Capture:
-    """The recurrent state of one sequence at one position inside a pass, copied layer by layer into pinned
-    host memory as the pass's parts reach it (the copies queue on the model's stream)."""
-
-    def __init__(self, rec: RecurrentState) -> None:
-        pool = snapshot_pool()
-        self.rec = rec
-        self.host = HostRecurrent(
-            rec.ledger,
-            rec.dims,
-            rec.n_layer,
-            pool.empty(rec.conv.shape, np.float32),
-            pool.empty(rec.ssm.shape, np.float32),
-        )
-
-    def take(self, j: int, stream: Any) -> None:
-        """DeltaNet layer j's conv window and matrices, as the stream has them now."""
-        cp = cupy_module()
-        for dev, host in ((self.rec.conv, self.host.conv), (self.rec.ssm, self.host.ssm)):
-            off, nbytes = 4 * j * (dev.size // self.rec.n_layer), 4 * (dev.size // self.rec.n_layer)
-            cp.cuda.runtime.memcpyAsync(
-                host.ctypes.data + off, dev.data.ptr + off, nbytes, DEVICE_TO_HOST, stream.ptr
-            )
 
 
 class GpuModel(Model):
@@ -410,7 +368,7 @@ class GpuModel(Model):
                     self.run_layer(i, layer, act, n, tab, segs)
                 for start, m in parts if len(parts) > 1 else ():
                     seg = [segs[0].at(start, m)]
-                    self.run_layer(i, _rows_from(layer, start), _part(act, start, m), m, tab[start:], seg)
+                    self.run_layer(i, rows_from(layer, start), part_of(act, start, m), m, tab[start:], seg)
                     if layer.dn is not None and segs[0].n_past + start + m in marked:
                         marked[segs[0].n_past + start + m].take(layer.dn_layer, self.stream)
                 if li >= 0:
@@ -454,13 +412,13 @@ class GpuModel(Model):
         ends = sorted({e for _, e in pass_spans(n, self.chunk)} | {c for c in cuts if 0 < c < n})
         return [(s, e - s) for s, e in zip([0, *ends[:-1]], ends)]
 
-    def _marked(self, state: SequenceState, marks: list[int]) -> dict[int, _Capture]:
+    def _marked(self, state: SequenceState, marks: list[int]) -> dict[int, Capture]:
         """Host buffers for the recurrent state at each mark (forward_marked)."""
         if not marks:
             return {}
         rec = state.layers[RECURRENT]
         assert isinstance(rec, RecurrentState) and set(state.layers) == {RECURRENT}, "marks are for DeltaNet"
-        return {m: _Capture(rec) for m in marks}
+        return {m: Capture(rec) for m in marks}
 
     # ---- the steps of a pass (this eager one and the decode graphs') ----
     def prepare(self, tokens: list[np.ndarray], states: list[SequenceState], act: Activations) -> None:
